@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Idempotent project setup for a fresh Debian 12 machine that can reach only
+# the npm registry and the Debian apt mirrors (no GitHub, no NuGet feed).
+#
+#   1. apt: libfaiss-dev (+ BLAS/LAPACK), g++, make, python3 when missing
+#   2. npm ci --ignore-scripts (skipped when node_modules matches the lockfile),
+#      then the install scripts of every package that has one, except those
+#      denied in package.json "allowScripts": faiss-node (downloads a prebuild
+#      from GitHub or git-clones faiss) and onnxruntime-node (downloads the CUDA
+#      provider from NuGet; its CPU binaries ship in the npm tarball).
+#      ONNXRUNTIME_NODE_INSTALL=skip is exported as a second guard.
+#   3. scripts/build-faiss-node.sh: build faiss-node against system libfaiss
+#      (only when the addon is missing or older than its inputs)
+#   4. smoke-test faiss-node, onnxruntime-node, koffi, @huggingface/tokenizers
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '\n[setup] %s\n' "$*"; }
+die() { printf '\n[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Never let onnxruntime-node's install script reach for the CUDA EP download,
+# whichever way it ends up being run.
+export ONNXRUNTIME_NODE_INSTALL=skip
+
+# --- 0. node / npm -------------------------------------------------------------
+command -v node >/dev/null || die "node not found (Node.js >= 20 required)"
+command -v npm >/dev/null || die "npm not found"
+NODE_MAJOR="$(node -p 'process.versions.node.split(".")[0]')"
+[[ "$NODE_MAJOR" -ge 20 ]] || die "Node.js >= 20 required, found $(node --version)"
+log "node $(node --version), npm $(npm --version)"
+
+# --- 1. system packages ----------------------------------------------------------
+need_pkgs=()
+[[ -f /usr/include/faiss/Index.h ]] || need_pkgs+=(libfaiss-dev)
+command -v g++ >/dev/null || need_pkgs+=(g++)
+command -v make >/dev/null || need_pkgs+=(make)
+command -v python3 >/dev/null || need_pkgs+=(python3)
+
+if [[ ${#need_pkgs[@]} -gt 0 ]]; then
+  log "installing system packages: ${need_pkgs[*]}"
+  SUDO=""
+  if [[ "$(id -u)" -ne 0 ]]; then
+    command -v sudo >/dev/null || die "need root (or sudo) to run: apt-get install -y ${need_pkgs[*]}"
+    SUDO="sudo"
+  fi
+  command -v apt-get >/dev/null || die "apt-get not found; install manually: ${need_pkgs[*]} (Debian 12 package names)"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $SUDO apt-get install -y -q --no-install-recommends "${need_pkgs[@]}"; then
+    log "apt-get install failed; running apt-get update and retrying"
+    $SUDO apt-get update -q || die "apt-get update failed; cannot install ${need_pkgs[*]}"
+    $SUDO apt-get install -y -q --no-install-recommends "${need_pkgs[@]}" \
+      || die "could not install ${need_pkgs[*]} with apt-get (Debian 12 'libfaiss-dev' provides faiss 1.7.3 headers + static libfaiss.a)"
+  fi
+else
+  log "system packages present (libfaiss-dev, g++, make, python3)"
+fi
+
+# --- 2. npm dependencies -----------------------------------------------------------
+[[ -f package-lock.json ]] || die "package-lock.json missing; run 'npm install --package-lock-only --ignore-scripts' and commit it"
+
+STAMP="node_modules/.ragguard-setup-stamp"
+want_stamp="$( { cat package.json package-lock.json; node --version; } | sha256sum | cut -d' ' -f1)"
+have_stamp="$(cat "$STAMP" 2>/dev/null || true)"
+
+if [[ "$want_stamp" == "$have_stamp" && -d node_modules/faiss-node && -d node_modules/onnxruntime-node ]]; then
+  log "node_modules up to date with package-lock.json; skipping npm ci"
+else
+  log "npm ci --ignore-scripts (faiss-node's install script must not run: it fetches from GitHub)"
+  npm ci --ignore-scripts --no-audit --no-fund
+
+  # Run the install scripts of every package that has one, except those denied
+  # in package.json "allowScripts" (faiss-node: GitHub download/clone;
+  # onnxruntime-node: its postinstall only fetches the CUDA EP from NuGet, the
+  # CPU binaries are in the tarball). npm >= 11.x honours allowScripts itself;
+  # older npm (e.g. npm 10 bundled with Node 20) ignores it, hence
+  # --ignore-scripts above and this explicit list.
+  mapfile -t script_pkgs < <(node -e '
+    const lock = require("./package-lock.json");
+    const allow = require("./package.json").allowScripts || {};
+    const names = new Set();
+    for (const [p, meta] of Object.entries(lock.packages || {})) {
+      if (!p || !meta.hasInstallScript) continue;
+      const name = p.slice(p.lastIndexOf("node_modules/") + "node_modules/".length);
+      if (allow[name] !== false) names.add(name);
+    }
+    console.log([...names].join("\n"));
+  ' | sed '/^$/d')
+  if [[ ${#script_pkgs[@]} -gt 0 ]]; then
+    log "running install scripts of: ${script_pkgs[*]}"
+    npm rebuild --ignore-scripts=false --foreground-scripts "${script_pkgs[@]}"
+  fi
+  echo "$want_stamp" > "$STAMP"
+fi
+
+# --- 3. faiss-node native addon -------------------------------------------------------
+log "faiss-node native addon (scripts/build-faiss-node.sh)"
+bash scripts/build-faiss-node.sh
+
+# --- 4. verify ------------------------------------------------------------------------
+log "verifying native modules"
+node --input-type=module -e '
+import { createRequire } from "node:module";
+const require = createRequire(import.meta.url + "/");
+
+const faiss = require("faiss-node");
+const ix = new faiss.IndexFlatL2(2);
+ix.add([0, 0, 1, 1, 5, 5]);
+const r = ix.search([0.9, 0.9], 2);
+if (ix.ntotal() !== 3 || r.labels[0] !== 1 || r.labels[1] !== 0) throw new Error("faiss-node search: " + JSON.stringify(r));
+console.log("  faiss-node            ok  IndexFlatL2 ntotal=%d search=%j", ix.ntotal(), r);
+
+const ort = await import("onnxruntime-node");
+if (typeof ort.InferenceSession?.create !== "function") throw new Error("onnxruntime-node: InferenceSession missing");
+const t = new ort.Tensor("float32", new Float32Array([1, 2]), [1, 2]);
+console.log("  onnxruntime-node      ok  InferenceSession.create present, version=%s, tensor dims=%j",
+  ort.env?.versions?.node ?? ort.env?.versions?.common ?? "?", t.dims);
+
+const koffi = (await import("koffi")).default;
+const libc = koffi.load("libc.so.6");
+const getpid = libc.func("int getpid()");
+if (getpid() !== process.pid) throw new Error("koffi: getpid mismatch");
+console.log("  koffi                 ok  version=%s getpid()=%d", koffi.version, getpid());
+
+const tok = await import("@huggingface/tokenizers");
+const tk = new tok.Tokenizer({
+  version: "1.0", truncation: null, padding: null, added_tokens: [], post_processor: null, decoder: null,
+  normalizer: { type: "Lowercase" }, pre_tokenizer: { type: "Whitespace" },
+  model: { type: "WordLevel", vocab: { "[UNK]": 0, hello: 1, world: 2 }, unk_token: "[UNK]" },
+}, {});
+const enc = tk.encode("Hello World");
+if (enc.ids.join(",") !== "1,2") throw new Error("@huggingface/tokenizers encode: " + JSON.stringify(enc));
+console.log("  @huggingface/tokenizers ok  encode(\"Hello World\").ids=%j", enc.ids);
+'
+
+log "setup complete"
