@@ -1,0 +1,221 @@
+/**
+ * All configuration, read once from the environment and validated.
+ *
+ * Every variable is listed in VARIABLES with its default and meaning; the README's table is generated
+ * from the same list (`npm run config:doc`). An invalid value stops start-up with a message naming
+ * the variable, never a silent fallback.
+ */
+import path from 'node:path';
+
+export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
+
+export interface Config {
+  host: string;
+  port: number;
+  /** Model directories in the Hugging Face / Optimum export layout. */
+  embedderPath: string;
+  rerankerPath: string;
+  decoderPath: string;
+  executionProvider: ExecutionProvider;
+  /** Where the index snapshot lives; created when missing. */
+  indexDir: string;
+  /** Corpus ingested when the index is empty at start-up ('' = none). */
+  corpusDir: string;
+  chunkTokens: number;
+  chunkOverlapTokens: number;
+  defaultTopK: number;
+  maxTopK: number;
+  defaultRerankTopN: number;
+  maxRerankTopN: number;
+  defaultMaxNewTokens: number;
+  maxNewTokensLimit: number;
+  /** Upper bound on prompt tokens given to the decoder (context + question + template). */
+  promptBudgetTokens: number;
+  /** Tokens of one chunk at most inside the prompt. */
+  promptChunkTokens: number;
+  maxQueryTokens: number;
+  /** Hits scoring below best - pruneMargin (cosine) are dropped before rerank. */
+  pruneMargin: number;
+  /** Word-shingle Jaccard similarity at or above which two hits count as duplicates. */
+  dedupeJaccard: number;
+  maxDocumentBytes: number;
+  /** Requests generating at once; more wait in the queue. */
+  maxConcurrentQueries: number;
+  maxQueueLength: number;
+  queueTimeoutMs: number;
+}
+
+interface Variable {
+  name: string;
+  default: string;
+  doc: string;
+  apply(cfg: Partial<Config>, raw: string): void;
+}
+
+class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n  ${problems.join('\n  ')}`);
+    this.name = 'ConfigError';
+  }
+}
+export { ConfigError };
+
+function int(min: number, max: number, set: (c: Partial<Config>, v: number) => void) {
+  return (c: Partial<Config>, raw: string) => {
+    if (!/^-?\d+$/.test(raw.trim())) throw new Error(`expected an integer, got '${raw}'`);
+    const v = Number(raw);
+    if (v < min || v > max) throw new Error(`expected an integer in [${min}, ${max}], got ${v}`);
+    set(c, v);
+  };
+}
+
+function num(min: number, max: number, set: (c: Partial<Config>, v: number) => void) {
+  return (c: Partial<Config>, raw: string) => {
+    const v = Number(raw);
+    if (raw.trim() === '' || !Number.isFinite(v)) throw new Error(`expected a number, got '${raw}'`);
+    if (v < min || v > max) throw new Error(`expected a number in [${min}, ${max}], got ${v}`);
+    set(c, v);
+  };
+}
+
+function str(set: (c: Partial<Config>, v: string) => void, allowEmpty = false) {
+  return (c: Partial<Config>, raw: string) => {
+    if (!allowEmpty && raw.trim() === '') throw new Error('must not be empty');
+    set(c, raw);
+  };
+}
+
+function oneOf<T extends string>(values: readonly T[], set: (c: Partial<Config>, v: T) => void) {
+  return (c: Partial<Config>, raw: string) => {
+    if (!(values as readonly string[]).includes(raw)) throw new Error(`expected one of ${values.join(', ')}, got '${raw}'`);
+    set(c, raw as T);
+  };
+}
+
+const ROOT = path.resolve(import.meta.dirname, '..', '..');
+const rel = (p: string) => path.resolve(ROOT, p);
+
+export const VARIABLES: readonly Variable[] = [
+  { name: 'HOST', default: '127.0.0.1', doc: 'Address the HTTP server listens on.', apply: str((c, v) => (c.host = v)) },
+  { name: 'PORT', default: '8080', doc: 'TCP port (0 = any free port).', apply: int(0, 65535, (c, v) => (c.port = v)) },
+  {
+    name: 'RAGGUARD_EMBEDDER', default: 'models/embedder',
+    doc: 'Embedder model directory (config.json, tokenizer.json, onnx/model.onnx; optional 1_Pooling/config.json).',
+    apply: str((c, v) => (c.embedderPath = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_RERANKER', default: 'models/reranker',
+    doc: 'Cross-encoder reranker model directory (one logit per pair).',
+    apply: str((c, v) => (c.rerankerPath = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_DECODER', default: 'models/decoder',
+    doc: 'Decoder model directory, exported with past_key_values.N.key/value inputs and present.N.* outputs.',
+    apply: str((c, v) => (c.decoderPath = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
+    doc: 'ONNX Runtime execution provider: cpu, webgpu, cuda, or auto (the first that loads).',
+    apply: oneOf(['cpu', 'webgpu', 'cuda', 'auto'] as const, (c, v) => (c.executionProvider = v)),
+  },
+  {
+    name: 'RAGGUARD_INDEX_DIR', default: 'data/index',
+    doc: 'Directory of the persisted index snapshot (created when missing).',
+    apply: str((c, v) => (c.indexDir = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_CORPUS_DIR', default: 'data/corpus',
+    doc: "Directory of *.txt documents (first line = title) ingested when the index is empty; '' for none.",
+    apply: str((c, v) => (c.corpusDir = v === '' ? '' : rel(v)), true),
+  },
+  { name: 'RAGGUARD_CHUNK_TOKENS', default: '128', doc: 'Embedder tokens per chunk.', apply: int(16, 512, (c, v) => (c.chunkTokens = v)) },
+  {
+    name: 'RAGGUARD_CHUNK_OVERLAP', default: '32', doc: 'Tokens shared by consecutive chunks (< chunk tokens).',
+    apply: int(0, 256, (c, v) => (c.chunkOverlapTokens = v)),
+  },
+  { name: 'RAGGUARD_TOP_K', default: '20', doc: 'Default hits retrieved per query.', apply: int(1, 1000, (c, v) => (c.defaultTopK = v)) },
+  { name: 'RAGGUARD_MAX_TOP_K', default: '100', doc: 'Largest top_k a request may ask for.', apply: int(1, 1000, (c, v) => (c.maxTopK = v)) },
+  {
+    name: 'RAGGUARD_RERANK_TOP_N', default: '3', doc: 'Default chunks kept after rerank (and offered to the prompt).',
+    apply: int(1, 100, (c, v) => (c.defaultRerankTopN = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_RERANK_TOP_N', default: '16', doc: 'Largest rerank_top_n a request may ask for.',
+    apply: int(1, 100, (c, v) => (c.maxRerankTopN = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_NEW_TOKENS', default: '64', doc: 'Default tokens generated per answer.',
+    apply: int(1, 4096, (c, v) => (c.defaultMaxNewTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_NEW_TOKENS_LIMIT', default: '256', doc: 'Largest max_new_tokens a request may ask for.',
+    apply: int(1, 4096, (c, v) => (c.maxNewTokensLimit = v)),
+  },
+  {
+    name: 'RAGGUARD_PROMPT_BUDGET', default: '768', doc: 'Most prompt tokens (template + context + question) given to the decoder.',
+    apply: int(32, 32768, (c, v) => (c.promptBudgetTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_PROMPT_CHUNK_TOKENS', default: '200', doc: 'Most decoder tokens of one chunk inside the prompt.',
+    apply: int(8, 4096, (c, v) => (c.promptChunkTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_QUERY_TOKENS', default: '64', doc: 'Longest query, in decoder tokens; longer ones get 413.',
+    apply: int(1, 4096, (c, v) => (c.maxQueryTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_PRUNE_MARGIN', default: '0.25', doc: 'Hits scoring below (best cosine - margin) are pruned before rerank.',
+    apply: num(0, 2, (c, v) => (c.pruneMargin = v)),
+  },
+  {
+    name: 'RAGGUARD_DEDUPE_JACCARD', default: '0.8', doc: 'Word 3-shingle Jaccard at which two hits are duplicates (1 = exact only).',
+    apply: num(0, 1, (c, v) => (c.dedupeJaccard = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_DOCUMENT_BYTES', default: '2000000', doc: 'Largest POST /documents body, in bytes.',
+    apply: int(1024, 1 << 30, (c, v) => (c.maxDocumentBytes = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_CONCURRENT', default: '4', doc: 'Queries in flight at once; the rest wait in the queue.',
+    apply: int(1, 1024, (c, v) => (c.maxConcurrentQueries = v)),
+  },
+  {
+    name: 'RAGGUARD_QUEUE_LENGTH', default: '64', doc: 'Queries that may wait; beyond it: 503 with Retry-After.',
+    apply: int(0, 100000, (c, v) => (c.maxQueueLength = v)),
+  },
+  {
+    name: 'RAGGUARD_QUEUE_TIMEOUT_MS', default: '30000', doc: 'Longest wait in the queue before 503.',
+    apply: int(1, 3600000, (c, v) => (c.queueTimeoutMs = v)),
+  },
+];
+
+/** Reads and validates the configuration; throws ConfigError naming every bad variable. */
+export function loadConfig(env: Readonly<Record<string, string | undefined>> = process.env): Config {
+  const cfg: Partial<Config> = {};
+  const problems: string[] = [];
+  for (const v of VARIABLES) {
+    const raw = env[v.name] ?? v.default;
+    try {
+      v.apply(cfg, raw);
+    } catch (e) {
+      problems.push(`${v.name}: ${(e as Error).message}`);
+    }
+  }
+  const c = cfg as Config;
+  if (problems.length === 0) {
+    if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
+    if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
+    if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
+    if (c.defaultMaxNewTokens > c.maxNewTokensLimit) {
+      problems.push('RAGGUARD_MAX_NEW_TOKENS: must not exceed RAGGUARD_MAX_NEW_TOKENS_LIMIT');
+    }
+  }
+  if (problems.length) throw new ConfigError(problems);
+  return c;
+}
+
+/** Markdown table of every variable, for the README. */
+export function configTable(): string {
+  const rows = VARIABLES.map((v) => `| \`${v.name}\` | \`${v.default === '' ? "''" : v.default}\` | ${v.doc} |`);
+  return ['| variable | default | meaning |', '| --- | --- | --- |', ...rows].join('\n');
+}

@@ -1,0 +1,136 @@
+/**
+ * A decoder-only LM exported with a KV cache (Optimum / transformers.js layout):
+ *   inputs  input_ids [b, s], attention_mask [b, past + s], position_ids [b, s],
+ *           past_key_values.N.key|value [b, kv_heads, past, head_dim]
+ *   outputs logits [b, s, vocab], present.N.key|value [b, kv_heads, past + s, head_dim]
+ * The shape facts come from config.json, so a real Llama/Qwen2 export drops in.
+ */
+import path from 'node:path';
+import * as ort from 'onnxruntime-node';
+import type { ExecutionProvider } from '../config/config.js';
+import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
+import { createSession, type LoadedSession } from '../runtime/session.js';
+import { TextTokenizer } from '../runtime/tokenizer.js';
+
+interface DecoderConfig {
+  model_type?: string;
+  vocab_size: number;
+  hidden_size: number;
+  num_hidden_layers: number;
+  num_attention_heads: number;
+  num_key_value_heads?: number;
+  head_dim?: number;
+  max_position_embeddings?: number;
+  bos_token_id?: number | null;
+  eos_token_id?: number | number[] | null;
+  pad_token_id?: number | null;
+}
+
+interface GenerationConfig {
+  eos_token_id?: number | number[];
+  bos_token_id?: number;
+}
+
+export interface DecoderShape {
+  numLayers: number;
+  numKvHeads: number;
+  headDim: number;
+  vocabSize: number;
+  maxPositions: number;
+}
+
+/** One forward pass over a [batch, seq] block of new tokens on top of `past`. */
+export interface ForwardInput {
+  batch: number;
+  seq: number;
+  inputIds: BigInt64Array;
+  positionIds: BigInt64Array;
+  /** [batch, pastLen + seq]: 1 for real tokens, 0 for padding. */
+  attentionMask: BigInt64Array;
+  pastLen: number;
+  /** Flat [k0, v0, k1, v1, ...]; empty means pastLen 0 (zero-length tensors are made here). */
+  past: readonly ort.Tensor[];
+}
+
+export interface ForwardOutput {
+  /** Logits of each row's last position, [batch, vocab]. */
+  lastLogits: Float32Array;
+  /** Flat [k0, v0, ...], each [batch, kv_heads, pastLen + seq, head_dim]; the caller disposes them. */
+  present: ort.Tensor[];
+}
+
+export class DecoderModel {
+  private constructor(
+    readonly tokenizer: TextTokenizer,
+    private readonly loaded: LoadedSession,
+    readonly files: ModelFiles,
+    readonly shape: DecoderShape,
+    readonly bosId: number | undefined,
+    readonly eosIds: ReadonlySet<number>,
+  ) {}
+
+  static async load(dir: string, ep: ExecutionProvider): Promise<DecoderModel> {
+    const files = await modelFiles(dir);
+    const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
+    const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
+    const tokenizer = await TextTokenizer.load(dir);
+    const loaded = await createSession(files.onnx, ep);
+    const heads = cfg.num_attention_heads;
+    const shape: DecoderShape = {
+      numLayers: cfg.num_hidden_layers,
+      numKvHeads: cfg.num_key_value_heads ?? heads,
+      headDim: cfg.head_dim ?? cfg.hidden_size / heads,
+      vocabSize: cfg.vocab_size,
+      maxPositions: cfg.max_position_embeddings ?? 2048,
+    };
+    const eos = gen?.eos_token_id ?? cfg.eos_token_id ?? [];
+    const eosIds = new Set(Array.isArray(eos) ? eos : [eos]);
+    const expected = ['input_ids', 'attention_mask', 'past_key_values.0.key'];
+    for (const name of expected) {
+      if (!loaded.session.inputNames.includes(name)) {
+        throw new Error(`decoder ${files.onnx} lacks input '${name}': export it with a KV cache (past_key_values)`);
+      }
+    }
+    return new DecoderModel(tokenizer, loaded, files, shape, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
+  }
+
+  get provider(): string {
+    return this.loaded.provider;
+  }
+
+  /** KV bytes one token occupies across all layers (keys and values, fp32 on this path). */
+  get kvBytesPerToken(): number {
+    return 2 * this.shape.numLayers * this.shape.numKvHeads * this.shape.headDim * 4;
+  }
+
+  async forward(input: ForwardInput): Promise<ForwardOutput> {
+    const { batch, seq, pastLen } = input;
+    const { numLayers, numKvHeads, headDim, vocabSize } = this.shape;
+    const { session } = this.loaded;
+    const feeds: Record<string, ort.Tensor> = {
+      input_ids: new ort.Tensor('int64', input.inputIds, [batch, seq]),
+      attention_mask: new ort.Tensor('int64', input.attentionMask, [batch, pastLen + seq]),
+    };
+    if (session.inputNames.includes('position_ids')) {
+      feeds['position_ids'] = new ort.Tensor('int64', input.positionIds, [batch, seq]);
+    }
+    for (let l = 0; l < numLayers; l++) {
+      for (const [j, kv] of (['key', 'value'] as const).entries()) {
+        feeds[`past_key_values.${l}.${kv}`] =
+          input.past[2 * l + j] ?? new ort.Tensor('float32', new Float32Array(0), [batch, numKvHeads, 0, headDim]);
+      }
+    }
+    const result = await session.run(feeds);
+    const logits = result['logits']!;
+    const all = logits.data as Float32Array;
+    const lastLogits = new Float32Array(batch * vocabSize);
+    for (let b = 0; b < batch; b++) {
+      const off = (b * seq + seq - 1) * vocabSize;
+      lastLogits.set(all.subarray(off, off + vocabSize), b * vocabSize);
+    }
+    logits.dispose();
+    const present: ort.Tensor[] = [];
+    for (let l = 0; l < numLayers; l++) present.push(result[`present.${l}.key`]!, result[`present.${l}.value`]!);
+    return { lastLogits, present };
+  }
+}

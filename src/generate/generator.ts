@@ -1,0 +1,61 @@
+/**
+ * Autoregressive generation of one sequence on the decoder's KV cache: one prefill pass over the
+ * prompt, then one token per step, feeding each step's present KV back as the next step's past.
+ */
+import type * as ort from 'onnxruntime-node';
+import type { DecoderModel } from './decoder-model.js';
+import { sampleToken, seededRandom } from './sampler.js';
+
+export interface GenerateOptions {
+  maxNewTokens: number;
+  /** 0 = greedy. */
+  temperature: number;
+  seed?: number;
+}
+
+export type FinishReason = 'stop' | 'length';
+
+export interface Generation {
+  ids: number[];
+  text: string;
+  finishReason: FinishReason;
+}
+
+export async function generate(model: DecoderModel, promptIds: readonly number[], opts: GenerateOptions): Promise<Generation> {
+  if (promptIds.length === 0) throw new Error('empty prompt');
+  const limit = Math.min(opts.maxNewTokens, model.shape.maxPositions - promptIds.length);
+  const random = seededRandom(opts.seed ?? 0x5eed);
+  const ids: number[] = [];
+  let past: ort.Tensor[] = [];
+  let pending = [...promptIds];
+  let pastLen = 0;
+  let finishReason: FinishReason = 'length';
+  try {
+    while (ids.length < limit) {
+      const seq = pending.length;
+      const total = pastLen + seq;
+      const out = await model.forward({
+        batch: 1,
+        seq,
+        inputIds: BigInt64Array.from(pending, BigInt),
+        positionIds: BigInt64Array.from({ length: seq }, (_, i) => BigInt(pastLen + i)),
+        attentionMask: new BigInt64Array(total).fill(1n),
+        pastLen,
+        past,
+      });
+      for (const t of past) t.dispose();
+      past = out.present;
+      pastLen = total;
+      const next = sampleToken(out.lastLogits, opts.temperature, random);
+      if (model.eosIds.has(next)) {
+        finishReason = 'stop';
+        break;
+      }
+      ids.push(next);
+      pending = [next];
+    }
+  } finally {
+    for (const t of past) t.dispose();
+  }
+  return { ids, text: model.tokenizer.decode(ids).trim(), finishReason };
+}

@@ -1,0 +1,53 @@
+/**
+ * Admission: a bounded number of queries run at once; others wait in a bounded FIFO queue for a
+ * bounded time. Past either bound the reply is 503 with Retry-After, before any work is done, so an
+ * overloaded server sheds load instead of piling up memory.
+ */
+import PQueue from 'p-queue';
+import { HttpError } from '../server/errors.js';
+
+export interface AdmissionOptions {
+  concurrency: number;
+  maxQueue: number;
+  timeoutMs: number;
+}
+
+export class Admission {
+  private readonly queue: PQueue;
+
+  constructor(private readonly opts: AdmissionOptions) {
+    this.queue = new PQueue({ concurrency: opts.concurrency });
+  }
+
+  get running(): number {
+    return this.queue.pending;
+  }
+
+  get waiting(): number {
+    return this.queue.size;
+  }
+
+  async run<T>(work: () => Promise<T>): Promise<T> {
+    const retryAfter = String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
+    if (this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue) {
+      throw new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
+        {}, { 'Retry-After': retryAfter });
+    }
+    const signal = AbortSignal.timeout(this.opts.timeoutMs);
+    try {
+      // Once started, the work runs to completion; the signal only removes a still-waiting task.
+      return await this.queue.add(work, { signal });
+    } catch (e) {
+      if (signal.aborted && (e === signal.reason || (e as Error).name === 'TimeoutError' || (e as Error).name === 'AbortError')) {
+        throw new HttpError(503, 'queue_timeout', `waited ${this.opts.timeoutMs} ms in the queue without a free slot`,
+          {}, { 'Retry-After': retryAfter });
+      }
+      throw e;
+    }
+  }
+
+  /** Resolves when nothing runs or waits. */
+  async drain(): Promise<void> {
+    await this.queue.onIdle();
+  }
+}

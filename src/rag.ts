@@ -1,0 +1,203 @@
+/**
+ * The RAG pipeline: ingest documents into the store; answer a query by
+ * embed -> search -> prune/dedupe -> rerank -> prompt inside a token budget -> generate.
+ * Pure orchestration: every model and the store are passed in, each stage is timed.
+ */
+import { createHash } from 'node:crypto';
+import { readdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
+import type { Config } from './config/config.js';
+import { DecoderModel } from './generate/decoder-model.js';
+import { generate, type FinishReason } from './generate/generator.js';
+import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
+import { Reranker } from './rerank/reranker.js';
+import { chunkText } from './retrieval/chunker.js';
+import { Embedder } from './retrieval/embedder.js';
+import { dedupe, prune } from './retrieval/prune.js';
+import { DocumentStore, type Hit } from './retrieval/store.js';
+
+export interface DocumentInput {
+  docId?: string;
+  title?: string;
+  text: string;
+}
+
+export interface IngestResult {
+  doc_id: string;
+  title: string;
+  chunks: number;
+}
+
+export interface QueryInput {
+  query: string;
+  topK: number;
+  rerankTopN: number;
+  maxNewTokens: number;
+  temperature: number;
+  seed?: number;
+}
+
+export interface Citation {
+  doc_id: string;
+  title: string;
+  chunk_id: number;
+  /** Cross-encoder logit (higher is more relevant). */
+  score: number;
+  /** Cosine similarity from the first-stage search. */
+  retrieval_score: number;
+  text: string;
+}
+
+export interface QueryResult {
+  answer: string;
+  citations: Citation[];
+  finish_reason: FinishReason;
+  usage: { prompt_tokens: number; completion_tokens: number };
+  retrieval: { hits: number; after_prune: number; after_dedupe: number; reranked: number; in_prompt: number; truncated: number };
+  timings_ms: { embed: number; search: number; rerank: number; generate: number };
+}
+
+export interface Models {
+  embedder: Embedder;
+  reranker: Reranker;
+  decoder: DecoderModel;
+}
+
+export async function loadModels(cfg: Config): Promise<Models> {
+  const [embedder, reranker, decoder] = await Promise.all([
+    Embedder.load(cfg.embedderPath, cfg.executionProvider),
+    Reranker.load(cfg.rerankerPath, cfg.executionProvider),
+    DecoderModel.load(cfg.decoderPath, cfg.executionProvider),
+  ]);
+  return { embedder, reranker, decoder };
+}
+
+const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
+
+export class RagService {
+  readonly template: PromptTemplate;
+  /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
+  private ingestTail: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly cfg: Config,
+    readonly models: Models,
+    readonly store: DocumentStore,
+  ) {
+    this.template = templateFromConfig(models.decoder.tokenizer.config);
+  }
+
+  static async start(cfg: Config, models?: Models): Promise<RagService> {
+    const m = models ?? (await loadModels(cfg));
+    const store = await DocumentStore.open(cfg.indexDir, m.embedder.dimension);
+    const service = new RagService(cfg, m, store);
+    if (store.documentCount === 0 && cfg.corpusDir) await service.ingest(await readCorpus(cfg.corpusDir));
+    return service;
+  }
+
+  /** Chunks, embeds and adds the documents, then persists one snapshot for the whole batch. */
+  ingest(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
+    const run = this.ingestTail.then(() => this.ingestNow(docs));
+    this.ingestTail = run.catch(() => undefined);
+    return run;
+  }
+
+  private async ingestNow(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
+    const { embedder } = this.models;
+    const prepared = docs.map((d) => {
+      const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
+      return { docId, title: d.title ?? docId, text: d.text };
+    });
+    const seen = new Set<string>();
+    for (const d of prepared) {
+      if (this.store.has(d.docId) || seen.has(d.docId)) throw new DuplicateDocumentError(d.docId);
+      seen.add(d.docId);
+    }
+    const results: IngestResult[] = [];
+    for (const d of prepared) {
+      const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
+        chunkTokens: this.cfg.chunkTokens,
+        overlapTokens: this.cfg.chunkOverlapTokens,
+      });
+      // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
+      const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
+      this.store.add({ docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, spans, vectors);
+      results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
+    }
+    await this.store.persist();
+    return results;
+  }
+
+  async query(q: QueryInput): Promise<QueryResult> {
+    const { embedder, reranker, decoder } = this.models;
+    let t = performance.now();
+    const qv = await embedder.embed([q.query]);
+    const embedMs = ms(t);
+
+    t = performance.now();
+    const hits = this.store.search(qv, q.topK);
+    const pruned = prune(hits, this.cfg.pruneMargin);
+    const unique = dedupe(pruned, this.cfg.dedupeJaccard);
+    const searchMs = ms(t);
+
+    t = performance.now();
+    const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
+    const scores = await reranker.score(q.query, unique.map(titled));
+    const ranked = unique
+      .map((hit, i) => ({ hit, score: scores[i]! }))
+      .sort((a, b) => b.score - a.score)
+      .slice(0, q.rerankTopN);
+    const rerankMs = ms(t);
+
+    t = performance.now();
+    const budget = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
+    const prompt = assemblePrompt(
+      decoder.tokenizer, this.template, decoder.bosId, q.query,
+      ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text })),
+      budget,
+    );
+    const gen = await generate(decoder, prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed });
+    const generateMs = ms(t);
+
+    return {
+      answer: gen.text,
+      citations: prompt.included.map((i) => {
+        const { hit, score } = ranked[i]!;
+        return {
+          doc_id: hit.chunk.docId,
+          title: this.store.document(hit.chunk.docId)!.title,
+          chunk_id: hit.chunk.id,
+          score,
+          retrieval_score: hit.score,
+          text: hit.chunk.text,
+        };
+      }),
+      finish_reason: gen.finishReason,
+      usage: { prompt_tokens: prompt.ids.length, completion_tokens: gen.ids.length },
+      retrieval: {
+        hits: hits.length, after_prune: pruned.length, after_dedupe: unique.length, reranked: ranked.length,
+        in_prompt: prompt.included.length, truncated: prompt.truncated.length,
+      },
+      timings_ms: { embed: embedMs, search: searchMs, rerank: rerankMs, generate: generateMs },
+    };
+  }
+}
+
+export class DuplicateDocumentError extends Error {
+  constructor(readonly docId: string) {
+    super(`document '${docId}' already exists`);
+  }
+}
+
+/** *.txt files of a directory as documents: id = file name, title = first line, text = the rest. */
+export async function readCorpus(dir: string): Promise<DocumentInput[]> {
+  const names = (await readdir(dir)).filter((n) => n.endsWith('.txt')).sort();
+  return Promise.all(
+    names.map(async (n) => {
+      const raw = await readFile(path.join(dir, n), 'utf8');
+      const nl = raw.indexOf('\n');
+      const title = (nl < 0 ? raw : raw.slice(0, nl)).trim();
+      return { docId: path.basename(n, '.txt'), title, text: nl < 0 ? '' : raw.slice(nl + 1) };
+    }),
+  );
+}

@@ -1,0 +1,79 @@
+/**
+ * Cross-encoder reranker: scores (query, passage) pairs jointly ([CLS] q [SEP] p [SEP]) with one
+ * logit each, the layout of a bge-reranker / BertForSequenceClassification export.
+ */
+import path from 'node:path';
+import * as ort from 'onnxruntime-node';
+import type { ExecutionProvider } from '../config/config.js';
+import { modelFiles, padRows, readJson, type ModelFiles } from '../runtime/model-dir.js';
+import { createSession, type LoadedSession } from '../runtime/session.js';
+import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
+
+interface EncoderConfig {
+  max_position_embeddings?: number;
+  pad_token_id?: number;
+}
+
+export class Reranker {
+  private constructor(
+    readonly tokenizer: TextTokenizer,
+    private readonly loaded: LoadedSession,
+    readonly files: ModelFiles,
+    /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
+    readonly maxTokens: number,
+    private readonly padId: number,
+  ) {}
+
+  static async load(dir: string, ep: ExecutionProvider, maxTokens = 256): Promise<Reranker> {
+    const files = await modelFiles(dir);
+    const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
+    const tokenizer = await TextTokenizer.load(dir);
+    const loaded = await createSession(files.onnx, ep);
+    return new Reranker(tokenizer, loaded, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0);
+  }
+
+  get provider(): string {
+    return this.loaded.provider;
+  }
+
+  /** The pair as the model sees it: over-long pairs keep their head and their closing [SEP]. */
+  pairInput(query: string, passage: string): PairEncoding {
+    const e = this.tokenizer.encodePair(query, passage);
+    if (e.ids.length <= this.maxTokens) return e;
+    const n = this.maxTokens - 1;
+    return {
+      ids: [...e.ids.slice(0, n), e.ids[e.ids.length - 1]!],
+      typeIds: [...e.typeIds.slice(0, n), e.typeIds[e.typeIds.length - 1]!],
+    };
+  }
+
+  /** One relevance logit per passage, in the passages' order. */
+  async score(query: string, passages: readonly string[], batchSize = 16): Promise<number[]> {
+    const scores: number[] = [];
+    for (let s = 0; s < passages.length; s += batchSize) {
+      const pairs = passages.slice(s, s + batchSize).map((p) => this.pairInput(query, p));
+      scores.push(...(await this.scoreBatch(pairs)));
+    }
+    return scores;
+  }
+
+  private async scoreBatch(pairs: PairEncoding[]): Promise<number[]> {
+    const { ids, mask, width } = padRows(pairs.map((p) => p.ids), this.padId);
+    const types = padRows(pairs.map((p) => p.typeIds), 0).ids;
+    const dims = [pairs.length, width];
+    const feeds: Record<string, ort.Tensor> = {};
+    const { session } = this.loaded;
+    for (const name of session.inputNames) {
+      if (name === 'input_ids') feeds[name] = new ort.Tensor('int64', ids, dims);
+      else if (name === 'attention_mask') feeds[name] = new ort.Tensor('int64', mask, dims);
+      else if (name === 'token_type_ids') feeds[name] = new ort.Tensor('int64', types, dims);
+      else throw new Error(`reranker input '${name}' is not supported`);
+    }
+    const result = await session.run(feeds);
+    const logits = (result['logits'] ?? result[session.outputNames[0]!]!).data as Float32Array;
+    const labels = logits.length / pairs.length;
+    const out = pairs.map((_, i) => logits[i * labels]!);
+    for (const t of Object.values(result)) t.dispose();
+    return out;
+  }
+}

@@ -1,0 +1,48 @@
+/** The Hugging Face / Optimum export layout: config.json, tokenizer.json, onnx/model.onnx. */
+import { readFile, stat } from 'node:fs/promises';
+import path from 'node:path';
+
+export async function readJson<T>(file: string): Promise<T> {
+  return JSON.parse(await readFile(file, 'utf8')) as T;
+}
+
+export async function readJsonIfExists<T>(file: string): Promise<T | undefined> {
+  try {
+    return await readJson<T>(file);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw e;
+  }
+}
+
+export interface ModelFiles {
+  dir: string;
+  onnx: string;
+  /** Bytes of the ONNX file (weights stored as they are on disk, fp16 for the shipped models). */
+  onnxBytes: number;
+}
+
+export async function modelFiles(dir: string): Promise<ModelFiles> {
+  const onnx = path.join(dir, 'onnx', 'model.onnx');
+  let size: number;
+  try {
+    size = (await stat(onnx)).size;
+  } catch {
+    throw new Error(`model directory ${dir} has no onnx/model.onnx (expected the Optimum export layout)`);
+  }
+  return { dir, onnx, onnxBytes: size };
+}
+
+/** Pads rows of token ids to one length into int64 tensors' data, row-major. */
+export function padRows(rows: readonly (readonly number[])[], pad: number): { ids: BigInt64Array; mask: BigInt64Array; width: number } {
+  const width = Math.max(1, ...rows.map((r) => r.length));
+  const ids = new BigInt64Array(rows.length * width).fill(BigInt(pad));
+  const mask = new BigInt64Array(rows.length * width);
+  rows.forEach((r, i) => {
+    for (let j = 0; j < r.length; j++) {
+      ids[i * width + j] = BigInt(r[j]!);
+      mask[i * width + j] = 1n;
+    }
+  });
+  return { ids, mask, width };
+}

@@ -1,0 +1,69 @@
+/**
+ * The HTTP surface: small handlers over the RAG service, one error middleware that turns every
+ * failure into a status plus `{error: {code, message}}`.
+ */
+import express, { type NextFunction, type Request, type Response } from 'express';
+import { Admission } from '../guards/admission.js';
+import { checkQueryShape } from '../guards/request-shape.js';
+import { DuplicateDocumentError, type RagService } from '../rag.js';
+import { HttpError } from './errors.js';
+import { parseDocuments, parseQuery } from './validate.js';
+
+export function createApp(service: RagService): express.Express {
+  const { cfg } = service;
+  const admission = new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
+  const app = express();
+  app.disable('x-powered-by');
+  app.use(express.json({ limit: cfg.maxDocumentBytes }));
+
+  app.get('/healthz', (_req, res) => {
+    const { embedder, reranker, decoder } = service.models;
+    res.json({
+      status: 'ok',
+      documents: service.store.documentCount,
+      chunks: service.store.chunkCount,
+      providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
+      queue: { running: admission.running, waiting: admission.waiting },
+    });
+  });
+
+  app.post('/query', async (req, res) => {
+    const q = parseQuery(req.body, cfg);
+    if (q.adapter !== undefined) {
+      throw new HttpError(400, 'adapter_not_found', `adapter '${q.adapter}' is not loaded (no adapters are configured)`);
+    }
+    checkQueryShape(q, service);
+    res.json(await admission.run(() => service.query(q)));
+  });
+
+  app.post('/documents', async (req, res) => {
+    const docs = parseDocuments(req.body);
+    try {
+      res.status(201).json({ documents: await service.ingest(docs) });
+    } catch (e) {
+      if (e instanceof DuplicateDocumentError) throw new HttpError(409, 'document_exists', e.message, { doc_id: e.docId });
+      throw e;
+    }
+  });
+
+  app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
+
+  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
+    const e = toHttpError(err);
+    if (e.status >= 500) console.error('request failed:', err);
+    res.status(e.status).set(e.headers).json(e.body());
+  });
+  return app;
+}
+
+/** body-parser's errors carry a status and a type; anything else unknown is a 500. */
+function toHttpError(err: unknown): HttpError {
+  if (err instanceof HttpError) return err;
+  const e = err as { status?: number; type?: string; message?: string };
+  if (e?.type === 'entity.parse.failed') return new HttpError(400, 'invalid_json', 'request body is not valid JSON');
+  if (e?.type === 'entity.too.large') return new HttpError(413, 'payload_too_large', 'request body exceeds RAGGUARD_MAX_DOCUMENT_BYTES');
+  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500) {
+    return new HttpError(e.status, e.type?.replace(/\W+/g, '_') ?? 'bad_request', e.message ?? 'bad request');
+  }
+  return new HttpError(500, 'internal', 'internal error');
+}
