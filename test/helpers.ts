@@ -1,0 +1,33 @@
+/** Shared test fixtures: configuration on a temporary index, a small slice of the shipped corpus. */
+import { copyFile, mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after } from 'node:test';
+import { loadConfig, type Config } from '../src/config/config.js';
+
+export const ROOT = path.resolve(import.meta.dirname, '..');
+export const CORPUS = path.join(ROOT, 'data', 'corpus');
+
+const dirs: string[] = [];
+after(async () => {
+  await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true })));
+});
+
+export async function tempDir(prefix = 'ragguard-test-'): Promise<string> {
+  const d = await mkdtemp(path.join(tmpdir(), prefix));
+  dirs.push(d);
+  return d;
+}
+
+/** A corpus directory holding the first `n` documents of the shipped corpus (sorted by name). */
+export async function smallCorpus(n: number, names?: string[]): Promise<string> {
+  const dir = await tempDir('ragguard-corpus-');
+  const all = (await readdir(CORPUS)).filter((f) => f.endsWith('.txt')).sort();
+  const pick = names ? names.map((x) => `${x}.txt`) : all.slice(0, n);
+  await Promise.all(pick.map((f) => copyFile(path.join(CORPUS, f), path.join(dir, f))));
+  return dir;
+}
+
+export function testConfig(env: Record<string, string> = {}): Config {
+  return loadConfig({ PORT: '0', ...env });
+}
