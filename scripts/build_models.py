@@ -261,6 +261,35 @@ class BertForSequenceClassification(nn.Module):
         return self.classifier(self.bert.pooler(h))
 
 
+class PairScorer(nn.Module):
+    """A cross-encoder with the bge-reranker contract (pair in, one logit out) whose score starts
+    from the bi-encoder's: scale * cos(mean of segment A, mean of segment B) plus a classifier on
+    the pooled [CLS] token that starts at zero. Both segments are encoded jointly, so attention
+    across them can refine the score; but unlike a plain [CLS] head it does not have to discover
+    token matching from nothing, which a from-scratch 2-layer CLS cross-encoder failed to do
+    within this script's budget (its listwise loss stayed at ln 8 whatever the learning rate)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.bert = BertModel(c, pooler=True)
+        self.classifier = nn.Linear(c["hidden_size"], 1)
+        nn.init.zeros_(self.classifier.weight)
+        nn.init.zeros_(self.classifier.bias)
+        self.scale = nn.Parameter(torch.tensor(20.0))
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        h = self.bert(input_ids, attention_mask, token_type_ids)
+        m = attention_mask.to(h.dtype)
+        b = token_type_ids.to(h.dtype) * m
+        a = m - b
+
+        def seg_mean(w):
+            return F.normalize((h * w[..., None]).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0), dim=-1)
+
+        cos = (seg_mean(a) * seg_mean(b)).sum(-1, keepdim=True)
+        return self.scale * cos + self.classifier(self.bert.pooler(h))
+
+
 def mean_pool(h, mask):
     m = mask.unsqueeze(-1).to(h.dtype)
     e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
@@ -459,6 +488,21 @@ def fp16_initializers(path: Path, min_elems: int = 256):
     onnx.save(m, str(path))
 
 
+def load_state_from_onnx(module: nn.Module, path: Path, prefix: str):
+    """Weights of a model this script exported earlier (names are the module's, '_fp16' aside)."""
+    import onnx
+    from onnx import numpy_helper
+    sd = {}
+    for init in onnx.load(str(path)).graph.initializer:
+        name = init.name[:-5] if init.name.endswith("_fp16") else init.name
+        if name.startswith(prefix):
+            sd[name[len(prefix):]] = torch.from_numpy(numpy_helper.to_array(init).astype(np.float32))
+    missing, _ = module.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.endswith("inv_freq")]
+    if missing:
+        raise RuntimeError(f"{path} lacks {missing[:5]}")
+
+
 def param_count(m):
     return sum(p.numel() for p in m.parameters())
 
@@ -491,11 +535,21 @@ def main():
     ap.add_argument("--corpus", default=str(ROOT / "data" / "corpus"))
     ap.add_argument("--questions", default=str(ROOT / "data" / "questions.json"))
     ap.add_argument("--smoke", action="store_true", help="a few steps of everything, to check the pipeline")
-    ap.add_argument("--embed-steps", type=int, default=3000)
-    ap.add_argument("--rerank-steps", type=int, default=2000)
-    ap.add_argument("--decoder-steps", type=int, default=4000)
+    ap.add_argument("--embed-steps", type=int, default=2400)
+    ap.add_argument("--rerank-steps", type=int, default=1500)
+    ap.add_argument("--decoder-steps", type=int, default=6000)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--reuse", default="", help="comma list of embedder,decoder to load from --reuse-from instead of training")
+    ap.add_argument("--reuse-from", default=str(ROOT / "models"))
+    ap.add_argument("--rerank-lr", type=float, default=1e-3)
+    ap.add_argument("--rerank-head", choices=["pair", "cls"], default="pair",
+                    help="pair: PairScorer (default); cls: BertForSequenceClassification")
+    ap.add_argument("--rerank-random-steps", type=int, default=0, help="first steps with random negatives only")
+    ap.add_argument("--rerank-init", choices=["embedder", "random"], default="embedder")
+    ap.add_argument("--rerank-distill", type=float, default=0.0, help="weight of listwise distillation from the embedder")
     args = ap.parse_args()
+    reuse = {x for x in args.reuse.split(",") if x}
+    reuse_dir = Path(args.reuse_from)
     if args.smoke:
         args.embed_steps, args.rerank_steps, args.decoder_steps = 20, 20, 20
 
@@ -524,8 +578,11 @@ def main():
 
     # ---------------- tokenizers
     all_text = [d["title"] + "\n" + d["body"] for d in docs]
-    wp = train_wordpiece(all_text, 4096)
-    bpe = train_bytelevel_bpe(all_text, 4096)
+    from tokenizers import Tokenizer
+    wp = Tokenizer.from_file(str(reuse_dir / "embedder" / "tokenizer.json")) if "embedder" in reuse \
+        else train_wordpiece(all_text, 4096)
+    bpe = Tokenizer.from_file(str(reuse_dir / "decoder" / "tokenizer.json")) if "decoder" in reuse \
+        else train_bytelevel_bpe(all_text, 4096)
     log("tokenizers: wordpiece", wp.get_vocab_size(), "bpe", bpe.get_vocab_size())
     PAD, CLS, SEP = wp.token_to_id("[PAD]"), wp.token_to_id("[CLS]"), wp.token_to_id("[SEP]")
     BOS, EOS, BPAD = bpe.token_to_id("<s>"), bpe.token_to_id("</s>"), bpe.token_to_id("<pad>")
@@ -563,10 +620,13 @@ def main():
     emb = BertModel(bert_cfg).to(dev)
     log("embedder params", param_count(emb))
     opt = torch.optim.AdamW(emb.parameters(), lr=1e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=args.embed_steps, pct_start=0.06)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=args.embed_steps, pct_start=max(0.06, 2 / args.embed_steps))
     B = 512
     t_stage = time.time()
-    for step in range(args.embed_steps):
+    if "embedder" in reuse:
+        load_state_from_onnx(emb, reuse_dir / "embedder" / "onnx" / "model.onnx", "m.")
+        emb.to(dev)
+    for step in range(0 if "embedder" in reuse else args.embed_steps):
         idx = rng.sample(trainable, B)
         qs = [pseudo_query(rng.choice(chunk_sents[i]), docs[chunks[i][0]]["title"], rng) for i in idx]
         qi, qm = wp_encode(qs, 32)
@@ -607,14 +667,18 @@ def main():
     top = (q_emb @ chunk_emb.T).topk(20, dim=1).indices
     hits5 = [int(q_docs[i] in doc_of_chunk[top[i, :5]].tolist()) for i in range(len(questions))]
     report["eval_embed_recall_at_5"] = float(np.mean(hits5))
+    distinct = [list(dict.fromkeys(doc_of_chunk[top[i]].tolist()))[:5] for i in range(len(questions))]
+    report["eval_embed_recall_at_5_distinct_docs"] = float(np.mean([q_docs[i] in distinct[i] for i in range(len(questions))]))
+    log("embedder recall@5 over distinct documents:", report["eval_embed_recall_at_5_distinct_docs"])
     log("embedder recall@5 (chunks, training split) on questions:", report["eval_embed_recall_at_5"])
 
     # ---------------- reranker
-    rr = BertForSequenceClassification(bert_cfg).to(dev)
-    with torch.no_grad():  # start from the embedder's encoder: it already knows the corpus
-        rr.bert.load_state_dict(emb.state_dict(), strict=False)
-    opt = torch.optim.AdamW(rr.parameters(), lr=5e-4, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-4, total_steps=args.rerank_steps, pct_start=0.06)
+    rr = (PairScorer if args.rerank_head == "pair" else BertForSequenceClassification)(bert_cfg).to(dev)
+    if args.rerank_init == "embedder":
+        with torch.no_grad():  # start from the embedder's encoder: it already knows the corpus
+            rr.bert.load_state_dict(emb.state_dict(), strict=False)
+    opt = torch.optim.AdamW(rr.parameters(), lr=args.rerank_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.rerank_lr, total_steps=args.rerank_steps, pct_start=max(0.06, 2 / args.rerank_steps))
     G, NEG = 48, 7
     t_stage = time.time()
     for step in range(args.rerank_steps):
@@ -628,7 +692,8 @@ def main():
         for g, i in enumerate(idx):
             negs = [c for c in cand[g] if c != i and sents[g] not in chunks[c][1]]
             rng.shuffle(negs)
-            negs = negs[:NEG - 2] + rng.sample(range(len(chunks)), 2)
+            n_rand = NEG if step < args.rerank_random_steps else 2  # curriculum: easy negatives first
+            negs = negs[:NEG - n_rand] + rng.sample(range(len(chunks)), n_rand)
             while len(negs) < NEG:
                 negs.append(rng.randrange(len(chunks)))
             pairs += [(qs[g], chunk_text[c]) for c in [i] + negs]
@@ -636,6 +701,11 @@ def main():
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = rr(T(a), T(m), T(tt)).float().view(G, NEG + 1)
         loss = F.cross_entropy(logits, torch.zeros(G, dtype=torch.long, device=dev))
+        if args.rerank_distill > 0:  # dense signal from the bi-encoder while the cross-encoder is blind
+            with torch.no_grad():
+                pe = embed_texts([p for _, p in pairs], 192).view(G, NEG + 1, -1)
+                teacher = torch.softmax((pe @ qe[:, :, None]).squeeze(-1) / 0.05, dim=-1)
+            loss = loss + args.rerank_distill * F.kl_div(F.log_softmax(logits, -1), teacher, reduction="batchmean")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -698,10 +768,13 @@ def main():
         return ids + tail, ans
 
     opt = torch.optim.AdamW(dec.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.05)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=args.decoder_steps, pct_start=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=args.decoder_steps, pct_start=max(0.05, 2 / args.decoder_steps))
     BR, BL = 48, 16  # rag rows, language-model rows per step
     t_stage = time.time()
-    for step in range(args.decoder_steps):
+    if "decoder" in reuse:
+        load_state_from_onnx(dec, reuse_dir / "decoder" / "onnx" / "model.onnx", "m.")
+        dec.to(dev)
+    for step in range(0 if "decoder" in reuse else args.decoder_steps):
         idx = rng.sample(trainable, BR)
         with torch.no_grad():
             qs_e = chunk_emb[idx]
@@ -852,7 +925,8 @@ def main():
     write_json(out / "embedder" / "1_Pooling" / "config.json",
                {"word_embedding_dimension": bert_cfg["hidden_size"], "pooling_mode_cls_token": False,
                 "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False})
-    write_json(out / "reranker" / "config.json", {"architectures": ["BertForSequenceClassification"], **bert_json,
+    rr_arch = "RagguardPairScorer" if args.rerank_head == "pair" else "BertForSequenceClassification"
+    write_json(out / "reranker" / "config.json", {"architectures": [rr_arch], **bert_json,
                                                    "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}})
     bert_tok_cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512,
                     "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
