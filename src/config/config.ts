@@ -31,8 +31,6 @@ export interface Config {
   maxNewTokensLimit: number;
   /** Upper bound on prompt tokens given to the decoder (context + question + template). */
   promptBudgetTokens: number;
-  /** Tokens of one chunk at most inside the prompt. */
-  promptChunkTokens: number;
   maxQueryTokens: number;
   /** Hits scoring below best - pruneMargin (cosine) are dropped before rerank. */
   pruneMargin: number;
@@ -154,10 +152,6 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_PROMPT_BUDGET', default: '768', doc: 'Most prompt tokens (template + context + question) given to the decoder.',
     apply: int(32, 32768, (c, v) => (c.promptBudgetTokens = v)),
-  },
-  {
-    name: 'RAGGUARD_PROMPT_CHUNK_TOKENS', default: '200', doc: 'Most decoder tokens of one chunk inside the prompt.',
-    apply: int(8, 4096, (c, v) => (c.promptChunkTokens = v)),
   },
   {
     name: 'RAGGUARD_MAX_QUERY_TOKENS', default: '64', doc: 'Longest query, in decoder tokens; longer ones get 413.',

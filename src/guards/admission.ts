@@ -6,6 +6,8 @@
 import PQueue from 'p-queue';
 import { HttpError } from '../server/errors.js';
 
+class QueueTimeout extends Error {}
+
 export interface AdmissionOptions {
   concurrency: number;
   maxQueue: number;
@@ -33,16 +35,24 @@ export class Admission {
       throw new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
         {}, { 'Retry-After': retryAfter });
     }
-    const signal = AbortSignal.timeout(this.opts.timeoutMs);
+    // The wait deadline: a timer that aborts the queued task. p-queue would also reject a *running*
+    // task on abort while its work went on (and its slot were reused), so the timer is cleared the
+    // moment the task starts: once admitted, a query runs to completion.
+    const waiting = new AbortController();
+    const timer = setTimeout(() => waiting.abort(new QueueTimeout()), this.opts.timeoutMs);
     try {
-      // Once started, the work runs to completion; the signal only removes a still-waiting task.
-      return await this.queue.add(work, { signal });
+      return await this.queue.add(() => {
+        clearTimeout(timer);
+        return work();
+      }, { signal: waiting.signal });
     } catch (e) {
-      if (signal.aborted && (e === signal.reason || (e as Error).name === 'TimeoutError' || (e as Error).name === 'AbortError')) {
+      if (e instanceof QueueTimeout) {
         throw new HttpError(503, 'queue_timeout', `waited ${this.opts.timeoutMs} ms in the queue without a free slot`,
           {}, { 'Retry-After': retryAfter });
       }
       throw e;
+    } finally {
+      clearTimeout(timer);
     }
   }
 

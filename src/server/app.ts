@@ -50,7 +50,7 @@ export function createApp(service: RagService): express.Express {
 
   app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
     const e = toHttpError(err);
-    if (e.status >= 500) console.error('request failed:', err);
+    if (!(err instanceof HttpError)) console.error('request failed:', err);
     res.status(e.status).set(e.headers).json(e.body());
   });
   return app;

@@ -1,0 +1,185 @@
+/**
+ * The HTTP API end to end: the real app on the shipped models, a real faiss index on disk, over
+ * loopback with supertest. Covers ingest, query, restart persistence and every error reply.
+ */
+import assert from 'node:assert/strict';
+import { before, describe, test } from 'node:test';
+import request from 'supertest';
+import type { Express } from 'express';
+import type { Config } from '../src/config/config.js';
+import { loadModels, RagService, type Models } from '../src/rag.js';
+import { createApp } from '../src/server/app.js';
+import { smallCorpus, tempDir, testConfig } from './helpers.js';
+
+const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas', 'rights-management', 'ipv6', 'syslog'];
+let cfg: Config;
+let models: Models;
+let service: RagService;
+let app: Express;
+
+interface ErrorBody {
+  error: { code: string; message: string };
+}
+
+function assertError(res: request.Response, status: number, code: string): void {
+  assert.equal(res.status, status, JSON.stringify(res.body));
+  const body = res.body as ErrorBody;
+  assert.equal(body.error.code, code);
+  assert.equal(typeof body.error.message, 'string');
+  assert.ok(body.error.message.length > 0);
+}
+
+before(async () => {
+  cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, DOCS) });
+  models = await loadModels(cfg);
+  service = await RagService.start(cfg, models);
+  app = createApp(service);
+});
+
+describe('health and query', () => {
+  test('GET /healthz reports the ingested sample corpus and the providers', async () => {
+    const res = await request(app).get('/healthz').expect(200);
+    assert.equal(res.body.status, 'ok');
+    assert.equal(res.body.documents, DOCS.length);
+    assert.ok(res.body.chunks > DOCS.length);
+    assert.deepEqual(res.body.providers, { embedder: 'cpu', reranker: 'cpu', decoder: 'cpu' });
+  });
+
+  test('POST /query answers with citations, usage and stage timings', async () => {
+    const res = await request(app)
+      .post('/query')
+      .send({ query: 'How can I stop one particular user from scheduling cron jobs?', max_new_tokens: 24 })
+      .expect(200);
+    const b = res.body;
+    assert.equal(typeof b.answer, 'string');
+    assert.ok(b.answer.length > 0);
+    assert.ok(b.citations.length >= 1 && b.citations.length <= cfg.defaultRerankTopN);
+    for (const c of b.citations) {
+      assert.ok(DOCS.includes(c.doc_id));
+      assert.equal(typeof c.chunk_id, 'number');
+      assert.equal(typeof c.score, 'number');
+      assert.ok(c.text.length > 0);
+    }
+    assert.ok(b.citations.some((c: { doc_id: string }) => c.doc_id === 'task-scheduling-cron-atd'), 'the cron document is cited');
+    assert.ok(b.usage.prompt_tokens > 0 && b.usage.prompt_tokens <= cfg.promptBudgetTokens);
+    assert.ok(b.usage.completion_tokens >= 1 && b.usage.completion_tokens <= 24);
+    for (const k of ['embed', 'search', 'rerank', 'generate']) assert.ok(b.timings_ms[k] >= 0, k);
+    assert.ok(b.retrieval.after_dedupe <= b.retrieval.after_prune && b.retrieval.after_prune <= b.retrieval.hits);
+  });
+
+  test('request knobs are honoured: top_k, rerank_top_n, max_new_tokens', async () => {
+    const res = await request(app)
+      .post('/query')
+      .send({ query: 'disk quota limits for a user', top_k: 4, rerank_top_n: 1, max_new_tokens: 3 })
+      .expect(200);
+    assert.equal(res.body.retrieval.hits, 4);
+    assert.equal(res.body.citations.length, 1);
+    assert.ok(res.body.usage.completion_tokens <= 3);
+  });
+
+  test('greedy answers are deterministic; seeded sampling is repeatable', async () => {
+    const q = { query: 'What does the sticky bit do?', max_new_tokens: 12 };
+    const a = await request(app).post('/query').send(q).expect(200);
+    const b = await request(app).post('/query').send(q).expect(200);
+    assert.equal(a.body.answer, b.body.answer);
+    const s = { ...q, temperature: 1.0, seed: 42 };
+    const c = await request(app).post('/query').send(s).expect(200);
+    const d = await request(app).post('/query').send(s).expect(200);
+    assert.equal(c.body.answer, d.body.answer);
+  });
+});
+
+describe('documents', () => {
+  const fact = 'The zorblaxd daemon listens on TCP port 4711 and writes its journal to /var/log/zorblax.log. ' +
+    'To restart zorblaxd, run systemctl restart zorblaxd as root.';
+
+  test('POST /documents ingests, and the new text is retrievable', async () => {
+    const res = await request(app).post('/documents').send({ doc_id: 'zorblax', title: 'The zorblaxd daemon', text: fact }).expect(201);
+    assert.deepEqual(res.body.documents, [{ doc_id: 'zorblax', title: 'The zorblaxd daemon', chunks: 1 }]);
+    const q = await request(app).post('/query').send({ query: 'Which port does zorblaxd listen on?', max_new_tokens: 8 }).expect(200);
+    assert.equal(q.body.citations[0].doc_id, 'zorblax');
+  });
+
+  test('a batch of documents is chunked with overlap; ids are derived when absent', async () => {
+    const long = Array.from({ length: 400 }, (_, i) => `word${i % 37} item${i}`).join(' ');
+    const res = await request(app)
+      .post('/documents')
+      .send({ documents: [{ text: long }, { doc_id: 'short-one', text: 'A short note about nothing.' }] })
+      .expect(201);
+    const [a, b] = res.body.documents;
+    assert.match(a.doc_id, /^doc-[0-9a-f]{16}$/);
+    assert.ok(a.chunks > 3);
+    assert.equal(b.doc_id, 'short-one');
+  });
+
+  test('an existing doc_id is a 409, and nothing of the batch is ingested', async () => {
+    const before = service.store.documentCount;
+    const res = await request(app).post('/documents').send({ documents: [{ doc_id: 'fresh', text: 'x y z' }, { doc_id: 'zorblax', text: fact }] });
+    assertError(res, 409, 'document_exists');
+    assert.equal(service.store.documentCount, before);
+    assert.equal(service.store.has('fresh'), false);
+  });
+
+  test('the index survives a restart, without re-ingesting the corpus', async () => {
+    const restarted = await RagService.start(cfg, models);
+    assert.equal(restarted.store.documentCount, service.store.documentCount);
+    assert.equal(restarted.store.chunkCount, service.store.chunkCount);
+    const q = await request(createApp(restarted)).post('/query').send({ query: 'zorblaxd journal log file', max_new_tokens: 4 }).expect(200);
+    assert.equal(q.body.citations[0].doc_id, 'zorblax');
+  });
+});
+
+describe('errors are a status plus {error: {code, message}}', () => {
+  const cases: [string, unknown, number, string][] = [
+    ['missing query', {}, 400, 'invalid_field'],
+    ['empty query', { query: '   ' }, 400, 'invalid_field'],
+    ['top_k zero', { query: 'x', top_k: 0 }, 400, 'invalid_field'],
+    ['top_k over the limit', { query: 'x', top_k: 100000 }, 400, 'invalid_field'],
+    ['fractional max_new_tokens', { query: 'x', max_new_tokens: 2.5 }, 400, 'invalid_field'],
+    ['negative temperature', { query: 'x', temperature: -1 }, 400, 'invalid_field'],
+    ['unknown field', { query: 'x', topk: 3 }, 400, 'unknown_field'],
+    ['array body', [1, 2], 400, 'invalid_body'],
+    ['unknown adapter', { query: 'x', adapter: 'legal-v2' }, 400, 'adapter_not_found'],
+    ['query over the token limit', { query: 'why '.repeat(200) }, 413, 'query_too_long'],
+  ];
+  for (const [name, body, status, code] of cases) {
+    test(`POST /query: ${name} -> ${status} ${code}`, async () => {
+      assertError(await request(app).post('/query').send(body as object), status, code);
+    });
+  }
+
+  test('malformed JSON -> 400 invalid_json', async () => {
+    assertError(await request(app).post('/query').set('content-type', 'application/json').send('{"query": '), 400, 'invalid_json');
+  });
+
+  test('POST /documents validation', async () => {
+    assertError(await request(app).post('/documents').send({ text: '' }), 400, 'invalid_field');
+    assertError(await request(app).post('/documents').send({ doc_id: '../etc/passwd', text: 'x' }), 400, 'invalid_field');
+    assertError(await request(app).post('/documents').send({ documents: [] }), 400, 'invalid_field');
+  });
+
+  test('unknown route -> 404 not_found', async () => {
+    assertError(await request(app).get('/nope'), 404, 'not_found');
+  });
+
+  test('a body over RAGGUARD_MAX_DOCUMENT_BYTES -> 413 payload_too_large', async () => {
+    const small = new RagService({ ...cfg, maxDocumentBytes: 1024 }, models, service.store);
+    const res = await request(createApp(small)).post('/documents').send({ text: 'x'.repeat(5000) });
+    assertError(res, 413, 'payload_too_large');
+  });
+
+  test('a full queue sheds load with 503 and Retry-After', async () => {
+    const busy = new RagService({ ...cfg, maxConcurrentQueries: 1, maxQueueLength: 0 }, models, service.store);
+    const busyApp = createApp(busy);
+    const body = { query: 'apt-cache search', max_new_tokens: 32 };
+    const replies = await Promise.all([0, 1, 2].map(() => request(busyApp).post('/query').send(body)));
+    const statuses = replies.map((r) => r.status).sort();
+    assert.equal(statuses[0], 200);
+    const shed = replies.filter((r) => r.status === 503);
+    assert.ok(shed.length >= 1, `statuses ${statuses.join(',')}`);
+    for (const r of shed) {
+      assertError(r, 503, 'queue_full');
+      assert.ok(Number(r.headers['retry-after']) >= 1);
+    }
+  });
+});

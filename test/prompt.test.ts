@@ -1,0 +1,62 @@
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { before, test } from 'node:test';
+import { assemblePrompt, DEFAULT_TEMPLATE, PromptTooLongError, templateFromConfig, type ContextChunk } from '../src/generate/prompt.js';
+import { TextTokenizer } from '../src/runtime/tokenizer.js';
+import { ROOT } from './helpers.js';
+
+let tok: TextTokenizer;
+const BOS = 1;
+const words = (n: number, w = 'word') => Array.from({ length: n }, (_, i) => `${w}${i}`).join(' ');
+
+before(async () => {
+  tok = await TextTokenizer.load(path.join(ROOT, 'models', 'decoder'));
+});
+
+test('the shipped decoder carries the template it was trained on', () => {
+  assert.deepEqual(templateFromConfig(tok.config), DEFAULT_TEMPLATE);
+  assert.deepEqual(templateFromConfig({}), DEFAULT_TEMPLATE);
+});
+
+test('segments are encoded separately and concatenated in citation order', () => {
+  const chunks: ContextChunk[] = [{ title: 'A', text: 'alpha text' }, { title: 'B', text: 'beta text' }];
+  const p = assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, 'why?', chunks, 500);
+  const expected = [
+    BOS,
+    ...tok.encode('Context:\n'),
+    ...tok.encode('[1] '), ...tok.encode('A: alpha text\n'),
+    ...tok.encode('[2] '), ...tok.encode('B: beta text\n'),
+    ...tok.encode('\nQuestion: why?\nAnswer:'),
+  ];
+  assert.deepEqual(p.ids, expected);
+  assert.deepEqual(p.included, [0, 1]);
+  assert.equal(tok.decode(p.ids), 'Context:\n[1] A: alpha text\n[2] B: beta text\n\nQuestion: why?\nAnswer:');
+});
+
+test('the budget is never exceeded; a chunk that does not fit gives way to a smaller one', () => {
+  const chunks: ContextChunk[] = [
+    { title: 'one', text: words(40) },
+    { title: 'two', text: words(150, 'big') },
+    { title: 'three', text: words(10) },
+  ];
+  const budget = 160;
+  const p = assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, 'q', chunks, budget);
+  assert.ok(p.ids.length <= budget, `${p.ids.length} > ${budget}`);
+  assert.deepEqual(p.included, [0, 2]);
+  assert.deepEqual(p.truncated, []);
+});
+
+test('each body is cut to bodyMaxTokens; a lone first chunk is cut to fit rather than dropped', () => {
+  const big = [{ title: 'big', text: words(400) }];
+  const p = assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, 'q', big, 1000);
+  const fixed = 1 + tok.encode('Context:\n').length + tok.encode('\nQuestion: q\nAnswer:').length + tok.encode('[1] ').length;
+  assert.equal(p.ids.length, fixed + DEFAULT_TEMPLATE.bodyMaxTokens);
+  const tight = assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, 'q', big, 60);
+  assert.equal(tight.ids.length, 60);
+  assert.deepEqual(tight.included, [0]);
+  assert.deepEqual(tight.truncated, [0]);
+});
+
+test('a question that cannot fit the budget is an error, not a silent cut', () => {
+  assert.throws(() => assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, words(100), [], 50), PromptTooLongError);
+});
