@@ -60,16 +60,24 @@ def load_corpus(corpus_dir: Path):
     return docs
 
 
-def chunk_words(body: str, size: int, overlap: int):
-    """Word-window chunks for training data (the server chunks by tokens; words are close enough)."""
-    words = body.split()
-    out = []
-    step = size - overlap
-    for start in range(0, max(1, len(words) - overlap), step):
-        w = words[start:start + size]
-        if len(w) < 8:
-            continue
-        out.append(" ".join(w))
+def chunk_tokens(body: str, count, size: int, overlap: int):
+    """The server's chunker (src/retrieval/chunker.ts): windows of whole words holding at most `size`
+    embedder tokens, each repeating at least `overlap` tokens of the previous one."""
+    words = [(m.start(), m.end(), count(m.group())) for m in re.finditer(r"\S+", body)]
+    out, first = [], 0
+    while first < len(words):
+        last, tokens = first, words[first][2]
+        while last + 1 < len(words) and tokens + words[last + 1][2] <= size:
+            last += 1
+            tokens += words[last][2]
+        out.append(body[words[first][0]:words[last][1]])
+        if last + 1 >= len(words):
+            break
+        nxt, back = last + 1, 0
+        while nxt - 1 > first and back < overlap:
+            nxt -= 1
+            back += words[nxt][2]
+        first = nxt
     return out
 
 
@@ -535,8 +543,8 @@ def main():
     ap.add_argument("--corpus", default=str(ROOT / "data" / "corpus"))
     ap.add_argument("--questions", default=str(ROOT / "data" / "questions.json"))
     ap.add_argument("--smoke", action="store_true", help="a few steps of everything, to check the pipeline")
-    ap.add_argument("--embed-steps", type=int, default=2400)
-    ap.add_argument("--rerank-steps", type=int, default=1500)
+    ap.add_argument("--embed-steps", type=int, default=4000)
+    ap.add_argument("--rerank-steps", type=int, default=2000)
     ap.add_argument("--decoder-steps", type=int, default=6000)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--reuse", default="", help="comma list of embedder,decoder to load from --reuse-from instead of training")
@@ -566,14 +574,6 @@ def main():
     questions = json.loads(Path(args.questions).read_text())
     log(f"corpus: {len(docs)} docs, {sum(len(d['body']) for d in docs)} chars; {len(questions)} questions")
 
-    chunks = []  # (doc_index, text)
-    for di, d in enumerate(docs):
-        for c in chunk_words(d["body"], 90, 20):
-            chunks.append((di, c))
-    chunk_text = [f"{docs[di]['title']}\n{c}" for di, c in chunks]
-    chunk_sents = [sentences(c) for _, c in chunks]
-    trainable = [i for i, s in enumerate(chunk_sents) if s]
-    log(f"{len(chunks)} training chunks, {len(trainable)} with sentences")
     rng = random.Random(args.seed)
 
     # ---------------- tokenizers
@@ -584,6 +584,23 @@ def main():
     bpe = Tokenizer.from_file(str(reuse_dir / "decoder" / "tokenizer.json")) if "decoder" in reuse \
         else train_bytelevel_bpe(all_text, 4096)
     log("tokenizers: wordpiece", wp.get_vocab_size(), "bpe", bpe.get_vocab_size())
+
+    # Chunks as the server makes them: 128 embedder tokens, 32 shared with the previous chunk.
+    counts = {}
+
+    def count(word):
+        if word not in counts:
+            counts[word] = len(wp.encode(word, add_special_tokens=False).ids)
+        return counts[word]
+
+    chunks = []  # (doc_index, text)
+    for di, d in enumerate(docs):
+        for c in chunk_tokens(d["body"], count, 128, 32):
+            chunks.append((di, c))
+    chunk_text = [f"{docs[di]['title']}\n{c}" for di, c in chunks]
+    chunk_sents = [sentences(c) for _, c in chunks]
+    trainable = [i for i, s in enumerate(chunk_sents) if s]
+    log(f"{len(chunks)} training chunks, {len(trainable)} with sentences")
     PAD, CLS, SEP = wp.token_to_id("[PAD]"), wp.token_to_id("[CLS]"), wp.token_to_id("[SEP]")
     BOS, EOS, BPAD = bpe.token_to_id("<s>"), bpe.token_to_id("</s>"), bpe.token_to_id("<pad>")
 

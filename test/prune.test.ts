@@ -6,7 +6,7 @@ import type { Hit } from '../src/retrieval/store.js';
 const hit = (id: number, score: number, text: string): Hit => ({ chunk: { id, docId: `d${id}`, ord: 0, text, tokens: 1 }, score });
 
 test('prune drops hits far below the best', () => {
-  const hits = [hit(0, 0.9, 'a'), hit(1, 0.7, 'b'), hit(2, 0.6, 'c'), hit(3, 0.2, 'd')];
+  const hits = [hit(0, 0.9, 'a'), hit(1, 0.7, 'b'), hit(2, 0.61, 'c'), hit(3, 0.59, 'd'), hit(4, 0.2, 'e')];
   assert.deepEqual(prune(hits, 0.3).map((h) => h.chunk.id), [0, 1, 2]);
   assert.deepEqual(prune(hits, 0).map((h) => h.chunk.id), [0]);
   assert.deepEqual(prune([], 0.3), []);
