@@ -3,10 +3,9 @@
  * logit each, the layout of a bge-reranker / BertForSequenceClassification export.
  */
 import path from 'node:path';
-import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
-import { modelFiles, padRows, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, type LoadedSession } from '../runtime/session.js';
+import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
+import { createSession, encoderFeeds, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -58,17 +57,8 @@ export class Reranker {
   }
 
   private async scoreBatch(pairs: PairEncoding[]): Promise<number[]> {
-    const { ids, mask, width } = padRows(pairs.map((p) => p.ids), this.padId);
-    const types = padRows(pairs.map((p) => p.typeIds), 0).ids;
-    const dims = [pairs.length, width];
-    const feeds: Record<string, ort.Tensor> = {};
     const { session } = this.loaded;
-    for (const name of session.inputNames) {
-      if (name === 'input_ids') feeds[name] = new ort.Tensor('int64', ids, dims);
-      else if (name === 'attention_mask') feeds[name] = new ort.Tensor('int64', mask, dims);
-      else if (name === 'token_type_ids') feeds[name] = new ort.Tensor('int64', types, dims);
-      else throw new Error(`reranker input '${name}' is not supported`);
-    }
+    const feeds = encoderFeeds(session, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds));
     const result = await session.run(feeds);
     const logits = (result['logits'] ?? result[session.outputNames[0]!]!).data as Float32Array;
     const labels = logits.length / pairs.length;

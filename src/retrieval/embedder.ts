@@ -4,10 +4,9 @@
  * L2-normalised so that inner product is cosine similarity.
  */
 import path from 'node:path';
-import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
-import { modelFiles, padRows, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, type LoadedSession } from '../runtime/session.js';
+import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
+import { createSession, encoderFeeds, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -76,16 +75,9 @@ export class Embedder {
   }
 
   private async embedBatch(rows: number[][]): Promise<Float32Array> {
-    const { ids, mask, width } = padRows(rows, this.padId);
-    const dims = [rows.length, width];
-    const feeds: Record<string, ort.Tensor> = {};
     const { session } = this.loaded;
-    for (const name of session.inputNames) {
-      if (name === 'input_ids') feeds[name] = new ort.Tensor('int64', ids, dims);
-      else if (name === 'attention_mask') feeds[name] = new ort.Tensor('int64', mask, dims);
-      else if (name === 'token_type_ids') feeds[name] = new ort.Tensor('int64', new BigInt64Array(ids.length), dims);
-      else throw new Error(`embedder input '${name}' is not supported`);
-    }
+    const feeds = encoderFeeds(session, rows, this.padId);
+    const width = feeds['input_ids']!.dims[1]!;
     const result = await session.run(feeds);
     const hidden = result['last_hidden_state'] ?? result[session.outputNames[0]!]!;
     const h = hidden.data as Float32Array;

@@ -10,6 +10,7 @@ import { createRequire } from 'node:module';
 import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
+import { padRows } from './model-dir.js';
 
 export type ConcreteProvider = Exclude<ExecutionProvider, 'auto'>;
 
@@ -52,4 +53,23 @@ export async function createSession(modelFile: string, requested: ExecutionProvi
     }
   }
   throw new Error(`no execution provider could load ${modelFile}: ${failures.join('; ')}`);
+}
+
+/**
+ * Feeds of a BERT-style encoder for the inputs its export declares (token_type_ids is optional in
+ * real exports: bge-small has it, others do not). Rows are token ids, padded to one width.
+ */
+export function encoderFeeds(session: ort.InferenceSession, rows: readonly (readonly number[])[], padId: number,
+  typeRows?: readonly (readonly number[])[]): Record<string, ort.Tensor> {
+  const { ids, mask, width } = padRows(rows, padId);
+  const dims = [rows.length, width];
+  const feeds: Record<string, ort.Tensor> = {};
+  for (const name of session.inputNames) {
+    if (name === 'input_ids') feeds[name] = new ort.Tensor('int64', ids, dims);
+    else if (name === 'attention_mask') feeds[name] = new ort.Tensor('int64', mask, dims);
+    else if (name === 'token_type_ids') {
+      feeds[name] = new ort.Tensor('int64', typeRows ? padRows(typeRows, 0).ids : new BigInt64Array(ids.length), dims);
+    } else throw new Error(`encoder input '${name}' is not supported`);
+  }
+  return feeds;
 }
