@@ -11,6 +11,8 @@ export interface GenerateOptions {
   /** 0 = greedy. */
   temperature: number;
   seed?: number;
+  /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks). */
+  ignoreEos?: boolean;
 }
 
 export type FinishReason = 'stop' | 'length';
@@ -47,7 +49,7 @@ export async function generate(model: DecoderModel, promptIds: readonly number[]
       past = out.present;
       pastLen = total;
       const next = sampleToken(out.lastLogits, opts.temperature, random);
-      if (model.eosIds.has(next)) {
+      if (model.eosIds.has(next) && !opts.ignoreEos) {
         finishReason = 'stop';
         break;
       }

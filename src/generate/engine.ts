@@ -1,0 +1,187 @@
+/**
+ * The generation engine: continuous batching on the paged KV cache.
+ *
+ * A loop of steps. Between steps sits the one step barrier (the "stream sync"): it awaits every
+ * in-flight model run, releases the runs' output buffers, and only then lets the scheduler change the
+ * batch (admit, finish, preempt). Within a step the batch shape is fixed: newly admitted sequences are
+ * prefilled (each alone: their lengths differ), then all running sequences decode one token together,
+ * their contexts gathered from the block pool into right-aligned, masked past tensors.
+ */
+import * as ort from 'onnxruntime-node';
+import type { DecoderModel } from './decoder-model.js';
+import type { FinishReason, Generation } from './generator.js';
+import { KvCachePool, type GatherRow } from './kv-pool.js';
+import { sampleToken } from './sampler.js';
+import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
+import { Sequence, type SamplingParams } from './sequence.js';
+
+export interface BlockTableView {
+  /** Physical block ids in logical order. */
+  ids(): ArrayLike<number>;
+}
+
+/** The block manager as the engine needs it: the scheduler's interface plus each sequence's table. */
+export interface EngineBlockManager extends KvBlockSpace {
+  blockTable(seqId: number): BlockTableView;
+}
+
+export interface EngineOptions extends SchedulerLimits {
+  numBlocks: number;
+  blockSize: number;
+}
+
+export class PromptNeverFitsError extends Error {}
+
+interface Pending {
+  resolve(g: Generation): void;
+  reject(e: Error): void;
+}
+
+export interface EngineStats {
+  steps: number;
+  prefills: number;
+  decodeRows: number;
+  preemptions: number;
+  /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
+  schedulerMicros: number;
+}
+
+export class Engine {
+  readonly pool: KvCachePool;
+  readonly scheduler: Scheduler;
+  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, schedulerMicros: 0 };
+  private readonly pending = new Map<Sequence, Pending>();
+  private nextId = 0;
+  private loop: Promise<void> | undefined;
+  /** Model runs of the current step; the barrier awaits them all. */
+  private readonly inflight = new Set<Promise<unknown>>();
+  /** Output tensors of the current step, released at the barrier. */
+  private readonly outputs: ort.Tensor[] = [];
+
+  constructor(
+    readonly model: DecoderModel,
+    readonly blocks: EngineBlockManager,
+    opts: EngineOptions,
+  ) {
+    this.pool = new KvCachePool(model.shape, opts.numBlocks, opts.blockSize);
+    this.scheduler = new Scheduler(blocks, opts);
+  }
+
+  generate(promptIds: readonly number[], params: SamplingParams): Promise<Generation> {
+    const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
+    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject }));
+    this.scheduler.add(seq);
+    this.loop ??= this.run().finally(() => (this.loop = undefined));
+    return done;
+  }
+
+  /** Resolves when every submitted sequence has finished. */
+  async idle(): Promise<void> {
+    while (this.loop) await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    while (this.scheduler.hasWork) {
+      await this.streamSync();
+      const t0 = performance.now();
+      const plan = this.scheduler.schedule();
+      for (const c of plan.copies) this.pool.copyBlock(c.src, c.dst);
+      this.stats.schedulerMicros += (performance.now() - t0) * 1000;
+      this.stats.steps++;
+      this.stats.preemptions += plan.preempted.length;
+      for (const seq of plan.rejected) {
+        this.settle(seq, new PromptNeverFitsError(`a prompt of ${seq.length} tokens needs more KV blocks than the pool has`));
+      }
+      try {
+        for (const seq of plan.prefills) await this.track(this.prefill(seq));
+        if (plan.decodes.length > 0) await this.track(this.decode(plan.decodes));
+      } catch (e) {
+        // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
+        for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
+      }
+    }
+    await this.streamSync();
+  }
+
+  /** The step barrier: every in-flight run has completed and its buffers are released. */
+  private async streamSync(): Promise<void> {
+    await Promise.allSettled([...this.inflight]);
+    for (const t of this.outputs.splice(0)) t.dispose();
+  }
+
+  private track<T>(p: Promise<T>): Promise<T> {
+    this.inflight.add(p);
+    return p.finally(() => this.inflight.delete(p));
+  }
+
+  private async prefill(seq: Sequence): Promise<void> {
+    const tokens = seq.pending;
+    const past = seq.numComputed;
+    const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
+    const logits = await this.forward(rows, past, [tokens], [past]);
+    this.stats.prefills++;
+    this.advance(seq, tokens.length, logits, 0);
+  }
+
+  private async decode(seqs: Sequence[]): Promise<void> {
+    const width = Math.max(...seqs.map((s) => s.numComputed));
+    const rows = seqs.map((s) => ({ blocks: this.blocks.blockTable(s.id).ids(), length: s.numComputed }));
+    const logits = await this.forward(rows, width, seqs.map((s) => [s.lastToken]), seqs.map((s) => s.numComputed));
+    this.stats.decodeRows += seqs.length;
+    seqs.forEach((s, r) => this.advance(s, 1, logits, r));
+  }
+
+  /**
+   * One model run over `tokens[r]` new tokens per row (equal counts) on top of each row's cached
+   * context, right-aligned to `width`; stores the new KV into the rows' slots; returns last logits.
+   */
+  private async forward(rows: GatherRow[], width: number, tokens: number[][], starts: number[]): Promise<Float32Array> {
+    const { numKvHeads: H, headDim: D } = this.model.shape;
+    const B = rows.length;
+    const s = tokens[0]!.length;
+    const past = this.pool.gather(rows, width).map((data) => new ort.Tensor('float32', data, [B, H, width, D]));
+    const mask = new BigInt64Array(B * (width + s));
+    rows.forEach((row, r) => mask.fill(1n, r * (width + s) + width - row.length, (r + 1) * (width + s)));
+    const out = await this.model.forward({
+      batch: B,
+      seq: s,
+      inputIds: BigInt64Array.from(tokens.flat(), BigInt),
+      positionIds: BigInt64Array.from(rows.flatMap((_, r) => tokens[r]!.map((_t, k) => BigInt(starts[r]! + k)))),
+      attentionMask: mask,
+      pastLen: width,
+      past,
+    });
+    this.outputs.push(...out.present);
+    const present = out.present.map((t) => t.data as Float32Array);
+    rows.forEach((row, r) => this.pool.scatter(present, B, width + s, r, width, row.blocks, starts[r]!, s));
+    return out.lastLogits;
+  }
+
+  /** After a run: the fed tokens are computed; sample the next token; finish when done. */
+  private advance(seq: Sequence, fed: number, logits: Float32Array, row: number): void {
+    // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
+    seq.numComputed += fed;
+    const V = this.model.shape.vocabSize;
+    const next = sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
+    let reason: FinishReason | undefined;
+    if (this.model.eosIds.has(next) && !seq.params.ignoreEos) reason = 'stop';
+    else {
+      seq.outputIds.push(next);
+      if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.model.shape.maxPositions) reason = 'length';
+    }
+    if (reason) {
+      seq.finishReason = reason;
+      this.settle(seq);
+    }
+  }
+
+  private settle(seq: Sequence, error?: Error): void {
+    // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
+    this.scheduler.finish(seq, { failed: error !== undefined });
+    const p = this.pending.get(seq);
+    this.pending.delete(seq);
+    if (!p) return;
+    if (error) p.reject(error);
+    else p.resolve({ ids: seq.outputIds, text: this.model.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length' });
+  }
+}

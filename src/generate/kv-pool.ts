@@ -1,0 +1,105 @@
+/**
+ * Physical KV storage for the paged cache on the CPU: per layer, one key and one value array laid out
+ * [block][kv_head][slot][head_dim]. A sequence's token t lives in block table[t / blockSize], slot
+ * t % blockSize; nothing is stored for tokens that do not exist.
+ *
+ * The exported decoder takes contiguous past tensors, so each step gathers the batch's blocks into
+ * [batch, kv_heads, P, head_dim] (rows right-aligned, padding masked) and scatters the new tokens'
+ * present KV back into their slots. Per step that copies each row's context once, the same bytes the
+ * model's own Concat of past and new KV moves.
+ */
+
+export interface KvShape {
+  numLayers: number;
+  numKvHeads: number;
+  headDim: number;
+}
+
+/** What gather needs of a sequence: its physical blocks in logical order, and how many tokens to read. */
+export interface GatherRow {
+  blocks: ArrayLike<number>;
+  length: number;
+}
+
+export class KvCachePool {
+  /** [layer * 2 + (0 key | 1 value)] */
+  private readonly data: Float32Array[];
+  private readonly blockStride: number;
+  private readonly headStride: number;
+
+  constructor(
+    readonly shape: KvShape,
+    readonly numBlocks: number,
+    readonly blockSize: number,
+  ) {
+    this.headStride = blockSize * shape.headDim;
+    this.blockStride = shape.numKvHeads * this.headStride;
+    this.data = Array.from({ length: 2 * shape.numLayers }, () => new Float32Array(numBlocks * this.blockStride));
+  }
+
+  /** Bytes of the whole pool (keys and values, all layers). */
+  get bytes(): number {
+    return this.data.reduce((s, a) => s + a.byteLength, 0);
+  }
+
+  /** Bytes one token slot takes across layers. */
+  get bytesPerSlot(): number {
+    return 2 * this.shape.numLayers * this.shape.numKvHeads * this.shape.headDim * 4;
+  }
+
+  /**
+   * Past tensors' data for a batch: for each layer key and value, [rows, kv_heads, width, head_dim]
+   * with row r's `length` tokens right-aligned (positions width - length .. width - 1).
+   */
+  gather(rows: readonly GatherRow[], width: number): Float32Array[] {
+    const { numKvHeads: H, headDim: D } = this.shape;
+    const bs = this.blockSize;
+    return this.data.map((src) => {
+      const out = new Float32Array(rows.length * H * width * D);
+      rows.forEach((row, r) => {
+        const start = width - row.length;
+        for (let h = 0; h < H; h++) {
+          const dstBase = ((r * H + h) * width + start) * D;
+          for (let t = 0; t < row.length; t += bs) {
+            const n = Math.min(bs, row.length - t);
+            const s = row.blocks[t / bs]! * this.blockStride + h * this.headStride;
+            out.set(src.subarray(s, s + n * D), dstBase + t * D);
+          }
+        }
+      });
+      return out;
+    });
+  }
+
+  /**
+   * Stores `count` tokens of a model output into a sequence's slots.
+   * present: one [rows, kv_heads, width, head_dim] array per layer key/value (as gather's layout);
+   * reads row `row` positions srcPos..srcPos+count-1, writes the sequence's tokens dstToken.. on.
+   */
+  scatter(present: readonly Float32Array[], rows: number, width: number, row: number, srcPos: number,
+    blocks: ArrayLike<number>, dstToken: number, count: number): void {
+    const { numKvHeads: H, headDim: D } = this.shape;
+    const bs = this.blockSize;
+    if (present.length !== this.data.length) throw new Error('one present tensor per layer key/value expected');
+    present.forEach((p, i) => {
+      if (p.length !== rows * H * width * D) throw new Error('present tensor has an unexpected size');
+      const dst = this.data[i]!;
+      for (let h = 0; h < H; h++) {
+        const srcBase = ((row * H + h) * width + srcPos) * D;
+        for (let k = 0; k < count;) {
+          const t = dstToken + k;
+          const off = t % bs;
+          const n = Math.min(bs - off, count - k);
+          const d = blocks[Math.floor(t / bs)]! * this.blockStride + h * this.headStride + off * D;
+          dst.set(p.subarray(srcBase + k * D, srcBase + (k + n) * D), d);
+          k += n;
+        }
+      }
+    });
+  }
+
+  /** Copy-on-write: duplicates a shared block before one of its sharers writes into it. */
+  copyBlock(src: number, dst: number): void {
+    for (const a of this.data) a.copyWithin(dst * this.blockStride, src * this.blockStride, (src + 1) * this.blockStride);
+  }
+}

@@ -1,0 +1,60 @@
+/** One request's generation state, as the scheduler and the engine see it. */
+import { seededRandom } from './sampler.js';
+import type { FinishReason } from './generator.js';
+
+export type SequenceStatus = 'waiting' | 'running' | 'finished';
+
+export interface SamplingParams {
+  maxNewTokens: number;
+  /** 0 = greedy. */
+  temperature: number;
+  seed?: number;
+  /** LoRA adapter the KV depends on (prefix-cache entries are per adapter). */
+  adapter?: string;
+  /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks of decode throughput). */
+  ignoreEos?: boolean;
+}
+
+export class Sequence {
+  readonly outputIds: number[] = [];
+  status: SequenceStatus = 'waiting';
+  finishReason: FinishReason | undefined;
+  /** Tokens whose KV is in the cache; the rest are fed to the model at the next step. */
+  numComputed = 0;
+  /** Times this sequence was preempted (its blocks freed, to be recomputed). */
+  preemptions = 0;
+  /** The sampler's state survives preemption, so a preempted sample continues the same stream. */
+  readonly random: () => number;
+
+  constructor(
+    readonly id: number,
+    readonly promptIds: readonly number[],
+    readonly params: SamplingParams,
+    readonly arrival: number,
+  ) {
+    if (promptIds.length === 0) throw new Error('empty prompt');
+    this.random = seededRandom(params.seed ?? 0x5eed);
+  }
+
+  get adapter(): string | undefined {
+    return this.params.adapter;
+  }
+
+  get length(): number {
+    return this.promptIds.length + this.outputIds.length;
+  }
+
+  /** Prompt and generated tokens: what the KV cache holds once computed. */
+  get tokenIds(): number[] {
+    return [...this.promptIds, ...this.outputIds];
+  }
+
+  /** Tokens still to feed through the model (a whole prompt at first, one token per decode step). */
+  get pending(): number[] {
+    return this.tokenIds.slice(this.numComputed);
+  }
+
+  get lastToken(): number {
+    return this.outputIds.at(-1) ?? this.promptIds.at(-1)!;
+  }
+}
