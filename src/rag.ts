@@ -8,7 +8,9 @@ import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Config } from './config/config.js';
 import { DecoderModel } from './generate/decoder-model.js';
-import { generate, type FinishReason } from './generate/generator.js';
+import { BlockManager } from './generate/block-manager.js';
+import { Engine } from './generate/engine.js';
+import type { FinishReason } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
 import { Reranker } from './rerank/reranker.js';
 import { chunkText } from './retrieval/chunker.js';
@@ -76,6 +78,9 @@ const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
 
 export class RagService {
   readonly template: PromptTemplate;
+  /** Continuous batching over the paged KV cache: every query's generation goes through it. */
+  readonly engine: Engine;
+  readonly blocks: BlockManager;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -85,6 +90,16 @@ export class RagService {
     readonly store: DocumentStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
+    const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
+    const numBlocks = Math.floor(cfg.kvCacheBytes / blockBytes);
+    if (numBlocks < 1) throw new Error(`RAGGUARD_KV_CACHE_BYTES holds no block of ${blockBytes} bytes`);
+    const blocks = (this.blocks = new BlockManager({
+      numBlocks, blockSize: cfg.kvBlockSize, watermark: cfg.kvWatermark,
+      buckets: cfg.blockTableBuckets, enablePrefixCaching: cfg.prefixCaching,
+    }));
+    this.engine = new Engine(models.decoder, blocks, {
+      numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
+    });
   }
 
   static async start(cfg: Config, models?: Models): Promise<RagService> {
@@ -156,7 +171,7 @@ export class RagService {
       ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text })),
       budget,
     );
-    const gen = await generate(decoder, prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed });
+    const gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed });
     const generateMs = ms(t);
 
     return {

@@ -37,6 +37,14 @@ export interface Config {
   /** Word-shingle Jaccard similarity at or above which two hits count as duplicates. */
   dedupeJaccard: number;
   maxDocumentBytes: number;
+  /** Paged KV cache: tokens per block, pool size, admission watermark, batching limits. */
+  kvBlockSize: number;
+  kvCacheBytes: number;
+  kvWatermark: number;
+  blockTableBuckets: number[];
+  prefixCaching: boolean;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
   /** Requests generating at once; more wait in the queue. */
   maxConcurrentQueries: number;
   maxQueueLength: number;
@@ -80,6 +88,23 @@ function str(set: (c: Partial<Config>, v: string) => void, allowEmpty = false) {
   return (c: Partial<Config>, raw: string) => {
     if (!allowEmpty && raw.trim() === '') throw new Error('must not be empty');
     set(c, raw);
+  };
+}
+
+function bool(set: (c: Partial<Config>, v: boolean) => void) {
+  return (c: Partial<Config>, raw: string) => {
+    if (!['true', 'false', '1', '0'].includes(raw)) throw new Error(`expected true or false, got '${raw}'`);
+    set(c, raw === 'true' || raw === '1');
+  };
+}
+
+function intList(set: (c: Partial<Config>, v: number[]) => void) {
+  return (c: Partial<Config>, raw: string) => {
+    const v = raw.split(',').map((x) => x.trim());
+    if (!v.every((x) => /^\d+$/.test(x)) || v.length === 0) throw new Error(`expected comma-separated integers, got '${raw}'`);
+    const n = v.map(Number);
+    if (n.some((x, i) => x < 1 || (i > 0 && x <= n[i - 1]!))) throw new Error('expected increasing positive integers');
+    set(c, n);
   };
 }
 
@@ -170,7 +195,36 @@ export const VARIABLES: readonly Variable[] = [
     apply: int(1024, 1 << 30, (c, v) => (c.maxDocumentBytes = v)),
   },
   {
-    name: 'RAGGUARD_MAX_CONCURRENT', default: '4', doc: 'Queries in flight at once; the rest wait in the queue.',
+    name: 'RAGGUARD_KV_BLOCK_SIZE', default: '16', doc: 'Tokens per KV-cache block.',
+    apply: int(1, 1024, (c, v) => (c.kvBlockSize = v)),
+  },
+  {
+    name: 'RAGGUARD_KV_CACHE_BYTES', default: '268435456', doc: 'Bytes of the KV block pool (sets the number of blocks).',
+    apply: int(1 << 16, Number.MAX_SAFE_INTEGER, (c, v) => (c.kvCacheBytes = v)),
+  },
+  {
+    name: 'RAGGUARD_KV_WATERMARK', default: '0.01', doc: 'Fraction of KV blocks kept free when admitting, so that running sequences can grow.',
+    apply: num(0, 0.5, (c, v) => (c.kvWatermark = v)),
+  },
+  {
+    name: 'RAGGUARD_BLOCK_TABLE_BUCKETS', default: '4,16,64,256,1024,4096',
+    doc: 'Capacities (in blocks) through which a block table grows; past the last it doubles.',
+    apply: intList((c, v) => (c.blockTableBuckets = v)),
+  },
+  {
+    name: 'RAGGUARD_PREFIX_CACHING', default: 'true', doc: 'Share full KV blocks across sequences with the same prefix.',
+    apply: bool((c, v) => (c.prefixCaching = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_NUM_SEQS', default: '32', doc: 'Sequences decoding together in one batch at most.',
+    apply: int(1, 4096, (c, v) => (c.maxNumSeqs = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_BATCHED_TOKENS', default: '4096', doc: 'Tokens fed to the decoder in one step at most (a longer prompt runs alone).',
+    apply: int(1, 1 << 20, (c, v) => (c.maxNumBatchedTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_CONCURRENT', default: '32', doc: 'Queries in flight at once; the rest wait in the queue.',
     apply: int(1, 1024, (c, v) => (c.maxConcurrentQueries = v)),
   },
   {

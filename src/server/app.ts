@@ -3,6 +3,7 @@
  * failure into a status plus `{error: {code, message}}`.
  */
 import express, { type NextFunction, type Request, type Response } from 'express';
+import { PromptNeverFitsError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
 import { DuplicateDocumentError, type RagService } from '../rag.js';
@@ -24,6 +25,7 @@ export function createApp(service: RagService): express.Express {
       chunks: service.store.chunkCount,
       providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
       queue: { running: admission.running, waiting: admission.waiting },
+      kv: service.blocks.stats(),
     });
   });
 
@@ -59,6 +61,7 @@ export function createApp(service: RagService): express.Express {
 /** body-parser's errors carry a status and a type; anything else unknown is a 500. */
 function toHttpError(err: unknown): HttpError {
   if (err instanceof HttpError) return err;
+  if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
   const e = err as { status?: number; type?: string; message?: string };
   if (e?.type === 'entity.parse.failed') return new HttpError(400, 'invalid_json', 'request body is not valid JSON');
   if (e?.type === 'entity.too.large') return new HttpError(413, 'payload_too_large', 'request body exceeds RAGGUARD_MAX_DOCUMENT_BYTES');
