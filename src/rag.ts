@@ -12,6 +12,9 @@ import { BlockManager } from './generate/block-manager.js';
 import { Engine } from './generate/engine.js';
 import type { FinishReason } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
+import { GrowthTracker } from './guards/growth.js';
+import { GpuSampler, nvmlReader } from './guards/nvml.js';
+import { measureLoad, processMemory } from './guards/process-memory.js';
 import { Reranker } from './rerank/reranker.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
@@ -63,15 +66,16 @@ export interface Models {
   embedder: Embedder;
   reranker: Reranker;
   decoder: DecoderModel;
+  /** Resident bytes each model added when it loaded (weights as the runtime holds them, tokenizer). */
+  loadBytes: { embedder: number; reranker: number; decoder: number };
 }
 
+/** Loads the three models one after the other, so that each one's resident footprint is measured. */
 export async function loadModels(cfg: Config): Promise<Models> {
-  const [embedder, reranker, decoder] = await Promise.all([
-    Embedder.load(cfg.embedderPath, cfg.executionProvider),
-    Reranker.load(cfg.rerankerPath, cfg.executionProvider),
-    DecoderModel.load(cfg.decoderPath, cfg.executionProvider),
-  ]);
-  return { embedder, reranker, decoder };
+  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.executionProvider));
+  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.executionProvider));
+  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.executionProvider));
+  return { embedder: e.value, reranker: r.value, decoder: d.value, loadBytes: { embedder: e.bytes, reranker: r.bytes, decoder: d.bytes } };
 }
 
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
@@ -81,6 +85,10 @@ export class RagService {
   /** Continuous batching over the paged KV cache: every query's generation goes through it. */
   readonly engine: Engine;
   readonly blocks: BlockManager;
+  /** Process memory after each query, for the leak check. */
+  readonly growth: GrowthTracker;
+  /** GPU memory as NVML reads it; without a GPU, one reading that says why, and no sampling. */
+  readonly gpu: GpuSampler;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -90,6 +98,9 @@ export class RagService {
     readonly store: DocumentStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
+    this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
+    this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
+    if (this.gpu.latest().source === 'none') this.gpu.stop();
     const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
     const numBlocks = Math.floor(cfg.kvCacheBytes / blockBytes);
     if (numBlocks < 1) throw new Error(`RAGGUARD_KV_CACHE_BYTES holds no block of ${blockBytes} bytes`);
@@ -173,6 +184,7 @@ export class RagService {
     );
     const gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed });
     const generateMs = ms(t);
+    this.growth.record(processMemory());
 
     return {
       answer: gen.text,

@@ -45,6 +45,11 @@ export interface Config {
   prefixCaching: boolean;
   maxNumSeqs: number;
   maxNumBatchedTokens: number;
+  /** Leak check: requests in the growth window, and the growth that flags it. */
+  leakWindow: number;
+  leakThresholdBytes: number;
+  /** NVML sampling period for GPU memory readings. */
+  gpuSampleMs: number;
   /** Requests generating at once; more wait in the queue. */
   maxConcurrentQueries: number;
   maxQueueLength: number;
@@ -222,6 +227,18 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_MAX_BATCHED_TOKENS', default: '4096', doc: 'Tokens fed to the decoder in one step at most (a longer prompt runs alone).',
     apply: int(1, 1 << 20, (c, v) => (c.maxNumBatchedTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_LEAK_WINDOW', default: '50', doc: 'Requests over which /debug/memory measures memory growth.',
+    apply: int(4, 100000, (c, v) => (c.leakWindow = v)),
+  },
+  {
+    name: 'RAGGUARD_LEAK_THRESHOLD_BYTES', default: '67108864', doc: 'Growth across the window that /debug/memory flags as a leak.',
+    apply: int(1, Number.MAX_SAFE_INTEGER, (c, v) => (c.leakThresholdBytes = v)),
+  },
+  {
+    name: 'RAGGUARD_GPU_SAMPLE_MS', default: '1000', doc: 'Period of NVML GPU memory sampling (where a GPU is present).',
+    apply: int(10, 3600000, (c, v) => (c.gpuSampleMs = v)),
   },
   {
     name: 'RAGGUARD_MAX_CONCURRENT', default: '32', doc: 'Queries in flight at once; the rest wait in the queue.',

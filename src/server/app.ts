@@ -7,6 +7,7 @@ import { PromptNeverFitsError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
 import { DuplicateDocumentError, type RagService } from '../rag.js';
+import { memorySnapshot } from './debug-memory.js';
 import { HttpError } from './errors.js';
 import { parseDocuments, parseQuery } from './validate.js';
 
@@ -27,6 +28,10 @@ export function createApp(service: RagService): express.Express {
       queue: { running: admission.running, waiting: admission.waiting },
       kv: service.blocks.stats(),
     });
+  });
+
+  app.get('/debug/memory', (_req, res) => {
+    res.json(memorySnapshot(service, admission, service.gpu.latest()));
   });
 
   app.post('/query', async (req, res) => {

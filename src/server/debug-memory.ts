@@ -1,0 +1,95 @@
+/**
+ * GET /debug/memory: where every byte is. Components with how each figure was obtained (measured at
+ * load, or exact from the structure's size), the KV pool and its block tables, adapters, the queue,
+ * the GPU as NVML reads it (or why there is no reading), the process's counters, and the leak check.
+ */
+import { totalmem } from 'node:os';
+import type { Admission } from '../guards/admission.js';
+import type { GpuReading } from '../guards/nvml.js';
+import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
+import type { GrowthReport } from '../guards/growth.js';
+import type { RagService } from '../rag.js';
+
+export interface Component {
+  name: string;
+  bytes: number;
+  /** 'measured': resident bytes added when it loaded; 'exact': computed from the structure's size. */
+  how: 'measured' | 'exact';
+  detail?: string;
+}
+
+export interface MemorySnapshot {
+  budget: { host_total_bytes: number; gpu_total_bytes: number | null; enforced: false; note: string };
+  components: Component[];
+  components_total_bytes: number;
+  kv: {
+    block_size: number;
+    total_blocks: number;
+    free_blocks: number;
+    cached_blocks: number;
+    used_blocks: number;
+    used_slots: number;
+    allocated_slots: number;
+    utilization: number;
+    pool_bytes: number;
+    bytes_per_token: number;
+    block_tables_by_bucket: Record<number, number>;
+  };
+  adapters: { loaded: string[]; bytes: number };
+  queue: { running: number; waiting: number; max_concurrent: number; max_waiting: number };
+  gpu: { source: 'nvml'; gpus: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number }[] } | null;
+  gpu_unavailable_reason?: string;
+  process: { rss: number; heap_total: number; heap_used: number; external: number; array_buffers: number };
+  growth: GrowthReport;
+}
+
+function snake(m: ProcessMemory): MemorySnapshot['process'] {
+  return { rss: m.rss, heap_total: m.heapTotal, heap_used: m.heapUsed, external: m.external, array_buffers: m.arrayBuffers };
+}
+
+export function memorySnapshot(service: RagService, admission: Admission, gpu: GpuReading): MemorySnapshot {
+  const { models, store, engine, blocks, cfg } = service;
+  const kv = blocks.stats();
+  const pool = engine.pool;
+  const tableBytes = Object.entries(kv.tablesByBucket).reduce((s, [cap, n]) => s + Number(cap) * 4 * n, 0);
+  const components: Component[] = [
+    { name: 'embedder', bytes: models.loadBytes.embedder, how: 'measured', detail: `onnx file ${models.embedder.files.onnxBytes} bytes` },
+    { name: 'reranker', bytes: models.loadBytes.reranker, how: 'measured', detail: `onnx file ${models.reranker.files.onnxBytes} bytes` },
+    { name: 'decoder', bytes: models.loadBytes.decoder, how: 'measured', detail: `onnx file ${models.decoder.files.onnxBytes} bytes` },
+    { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
+    { name: 'block_tables', bytes: tableBytes, how: 'exact' },
+    { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },
+  ];
+  const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
+  return {
+    budget: {
+      host_total_bytes: totalmem(),
+      gpu_total_bytes: gpuTotal,
+      enforced: false,
+      note: 'per-request memory prediction and admission against a budget are not enforced yet; admission bounds concurrency and queue length',
+    },
+    components,
+    components_total_bytes: components.reduce((s, c) => s + c.bytes, 0),
+    kv: {
+      block_size: kv.blockSize,
+      total_blocks: kv.totalBlocks,
+      free_blocks: kv.freeBlocks,
+      cached_blocks: kv.cachedBlocks,
+      used_blocks: kv.usedBlocks,
+      used_slots: kv.usedSlots,
+      allocated_slots: kv.allocatedSlots,
+      utilization: kv.utilization,
+      pool_bytes: pool.bytes,
+      bytes_per_token: pool.bytesPerSlot,
+      block_tables_by_bucket: kv.tablesByBucket,
+    },
+    adapters: { loaded: [], bytes: 0 },
+    queue: { running: admission.running, waiting: admission.waiting, max_concurrent: cfg.maxConcurrentQueries, max_waiting: cfg.maxQueueLength },
+    gpu: gpu.source === 'nvml'
+      ? { source: 'nvml', gpus: gpu.gpus.map((g) => ({ index: g.index, name: g.name, total_bytes: g.totalBytes, used_bytes: g.usedBytes, free_bytes: g.freeBytes })) }
+      : null,
+    ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
+    process: snake(processMemory()),
+    growth: service.growth.report(),
+  };
+}

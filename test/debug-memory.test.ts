@@ -1,0 +1,50 @@
+/** GET /debug/memory on the real app: every component, the KV pool, the queue, the fallback GPU reading. */
+import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
+import request from 'supertest';
+import type { Express } from 'express';
+import { RagService } from '../src/rag.js';
+import { createApp } from '../src/server/app.js';
+import { smallCorpus, tempDir, testConfig } from './helpers.js';
+
+let app: Express;
+let service: RagService;
+
+before(async () => {
+  const cfg = testConfig({
+    RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache', 'quotas']),
+    RAGGUARD_KV_CACHE_BYTES: String(8 << 20), RAGGUARD_LEAK_WINDOW: '4',
+  });
+  service = await RagService.start(cfg);
+  app = createApp(service);
+});
+
+test('the snapshot accounts for every component, the KV pool and the process', async () => {
+  const res = await request(app).get('/debug/memory').expect(200);
+  const m = res.body;
+  const names = m.components.map((c: { name: string }) => c.name);
+  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index']);
+  const byName = Object.fromEntries(m.components.map((c: { name: string; bytes: number }) => [c.name, c.bytes]));
+  assert.ok(byName.decoder > 0, 'decoder load was measured');
+  assert.equal(byName.kv_pool, m.kv.pool_bytes);
+  assert.ok(m.kv.pool_bytes <= 8 << 20 && m.kv.pool_bytes > (8 << 20) - m.kv.block_size * m.kv.bytes_per_token);
+  assert.equal(m.kv.bytes_per_token, 2 * 4 * 2 * 32 * 4, '2 x layers x kv_heads x head_dim x fp32');
+  assert.equal(byName.faiss_index, service.store.chunkCount * service.store.dimension * 4);
+  assert.equal(m.components_total_bytes, Object.values(byName).reduce((a: number, b) => a + (b as number), 0));
+  assert.equal(m.kv.free_blocks, m.kv.total_blocks, 'nothing allocated while idle');
+  assert.deepEqual(m.adapters, { loaded: [], bytes: 0 });
+  assert.equal(m.queue.running, 0);
+  assert.equal(m.gpu, null);
+  assert.match(m.gpu_unavailable_reason, /libnvidia-ml/);
+  for (const k of ['rss', 'heap_total', 'heap_used', 'external', 'array_buffers']) assert.ok(m.process[k] > 0, k);
+  assert.ok(m.budget.host_total_bytes > 0);
+});
+
+test('growth is tracked over the last requests', async () => {
+  for (let i = 0; i < 5; i++) await request(app).post('/query').send({ query: `apt-cache policy ${i}`, max_new_tokens: 2 }).expect(200);
+  const m = (await request(app).get('/debug/memory').expect(200)).body;
+  assert.equal(m.growth.window, 4);
+  assert.equal(m.growth.samples, 4);
+  assert.equal(typeof m.growth.flagged, 'boolean');
+  assert.equal(m.kv.used_blocks, 0, 'finished requests returned their blocks');
+});
