@@ -51,6 +51,7 @@ test('inside a batch of mixed lengths: identical to alone', async () => {
   const outs = await Promise.all(prompts.map((p) => e.generate(p, { maxNewTokens: 20, temperature: 0 })));
   outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i}`));
   assert.ok(e.stats.decodeRows > e.stats.steps, 'decode steps ran several sequences at once');
+  assert.ok(e.stats.pastReused > 0, 'steady batches reused last step\'s present KV as past');
   assert.equal(blocks.stats().usedBlocks, 0, 'every block is back');
 });
 

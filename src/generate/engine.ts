@@ -42,6 +42,8 @@ export interface EngineStats {
   prefills: number;
   decodeRows: number;
   preemptions: number;
+  /** Decode steps whose past was last step's present (no gather from the pool). */
+  pastReused: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
 }
@@ -49,7 +51,7 @@ export interface EngineStats {
 export class Engine {
   readonly pool: KvCachePool;
   readonly scheduler: Scheduler;
-  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, schedulerMicros: 0 };
+  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, pastReused: 0, schedulerMicros: 0 };
   private readonly pending = new Map<Sequence, Pending>();
   private nextId = 0;
   private loop: Promise<void> | undefined;
@@ -57,6 +59,8 @@ export class Engine {
   private readonly inflight = new Set<Promise<unknown>>();
   /** Output tensors of the current step, released at the barrier. */
   private readonly outputs: ort.Tensor[] = [];
+  /** Last decode step's batch and its present KV, reused as the next step's past while the batch holds. */
+  private carry: { seqs: Sequence[]; lengths: number[]; width: number; present: ort.Tensor[] } | undefined;
 
   constructor(
     readonly model: DecoderModel,
@@ -101,6 +105,8 @@ export class Engine {
       }
     }
     await this.streamSync();
+    if (this.carry) for (const t of this.carry.present) t.dispose();
+    this.carry = undefined;
   }
 
   /** The step barrier: every in-flight run has completed and its buffers are released. */
@@ -118,7 +124,8 @@ export class Engine {
     const tokens = seq.pending;
     const past = seq.numComputed;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
-    const logits = await this.forward(rows, past, [tokens], [past]);
+    const { logits, present } = await this.forward(rows, past, [tokens], [past]);
+    this.outputs.push(...present);
     this.stats.prefills++;
     this.advance(seq, tokens.length, logits, 0);
   }
@@ -126,20 +133,36 @@ export class Engine {
   private async decode(seqs: Sequence[]): Promise<void> {
     const width = Math.max(...seqs.map((s) => s.numComputed));
     const rows = seqs.map((s) => ({ blocks: this.blocks.blockTable(s.id).ids(), length: s.numComputed }));
-    const logits = await this.forward(rows, width, seqs.map((s) => [s.lastToken]), seqs.map((s) => s.numComputed));
+    // The same batch as last step's decode: its present KV already is this step's past, right-aligned,
+    // so the gather from the pool is skipped. Any change of the batch (a sequence joined, finished or
+    // was preempted) falls back to gathering.
+    const carry = this.carry;
+    this.carry = undefined;
+    const reuse = carry !== undefined && carry.width === width && carry.seqs.length === seqs.length &&
+      carry.seqs.every((q, i) => q === seqs[i] && carry.lengths[i] === q.numComputed);
+    if (carry && !reuse) this.outputs.push(...carry.present);
+    const { logits, present } = await this.forward(rows, width, seqs.map((s) => [s.lastToken]), seqs.map((s) => s.numComputed),
+      reuse ? carry.present : undefined);
+    if (reuse) {
+      this.outputs.push(...carry.present);
+      this.stats.pastReused++;
+    }
     this.stats.decodeRows += seqs.length;
     seqs.forEach((s, r) => this.advance(s, 1, logits, r));
+    this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width: width + 1, present };
   }
 
   /**
    * One model run over `tokens[r]` new tokens per row (equal counts) on top of each row's cached
-   * context, right-aligned to `width`; stores the new KV into the rows' slots; returns last logits.
+   * context, right-aligned to `width` (gathered from the pool unless `past` is given); stores the new
+   * KV into the rows' slots; returns the last logits and the present KV tensors (the caller releases them).
    */
-  private async forward(rows: GatherRow[], width: number, tokens: number[][], starts: number[]): Promise<Float32Array> {
+  private async forward(rows: GatherRow[], width: number, tokens: number[][], starts: number[],
+    given?: ort.Tensor[]): Promise<{ logits: Float32Array; present: ort.Tensor[] }> {
     const { numKvHeads: H, headDim: D } = this.model.shape;
     const B = rows.length;
     const s = tokens[0]!.length;
-    const past = this.pool.gather(rows, width).map((data) => new ort.Tensor('float32', data, [B, H, width, D]));
+    const past = given ?? this.pool.gather(rows, width).map((data) => new ort.Tensor('float32', data, [B, H, width, D]));
     const mask = new BigInt64Array(B * (width + s));
     rows.forEach((row, r) => mask.fill(1n, r * (width + s) + width - row.length, (r + 1) * (width + s)));
     const out = await this.model.forward({
@@ -151,10 +174,9 @@ export class Engine {
       pastLen: width,
       past,
     });
-    this.outputs.push(...out.present);
     const present = out.present.map((t) => t.data as Float32Array);
     rows.forEach((row, r) => this.pool.scatter(present, B, width + s, r, width, row.blocks, starts[r]!, s));
-    return out.lastLogits;
+    return { logits: out.lastLogits, present: out.present };
   }
 
   /** After a run: the fed tokens are computed; sample the next token; finish when done. */
