@@ -1,0 +1,112 @@
+/**
+ * The memory model: bytes a request needs, from the model configs and the request's shape, in the
+ * plain explicit way of llama.cpp's accounting. Two kinds of memory:
+ *   KV       lives in the block pool: blocks(prompt + new tokens) x block bytes;
+ *   workspace  transient buffers of one model run: inputs, activations, outputs. A request's
+ *            workspace peak is its largest stage: embedding the query, reranking its candidates
+ *            (batches of pairs), prefilling its prompt, or one decode step over its whole context.
+ * fp32 activations (what the CPU path runs). Figures are upper-bound sums of the buffers each op
+ * produces in a layer, since a runtime keeps a layer's intermediates alive until the layer ends.
+ */
+
+export interface EncoderDims {
+  numLayers: number;
+  hiddenSize: number;
+  numHeads: number;
+  intermediateSize: number;
+}
+
+export interface DecoderDims {
+  numLayers: number;
+  hiddenSize: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  intermediateSize: number;
+  vocabSize: number;
+}
+
+/** A request as the guards see it, after prompt assembly. */
+export interface RequestShape {
+  queryTokens: number;
+  /** Candidates retrieved (and reranked, after pruning: at most this many pairs). */
+  topK: number;
+  rerankTopN: number;
+  /** Tokens of one (query, passage) pair fed to the reranker. */
+  pairTokens: number;
+  promptTokens: number;
+  maxNewTokens: number;
+}
+
+export type Stage = 'embed' | 'rerank' | 'prefill' | 'decode';
+
+export interface Prediction {
+  kvBlocks: number;
+  kvBytes: number;
+  workspaceBytes: number;
+  /** The stage whose workspace is the peak. */
+  peakStage: Stage;
+  stages: Record<Stage, number>;
+}
+
+const F32 = 4;
+
+export class MemoryModel {
+  constructor(
+    readonly encoder: EncoderDims,
+    readonly decoder: DecoderDims,
+    readonly blockSize: number,
+    /** Pairs per reranker run (the reranker scores in batches). */
+    readonly rerankBatch = 16,
+  ) {}
+
+  get kvBytesPerToken(): number {
+    const d = this.decoder;
+    return 2 * d.numLayers * d.numKvHeads * d.headDim * F32;
+  }
+
+  kvBlocks(tokens: number): number {
+    return Math.ceil(tokens / this.blockSize);
+  }
+
+  /** One encoder run over [batch, seq]: ids and mask, a layer's activations and attention scores, the output. */
+  encoderWorkspace(batch: number, seq: number): number {
+    const e = this.encoder;
+    const tokens = batch * seq;
+    const inputs = 3 * tokens * 8; // int64 ids, mask, token types
+    const layer = tokens * (6 * e.hiddenSize + e.intermediateSize) * F32 + batch * e.numHeads * seq * seq * F32 * 2;
+    const output = tokens * e.hiddenSize * F32;
+    return inputs + layer + output;
+  }
+
+  /**
+   * One decoder run of `rows` rows, `newTokens` each, over `context` cached tokens: the past fed in,
+   * the present returned (context + new), one layer's keys/values repeated to all query heads (GQA
+   * exports materialise it), scores, MLP activations, and the logits.
+   */
+  decoderWorkspace(rows: number, newTokens: number, context: number): number {
+    const d = this.decoder;
+    const total = context + newTokens;
+    const past = rows * context * this.kvBytesPerToken;
+    const present = rows * total * this.kvBytesPerToken;
+    const repeated = 2 * rows * d.numHeads * total * d.headDim * F32;
+    const scores = 2 * rows * d.numHeads * newTokens * total * F32;
+    const mlp = rows * newTokens * (4 * d.hiddenSize + 3 * d.intermediateSize) * F32;
+    const logits = rows * newTokens * d.vocabSize * F32;
+    const inputs = rows * (2 * newTokens + total) * 8;
+    return past + present + repeated + scores + mlp + logits + inputs;
+  }
+
+  predict(r: RequestShape): Prediction {
+    const tokens = r.promptTokens + r.maxNewTokens;
+    const stages: Record<Stage, number> = {
+      embed: this.encoderWorkspace(1, r.queryTokens),
+      rerank: r.topK === 0 ? 0 : this.encoderWorkspace(Math.min(this.rerankBatch, r.topK), r.pairTokens),
+      prefill: this.decoderWorkspace(1, r.promptTokens, 0),
+      decode: this.decoderWorkspace(1, 1, tokens - 1),
+    };
+    const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
+    const kvBlocks = this.kvBlocks(tokens);
+    return { kvBlocks, kvBytes: kvBlocks * this.blockSize * this.kvBytesPerToken, workspaceBytes: stages[peakStage], peakStage, stages };
+  }
+}
