@@ -13,7 +13,11 @@ import { Engine } from './generate/engine.js';
 import type { FinishReason } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
 import { GrowthTracker } from './guards/growth.js';
+import { planBudget, type BudgetPlan } from './guards/budget.js';
+import { MemoryGuard } from './guards/guard.js';
+import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
+import { totalmem } from 'node:os';
 import { measureLoad, processMemory } from './guards/process-memory.js';
 import { Reranker } from './rerank/reranker.js';
 import { chunkText } from './retrieval/chunker.js';
@@ -40,6 +44,8 @@ export interface QueryInput {
   maxNewTokens: number;
   temperature: number;
   seed?: number;
+  /** Prompt tokens at most (a reshape may lower it below RAGGUARD_PROMPT_BUDGET). */
+  promptBudget?: number;
 }
 
 export interface Citation {
@@ -89,6 +95,9 @@ export class RagService {
   readonly growth: GrowthTracker;
   /** GPU memory as NVML reads it; without a GPU, one reading that says why, and no sampling. */
   readonly gpu: GpuSampler;
+  readonly budget: BudgetPlan;
+  /** Predicts each request's memory and reserves its workspace while it runs. */
+  readonly guard: MemoryGuard;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -101,9 +110,14 @@ export class RagService {
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
+    const gpu = this.gpu.latest();
+    const d = models.decoder.shape;
+    this.budget = planBudget(cfg, this.weightBytes + store.indexBytes,
+      gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null, totalmem(),
+      { bytesPerToken: models.decoder.kvBytesPerToken, maxPositions: d.maxPositions });
     const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
-    const numBlocks = Math.floor(cfg.kvCacheBytes / blockBytes);
-    if (numBlocks < 1) throw new Error(`RAGGUARD_KV_CACHE_BYTES holds no block of ${blockBytes} bytes`);
+    const numBlocks = Math.floor(this.budget.kvPoolBytes / blockBytes);
+    if (numBlocks < 1) throw new Error(`the KV pool (${this.budget.kvPoolBytes} bytes) holds no block of ${blockBytes} bytes`);
     const blocks = (this.blocks = new BlockManager({
       numBlocks, blockSize: cfg.kvBlockSize, watermark: cfg.kvWatermark,
       buckets: cfg.blockTableBuckets, enablePrefixCaching: cfg.prefixCaching,
@@ -111,6 +125,38 @@ export class RagService {
     this.engine = new Engine(models.decoder, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
+    const memoryModel = new MemoryModel(models.reranker.dims, {
+      numLayers: d.numLayers, hiddenSize: d.hiddenSize, numHeads: d.numHeads, numKvHeads: d.numKvHeads,
+      headDim: d.headDim, intermediateSize: d.intermediateSize, vocabSize: d.vocabSize,
+    }, cfg.kvBlockSize);
+    this.guard = new MemoryGuard(memoryModel, () => {
+      const kv = blocks.stats();
+      return { workspaceTotal: this.workspaceBytes, kvFreeBlocks: kv.freeBlocks, kvTotalBlocks: kv.totalBlocks };
+    }, cfg.reshapeOrder, { minPromptTokens: cfg.minPromptTokens, minNewTokens: cfg.minNewTokens });
+  }
+
+  /** Resident bytes of the three models, as measured when they loaded. */
+  get weightBytes(): number {
+    const b = this.models.loadBytes;
+    return b.embedder + b.reranker + b.decoder;
+  }
+
+  /** What the budget leaves model runs now (the index grows with ingestion). */
+  get workspaceBytes(): number {
+    return this.budget.budgetBytes - this.weightBytes - this.engine.pool.bytes - this.store.indexBytes;
+  }
+
+  /** A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs. */
+  requestShape(q: QueryInput): RequestShape {
+    const { embedder, reranker, decoder } = this.models;
+    return {
+      queryTokens: embedder.inputIds(q.query).length,
+      topK: q.topK,
+      rerankTopN: q.rerankTopN,
+      pairTokens: reranker.maxTokens,
+      promptTokens: Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens),
+      maxNewTokens: q.maxNewTokens,
+    };
   }
 
   static async start(cfg: Config, models?: Models): Promise<RagService> {
@@ -176,7 +222,7 @@ export class RagService {
     const rerankMs = ms(t);
 
     t = performance.now();
-    const budget = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
+    const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
     const prompt = assemblePrompt(
       decoder.tokenizer, this.template, decoder.bosId, q.query,
       ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text })),

@@ -6,6 +6,7 @@
  * the variable, never a silent fallback.
  */
 import path from 'node:path';
+import { RESHAPE_STEPS, type ReshapeStep } from '../guards/policy.js';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
 
@@ -39,7 +40,14 @@ export interface Config {
   maxDocumentBytes: number;
   /** Paged KV cache: tokens per block, pool size, admission watermark, batching limits. */
   kvBlockSize: number;
+  /** Explicit KV pool size; 0 = the budget's share (kvFraction of what weights and index leave). */
   kvCacheBytes: number;
+  /** Memory budget: bytes, or a fraction of the GPU's memory (of the host's without a GPU). */
+  memoryBudget: { bytes: number } | { fraction: number };
+  kvFraction: number;
+  reshapeOrder: ReshapeStep[];
+  minPromptTokens: number;
+  minNewTokens: number;
   kvWatermark: number;
   blockTableBuckets: number[];
   prefixCaching: boolean;
@@ -204,8 +212,42 @@ export const VARIABLES: readonly Variable[] = [
     apply: int(1, 1024, (c, v) => (c.kvBlockSize = v)),
   },
   {
-    name: 'RAGGUARD_KV_CACHE_BYTES', default: '268435456', doc: 'Bytes of the KV block pool (sets the number of blocks).',
-    apply: int(1 << 16, Number.MAX_SAFE_INTEGER, (c, v) => (c.kvCacheBytes = v)),
+    name: 'RAGGUARD_KV_CACHE_BYTES', default: '0',
+    doc: 'Bytes of the KV block pool; 0 = RAGGUARD_KV_FRACTION of what the budget leaves after weights and index (capped at what max_num_seqs full-length sequences need).',
+    apply: int(0, Number.MAX_SAFE_INTEGER, (c, v) => (c.kvCacheBytes = v)),
+  },
+  {
+    name: 'RAGGUARD_MEMORY_BUDGET', default: '0.5',
+    doc: "Memory the server may use: bytes (e.g. '2000000000'), or a fraction in (0, 1] of the GPU's memory (NVML), else of the host's.",
+    apply: (c, raw) => {
+      const v = Number(raw);
+      if (raw.trim() === '' || !Number.isFinite(v) || v <= 0) throw new Error(`expected bytes or a fraction in (0, 1], got '${raw}'`);
+      if (v <= 1) c.memoryBudget = { fraction: v };
+      else if (Number.isInteger(v) && v >= 1 << 20) c.memoryBudget = { bytes: v };
+      else throw new Error(`expected a fraction in (0, 1] or at least 1 MiB as an integer byte count, got '${raw}'`);
+    },
+  },
+  {
+    name: 'RAGGUARD_KV_FRACTION', default: '0.5', doc: 'Share of the budget left after weights and index that goes to the KV pool; the rest is run workspace.',
+    apply: num(0.01, 0.99, (c, v) => (c.kvFraction = v)),
+  },
+  {
+    name: 'RAGGUARD_RESHAPE_ORDER', default: 'rerank,context,new_tokens',
+    doc: 'How a request that can never fit is shrunk, in order: rerank (fewer reranked candidates), context (shorter prompt), new_tokens.',
+    apply: (c, raw) => {
+      const steps = raw.split(',').map((x) => x.trim()).filter(Boolean);
+      const bad = steps.filter((x) => !(RESHAPE_STEPS as readonly string[]).includes(x));
+      if (bad.length || new Set(steps).size !== steps.length) throw new Error(`expected distinct steps of ${RESHAPE_STEPS.join(', ')}, got '${raw}'`);
+      c.reshapeOrder = steps as ReshapeStep[];
+    },
+  },
+  {
+    name: 'RAGGUARD_MIN_PROMPT_TOKENS', default: '64', doc: 'Shortest prompt a reshape may cut to.',
+    apply: int(8, 1 << 20, (c, v) => (c.minPromptTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_MIN_NEW_TOKENS', default: '16', doc: 'Fewest new tokens a reshape may cut to.',
+    apply: int(1, 1 << 20, (c, v) => (c.minNewTokens = v)),
   },
   {
     name: 'RAGGUARD_KV_WATERMARK', default: '0.01', doc: 'Fraction of KV blocks kept free when admitting, so that running sequences can grow.',

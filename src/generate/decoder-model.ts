@@ -16,6 +16,7 @@ interface DecoderConfig {
   model_type?: string;
   vocab_size: number;
   hidden_size: number;
+  intermediate_size?: number;
   num_hidden_layers: number;
   num_attention_heads: number;
   num_key_value_heads?: number;
@@ -33,6 +34,9 @@ interface GenerationConfig {
 
 export interface DecoderShape {
   numLayers: number;
+  hiddenSize: number;
+  numHeads: number;
+  intermediateSize: number;
   numKvHeads: number;
   headDim: number;
   vocabSize: number;
@@ -78,6 +82,9 @@ export class DecoderModel {
     const heads = cfg.num_attention_heads;
     const shape: DecoderShape = {
       numLayers: cfg.num_hidden_layers,
+      hiddenSize: cfg.hidden_size,
+      numHeads: heads,
+      intermediateSize: cfg.intermediate_size ?? 4 * cfg.hidden_size,
       numKvHeads: cfg.num_key_value_heads ?? heads,
       headDim: cfg.head_dim ?? cfg.hidden_size / heads,
       vocabSize: cfg.vocab_size,

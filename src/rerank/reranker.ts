@@ -4,11 +4,16 @@
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
+import type { EncoderDims } from '../guards/memory-model.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
 import { createSession, encoderFeeds, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
+  num_hidden_layers: number;
+  hidden_size: number;
+  num_attention_heads: number;
+  intermediate_size: number;
   max_position_embeddings?: number;
   pad_token_id?: number;
 }
@@ -21,6 +26,8 @@ export class Reranker {
     /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
     readonly maxTokens: number,
     private readonly padId: number,
+    /** Dimensions for the memory model. */
+    readonly dims: EncoderDims,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, maxTokens = 256): Promise<Reranker> {
@@ -28,7 +35,8 @@ export class Reranker {
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const loaded = await createSession(files.onnx, ep);
-    return new Reranker(tokenizer, loaded, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0);
+    const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
+    return new Reranker(tokenizer, loaded, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
   }
 
   get provider(): string {

@@ -40,7 +40,29 @@ export function createApp(service: RagService): express.Express {
       throw new HttpError(400, 'adapter_not_found', `adapter '${q.adapter}' is not loaded (no adapters are configured)`);
     }
     checkQueryShape(q, service);
-    res.json(await admission.run(() => service.query(q)));
+    // The guard decides from the request's predicted memory: admit or queue (maybe reshaped), or 413.
+    const decision = service.guard.decide(service.requestShape(q));
+    const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
+    if (decision.action === 'reject') {
+      throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`,
+        { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes });
+    }
+    const shaped = { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens };
+    const result = await admission.run(async () => {
+      const release = await service.guard.reserve(decision.prediction.workspaceBytes, cfg.queueTimeoutMs);
+      try {
+        return await service.query(shaped);
+      } finally {
+        release();
+      }
+    });
+    res.json({
+      ...result,
+      guard: {
+        decision: decision.action, reshaped: decision.reshaped, predicted_bytes: predicted,
+        predicted_workspace_bytes: decision.prediction.workspaceBytes, peak_stage: decision.prediction.peakStage,
+      },
+    });
   });
 
   app.post('/documents', async (req, res) => {

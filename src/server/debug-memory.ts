@@ -19,7 +19,16 @@ export interface Component {
 }
 
 export interface MemorySnapshot {
-  budget: { host_total_bytes: number; gpu_total_bytes: number | null; enforced: false; note: string };
+  budget: {
+    bytes: number;
+    source: 'bytes' | 'gpu' | 'host';
+    host_total_bytes: number;
+    gpu_total_bytes: number | null;
+    kv_pool_bytes: number;
+    workspace_bytes: number;
+    workspace_reserved_bytes: number;
+    requests_waiting_for_memory: number;
+  };
   components: Component[];
   components_total_bytes: number;
   kv: {
@@ -63,10 +72,14 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
   return {
     budget: {
+      bytes: service.budget.budgetBytes,
+      source: service.budget.source,
       host_total_bytes: totalmem(),
       gpu_total_bytes: gpuTotal,
-      enforced: false,
-      note: 'per-request memory prediction and admission against a budget are not enforced yet; admission bounds concurrency and queue length',
+      kv_pool_bytes: pool.bytes,
+      workspace_bytes: service.workspaceBytes,
+      workspace_reserved_bytes: service.guard.reserved,
+      requests_waiting_for_memory: service.guard.waiting,
     },
     components,
     components_total_bytes: components.reduce((s, c) => s + c.bytes, 0),

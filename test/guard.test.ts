@@ -1,0 +1,101 @@
+/** The memory guard: workspace reservations, and its decisions as the HTTP API reports them. */
+import assert from 'node:assert/strict';
+import { before, describe, test } from 'node:test';
+import request from 'supertest';
+import { MemoryGuard } from '../src/guards/guard.js';
+import { MemoryModel } from '../src/guards/memory-model.js';
+import { HttpError } from '../src/server/errors.js';
+import { RagService } from '../src/rag.js';
+import { createApp } from '../src/server/app.js';
+import { smallCorpus, tempDir, testConfig } from './helpers.js';
+
+describe('reservations', () => {
+  const model = new MemoryModel({ numLayers: 1, hiddenSize: 8, numHeads: 1, intermediateSize: 8 },
+    { numLayers: 1, hiddenSize: 8, numHeads: 1, numKvHeads: 1, headDim: 8, intermediateSize: 8, vocabSize: 8 }, 16);
+  const guard = () => new MemoryGuard(model, () => ({ workspaceTotal: 100, kvFreeBlocks: 10, kvTotalBlocks: 10 }), [], { minPromptTokens: 8, minNewTokens: 1 });
+
+  test('reservations wait in FIFO order for room and are released once', async () => {
+    const g = guard();
+    const a = await g.reserve(60, 1000);
+    const order: string[] = [];
+    const b = g.reserve(50, 1000).then((r) => (order.push('b'), r));
+    const c = g.reserve(10, 1000).then((r) => (order.push('c'), r));
+    await new Promise((r) => setTimeout(r, 10));
+    assert.deepEqual(order, [], 'c fits but does not overtake b');
+    assert.equal(g.waiting, 2);
+    a();
+    a();
+    const [rb, rc] = await Promise.all([b, c]);
+    assert.deepEqual(order, ['b', 'c']);
+    assert.equal(g.reserved, 60);
+    rb();
+    rc();
+    assert.equal(g.reserved, 0);
+  });
+
+  test('a wait past the deadline is a 503 with Retry-After; the queue moves on', async () => {
+    const g = guard();
+    const a = await g.reserve(90, 1000);
+    await assert.rejects(g.reserve(50, 20), (e: unknown) => e instanceof HttpError && e.status === 503 && e.code === 'memory_busy' && e.headers['Retry-After'] === '1');
+    assert.equal(g.waiting, 0);
+    a();
+  });
+});
+
+describe('decisions over HTTP', () => {
+  let service: RagService;
+
+  before(async () => {
+    const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache', 'quotas', 'ipv6']) });
+    service = await RagService.start(cfg);
+  });
+
+  /** The same models and index under a budget that leaves exactly `workspace` bytes for runs. */
+  function withWorkspace(workspace: number, promptBudgetTokens = service.cfg.promptBudgetTokens) {
+    const fixed = service.weightBytes + service.store.indexBytes + service.engine.pool.bytes;
+    const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens };
+    const s = new RagService(cfg, service.models, service.store);
+    assert.equal(s.workspaceBytes, workspace);
+    return { s, app: createApp(s) };
+  }
+
+  test('with room, requests are admitted as asked', async () => {
+    const res = await request(createApp(service)).post('/query').send({ query: 'apt-cache policy', max_new_tokens: 4 }).expect(200);
+    assert.equal(res.body.guard.decision, 'admit');
+    assert.deepEqual(res.body.guard.reshaped, []);
+    assert.ok(res.body.guard.predicted_bytes > 0);
+  });
+
+  test('a request that can never fit is reshaped (fewer reranked candidates first) and served that way', async () => {
+    const asked = { query: 'How do I set disk quotas for a user?', top_k: 40, rerank_top_n: 2, max_new_tokens: 8 };
+    // A short prompt budget makes reranking the peak stage.
+    const shape = { ...service.requestShape({ query: asked.query, topK: 40, rerankTopN: 2, maxNewTokens: 8, temperature: 0 }), promptTokens: 128 };
+    const room = service.guard.model.predict({ ...shape, topK: 5 }).workspaceBytes;
+    assert.equal(service.guard.model.predict(shape).peakStage, 'rerank');
+    assert.ok(service.guard.model.predict(shape).workspaceBytes > room, 'as asked it needs more than the room');
+    const { app } = withWorkspace(room, 128);
+    const res = await request(app).post('/query').send(asked).expect(200);
+    assert.equal(res.body.guard.decision, 'admit');
+    assert.deepEqual(res.body.guard.reshaped, [{ field: 'top_k', from: 40, to: 5 }]);
+    assert.ok(res.body.retrieval.hits <= 5, 'the query ran with the reshaped top_k');
+    assert.ok(res.body.guard.predicted_workspace_bytes <= room);
+  });
+
+  test('a request that cannot fit even reshaped is a 413 with predicted and budget bytes', async () => {
+    const { app, s } = withWorkspace(1024);
+    const res = await request(app).post('/query').send({ query: 'ipv6 tunnel', max_new_tokens: 8 });
+    assert.equal(res.status, 413);
+    assert.equal(res.body.error.code, 'request_too_large');
+    assert.ok(res.body.error.predicted_bytes > 1024);
+    assert.equal(res.body.error.budget_bytes, s.budget.budgetBytes);
+  });
+
+  test('/debug/memory reports the budget split', async () => {
+    const m = (await request(createApp(service)).get('/debug/memory').expect(200)).body;
+    assert.equal(m.budget.source, 'host');
+    assert.equal(m.budget.kv_pool_bytes, m.kv.pool_bytes);
+    assert.equal(m.budget.workspace_bytes, service.workspaceBytes);
+    assert.equal(m.budget.workspace_reserved_bytes, 0);
+    assert.ok(m.budget.bytes <= m.budget.host_total_bytes);
+  });
+});
