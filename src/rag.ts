@@ -1,23 +1,24 @@
 /**
  * The RAG pipeline: ingest documents into the store; answer a query by
  * embed -> search -> prune/dedupe -> rerank -> prompt inside a token budget -> generate.
- * Pure orchestration: every model and the store are passed in, each stage is timed.
+ * Models and store are passed in; the service owns what sits between them: the memory budget and its
+ * guard, the KV block manager and the generation engine. Each stage is timed.
  */
 import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
+import { totalmem } from 'node:os';
 import path from 'node:path';
 import type { Config } from './config/config.js';
-import { DecoderModel } from './generate/decoder-model.js';
 import { BlockManager } from './generate/block-manager.js';
+import { DecoderModel } from './generate/decoder-model.js';
 import { Engine } from './generate/engine.js';
 import type { FinishReason } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
-import { GrowthTracker } from './guards/growth.js';
 import { planBudget, type BudgetPlan } from './guards/budget.js';
+import { GrowthTracker } from './guards/growth.js';
 import { MemoryGuard } from './guards/guard.js';
 import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
-import { totalmem } from 'node:os';
 import { measureLoad, processMemory } from './guards/process-memory.js';
 import { Reranker } from './rerank/reranker.js';
 import { chunkText } from './retrieval/chunker.js';
