@@ -46,5 +46,6 @@ test('growth is tracked over the last requests', async () => {
   assert.equal(m.growth.window, 4);
   assert.equal(m.growth.samples, 4);
   assert.equal(typeof m.growth.flagged, 'boolean');
+  assert.equal(typeof m.growth.rss_growth_bytes, 'number');
   assert.equal(m.kv.used_blocks, 0, 'finished requests returned their blocks');
 });

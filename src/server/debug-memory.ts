@@ -7,7 +7,6 @@ import { totalmem } from 'node:os';
 import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
-import type { GrowthReport } from '../guards/growth.js';
 import type { RagService } from '../rag.js';
 
 export interface Component {
@@ -49,7 +48,15 @@ export interface MemorySnapshot {
   gpu: { source: 'nvml'; gpus: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number }[] } | null;
   gpu_unavailable_reason?: string;
   process: { rss: number; heap_total: number; heap_used: number; external: number; array_buffers: number };
-  growth: GrowthReport;
+  growth: {
+    window: number;
+    samples: number;
+    rss_growth_bytes: number;
+    heap_growth_bytes: number;
+    external_growth_bytes: number;
+    threshold_bytes: number;
+    flagged: boolean;
+  };
 }
 
 function snake(m: ProcessMemory): MemorySnapshot['process'] {
@@ -103,6 +110,9 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       : null,
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
     process: snake(processMemory()),
-    growth: service.growth.report(),
+    growth: (({ window, samples, rssGrowthBytes, heapGrowthBytes, externalGrowthBytes, thresholdBytes, flagged }) => ({
+      window, samples, rss_growth_bytes: rssGrowthBytes, heap_growth_bytes: heapGrowthBytes,
+      external_growth_bytes: externalGrowthBytes, threshold_bytes: thresholdBytes, flagged,
+    }))(service.growth.report()),
   };
 }
