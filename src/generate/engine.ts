@@ -140,13 +140,11 @@ export class Engine {
     this.carry = undefined;
     const reuse = carry !== undefined && carry.width === width && carry.seqs.length === seqs.length &&
       carry.seqs.every((q, i) => q === seqs[i] && carry.lengths[i] === q.numComputed);
-    if (carry && !reuse) this.outputs.push(...carry.present);
+    // The old carry is released at the step barrier, after this run has used it (or failed).
+    if (carry) this.outputs.push(...carry.present);
+    if (reuse) this.stats.pastReused++;
     const { logits, present } = await this.forward(rows, width, seqs.map((s) => [s.lastToken]), seqs.map((s) => s.numComputed),
       reuse ? carry.present : undefined);
-    if (reuse) {
-      this.outputs.push(...carry.present);
-      this.stats.pastReused++;
-    }
     this.stats.decodeRows += seqs.length;
     seqs.forEach((s, r) => this.advance(s, 1, logits, r));
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width: width + 1, present };
