@@ -126,10 +126,7 @@ export class RagService {
     this.engine = new Engine(models.decoder, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
-    const memoryModel = new MemoryModel(models.reranker.dims, {
-      numLayers: d.numLayers, hiddenSize: d.hiddenSize, numHeads: d.numHeads, numKvHeads: d.numKvHeads,
-      headDim: d.headDim, intermediateSize: d.intermediateSize, vocabSize: d.vocabSize,
-    }, cfg.kvBlockSize);
+    const memoryModel = new MemoryModel(models.reranker.dims, d, cfg.kvBlockSize);
     this.guard = new MemoryGuard(memoryModel, () => {
       const kv = blocks.stats();
       return { workspaceTotal: this.workspaceBytes, kvFreeBlocks: kv.freeBlocks, kvTotalBlocks: kv.totalBlocks };

@@ -11,6 +11,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { createSession, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
+import { kvBytesPerToken } from './kv-pool.js';
 
 interface DecoderConfig {
   model_type?: string;
@@ -107,7 +108,7 @@ export class DecoderModel {
 
   /** KV bytes one token occupies across all layers (keys and values, fp32 on this path). */
   get kvBytesPerToken(): number {
-    return 2 * this.shape.numLayers * this.shape.numKvHeads * this.shape.headDim * 4;
+    return kvBytesPerToken(this.shape);
   }
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {

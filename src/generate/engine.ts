@@ -79,11 +79,6 @@ export class Engine {
     return done;
   }
 
-  /** Resolves when every submitted sequence has finished. */
-  async idle(): Promise<void> {
-    while (this.loop) await this.loop;
-  }
-
   private async run(): Promise<void> {
     while (this.scheduler.hasWork) {
       await this.streamSync();

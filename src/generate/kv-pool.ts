@@ -15,6 +15,11 @@ export interface KvShape {
   headDim: number;
 }
 
+/** KV bytes one token takes across all layers: a key and a value per layer and KV head, fp32. */
+export function kvBytesPerToken(shape: KvShape): number {
+  return 2 * shape.numLayers * shape.numKvHeads * shape.headDim * 4;
+}
+
 /** What gather needs of a sequence: its physical blocks in logical order, and how many tokens to read. */
 export interface GatherRow {
   blocks: ArrayLike<number>;
@@ -44,7 +49,7 @@ export class KvCachePool {
 
   /** Bytes one token slot takes across layers. */
   get bytesPerSlot(): number {
-    return 2 * this.shape.numLayers * this.shape.numKvHeads * this.shape.headDim * 4;
+    return kvBytesPerToken(this.shape);
   }
 
   /**

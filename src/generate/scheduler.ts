@@ -21,7 +21,7 @@ export interface KvBlockSpace {
   canAppendSlots(seqId: number, n: number): boolean;
   /** Reserves slots for the tokens; returns block copies the KV storage must make (copy-on-write). */
   appendSlots(seqId: number, tokenIds: readonly number[]): BlockCopy[];
-  /** discardPrefix: the blocks' KV is not trustworthy (a failed run); do not keep them for prefix hits. */
+  /** Unknown ids are ignored. discardPrefix: the blocks' KV is not trustworthy (a failed run); do not keep them for prefix hits. */
   free(seqId: number, opts?: { discardPrefix?: boolean }): void;
 }
 
@@ -60,13 +60,11 @@ export class Scheduler {
     return this.waiting.length > 0 || this.running.length > 0;
   }
 
-  /** Removes a finished (or failed) running sequence and frees its blocks. */
+  /** Removes a finished (or failed) sequence and frees its blocks (none, for one rejected unallocated). */
   finish(seq: Sequence, opts: { failed?: boolean } = {}): void {
     const i = this.running.indexOf(seq);
     if (i >= 0) this.running.splice(i, 1);
-    const w = this.waiting.indexOf(seq);
-    if (w >= 0) this.waiting.splice(w, 1);
-    else this.blocks.free(seq.id, { discardPrefix: opts.failed });
+    this.blocks.free(seq.id, { discardPrefix: opts.failed });
     seq.status = 'finished';
   }
 

@@ -9,6 +9,8 @@
  * produces in a layer, since a runtime keeps a layer's intermediates alive until the layer ends.
  */
 
+import { kvBytesPerToken } from '../generate/kv-pool.js';
+
 export interface EncoderDims {
   numLayers: number;
   hiddenSize: number;
@@ -61,8 +63,7 @@ export class MemoryModel {
   ) {}
 
   get kvBytesPerToken(): number {
-    const d = this.decoder;
-    return 2 * d.numLayers * d.numKvHeads * d.headDim * F32;
+    return kvBytesPerToken(this.decoder);
   }
 
   kvBlocks(tokens: number): number {

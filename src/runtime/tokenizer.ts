@@ -51,8 +51,4 @@ export class TextTokenizer {
     if (id === undefined) throw new Error(`tokenizer has no token '${token}'`);
     return id;
   }
-
-  get vocabSize(): number {
-    return this.tok.get_vocab(true).size;
-  }
 }
