@@ -39,7 +39,9 @@ export class KvCachePool {
   ) {
     this.headStride = blockSize * shape.headDim;
     this.blockStride = shape.numKvHeads * this.headStride;
-    this.data = Array.from({ length: 2 * shape.numLayers }, () => new Float32Array(numBlocks * this.blockStride));
+    // Written once now, so that the pool is resident from the start (a fresh zeroed buffer is only
+    // mapped, and would otherwise grow the process page by page as blocks are first used).
+    this.data = Array.from({ length: 2 * shape.numLayers }, () => new Float32Array(numBlocks * this.blockStride).fill(0));
   }
 
   /** Bytes of the whole pool (keys and values, all layers). */

@@ -32,6 +32,10 @@ function sessionOptions(provider: ConcreteProvider): ort.InferenceSession.Sessio
   return {
     executionProviders: [provider],
     graphOptimizationLevel: 'all',
+    // No CPU arena: run buffers go back to malloc when a run ends. The arena would keep every peak for
+    // the process's life, grown in powers of two, so that resident memory said nothing about the runs
+    // in flight and the guards' accounting could not be checked against it.
+    enableCpuMemArena: provider !== 'cpu',
     // Small models: a few intra-op threads per session keep concurrent requests from fighting.
     intraOpNumThreads: provider === 'cpu' ? 0 : undefined,
   };
@@ -72,4 +76,11 @@ export function encoderFeeds(session: ort.InferenceSession, rows: readonly (read
     } else throw new Error(`encoder input '${name}' is not supported`);
   }
   return feeds;
+}
+
+/** One run of an encoder over [batch, tokens] dummy ids (profiling: the shape is what matters). */
+export async function runDummyEncoder(session: ort.InferenceSession, batch: number, tokens: number, padId: number): Promise<void> {
+  const row = Array.from({ length: tokens }, (_, i) => (i === 0 ? padId + 1 : padId + 2));
+  const result = await session.run(encoderFeeds(session, Array.from({ length: batch }, () => row), padId));
+  for (const t of Object.values(result)) t.dispose();
 }
