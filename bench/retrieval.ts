@@ -122,7 +122,7 @@ async function main(): Promise<void> {
 
       t = performance.now();
       const pool = store.search(vec, RERANK_FROM);
-      const scores = await reranker.score(q.question, pool.map((h) => `${title(h.chunk.docId)}\n${h.chunk.text}`));
+      const { scores } = await reranker.score(q.question, pool.map((h) => `${title(h.chunk.docId)}\n${h.chunk.text}`));
       const reranked = pool
         .map((hit, i) => ({ hit, score: scores[i]! }))
         .sort((a, b) => b.score - a.score)

@@ -19,8 +19,10 @@ import { GrowthTracker } from './guards/growth.js';
 import { MemoryGuard } from './guards/guard.js';
 import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
+import { peakMeter } from './guards/peak-meter.js';
 import { measureLoad, processMemory } from './guards/process-memory.js';
-import { Reranker } from './rerank/reranker.js';
+import { profileMemory, type ProfileReport } from './guards/profile.js';
+import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe, prune } from './retrieval/prune.js';
@@ -67,6 +69,8 @@ export interface QueryResult {
   usage: { prompt_tokens: number; completion_tokens: number };
   retrieval: { hits: number; after_prune: number; after_dedupe: number; reranked: number; in_prompt: number; truncated: number };
   timings_ms: { embed: number; search: number; rerank: number; generate: number };
+  /** The request's shape as it ran (pairs actually reranked, their width, the assembled prompt). */
+  shape: RequestShape;
 }
 
 export interface Models {
@@ -99,6 +103,8 @@ export class RagService {
   readonly budget: BudgetPlan;
   /** Predicts each request's memory and reserves its workspace while it runs. */
   readonly guard: MemoryGuard;
+  /** How the memory model was calibrated (the start-up profile run, or analytic figures and why). */
+  profile: ProfileReport = { source: 'analytic', reason: 'no profile run yet' };
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -126,7 +132,7 @@ export class RagService {
     this.engine = new Engine(models.decoder, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
-    const memoryModel = new MemoryModel(models.reranker.dims, d, cfg.kvBlockSize);
+    const memoryModel = new MemoryModel(models.reranker.dims, d, cfg.kvBlockSize, RERANK_BATCH);
     this.guard = new MemoryGuard(memoryModel, () => {
       const kv = blocks.stats();
       return { workspaceTotal: this.workspaceBytes, kvFreeBlocks: kv.freeBlocks, kvTotalBlocks: kv.totalBlocks };
@@ -161,8 +167,35 @@ export class RagService {
     const m = models ?? (await loadModels(cfg));
     const store = await DocumentStore.open(cfg.indexDir, m.embedder.dimension);
     const service = new RagService(cfg, m, store);
+    if (cfg.profileRun) await service.profileMemory();
     if (store.documentCount === 0 && cfg.corpusDir) await service.ingest(await readCorpus(cfg.corpusDir));
     return service;
+  }
+
+  /**
+   * Calibrates the memory model by the profile run at the largest shapes the configuration allows.
+   * Call before serving: the measurement needs the process to itself.
+   */
+  async profileMemory(): Promise<ProfileReport> {
+    const { embedder, reranker, decoder } = this.models;
+    const onCpu = [embedder, reranker, decoder].every((m) => m.provider === 'cpu');
+    const promptTokens = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - 1);
+    this.profile = !onCpu
+      ? { source: 'analytic', reason: 'models run on a GPU: per-run device peaks are not measurable; NVML watches the device' }
+      : await profileMemory(this.guard.model, {
+        embed: (b, s) => embedder.profileRun(b, s),
+        rerank: (b, s) => reranker.profileRun(b, s),
+        decoder: (r, s, c) => decoder.profileRun(r, s, c),
+      }, {
+        queryTokens: Math.min(embedder.maxTokens, this.cfg.maxQueryTokens + 2),
+        rerankPairs: Math.min(RERANK_BATCH, this.cfg.maxTopK),
+        pairTokens: reranker.maxTokens,
+        promptTokens,
+        contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
+        decodeRows: this.cfg.maxNumSeqs,
+      }, peakMeter());
+    if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.scales);
+    return this.profile;
   }
 
   /** Chunks, embeds and adds the documents, then persists one snapshot for the whole batch. */
@@ -212,7 +245,7 @@ export class RagService {
 
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
-    const scores = await reranker.score(q.query, unique.map(titled));
+    const { scores, pairTokens } = await reranker.score(q.query, unique.map(titled));
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
       .sort((a, b) => b.score - a.score)
@@ -250,6 +283,10 @@ export class RagService {
         in_prompt: prompt.included.length, truncated: prompt.truncated.length,
       },
       timings_ms: { embed: embedMs, search: searchMs, rerank: rerankMs, generate: generateMs },
+      shape: {
+        queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
+        promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
+      },
     };
   }
 }

@@ -36,7 +36,8 @@ describe('reservations', () => {
   test('a wait past the deadline is a 503 with Retry-After; the queue moves on', async () => {
     const g = guard();
     const a = await g.reserve(90, 1000);
-    await assert.rejects(g.reserve(50, 20), (e: unknown) => e instanceof HttpError && e.status === 503 && e.code === 'memory_busy' && e.headers['Retry-After'] === '1');
+    await assert.rejects(g.reserve(50, 20), (e: unknown) => e instanceof HttpError && e.status === 503 && e.code === 'memory_busy' &&
+      e.headers['Retry-After'] === '1' && e.details['predicted_bytes'] === 50 && e.details['budget_bytes'] === 100);
     assert.equal(g.waiting, 0);
     a();
   });
@@ -55,6 +56,7 @@ describe('decisions over HTTP', () => {
     const fixed = service.weightBytes + service.store.indexBytes + service.engine.pool.bytes;
     const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens };
     const s = new RagService(cfg, service.models, service.store);
+    s.guard.model.calibrate(service.guard.model.scales);
     assert.equal(s.workspaceBytes, workspace);
     return { s, app: createApp(s) };
   }
@@ -88,6 +90,28 @@ describe('decisions over HTTP', () => {
     assert.equal(res.body.error.code, 'request_too_large');
     assert.ok(res.body.error.predicted_bytes > 1024);
     assert.equal(res.body.error.budget_bytes, s.budget.budgetBytes);
+  });
+
+  test('the reply predicts the request as it ran: pairs reranked, prompt assembled, prefix found in the cache', async () => {
+    const app = createApp(service);
+    const ask = { query: 'Which options does apt-cache policy print?', top_k: 12, max_new_tokens: 4 };
+    const first = (await request(app).post('/query').send(ask).expect(200)).body;
+    const asRun = first.guard.as_run;
+    assert.equal(asRun.prompt_tokens, first.usage.prompt_tokens);
+    assert.equal(asRun.reranked_pairs, first.retrieval.after_dedupe);
+    assert.ok(asRun.pair_tokens > 0 && asRun.pair_tokens <= service.models.reranker.maxTokens);
+    assert.ok(asRun.predicted_workspace_bytes <= first.guard.predicted_workspace_bytes, 'as run never exceeds the worst case reserved');
+    const again = (await request(app).post('/query').send(ask).expect(200)).body.guard.as_run;
+    assert.ok(again.cached_prompt_tokens >= service.cfg.kvBlockSize, 'the same prompt again starts from cached blocks');
+    assert.ok(again.predicted_stage_bytes.prefill < asRun.predicted_stage_bytes.prefill);
+  });
+
+  test('guards off: a request the guards would turn away runs as asked', async () => {
+    const { s } = withWorkspace(1024);
+    const off = createApp(new RagService({ ...s.cfg, guards: false }, service.models, service.store));
+    const res = await request(off).post('/query').send({ query: 'ipv6 tunnel', max_new_tokens: 4 }).expect(200);
+    assert.equal(res.body.guard.decision, 'off');
+    assert.ok(res.body.answer.length > 0);
   });
 
   test('/debug/memory reports the budget split', async () => {

@@ -45,6 +45,10 @@ export interface Config {
   /** Memory budget: bytes, or a fraction of the GPU's memory (of the host's without a GPU). */
   memoryBudget: { bytes: number } | { fraction: number };
   kvFraction: number;
+  /** Memory guards on (predict, reshape, reserve, 413/503); off only to measure what they prevent. */
+  guards: boolean;
+  /** Calibrate the memory model by a profile run at start-up. */
+  profileRun: boolean;
   reshapeOrder: ReshapeStep[];
   minPromptTokens: number;
   minNewTokens: number;
@@ -230,6 +234,16 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_KV_FRACTION', default: '0.5', doc: 'Share of the budget left after weights and index that goes to the KV pool; the rest is run workspace.',
     apply: num(0.01, 0.99, (c, v) => (c.kvFraction = v)),
+  },
+  {
+    name: 'RAGGUARD_GUARDS', default: 'true',
+    doc: 'Memory guards: predict each request, reshape, reserve its workspace, 413/503. false admits everything as asked (for measuring what the guards prevent).',
+    apply: bool((c, v) => (c.guards = v)),
+  },
+  {
+    name: 'RAGGUARD_PROFILE_RUN', default: 'true',
+    doc: 'At start-up, run each model at the largest allowed shapes, measure their peaks and calibrate the memory model (host memory; kept analytic on a GPU).',
+    apply: bool((c, v) => (c.profileRun = v)),
   },
   {
     name: 'RAGGUARD_RESHAPE_ORDER', default: 'rerank,context,new_tokens',

@@ -111,6 +111,25 @@ export class DecoderModel {
     return kvBytesPerToken(this.shape);
   }
 
+  /**
+   * One run of `rows` rows, `newTokens` each, over `context` zero past tokens, inputs built here as
+   * the engine builds them: the start-up profile's prefill (context 0) and decode (newTokens 1) stages.
+   */
+  async profileRun(rows: number, newTokens: number, context: number): Promise<void> {
+    const { numLayers, numKvHeads: H, headDim: D } = this.shape;
+    const past = Array.from({ length: 2 * numLayers }, () => new ort.Tensor('float32', new Float32Array(rows * H * context * D), [rows, H, context, D]));
+    const out = await this.forward({
+      batch: rows,
+      seq: newTokens,
+      inputIds: new BigInt64Array(rows * newTokens).fill(BigInt(this.bosId ?? 1)),
+      positionIds: BigInt64Array.from({ length: rows * newTokens }, (_, i) => BigInt(context + (i % newTokens))),
+      attentionMask: new BigInt64Array(rows * (context + newTokens)).fill(1n),
+      pastLen: context,
+      past: context > 0 ? past : [],
+    });
+    for (const t of out.present) t.dispose();
+  }
+
   async forward(input: ForwardInput): Promise<ForwardOutput> {
     const { batch, seq, pastLen } = input;
     const { numLayers, numKvHeads, headDim, vocabSize } = this.shape;

@@ -10,6 +10,7 @@
 import * as ort from 'onnxruntime-node';
 import type { DecoderModel } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
+import { metered } from '../runtime/run-meter.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { sampleToken } from './sampler.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -92,8 +93,8 @@ export class Engine {
         this.settle(seq, new PromptNeverFitsError(`a prompt of ${seq.length} tokens needs more KV blocks than the pool has`));
       }
       try {
-        for (const seq of plan.prefills) await this.track(this.prefill(seq));
-        if (plan.decodes.length > 0) await this.track(this.decode(plan.decodes));
+        for (const seq of plan.prefills) await this.track(metered('prefill', () => this.prefill(seq)));
+        if (plan.decodes.length > 0) await this.track(metered('decode', () => this.decode(plan.decodes)));
       } catch (e) {
         // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
         for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
@@ -118,6 +119,7 @@ export class Engine {
   private async prefill(seq: Sequence): Promise<void> {
     const tokens = seq.pending;
     const past = seq.numComputed;
+    seq.cachedPrefix ??= past;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
     const { logits, present } = await this.forward(rows, past, [tokens], [past]);
     this.outputs.push(...present);
@@ -197,6 +199,11 @@ export class Engine {
     this.pending.delete(seq);
     if (!p) return;
     if (error) p.reject(error);
-    else p.resolve({ ids: seq.outputIds, text: this.model.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length' });
+    else {
+      p.resolve({
+        ids: seq.outputIds, text: this.model.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
+        cachedTokens: seq.cachedPrefix ?? 0,
+      });
+    }
   }
 }

@@ -21,6 +21,8 @@ export interface Generation {
   ids: number[];
   text: string;
   finishReason: FinishReason;
+  /** Prompt tokens whose KV came from the prefix cache (the engine's; 0 for sequential generation). */
+  cachedTokens?: number;
 }
 
 export async function generate(model: DecoderModel, promptIds: readonly number[], opts: GenerateOptions): Promise<Generation> {

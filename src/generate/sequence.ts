@@ -21,6 +21,8 @@ export class Sequence {
   finishReason: FinishReason | undefined;
   /** Tokens whose KV is in the cache; the rest are fed to the model at the next step. */
   numComputed = 0;
+  /** Prompt tokens found in the prefix cache at its first prefill (not computed for this request). */
+  cachedPrefix: number | undefined;
   /** Times this sequence was preempted (its blocks freed, to be recomputed). */
   preemptions = 0;
   /** The sampler's state survives preemption, so a preempted sample continues the same stream. */

@@ -57,7 +57,8 @@ export class MemoryGuard {
       const timer = setTimeout(() => {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
-        reject(new HttpError(503, 'memory_busy', `waited ${timeoutMs} ms for ${bytes} bytes of workspace`, {},
+        reject(new HttpError(503, 'memory_busy', `waited ${timeoutMs} ms for ${bytes} bytes of workspace`,
+          { predicted_bytes: bytes, budget_bytes: this.capacity().workspaceTotal },
           { 'Retry-After': String(Math.max(1, Math.ceil(timeoutMs / 1000))) }));
         this.pump();
       }, timeoutMs);

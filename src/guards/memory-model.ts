@@ -38,6 +38,8 @@ export interface RequestShape {
   pairTokens: number;
   promptTokens: number;
   maxNewTokens: number;
+  /** Prompt tokens already in the prefix cache: prefill computes only the rest (as run; 0 when asked). */
+  cachedTokens?: number;
 }
 
 export type Stage = 'embed' | 'rerank' | 'prefill' | 'decode';
@@ -53,7 +55,14 @@ export interface Prediction {
 
 const F32 = 4;
 
+export const STAGES: readonly Stage[] = ['embed', 'rerank', 'prefill', 'decode'];
+
+/** Measured / analytic bytes per stage, from the start-up profile run (1 = the analytic figure as is). */
+export type StageScales = Record<Stage, number>;
+
 export class MemoryModel {
+  private stageScales: StageScales = { embed: 1, rerank: 1, prefill: 1, decode: 1 };
+
   constructor(
     readonly encoder: EncoderDims,
     readonly decoder: DecoderDims,
@@ -61,6 +70,15 @@ export class MemoryModel {
     /** Pairs per reranker run (the reranker scores in batches). */
     readonly rerankBatch = 16,
   ) {}
+
+  get scales(): Readonly<StageScales> {
+    return this.stageScales;
+  }
+
+  /** Adopts the profile run's measured-to-analytic ratios: predictions are scaled by them from now on. */
+  calibrate(scales: StageScales): void {
+    this.stageScales = { ...scales };
+  }
 
   get kvBytesPerToken(): number {
     return kvBytesPerToken(this.decoder);
@@ -100,11 +118,12 @@ export class MemoryModel {
 
   predict(r: RequestShape): Prediction {
     const tokens = r.promptTokens + r.maxNewTokens;
+    const k = this.stageScales;
     const stages: Record<Stage, number> = {
-      embed: this.encoderWorkspace(1, r.queryTokens),
-      rerank: r.topK === 0 ? 0 : this.encoderWorkspace(Math.min(this.rerankBatch, r.topK), r.pairTokens),
-      prefill: this.decoderWorkspace(1, r.promptTokens, 0),
-      decode: this.decoderWorkspace(1, 1, tokens - 1),
+      embed: Math.ceil(k.embed * this.encoderWorkspace(1, r.queryTokens)),
+      rerank: r.topK === 0 ? 0 : Math.ceil(k.rerank * this.encoderWorkspace(Math.min(this.rerankBatch, r.topK), r.pairTokens)),
+      prefill: Math.ceil(k.prefill * this.decoderWorkspace(1, r.promptTokens - (r.cachedTokens ?? 0), r.cachedTokens ?? 0)),
+      decode: Math.ceil(k.decode * this.decoderWorkspace(1, 1, tokens - 1)),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);

@@ -6,7 +6,8 @@ import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import type { EncoderDims } from '../guards/memory-model.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, type LoadedSession } from '../runtime/session.js';
+import { createSession, encoderFeeds, runDummyEncoder, type LoadedSession } from '../runtime/session.js';
+import { metered } from '../runtime/run-meter.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -17,6 +18,9 @@ interface EncoderConfig {
   max_position_embeddings?: number;
   pad_token_id?: number;
 }
+
+/** Pairs scored per model run. */
+export const RERANK_BATCH = 16;
 
 export class Reranker {
   private constructor(
@@ -54,20 +58,30 @@ export class Reranker {
     };
   }
 
-  /** One relevance logit per passage, in the passages' order. */
-  async score(query: string, passages: readonly string[], batchSize = 16): Promise<number[]> {
+  /**
+   * One relevance logit per passage, in the passages' order, and the longest pair fed to the model
+   * (the width of the widest batch: what the memory model's rerank stage is sized by).
+   */
+  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH): Promise<{ scores: number[]; pairTokens: number }> {
     const scores: number[] = [];
+    let pairTokens = 0;
     for (let s = 0; s < passages.length; s += batchSize) {
       const pairs = passages.slice(s, s + batchSize).map((p) => this.pairInput(query, p));
+      for (const p of pairs) pairTokens = Math.max(pairTokens, p.ids.length);
       scores.push(...(await this.scoreBatch(pairs)));
     }
-    return scores;
+    return { scores, pairTokens };
+  }
+
+  /** One run over `pairs` dummy pairs of `tokens` tokens: the start-up profile's rerank stage. */
+  async profileRun(pairs: number, tokens: number): Promise<void> {
+    await runDummyEncoder(this.loaded.session, pairs, tokens, this.padId);
   }
 
   private async scoreBatch(pairs: PairEncoding[]): Promise<number[]> {
     const { session } = this.loaded;
     const feeds = encoderFeeds(session, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds));
-    const result = await session.run(feeds);
+    const result = await metered('rerank', () => session.run(feeds));
     const logits = (result['logits'] ?? result[session.outputNames[0]!]!).data as Float32Array;
     const labels = logits.length / pairs.length;
     const out = pairs.map((_, i) => logits[i * labels]!);

@@ -6,7 +6,8 @@
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, type LoadedSession } from '../runtime/session.js';
+import { createSession, encoderFeeds, runDummyEncoder, type LoadedSession } from '../runtime/session.js';
+import { metered } from '../runtime/run-meter.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -74,11 +75,16 @@ export class Embedder {
     return out;
   }
 
+  /** One run over [batch, tokens] dummy ids: the start-up profile's embed stage. */
+  async profileRun(batch: number, tokens: number): Promise<void> {
+    await runDummyEncoder(this.loaded.session, batch, tokens, this.padId);
+  }
+
   private async embedBatch(rows: number[][]): Promise<Float32Array> {
     const { session } = this.loaded;
     const feeds = encoderFeeds(session, rows, this.padId);
     const width = feeds['input_ids']!.dims[1]!;
-    const result = await session.run(feeds);
+    const result = await metered('embed', () => session.run(feeds));
     const hidden = result['last_hidden_state'] ?? result[session.outputNames[0]!]!;
     const h = hidden.data as Float32Array;
     const d = this.dimension;

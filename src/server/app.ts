@@ -40,6 +40,12 @@ export function createApp(service: RagService): express.Express {
       throw new HttpError(400, 'adapter_not_found', `adapter '${q.adapter}' is not loaded (no adapters are configured)`);
     }
     checkQueryShape(q, service);
+    if (!cfg.guards) {
+      // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
+      const { shape: _shape, ...result } = await admission.run(() => service.query(q));
+      res.json({ ...result, guard: { decision: 'off' } });
+      return;
+    }
     // The guard decides from the request's predicted memory: admit or queue (maybe reshaped), or 413.
     const decision = service.guard.decide(service.requestShape(q));
     const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
@@ -48,7 +54,7 @@ export function createApp(service: RagService): express.Express {
         { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes });
     }
     const shaped = { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens };
-    const result = await admission.run(async () => {
+    const { shape, ...result } = await admission.run(async () => {
       const release = await service.guard.reserve(decision.prediction.workspaceBytes, cfg.queueTimeoutMs);
       try {
         return await service.query(shaped);
@@ -56,11 +62,18 @@ export function createApp(service: RagService): express.Express {
         release();
       }
     });
+    const asRun = service.guard.model.predict(shape);
     res.json({
       ...result,
       guard: {
         decision: decision.action, reshaped: decision.reshaped, predicted_bytes: predicted,
         predicted_workspace_bytes: decision.prediction.workspaceBytes, peak_stage: decision.prediction.peakStage,
+        // The same prediction for the shape as it ran (pairs left after pruning, the assembled prompt):
+        // the reservation above is the worst case of the request as asked.
+        as_run: {
+          reranked_pairs: shape.topK, pair_tokens: shape.pairTokens, prompt_tokens: shape.promptTokens, cached_prompt_tokens: shape.cachedTokens ?? 0,
+          predicted_workspace_bytes: asRun.workspaceBytes, peak_stage: asRun.peakStage, predicted_stage_bytes: asRun.stages,
+        },
       },
     });
   });

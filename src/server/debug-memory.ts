@@ -7,7 +7,9 @@ import { totalmem } from 'node:os';
 import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
+import type { ProfileReport } from '../guards/profile.js';
 import type { RagService } from '../rag.js';
+import { allocatorTuned } from '../runtime/malloc.js';
 
 export interface Component {
   name: string;
@@ -42,6 +44,16 @@ export interface MemorySnapshot {
     pool_bytes: number;
     bytes_per_token: number;
     block_tables_by_bucket: Record<number, number>;
+  };
+  /** How predictions are made: guards on or off, and the profile run's calibration per stage. */
+  memory_model: {
+    guards: boolean;
+    /** glibc tuned at start (scripts/tuned.sh): freed run buffers leave the process, so rss tracks live memory. */
+    allocator_tuned: boolean;
+    calibration: 'profile' | 'analytic';
+    scales: Record<string, number>;
+    /** The profile run's points (shape, analytic and measured peak bytes), or why there was none. */
+    profile: ProfileReport;
   };
   adapters: { loaded: string[]; bytes: number };
   queue: { running: number; waiting: number; max_concurrent: number; max_waiting: number };
@@ -102,6 +114,13 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       pool_bytes: pool.bytes,
       bytes_per_token: pool.bytesPerSlot,
       block_tables_by_bucket: kv.tablesByBucket,
+    },
+    memory_model: {
+      guards: cfg.guards,
+      allocator_tuned: allocatorTuned(),
+      calibration: service.profile.source,
+      scales: { ...service.guard.model.scales },
+      profile: service.profile,
     },
     adapters: { loaded: [], bytes: 0 },
     queue: { running: admission.running, waiting: admission.waiting, max_concurrent: cfg.maxConcurrentQueries, max_waiting: cfg.maxQueueLength },

@@ -1,6 +1,7 @@
 /** Entry point: configuration, models, store (ingesting the sample corpus on first start), HTTP. */
 import { ConfigError, loadConfig, type Config } from '../config/config.js';
 import { RagService } from '../rag.js';
+import { allocatorTuned } from '../runtime/malloc.js';
 import { createApp } from './app.js';
 
 async function main(): Promise<void> {
@@ -13,6 +14,10 @@ async function main(): Promise<void> {
       process.exit(2);
     }
     throw e;
+  }
+  if (!allocatorTuned()) {
+    console.warn('GLIBC_TUNABLES lacks the allocator settings of scripts/tuned.sh (npm start applies them): ' +
+      'freed run buffers will stay resident, so resident memory overstates what runs hold');
   }
   const t0 = performance.now();
   const service = await RagService.start(cfg);
