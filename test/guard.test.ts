@@ -56,7 +56,7 @@ describe('decisions over HTTP', () => {
     const fixed = service.weightBytes + service.store.indexBytes + service.engine.pool.bytes;
     const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens };
     const s = new RagService(cfg, service.models, service.store);
-    s.guard.model.calibrate(service.guard.model.scales);
+    s.guard.model.calibrate(service.guard.model.calibration);
     assert.equal(s.workspaceBytes, workspace);
     return { s, app: createApp(s) };
   }

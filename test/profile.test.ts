@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import { STAGES } from '../src/guards/memory-model.js';
 import { measurePeak, peakMeter } from '../src/guards/peak-meter.js';
-import { fitScale } from '../src/guards/profile.js';
+import { fitStage } from '../src/guards/profile.js';
 import { RagService } from '../src/rag.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 
@@ -21,12 +21,15 @@ test('the peak meter sees a buffer that lived only inside the measured work', { 
   assert.ok(idle.bytes < 8 * MiB, `nothing allocated, measured ${idle.bytes / MiB} MiB`);
 });
 
-test('fitScale is the least-squares ratio, exact for proportional points', () => {
-  assert.equal(fitScale([{ analytic_bytes: 10, measured_bytes: 12 }, { analytic_bytes: 100, measured_bytes: 120 }]), 1.2);
-  assert.equal(fitScale([]), 1);
-  // Large shapes weigh most: the ratio follows the big point.
-  const k = fitScale([{ analytic_bytes: 1, measured_bytes: 3 }, { analytic_bytes: 1000, measured_bytes: 1000 }]);
-  assert.ok(k > 1 && k < 1.01);
+test('fitStage fits measured = scale x analytic + offset; never a negative offset', () => {
+  const pts = (xs: [number, number][]) => xs.map(([a, m]) => ({ analytic_bytes: a, measured_bytes: m }));
+  const line = fitStage(pts([[10, 17], [100, 125], [1000, 1205]]));
+  assert.ok(Math.abs(line.scale - 1.2) < 1e-9 && line.offsetBytes === 5, JSON.stringify(line));
+  // Points under a line through the origin: the offset would be negative, so the fit goes through 0.
+  const origin = fitStage(pts([[10, 5], [100, 110], [1000, 1200]]));
+  assert.equal(origin.offsetBytes, 0);
+  assert.ok(origin.scale > 1.19 && origin.scale < 1.2);
+  assert.deepEqual(fitStage([]), { scale: 1, offsetBytes: 0 });
 });
 
 describe('the profile run on the shipped models', () => {
@@ -42,15 +45,19 @@ describe('the profile run on the shipped models', () => {
     if (p.source !== 'profile') return;
     for (const st of STAGES) assert.ok(p.points.some((pt) => pt.stage === st), `a point for ${st}`);
     const prefill = p.points.find((pt) => pt.stage === 'prefill')!;
-    assert.deepEqual(prefill.shape, [1, 256, 0], 'prefill profiled at the prompt budget');
+    assert.deepEqual(prefill.shape, [1, 256, 0], 'prefill profiled at the prompt budget first');
     const decode = p.points.find((pt) => pt.stage === 'decode')!;
     assert.equal(decode.shape[0], service.cfg.maxNumSeqs, 'decode profiled at max_num_seqs rows');
     for (const pt of p.points.filter((x) => x.stage !== 'embed')) assert.ok(pt.measured_bytes > 0, `${pt.stage} ${pt.shape} measured`);
-    for (const st of STAGES) assert.ok(p.scales[st] > 0.2 && p.scales[st] < 5, `${st} scale ${p.scales[st]}`);
-    assert.deepEqual(service.guard.model.scales, p.scales);
-    // Predictions are the analytic figures times the stage's scale.
+    for (const st of STAGES) {
+      const f = p.calibration[st];
+      assert.ok(f.scale > 0.2 && f.scale < 5 && f.offsetBytes >= 0 && f.offsetBytes < 64 * MiB, `${st} fit ${JSON.stringify(f)}`);
+    }
+    assert.deepEqual(service.guard.model.calibration, p.calibration);
+    // Predictions are the stage's line through the analytic figures.
     const m = service.guard.model;
     const shape = { queryTokens: 8, topK: 4, rerankTopN: 2, pairTokens: 64, promptTokens: 200, maxNewTokens: 8 };
-    assert.equal(m.predict(shape).stages.prefill, Math.ceil(p.scales.prefill * m.decoderWorkspace(1, 200, 0)));
+    const f = p.calibration.prefill;
+    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scale * m.decoderWorkspace(1, 200, 0) + f.offsetBytes));
   });
 });

@@ -9,7 +9,7 @@ import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, type LoadedSession } from '../runtime/session.js';
+import { createSession, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvBytesPerToken } from './kv-pool.js';
 
@@ -102,7 +102,7 @@ export class DecoderModel {
     return new DecoderModel(tokenizer, loaded, files, shape, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
   }
 
-  get provider(): string {
+  get provider(): ConcreteProvider {
     return this.loaded.provider;
   }
 

@@ -57,11 +57,21 @@ const F32 = 4;
 
 export const STAGES: readonly Stage[] = ['embed', 'rerank', 'prefill', 'decode'];
 
-/** Measured / analytic bytes per stage, from the start-up profile run (1 = the analytic figure as is). */
-export type StageScales = Record<Stage, number>;
+/**
+ * A stage's measured bytes as a line in its analytic bytes, fitted by the start-up profile run:
+ * the scale corrects the per-buffer sums, the offset is what every run holds whatever its shape
+ * (thread-local scratch, the runtime's per-run state).
+ */
+export interface StageFit {
+  scale: number;
+  offsetBytes: number;
+}
+export type Calibration = Record<Stage, StageFit>;
+
+const ANALYTIC: StageFit = { scale: 1, offsetBytes: 0 };
 
 export class MemoryModel {
-  private stageScales: StageScales = { embed: 1, rerank: 1, prefill: 1, decode: 1 };
+  private fits: Calibration = { embed: ANALYTIC, rerank: ANALYTIC, prefill: ANALYTIC, decode: ANALYTIC };
 
   constructor(
     readonly encoder: EncoderDims,
@@ -71,13 +81,19 @@ export class MemoryModel {
     readonly rerankBatch = 16,
   ) {}
 
-  get scales(): Readonly<StageScales> {
-    return this.stageScales;
+  get calibration(): Readonly<Calibration> {
+    return this.fits;
   }
 
-  /** Adopts the profile run's measured-to-analytic ratios: predictions are scaled by them from now on. */
-  calibrate(scales: StageScales): void {
-    this.stageScales = { ...scales };
+  /** Adopts the profile run's fits: predictions are scale x analytic + offset from now on. */
+  calibrate(fits: Calibration): void {
+    this.fits = { ...fits };
+  }
+
+  /** A stage's predicted bytes from its analytic bytes (0 stays 0: a stage that does not run). */
+  private calibrated(stage: Stage, analytic: number): number {
+    const f = this.fits[stage];
+    return analytic === 0 ? 0 : Math.ceil(f.scale * analytic + f.offsetBytes);
   }
 
   get kvBytesPerToken(): number {
@@ -118,12 +134,11 @@ export class MemoryModel {
 
   predict(r: RequestShape): Prediction {
     const tokens = r.promptTokens + r.maxNewTokens;
-    const k = this.stageScales;
     const stages: Record<Stage, number> = {
-      embed: Math.ceil(k.embed * this.encoderWorkspace(1, r.queryTokens)),
-      rerank: r.topK === 0 ? 0 : Math.ceil(k.rerank * this.encoderWorkspace(Math.min(this.rerankBatch, r.topK), r.pairTokens)),
-      prefill: Math.ceil(k.prefill * this.decoderWorkspace(1, r.promptTokens - (r.cachedTokens ?? 0), r.cachedTokens ?? 0)),
-      decode: Math.ceil(k.decode * this.decoderWorkspace(1, 1, tokens - 1)),
+      embed: this.calibrated('embed', this.encoderWorkspace(1, r.queryTokens)),
+      rerank: r.topK === 0 ? 0 : this.calibrated('rerank', this.encoderWorkspace(Math.min(this.rerankBatch, r.topK), r.pairTokens)),
+      prefill: this.calibrated('prefill', this.decoderWorkspace(1, r.promptTokens - (r.cachedTokens ?? 0), r.cachedTokens ?? 0)),
+      decode: this.calibrated('decode', this.decoderWorkspace(1, 1, tokens - 1)),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);

@@ -6,7 +6,7 @@ import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import type { EncoderDims } from '../guards/memory-model.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, runDummyEncoder, type LoadedSession } from '../runtime/session.js';
+import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
 import { metered } from '../runtime/run-meter.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
@@ -43,7 +43,7 @@ export class Reranker {
     return new Reranker(tokenizer, loaded, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
   }
 
-  get provider(): string {
+  get provider(): ConcreteProvider {
     return this.loaded.provider;
   }
 

@@ -6,7 +6,7 @@
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, runDummyEncoder, type LoadedSession } from '../runtime/session.js';
+import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
 import { metered } from '../runtime/run-meter.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
@@ -52,7 +52,7 @@ export class Embedder {
     return new Embedder(tokenizer, loaded, files, cfg.hidden_size, maxTokens, pooling, cfg.pad_token_id ?? 0);
   }
 
-  get provider(): string {
+  get provider(): ConcreteProvider {
     return this.loaded.provider;
   }
 

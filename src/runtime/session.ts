@@ -28,7 +28,8 @@ export function cudaProviderPresent(): boolean {
   return existsSync(path.join(pkg, 'bin', 'napi-v6', process.platform, process.arch, 'libonnxruntime_providers_cuda.so'));
 }
 
-function sessionOptions(provider: ConcreteProvider): ort.InferenceSession.SessionOptions {
+/** The options every session of this server gets on `provider` (benchmarks give their peers the same). */
+export function sessionOptions(provider: ConcreteProvider): ort.InferenceSession.SessionOptions {
   return {
     executionProviders: [provider],
     graphOptimizationLevel: 'all',

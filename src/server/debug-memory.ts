@@ -51,7 +51,8 @@ export interface MemorySnapshot {
     /** glibc tuned at start (scripts/tuned.sh): freed run buffers leave the process, so rss tracks live memory. */
     allocator_tuned: boolean;
     calibration: 'profile' | 'analytic';
-    scales: Record<string, number>;
+    /** Per stage: predicted bytes = scale x analytic bytes + offset_bytes. */
+    fits: Record<string, { scale: number; offset_bytes: number }>;
     /** The profile run's points (shape, analytic and measured peak bytes), or why there was none. */
     profile: ProfileReport;
   };
@@ -119,7 +120,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       guards: cfg.guards,
       allocator_tuned: allocatorTuned(),
       calibration: service.profile.source,
-      scales: { ...service.guard.model.scales },
+      fits: Object.fromEntries(Object.entries(service.guard.model.calibration).map(([st, f]) => [st, { scale: f.scale, offset_bytes: f.offsetBytes }])),
       profile: service.profile,
     },
     adapters: { loaded: [], bytes: 0 },

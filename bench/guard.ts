@@ -1,0 +1,197 @@
+/**
+ * Memory guards under an adversarial mix: the same server (same models, index and KV pool) at a memory
+ * budget that it overflows with guards off, measured with guards on and off in one run.
+ *
+ * Mix: long contexts (16 chunks into a 1536-token prompt budget), top_k up to 100, max_new_tokens at
+ * the limit, in bursts of BENCH_GUARD_BURST concurrent requests over real HTTP on loopback.
+ *
+ * Measured, on this host (peak-meter.ts: the kernel's resident high-water mark, so peaks inside a
+ * native run count; garbage collected and free heap returned to the OS before each window):
+ *   overflow            a burst whose peak resident growth exceeds the workspace the budget leaves
+ *                       (budget - weights - index - KV pool): the process went over its budget.
+ *   prediction_error    per request run alone: |predicted - measured| / measured, where predicted is the
+ *                       memory model's workspace for the request as it ran (calibrated at start-up by
+ *                       the profile run) and measured its peak resident growth. The KV pool is
+ *                       allocated and resident up front, so a request's KV is not part of its growth.
+ *   unclear_errors      replies other than 200, or 413/503 with {error: {code, message}} (413 and 503
+ *                       memory_busy also with predicted_bytes and budget_bytes; 503 with Retry-After).
+ *   served_fraction     200s / requests, guards on.
+ * Last line: JSON.
+ */
+import { readFile } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { loadConfig, type Config } from '../src/config/config.js';
+import { seededRandom } from '../src/generate/sampler.js';
+import { measurePeak, peakMeter } from '../src/guards/peak-meter.js';
+import { loadModels, RagService } from '../src/rag.js';
+import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
+import { createApp } from '../src/server/app.js';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+const MB = 1 << 20;
+const WORKSPACE = Number(process.env['BENCH_GUARD_WORKSPACE_MB'] ?? 160) * MB;
+const KV_POOL = Number(process.env['BENCH_GUARD_KV_MB'] ?? 48) * MB;
+const BURST = Number(process.env['BENCH_GUARD_BURST'] ?? 24);
+const BURSTS = Number(process.env['BENCH_GUARD_BURSTS'] ?? 3);
+const ALONE = Number(process.env['BENCH_GUARD_ALONE'] ?? 24);
+
+const meter = peakMeter();
+if (!meter.available) throw new Error(`bench:guard measures peaks through /proc: ${meter.reason}`);
+
+const env: Record<string, string> = {
+  PORT: '0',
+  RAGGUARD_PROMPT_BUDGET: '1536',
+  RAGGUARD_MAX_TOP_K: '100',
+  RAGGUARD_MAX_RERANK_TOP_N: '16',
+  RAGGUARD_MAX_NEW_TOKENS_LIMIT: '64',
+  RAGGUARD_MAX_NUM_SEQS: '32',
+  RAGGUARD_MAX_CONCURRENT: '32',
+  RAGGUARD_QUEUE_LENGTH: '64',
+  RAGGUARD_QUEUE_TIMEOUT_MS: '60000',
+  RAGGUARD_PROFILE_RUN: 'false',
+};
+const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-guard-'));
+const config = (extra: Record<string, string>): Config => loadConfig({ ...env, RAGGUARD_INDEX_DIR: indexDir, ...extra });
+
+// Load once, ingest the corpus, then size the budget: weights + index + KV pool + WORKSPACE.
+const first = config({});
+const models = await loadModels(first);
+const loader = await RagService.start(first, models);
+const staticBytes = loader.weightBytes + loader.store.indexBytes;
+const budget = String(staticBytes + KV_POOL + WORKSPACE);
+const budgetEnv = { RAGGUARD_MEMORY_BUDGET: budget, RAGGUARD_KV_CACHE_BYTES: String(KV_POOL), RAGGUARD_CORPUS_DIR: '' };
+const guarded = new RagService(config({ ...budgetEnv, RAGGUARD_PROFILE_RUN: 'true' }), models, loader.store);
+const profile = await guarded.profileMemory();
+const unguarded = new RagService(config({ ...budgetEnv, RAGGUARD_GUARDS: 'false' }), models, loader.store);
+
+interface Ask {
+  query: string;
+  top_k: number;
+  rerank_top_n: number;
+  max_new_tokens: number;
+}
+
+const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
+const random = seededRandom(7);
+const pick = <T>(xs: readonly T[]) => xs[Math.floor(random() * xs.length)]!;
+const mix = (n: number): Ask[] => Array.from({ length: n }, () => ({
+  query: pick(questions).question,
+  top_k: pick([20, 50, 100, 100]),
+  rerank_top_n: pick([3, 8, 16, 16, 16]),
+  max_new_tokens: pick([16, 32, 64, 64]),
+}));
+
+interface Reply {
+  status: number;
+  clear: boolean;
+  body: { guard?: { as_run?: { predicted_workspace_bytes: number; predicted_stage_bytes: Record<RunStage, number> } } };
+}
+
+async function listen(service: RagService): Promise<{ url: string; close(): Promise<void> }> {
+  const server = createApp(service).listen(0, '127.0.0.1');
+  await new Promise((r) => server.once('listening', r));
+  const { port } = server.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}/query`, close: () => new Promise((r) => server.close(() => r())) };
+}
+
+function isClear(status: number, headers: Headers, body: unknown): boolean {
+  if (status === 200) return true;
+  const e = (body as { error?: Record<string, unknown> } | null)?.error;
+  if ((status !== 413 && status !== 503) || typeof e?.['code'] !== 'string' || typeof e['message'] !== 'string') return false;
+  if (status === 503 && !headers.get('retry-after')) return false;
+  const memory = e['code'] === 'request_too_large' || e['code'] === 'memory_busy';
+  return !memory || (typeof e['predicted_bytes'] === 'number' && typeof e['budget_bytes'] === 'number');
+}
+
+async function send(url: string, ask: Ask): Promise<Reply> {
+  try {
+    const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask) });
+    const body = (await r.json()) as Reply['body'];
+    return { status: r.status, clear: isClear(r.status, r.headers, body), body };
+  } catch {
+    return { status: 0, clear: false, body: {} }; // connection failed: the least clear reply of all
+  }
+}
+
+const p95 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.ceil(0.95 * xs.length) - 1)] ?? NaN;
+const mb = (b: number) => (b / MB).toFixed(1);
+
+// 1. Prediction error: each request alone on the guarded server, each of its model runs measured on its
+//    own (the observer below); its measured peak is its largest run's.
+const runs: { stage: RunStage; bytes: number }[] = [];
+const recorder: RunObserver = {
+  async observe<T>(stage: RunStage, run: () => Promise<T>): Promise<T> {
+    const { value, bytes } = await measurePeak(meter, run);
+    runs.push({ stage, bytes });
+    return value;
+  },
+};
+const on = await listen(guarded);
+const errors: number[] = [];
+console.log(`budget ${mb(Number(budget))} MiB: weights+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
+console.log(`profile run: ${profile.source === 'profile' ? JSON.stringify(profile.calibration) : profile.reason}`);
+console.log('\nalone: predicted vs measured workspace (MiB)');
+setRunObserver(recorder);
+for (const ask of mix(ALONE)) {
+  runs.length = 0;
+  const reply = await send(on.url, ask);
+  const bytes = Math.max(0, ...runs.map((r) => r.bytes));
+  const predicted = reply.body.guard?.as_run?.predicted_workspace_bytes;
+  if (reply.status !== 200 || predicted === undefined || bytes === 0) continue;
+  errors.push(Math.abs(predicted - bytes) / bytes);
+  console.log(`  top_k ${String(ask.top_k).padStart(3)} top_n ${String(ask.rerank_top_n).padStart(2)} new ${String(ask.max_new_tokens).padStart(2)}: ` +
+    `predicted ${mb(predicted).padStart(6)} measured ${mb(bytes).padStart(6)} error ${errors.at(-1)!.toFixed(3)}  ` +
+    (['embed', 'rerank', 'prefill', 'decode'] as const).map((st) =>
+      `${st} ${mb(reply.body.guard!.as_run!.predicted_stage_bytes[st])}/${mb(Math.max(0, ...runs.filter((r) => r.stage === st).map((r) => r.bytes)))}`).join(' '));
+}
+
+setRunObserver(undefined);
+
+// 2. Bursts, guards on then off, the same requests.
+const bursts = Array.from({ length: BURSTS }, () => mix(BURST));
+async function burstPhase(url: string): Promise<{ overflows: number; peaks: number[]; replies: Reply[] }> {
+  let overflows = 0;
+  const peaks: number[] = [];
+  const replies: Reply[] = [];
+  for (const asks of bursts) {
+    const { value, bytes } = await measurePeak(meter, () => Promise.all(asks.map((a) => send(url, a))));
+    replies.push(...value);
+    peaks.push(bytes);
+    if (bytes > WORKSPACE) overflows++;
+  }
+  return { overflows, peaks, replies };
+}
+const g = await burstPhase(on.url);
+await on.close();
+const off = await listen(unguarded);
+const u = await burstPhase(off.url);
+await off.close();
+
+const count = (rs: Reply[], s: number) => rs.filter((r) => r.status === s).length;
+console.log(`\nbursts of ${BURST}   peak workspace (MiB) per burst        200   413   503  unclear  overflows`);
+for (const [name, r] of [['guards on ', g], ['guards off', u]] as const) {
+  console.log(`  ${name}    ${r.peaks.map(mb).join(', ').padEnd(34)} ${String(count(r.replies, 200)).padStart(5)} ${String(count(r.replies, 413)).padStart(5)} ` +
+    `${String(count(r.replies, 503)).padStart(5)} ${String(r.replies.filter((x) => !x.clear).length).padStart(8)} ${String(r.overflows).padStart(10)}`);
+}
+await rm(indexDir, { recursive: true, force: true });
+console.log(JSON.stringify({
+  overflows: g.overflows,
+  unguarded_overflows: u.overflows,
+  unclear_errors: g.replies.filter((r) => !r.clear).length,
+  unguarded_unclear_errors: u.replies.filter((r) => !r.clear).length,
+  prediction_error_p95: +p95(errors).toFixed(3),
+  prediction_error_median: +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3),
+  predictions_measured: errors.length,
+  served_fraction: +(count(g.replies, 200) / g.replies.length).toFixed(3),
+  unguarded_served_fraction: +(count(u.replies, 200) / u.replies.length).toFixed(3),
+  budget_bytes: Number(budget),
+  workspace_bytes: WORKSPACE,
+  peak_workspace_bytes: Math.max(...g.peaks),
+  unguarded_peak_workspace_bytes: Math.max(...u.peaks),
+  measured_by: 'host resident high-water mark (VmHWM)',
+  where: guarded.models.decoder.provider,
+}));
+process.exit(0);
