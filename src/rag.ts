@@ -83,9 +83,9 @@ export interface Models {
 
 /** Loads the three models one after the other, so that each one's resident footprint is measured. */
 export async function loadModels(cfg: Config): Promise<Models> {
-  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.executionProvider));
-  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.executionProvider));
-  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.executionProvider));
+  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder));
+  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker));
+  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder));
   return { embedder: e.value, reranker: r.value, decoder: d.value, loadBytes: { embedder: e.bytes, reranker: r.bytes, decoder: d.bytes } };
 }
 

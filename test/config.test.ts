@@ -19,6 +19,13 @@ test('env values override defaults', () => {
   assert.equal(c.corpusDir, '');
 });
 
+test('each model may have its own execution provider; the others follow RAGGUARD_EXECUTION_PROVIDER', () => {
+  assert.deepEqual(loadConfig({}).providers, { embedder: 'cpu', reranker: 'cpu', decoder: 'cpu' });
+  const c = loadConfig({ RAGGUARD_EXECUTION_PROVIDER: 'webgpu', RAGGUARD_EMBEDDER_EP: 'cpu' });
+  assert.deepEqual(c.providers, { embedder: 'cpu', reranker: 'webgpu', decoder: 'webgpu' });
+  assert.throws(() => loadConfig({ RAGGUARD_DECODER_EP: 'tpu' }), /RAGGUARD_DECODER_EP: expected one of/);
+});
+
 test('every invalid variable is named in one error', () => {
   assert.throws(
     () => loadConfig({ PORT: 'eighty', RAGGUARD_PRUNE_MARGIN: '-1', RAGGUARD_EXECUTION_PROVIDER: 'tpu' }),

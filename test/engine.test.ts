@@ -17,9 +17,9 @@ let model: DecoderModel;
 let prompts: number[][];
 let refs: number[][];
 
-function engine(numBlocks: number, maxNumSeqs = 32): { engine: Engine; blocks: BlockManager } {
+function engine(numBlocks: number, maxNumSeqs = 32, kvWriteBack: 'eager' | 'lazy' = 'eager'): { engine: Engine; blocks: BlockManager } {
   const blocks = new BlockManager({ numBlocks, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  return { engine: new Engine(model, blocks, { numBlocks, blockSize: BS, maxNumSeqs, maxNumBatchedTokens: 4096 }), blocks };
+  return { engine: new Engine(model, blocks, { numBlocks, blockSize: BS, maxNumSeqs, maxNumBatchedTokens: 4096, kvWriteBack }), blocks };
 }
 
 before(async () => {
@@ -84,4 +84,33 @@ test('a prompt that can never fit the pool fails alone; the others are served', 
   assert.equal(good.status, 'fulfilled');
   assert.deepEqual((good as PromiseFulfilledResult<{ ids: number[] }>).value.ids, refs[7]!.slice(0, 4));
   assert.equal(blocks.stats().usedBlocks, 0);
+});
+
+// The device path's policy (KV stays with the model between steps, the pool is written back only when
+// blocks change hands), run on the CPU: the same outputs, and the pool right whenever blocks move.
+test('lazy write-back: identical outputs batched and preempted; written back only when blocks move', async () => {
+  const { engine: e, blocks } = engine(256, 32, 'lazy');
+  const outs = await Promise.all(prompts.map((p) => e.generate(p, { maxNewTokens: 20, temperature: 0 })));
+  outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i}`));
+  assert.ok(e.stats.writeBacks > 0 && e.stats.writeBacks < e.stats.steps / 2, `${e.stats.writeBacks} write-backs in ${e.stats.steps} steps`);
+  assert.equal(blocks.stats().usedBlocks, 0);
+
+  const longest = Math.max(...prompts.map((p) => p.length)) + 20;
+  const small = engine(Math.ceil(longest / BS) + 6, 32, 'lazy');
+  const again = await Promise.all(prompts.map((p) => small.engine.generate(p, { maxNewTokens: 20, temperature: 0 })));
+  again.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i} after preemption`));
+  assert.ok(small.engine.stats.preemptions > 0);
+});
+
+test('lazy write-back: blocks filled by generated tokens serve a later prefix hit with the right KV', async () => {
+  const { engine: e } = engine(256, 32, 'lazy');
+  const i = prompts.findIndex((p) => p.length > BS);
+  const first = await e.generate(prompts[i]!, { maxNewTokens: 40, temperature: 0, ignoreEos: true });
+  // The follow-up prompt is the first prompt plus its answer: its leading full blocks, generated tokens
+  // included, come from the prefix cache, whose KV only reached the pool by write-back.
+  const follow = [...prompts[i]!, ...first.ids, 5, 6, 7];
+  const expected = (await generate(model, follow, { maxNewTokens: 12, temperature: 0 })).ids;
+  const hit = await e.generate(follow, { maxNewTokens: 12, temperature: 0 });
+  assert.ok((hit.cachedTokens ?? 0) >= prompts[i]!.length, `prefix hit of ${hit.cachedTokens} tokens`);
+  assert.deepEqual(hit.ids, expected);
 });

@@ -9,6 +9,8 @@ import path from 'node:path';
 import { RESHAPE_STEPS, type ReshapeStep } from '../guards/policy.js';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
+export type ModelRole = 'embedder' | 'reranker' | 'decoder';
+const PROVIDERS = ['cpu', 'webgpu', 'cuda', 'auto'] as const;
 
 export interface Config {
   host: string;
@@ -18,6 +20,8 @@ export interface Config {
   rerankerPath: string;
   decoderPath: string;
   executionProvider: ExecutionProvider;
+  /** Per model: its own RAGGUARD_*_EP, else RAGGUARD_EXECUTION_PROVIDER. */
+  providers: Record<ModelRole, ExecutionProvider>;
   /** Where the index snapshot lives; created when missing. */
   indexDir: string;
   /** Corpus ingested when the index is empty at start-up ('' = none). */
@@ -156,8 +160,16 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
     doc: 'ONNX Runtime execution provider: cpu, webgpu, cuda, or auto (the first that loads).',
-    apply: oneOf(['cpu', 'webgpu', 'cuda', 'auto'] as const, (c, v) => (c.executionProvider = v)),
+    apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
   },
+  ...(['embedder', 'reranker', 'decoder'] as const).map((role): Variable => ({
+    name: `RAGGUARD_${role.toUpperCase()}_EP`, default: '',
+    doc: `Execution provider of the ${role} alone ('' = RAGGUARD_EXECUTION_PROVIDER).`,
+    apply: (c, raw) => {
+      if (raw === '') return;
+      oneOf(PROVIDERS, (cc, v) => (cc.providers = { ...cc.providers, [role]: v } as Config['providers']))(c, raw);
+    },
+  })),
   {
     name: 'RAGGUARD_INDEX_DIR', default: 'data/index',
     doc: 'Directory of the persisted index snapshot (created when missing).',
@@ -324,6 +336,8 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
   }
   const c = cfg as Config;
   if (problems.length === 0) {
+    const own: Partial<Config['providers']> = c.providers ?? {};
+    c.providers = { embedder: own.embedder ?? c.executionProvider, reranker: own.reranker ?? c.executionProvider, decoder: own.decoder ?? c.executionProvider };
     if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');

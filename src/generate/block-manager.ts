@@ -167,6 +167,13 @@ export class BlockManager {
     return this.blocksToAppend(this.get(seqId), n) <= this.pool.numFree;
   }
 
+  /** Whether every listed sequence can get slots for one more token at once (no preemption needed). */
+  canAppendEach(seqIds: readonly number[]): boolean {
+    let need = 0;
+    for (const id of seqIds) need += this.blocksToAppend(this.get(id), 1);
+    return need <= this.pool.numFree;
+  }
+
   /**
    * Reserves slots for the tokens (their KV is written this step). Returns the copies the KV storage
    * must make first: when the last block is partial and shared (after a fork), the writer gets its own

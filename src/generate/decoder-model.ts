@@ -3,15 +3,21 @@
  *   inputs  input_ids [b, s], attention_mask [b, past + s], position_ids [b, s],
  *           past_key_values.N.key|value [b, kv_heads, past, head_dim]
  *   outputs logits [b, s, vocab], present.N.key|value [b, kv_heads, past + s, head_dim]
- * The shape facts come from config.json, so a real Llama/Qwen2 export drops in.
+ * The shape facts come from config.json, so a real Llama/Qwen2 export drops in; the KV and logits
+ * types (float32 or float16) from the graph.
+ *
+ * On WebGPU the present KV outputs stay on the device (preferredOutputLocation 'gpu-buffer'), so that
+ * a decode step can feed them back as the next step's past without a round trip through the host;
+ * only the logits come back. On the CPU every output is host memory.
  */
 import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
+import { halfsToFloats } from '../runtime/float16.js';
 import { createSession, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
-import { kvBytesPerToken } from './kv-pool.js';
+import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
 
 interface DecoderConfig {
   model_type?: string;
@@ -42,6 +48,8 @@ export interface DecoderShape {
   headDim: number;
   vocabSize: number;
   maxPositions: number;
+  /** Element type of the past/present KV tensors (and of the activations). */
+  kvDtype: KvDtype;
 }
 
 /** One forward pass over a [batch, seq] block of new tokens on top of `past`. */
@@ -60,8 +68,16 @@ export interface ForwardInput {
 export interface ForwardOutput {
   /** Logits of each row's last position, [batch, vocab]. */
   lastLogits: Float32Array;
-  /** Flat [k0, v0, ...], each [batch, kv_heads, pastLen + seq, head_dim]; the caller disposes them. */
+  /**
+   * Flat [k0, v0, ...], each [batch, kv_heads, pastLen + seq, head_dim]; the caller disposes them.
+   * On the host, or on the device where the provider keeps them there (`presentOnDevice`).
+   */
   present: ort.Tensor[];
+}
+
+/** The present tensors' data on the host (downloaded when they live on the device). */
+export async function presentData(present: readonly ort.Tensor[]): Promise<KvArray[]> {
+  return Promise.all(present.map(async (t) => (t.location === 'cpu' ? t.data : await t.getData()) as KvArray));
 }
 
 export class DecoderModel {
@@ -79,8 +95,12 @@ export class DecoderModel {
     const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
     const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const loaded = await createSession(files.onnx, ep);
+    const presentNames = Array.from({ length: cfg.num_hidden_layers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
+    const loaded = await createSession(files.onnx, ep, { deviceOutputs: presentNames });
     const heads = cfg.num_attention_heads;
+    const pastType = loaded.session.inputMetadata.find((m) => m.name === 'past_key_values.0.key');
+    const kvType = pastType?.isTensor ? pastType.type : 'float32';
+    if (kvType !== 'float32' && kvType !== 'float16') throw new Error(`decoder ${files.onnx}: KV of type ${kvType} is not supported`);
     const shape: DecoderShape = {
       numLayers: cfg.num_hidden_layers,
       hiddenSize: cfg.hidden_size,
@@ -90,6 +110,7 @@ export class DecoderModel {
       headDim: cfg.head_dim ?? cfg.hidden_size / heads,
       vocabSize: cfg.vocab_size,
       maxPositions: cfg.max_position_embeddings ?? 2048,
+      kvDtype: kvType,
     };
     const eos = gen?.eos_token_id ?? cfg.eos_token_id ?? [];
     const eosIds = new Set(Array.isArray(eos) ? eos : [eos]);
@@ -106,7 +127,12 @@ export class DecoderModel {
     return this.loaded.provider;
   }
 
-  /** KV bytes one token occupies across all layers (keys and values, fp32 on this path). */
+  /** True when present KV outputs stay in device memory between runs. */
+  get presentOnDevice(): boolean {
+    return this.loaded.provider === 'webgpu';
+  }
+
+  /** KV bytes one token occupies across all layers (keys and values). */
   get kvBytesPerToken(): number {
     return kvBytesPerToken(this.shape);
   }
@@ -116,8 +142,8 @@ export class DecoderModel {
    * the engine builds them: the start-up profile's prefill (context 0) and decode (newTokens 1) stages.
    */
   async profileRun(rows: number, newTokens: number, context: number): Promise<void> {
-    const { numLayers, numKvHeads: H, headDim: D } = this.shape;
-    const past = Array.from({ length: 2 * numLayers }, () => new ort.Tensor('float32', new Float32Array(rows * H * context * D), [rows, H, context, D]));
+    const { numLayers, numKvHeads: H, headDim: D, kvDtype } = this.shape;
+    const past = Array.from({ length: 2 * numLayers }, () => new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * context * D), [rows, H, context, D]));
     const out = await this.forward({
       batch: rows,
       seq: newTokens,
@@ -132,7 +158,7 @@ export class DecoderModel {
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {
     const { batch, seq, pastLen } = input;
-    const { numLayers, numKvHeads, headDim, vocabSize } = this.shape;
+    const { numLayers, numKvHeads, headDim, vocabSize, kvDtype } = this.shape;
     const { session } = this.loaded;
     const feeds: Record<string, ort.Tensor> = {
       input_ids: new ort.Tensor('int64', input.inputIds, [batch, seq]),
@@ -144,17 +170,18 @@ export class DecoderModel {
     for (let l = 0; l < numLayers; l++) {
       for (const [j, kv] of (['key', 'value'] as const).entries()) {
         feeds[`past_key_values.${l}.${kv}`] =
-          input.past[2 * l + j] ?? new ort.Tensor('float32', new Float32Array(0), [batch, numKvHeads, 0, headDim]);
+          input.past[2 * l + j] ?? new ort.Tensor(kvDtype, kvArray(kvDtype, 0), [batch, numKvHeads, 0, headDim]);
       }
     }
     const result = await session.run(feeds);
     const logits = result['logits']!;
-    const all = logits.data as Float32Array;
-    const lastLogits = new Float32Array(batch * vocabSize);
+    const all = logits.data as Float32Array | Uint16Array;
+    const last = all instanceof Float32Array ? new Float32Array(batch * vocabSize) : new Uint16Array(batch * vocabSize);
     for (let b = 0; b < batch; b++) {
       const off = (b * seq + seq - 1) * vocabSize;
-      lastLogits.set(all.subarray(off, off + vocabSize), b * vocabSize);
+      last.set(all.subarray(off, off + vocabSize), b * vocabSize);
     }
+    const lastLogits = last instanceof Float32Array ? last : halfsToFloats(last);
     logits.dispose();
     const present: ort.Tensor[] = [];
     for (let l = 0; l < numLayers; l++) present.push(result[`present.${l}.key`]!, result[`present.${l}.value`]!);

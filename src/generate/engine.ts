@@ -3,14 +3,22 @@
  *
  * A loop of steps. Between steps sits the one step barrier (the "stream sync"): it awaits every
  * in-flight model run, releases the runs' output buffers, and only then lets the scheduler change the
- * batch (admit, finish, preempt). Within a step the batch shape is fixed: newly admitted sequences are
- * prefilled (each alone: their lengths differ), then all running sequences decode one token together,
- * their contexts gathered from the block pool into right-aligned, masked past tensors.
+ * batch (admit, finish, preempt). Within a step the batch shape is fixed: all running sequences decode
+ * one token together, their contexts gathered from the block pool into right-aligned, masked past
+ * tensors; then newly admitted sequences are prefilled (each alone: their lengths differ). Decoding
+ * first means a prefix hit on a block completed by this step's decode finds its KV written.
+ *
+ * While the batch holds, a decode step takes the last step's present KV as its past (no gather). Where
+ * the provider keeps present KV on the device (WebGPU), the pool is then written back lazily: the new
+ * tokens' KV stays on the device until blocks are about to change hands (a sequence finishes, the
+ * scheduler may admit or preempt, a prefill follows) and is downloaded and scattered only then. Per
+ * steady decode step the host sends token ids, positions and the mask, and receives the logits.
  */
 import * as ort from 'onnxruntime-node';
 import type { DecoderModel } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
 import { metered } from '../runtime/run-meter.js';
+import { presentData } from './decoder-model.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { sampleToken } from './sampler.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -29,6 +37,12 @@ export interface EngineBlockManager extends KvBlockSpace {
 export interface EngineOptions extends SchedulerLimits {
   numBlocks: number;
   blockSize: number;
+  /**
+   * When new tokens' KV reaches the pool: 'eager' after every run, 'lazy' only when blocks are about to
+   * change hands. Default: lazy where the model keeps present KV on the device (a write-back is a
+   * download), eager where it is host memory anyway. Tests run 'lazy' on the CPU.
+   */
+  kvWriteBack?: 'eager' | 'lazy';
 }
 
 export class PromptNeverFitsError extends Error {}
@@ -45,14 +59,28 @@ export interface EngineStats {
   preemptions: number;
   /** Decode steps whose past was last step's present (no gather from the pool). */
   pastReused: number;
+  /** Downloads of device-resident KV into the pool (WebGPU; 0 on the CPU, which stores every step). */
+  writeBacks: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
+}
+
+/**
+ * The last decode step's batch and its present KV (right-aligned to `width`), the next step's past
+ * while the batch holds. `synced[r]`: leading tokens of row r's sequence already in the pool.
+ */
+interface Carry {
+  seqs: Sequence[];
+  lengths: number[];
+  width: number;
+  present: ort.Tensor[];
+  synced: number[];
 }
 
 export class Engine {
   readonly pool: KvCachePool;
   readonly scheduler: Scheduler;
-  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, pastReused: 0, schedulerMicros: 0 };
+  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, pastReused: 0, writeBacks: 0, schedulerMicros: 0 };
   private readonly pending = new Map<Sequence, Pending>();
   private nextId = 0;
   private loop: Promise<void> | undefined;
@@ -60,14 +88,15 @@ export class Engine {
   private readonly inflight = new Set<Promise<unknown>>();
   /** Output tensors of the current step, released at the barrier. */
   private readonly outputs: ort.Tensor[] = [];
-  /** Last decode step's batch and its present KV, reused as the next step's past while the batch holds. */
-  private carry: { seqs: Sequence[]; lengths: number[]; width: number; present: ort.Tensor[] } | undefined;
+  private carry: Carry | undefined;
+  private readonly lazy: boolean;
 
   constructor(
     readonly model: DecoderModel,
     readonly blocks: EngineBlockManager,
     opts: EngineOptions,
   ) {
+    this.lazy = (opts.kvWriteBack ?? (model.presentOnDevice ? 'lazy' : 'eager')) === 'lazy';
     this.pool = new KvCachePool(model.shape, opts.numBlocks, opts.blockSize);
     this.scheduler = new Scheduler(blocks, opts);
   }
@@ -83,6 +112,8 @@ export class Engine {
   private async run(): Promise<void> {
     while (this.scheduler.hasWork) {
       await this.streamSync();
+      // Admission may hit blocks the carried batch filled, preemption frees them: the pool first.
+      if (this.scheduler.mayMoveBlocks) await this.writeBack();
       const t0 = performance.now();
       const plan = this.scheduler.schedule();
       for (const c of plan.copies) this.pool.copyBlock(c.src, c.dst);
@@ -93,16 +124,17 @@ export class Engine {
         this.settle(seq, new PromptNeverFitsError(`a prompt of ${seq.length} tokens needs more KV blocks than the pool has`));
       }
       try {
-        for (const seq of plan.prefills) await this.track(metered('prefill', () => this.prefill(seq)));
         if (plan.decodes.length > 0) await this.track(metered('decode', () => this.decode(plan.decodes)));
+        if (plan.prefills.length > 0) await this.writeBack();
+        for (const seq of plan.prefills) await this.track(metered('prefill', () => this.prefill(seq)));
       } catch (e) {
         // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
+        this.dropCarry();
         for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
       }
     }
     await this.streamSync();
-    if (this.carry) for (const t of this.carry.present) t.dispose();
-    this.carry = undefined;
+    this.dropCarry();
   }
 
   /** The step barrier: every in-flight run has completed and its buffers are released. */
@@ -116,15 +148,38 @@ export class Engine {
     return p.finally(() => this.inflight.delete(p));
   }
 
+  private dropCarry(): void {
+    if (this.carry) for (const t of this.carry.present) t.dispose();
+    this.carry = undefined;
+  }
+
+  /** Stores the carried batch's KV that only the device holds into the pool (a download on WebGPU). */
+  private async writeBack(): Promise<void> {
+    const c = this.carry;
+    if (!c || c.synced.every((n, r) => n === c.lengths[r])) return;
+    const data = await presentData(c.present);
+    c.seqs.forEach((seq, r) => {
+      const from = c.synced[r]!;
+      const len = c.lengths[r]!;
+      if (from === len) return;
+      this.pool.scatter(data, c.seqs.length, c.width, r, c.width - len + from, this.blocks.blockTable(seq.id).ids(), from, len - from);
+      c.synced[r] = len;
+    });
+    this.stats.writeBacks++;
+  }
+
   private async prefill(seq: Sequence): Promise<void> {
     const tokens = seq.pending;
     const past = seq.numComputed;
     seq.cachedPrefix ??= past;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
     const { logits, present } = await this.forward(rows, past, [tokens], [past]);
+    // A prefilled sequence joins the batch by gathering from the pool: its KV goes there now.
+    if (this.lazy) this.pool.scatter(await presentData(present), 1, past + tokens.length, 0, past, rows[0]!.blocks, past, tokens.length);
     this.outputs.push(...present);
     this.stats.prefills++;
-    this.advance(seq, tokens.length, logits, 0);
+    const reason = this.advance(seq, tokens.length, logits, 0);
+    if (reason) this.finishSeq(seq, reason);
   }
 
   private async decode(seqs: Sequence[]): Promise<void> {
@@ -132,7 +187,7 @@ export class Engine {
     const rows = seqs.map((s) => ({ blocks: this.blocks.blockTable(s.id).ids(), length: s.numComputed }));
     // The same batch as last step's decode: its present KV already is this step's past, right-aligned,
     // so the gather from the pool is skipped. Any change of the batch (a sequence joined, finished or
-    // was preempted) falls back to gathering.
+    // was preempted) falls back to gathering, from a pool that writeBack brought up to date.
     const carry = this.carry;
     this.carry = undefined;
     const reuse = carry !== undefined && carry.width === width && carry.seqs.length === seqs.length &&
@@ -143,21 +198,29 @@ export class Engine {
     const { logits, present } = await this.forward(rows, width, seqs.map((s) => [s.lastToken]), seqs.map((s) => s.numComputed),
       reuse ? carry.present : undefined);
     this.stats.decodeRows += seqs.length;
-    seqs.forEach((s, r) => this.advance(s, 1, logits, r));
-    this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width: width + 1, present };
+    const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry.synced[r]! : s.numComputed));
+    const finished = seqs.map((s, r) => this.advance(s, 1, logits, r));
+    this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width: width + 1, present, synced };
+    if (finished.some((f) => f !== undefined)) {
+      // Finishing frees blocks into the prefix cache: their KV must be in the pool before.
+      await this.writeBack();
+      seqs.forEach((s, r) => finished[r] && this.finishSeq(s, finished[r]));
+    }
   }
 
   /**
    * One model run over `tokens[r]` new tokens per row (equal counts) on top of each row's cached
-   * context, right-aligned to `width` (gathered from the pool unless `past` is given); stores the new
-   * KV into the rows' slots; returns the last logits and the present KV tensors (the caller releases them).
+   * context, right-aligned to `width` (gathered from the pool unless `past` is given). Where present KV
+   * comes back to the host, the new tokens' KV is stored into the rows' slots here; on the device it
+   * stays there (the caller writes back). Returns the last logits and the present KV tensors (the
+   * caller releases them).
    */
   private async forward(rows: GatherRow[], width: number, tokens: number[][], starts: number[],
     given?: ort.Tensor[]): Promise<{ logits: Float32Array; present: ort.Tensor[] }> {
-    const { numKvHeads: H, headDim: D } = this.model.shape;
+    const { numKvHeads: H, headDim: D, kvDtype } = this.model.shape;
     const B = rows.length;
     const s = tokens[0]!.length;
-    const past = given ?? this.pool.gather(rows, width).map((data) => new ort.Tensor('float32', data, [B, H, width, D]));
+    const past = given ?? this.pool.gather(rows, width).map((data) => new ort.Tensor(kvDtype, data, [B, H, width, D]));
     const mask = new BigInt64Array(B * (width + s));
     rows.forEach((row, r) => mask.fill(1n, r * (width + s) + width - row.length, (r + 1) * (width + s)));
     const out = await this.model.forward({
@@ -169,27 +232,28 @@ export class Engine {
       pastLen: width,
       past,
     });
-    const present = out.present.map((t) => t.data as Float32Array);
-    rows.forEach((row, r) => this.pool.scatter(present, B, width + s, r, width, row.blocks, starts[r]!, s));
+    if (!this.lazy) {
+      const present = await presentData(out.present);
+      rows.forEach((row, r) => this.pool.scatter(present, B, width + s, r, width, row.blocks, starts[r]!, s));
+    }
     return { logits: out.lastLogits, present: out.present };
   }
 
-  /** After a run: the fed tokens are computed; sample the next token; finish when done. */
-  private advance(seq: Sequence, fed: number, logits: Float32Array, row: number): void {
+  /** After a run: the fed tokens are computed; samples the next token; says why the sequence ends, if it does. */
+  private advance(seq: Sequence, fed: number, logits: Float32Array, row: number): FinishReason | undefined {
     // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
     seq.numComputed += fed;
     const V = this.model.shape.vocabSize;
     const next = sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
-    let reason: FinishReason | undefined;
-    if (this.model.eosIds.has(next) && !seq.params.ignoreEos) reason = 'stop';
-    else {
-      seq.outputIds.push(next);
-      if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.model.shape.maxPositions) reason = 'length';
-    }
-    if (reason) {
-      seq.finishReason = reason;
-      this.settle(seq);
-    }
+    if (this.model.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
+    seq.outputIds.push(next);
+    if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.model.shape.maxPositions) return 'length';
+    return undefined;
+  }
+
+  private finishSeq(seq: Sequence, reason: FinishReason): void {
+    seq.finishReason = reason;
+    this.settle(seq);
   }
 
   private settle(seq: Sequence, error?: Error): void {

@@ -7,17 +7,32 @@
  * [batch, kv_heads, P, head_dim] (rows right-aligned, padding masked) and scatters the new tokens'
  * present KV back into their slots. Per step that copies each row's context once, the same bytes the
  * model's own Concat of past and new KV moves.
+ *
+ * Elements are the model's KV type: float32, or float16 kept as raw 16-bit words (Uint16Array, what
+ * ONNX Runtime takes and gives for float16 tensors); gather and scatter only move them.
  */
+
+export type KvDtype = 'float32' | 'float16';
+export type KvArray = Float32Array | Uint16Array;
 
 export interface KvShape {
   numLayers: number;
   numKvHeads: number;
   headDim: number;
+  /** float32 when absent. */
+  kvDtype?: KvDtype;
 }
 
-/** KV bytes one token takes across all layers: a key and a value per layer and KV head, fp32. */
+export const dtypeBytes = (d: KvDtype | undefined): number => (d === 'float16' ? 2 : 4);
+
+/** KV bytes one token takes across all layers: a key and a value per layer and KV head. */
 export function kvBytesPerToken(shape: KvShape): number {
-  return 2 * shape.numLayers * shape.numKvHeads * shape.headDim * 4;
+  return 2 * shape.numLayers * shape.numKvHeads * shape.headDim * dtypeBytes(shape.kvDtype);
+}
+
+/** A zeroed array of `n` elements of the KV type. */
+export function kvArray(dtype: KvDtype | undefined, n: number): KvArray {
+  return dtype === 'float16' ? new Uint16Array(n) : new Float32Array(n);
 }
 
 /** What gather needs of a sequence: its physical blocks in logical order, and how many tokens to read. */
@@ -28,7 +43,7 @@ export interface GatherRow {
 
 export class KvCachePool {
   /** [layer * 2 + (0 key | 1 value)] */
-  private readonly data: Float32Array[];
+  private readonly data: KvArray[];
   private readonly blockStride: number;
   private readonly headStride: number;
 
@@ -41,7 +56,7 @@ export class KvCachePool {
     this.blockStride = shape.numKvHeads * this.headStride;
     // Written once now, so that the pool is resident from the start (a fresh zeroed buffer is only
     // mapped, and would otherwise grow the process page by page as blocks are first used).
-    this.data = Array.from({ length: 2 * shape.numLayers }, () => new Float32Array(numBlocks * this.blockStride).fill(0));
+    this.data = Array.from({ length: 2 * shape.numLayers }, () => kvArray(shape.kvDtype, numBlocks * this.blockStride).fill(0));
   }
 
   /** Bytes of the whole pool (keys and values, all layers). */
@@ -58,11 +73,11 @@ export class KvCachePool {
    * Past tensors' data for a batch: for each layer key and value, [rows, kv_heads, width, head_dim]
    * with row r's `length` tokens right-aligned (positions width - length .. width - 1).
    */
-  gather(rows: readonly GatherRow[], width: number): Float32Array[] {
+  gather(rows: readonly GatherRow[], width: number): KvArray[] {
     const { numKvHeads: H, headDim: D } = this.shape;
     const bs = this.blockSize;
     return this.data.map((src) => {
-      const out = new Float32Array(rows.length * H * width * D);
+      const out = kvArray(this.shape.kvDtype, rows.length * H * width * D);
       rows.forEach((row, r) => {
         const start = width - row.length;
         for (let h = 0; h < H; h++) {
@@ -83,7 +98,7 @@ export class KvCachePool {
    * present: one [rows, kv_heads, width, head_dim] array per layer key/value (as gather's layout);
    * reads row `row` positions srcPos..srcPos+count-1, writes the sequence's tokens dstToken.. on.
    */
-  scatter(present: readonly Float32Array[], rows: number, width: number, row: number, srcPos: number,
+  scatter(present: readonly KvArray[], rows: number, width: number, row: number, srcPos: number,
     blocks: ArrayLike<number>, dstToken: number, count: number): void {
     const { numKvHeads: H, headDim: D } = this.shape;
     const bs = this.blockSize;

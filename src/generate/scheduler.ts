@@ -19,6 +19,7 @@ export interface KvBlockSpace {
   /** Builds the sequence's block table; returns how many leading tokens are already computed (prefix hit). */
   allocate(seq: KvSequence): number;
   canAppendSlots(seqId: number, n: number): boolean;
+  canAppendEach(seqIds: readonly number[]): boolean;
   /** Reserves slots for the tokens; returns block copies the KV storage must make (copy-on-write). */
   appendSlots(seqId: number, tokenIds: readonly number[]): BlockCopy[];
   /** Unknown ids are ignored. discardPrefix: the blocks' KV is not trustworthy (a failed run); do not keep them for prefix hits. */
@@ -58,6 +59,15 @@ export class Scheduler {
 
   get hasWork(): boolean {
     return this.waiting.length > 0 || this.running.length > 0;
+  }
+
+  /**
+   * Whether the next schedule() may move blocks between sequences: it admits (a prefix hit takes
+   * blocks other sequences filled) or preempts (frees a running sequence's blocks). Otherwise it only
+   * hands each running sequence a slot for its next token.
+   */
+  get mayMoveBlocks(): boolean {
+    return this.waiting.length > 0 || !this.blocks.canAppendEach(this.running.map((s) => s.id));
   }
 
   /** Removes a finished (or failed) sequence and frees its blocks (none, for one rejected unallocated). */

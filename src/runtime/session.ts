@@ -28,9 +28,16 @@ export function cudaProviderPresent(): boolean {
   return existsSync(path.join(pkg, 'bin', 'napi-v6', process.platform, process.arch, 'libonnxruntime_providers_cuda.so'));
 }
 
+export interface SessionExtras {
+  /** Outputs to keep in device memory where the provider has one (WebGPU's 'gpu-buffer'). */
+  deviceOutputs?: readonly string[];
+}
+
 /** The options every session of this server gets on `provider` (benchmarks give their peers the same). */
-export function sessionOptions(provider: ConcreteProvider): ort.InferenceSession.SessionOptions {
+export function sessionOptions(provider: ConcreteProvider, extras: SessionExtras = {}): ort.InferenceSession.SessionOptions {
+  const keep = provider === 'webgpu' && extras.deviceOutputs?.length ? extras.deviceOutputs : undefined;
   return {
+    ...(keep ? { preferredOutputLocation: Object.fromEntries(keep.map((n) => [n, 'gpu-buffer' as const])) } : {}),
     executionProviders: [provider],
     graphOptimizationLevel: 'all',
     // No CPU arena: run buffers go back to malloc when a run ends. The arena would keep every peak for
@@ -42,7 +49,7 @@ export function sessionOptions(provider: ConcreteProvider): ort.InferenceSession
   };
 }
 
-export async function createSession(modelFile: string, requested: ExecutionProvider): Promise<LoadedSession> {
+export async function createSession(modelFile: string, requested: ExecutionProvider, extras: SessionExtras = {}): Promise<LoadedSession> {
   const order: ConcreteProvider[] = requested === 'auto' ? ['cuda', 'webgpu', 'cpu'] : [requested];
   const failures: string[] = [];
   for (const provider of order) {
@@ -51,7 +58,7 @@ export async function createSession(modelFile: string, requested: ExecutionProvi
       continue;
     }
     try {
-      const session = await ort.InferenceSession.create(modelFile, sessionOptions(provider));
+      const session = await ort.InferenceSession.create(modelFile, sessionOptions(provider, extras));
       return { session, provider, fallbackReason: failures.length ? failures.join('; ') : undefined };
     } catch (e) {
       failures.push(`${provider}: ${(e as Error).message.split('\n')[0]}`);
