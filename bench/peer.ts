@@ -186,6 +186,40 @@ CONCURRENCY.forEach((c, k) => {
   result[`ratio_at_${c}`] = +(tokensPerS(run) / peerTokensPerS).toFixed(2);
   result[`ttft_ms_p50_at_${c}`] = ttftMs;
 });
+// Where the model directory carries torch's greedy ids (scripts/gpu/build_qwen2_05b.py writes them),
+// the engine's must be the same: a cross-check against the reference implementation.
+const refFile = path.join(MODEL_DIR, 'reference.json');
+if (existsSync(refFile)) {
+  const ref = JSON.parse(await readFile(refFile, 'utf8')) as { max_new_tokens: number; cases: { prompt_ids: number[]; greedy_ids: number[] }[] };
+  const blocks = new BlockManager({ numBlocks: 256, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
+  const engine = new Engine(model, blocks, { numBlocks: 256, blockSize: BLOCK, maxNumSeqs: 8, maxNumBatchedTokens: 8192 });
+  const ours = await Promise.all(ref.cases.map((c) => engine.generate(c.prompt_ids, { maxNewTokens: ref.max_new_tokens, temperature: 0, ignoreEos: true })));
+  result['torch_reference_cases'] = ref.cases.length;
+  result['torch_reference_matches'] = ours.filter((g, i) => g.ids.join() === ref.cases[i]!.greedy_ids.join()).length;
+  // Leading tokens equal to torch's, per case: where float16 rounding first flips an argmax, if anywhere.
+  result['torch_reference_agreeing_prefix'] = ours.map((g, i) => {
+    const r = ref.cases[i]!.greedy_ids;
+    let k = 0;
+    while (k < r.length && g.ids[k] === r[k]) k++;
+    return k;
+  }).join(',');
+}
+
+// Memory traffic of decode, against the GPU's bandwidth: a step reads every weight once (the ONNX file's
+// bytes) plus each row's KV over its context (mean: prompt + half the new tokens); at c concurrent a
+// step yields c tokens. Prefill is counted as decode here, so the figure is a lower bound.
+const meanContext = prompts.reduce((s, p) => s + p.length, 0) / prompts.length + NEW_TOKENS / 2;
+const stepBytes = (rows: number) => model.files.onnxBytes + rows * meanContext * model.kvBytesPerToken;
+const PEAK_BYTES_PER_S = Number(process.env['BENCH_PEER_PEAK_GBPS'] ?? 4300) * 1e9;
+const bandwidth = (tokensPerSecond: number, rows: number) => (tokensPerSecond / rows) * stepBytes(rows);
+result['weight_bytes'] = model.files.onnxBytes;
+result['peer_bytes_per_s'] = Math.round(bandwidth(peerTokensPerS, 1));
+CONCURRENCY.forEach((c) => {
+  const bytesPerS = bandwidth(result[`tokens_per_s_at_${c}`] as number, c);
+  result[`bytes_per_s_at_${c}`] = Math.round(bytesPerS);
+  result[`fraction_of_peak_bandwidth_at_${c}`] = +(bytesPerS / PEAK_BYTES_PER_S).toFixed(4);
+});
+result['peak_bandwidth_bytes_per_s'] = PEAK_BYTES_PER_S;
 Object.assign(result, {
   equal_outputs: mismatched === 0,
   mismatched_outputs: mismatched,

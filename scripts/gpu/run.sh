@@ -1,0 +1,78 @@
+#!/bin/bash
+# The GPU run: on the GPU host, after `source .gpu/enter.sh` (scripts/gpu/pack.sh made .gpu/ here).
+#   1. builds the 0.5B Qwen2-shaped decoder there (scripts/gpu/build_qwen2_05b.py), unless present;
+#   2. starts the server on the shipped models with WebGPU, asks it one query, reads /debug/memory
+#      (NVML's readings, the budget from the GPU's memory) and stops it;
+#   3. runs the benchmarks: bench:peer on the 0.5B decoder, bench:throughput and bench:kv.
+# Everything goes to $OUT/run.log; each step's last JSON line to $OUT/results.jsonl as {"step", ...}.
+# STEPS (default "build server peer throughput kv") picks steps; BENCH_* variables pass through.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/ragguard-gpu}
+mkdir -p "$out"
+log=$out/run.log
+results=$out/results.jsonl
+steps=${STEPS:-build server peer throughput kv}
+big=${RAGGUARD_GPU_MODEL:-.gpu-models/qwen2-0.5b}
+export RAGGUARD_EXECUTION_PROVIDER=${RAGGUARD_EXECUTION_PROVIDER:-webgpu}
+tsx() { sh scripts/tuned.sh node_modules/.bin/tsx "$@"; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+# Runs a step, its output into the log, its last line (JSON) into results.
+record() {
+  local name=$1; shift
+  echo "=== $name: $*" >> "$log"
+  local t0=$SECONDS
+  "$@" > "$out/.step" 2>&1
+  local rc=$?
+  cat "$out/.step" >> "$log"
+  local last
+  last=$(grep '^{' "$out/.step" | tail -n 1)
+  echo "{\"step\":\"$name\",\"rc\":$rc,\"seconds\":$((SECONDS - t0)),\"result\":${last:-null}}" >> "$results"
+  echo "$name: rc=$rc in $((SECONDS - t0)) s ${last:0:400}"
+}
+
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >> "$log" 2>&1
+
+if has build; then
+  record build python3 scripts/gpu/build_qwen2_05b.py --out "$big"
+fi
+
+if has server; then
+  server_check() {
+    PORT=8091 RAGGUARD_INDEX_DIR=/tmp/ragguard-gpu-index tsx src/server/main.ts > "$out/.server" 2>&1 &
+    local pid=$!
+    node -e '
+      const base = "http://127.0.0.1:8091";
+      const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+      (async () => {
+        for (let i = 0; i < 600; i++) { try { if ((await fetch(base + "/healthz")).ok) break; } catch {} await sleep(250); }
+        const health = await (await fetch(base + "/healthz")).json();
+        const t0 = performance.now();
+        const q = await fetch(base + "/query", { method: "POST", headers: { "content-type": "application/json" },
+          body: JSON.stringify({ query: "What is the sticky bit used for on /tmp?", max_new_tokens: 32 }) });
+        const answer = await q.json();
+        const ms = performance.now() - t0;
+        const mem = await (await fetch(base + "/debug/memory")).json();
+        console.log(JSON.stringify(mem, null, 1));
+        console.log(JSON.stringify({ providers: health.providers, status: q.status, answer: answer.answer, query_ms: Math.round(ms),
+          timings_ms: answer.timings_ms, guard: answer.guard, gpu: mem.gpu, gpu_unavailable_reason: mem.gpu_unavailable_reason,
+          budget: mem.budget, calibration: mem.memory_model.calibration, allocator_tuned: mem.memory_model.allocator_tuned }));
+      })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exitCode = 1; });'
+    local rc=$?
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "--- server log"; cat "$out/.server"
+    return $rc
+  }
+  record server server_check
+fi
+
+if has peer; then
+  record peer env BENCH_PEER_MODEL="$big" tsx bench/peer.ts
+fi
+if has throughput; then
+  record throughput tsx bench/throughput.ts
+fi
+if has kv; then
+  record kv tsx bench/kv.ts
+fi
+rm -f "$out/.step" "$out/.server"
