@@ -41,11 +41,14 @@ if has server; then
   server_check() {
     PORT=8091 RAGGUARD_INDEX_DIR=/tmp/ragguard-gpu-index tsx src/server/main.ts > "$out/.server" 2>&1 &
     local pid=$!
+    for _ in $(seq 600); do
+      kill -0 "$pid" 2>/dev/null || break
+      node -e 'fetch("http://127.0.0.1:8091/healthz").then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' && break
+      sleep 0.5
+    done
     node -e '
       const base = "http://127.0.0.1:8091";
-      const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
       (async () => {
-        for (let i = 0; i < 600; i++) { try { if ((await fetch(base + "/healthz")).ok) break; } catch {} await sleep(250); }
         const health = await (await fetch(base + "/healthz")).json();
         const t0 = performance.now();
         const q = await fetch(base + "/query", { method: "POST", headers: { "content-type": "application/json" },
@@ -67,7 +70,8 @@ if has server; then
 fi
 
 if has peer; then
-  record peer env BENCH_PEER_MODEL="$big" tsx bench/peer.ts
+  peer() { BENCH_PEER_MODEL="$big" tsx bench/peer.ts; }
+  record peer peer
 fi
 if has throughput; then
   record throughput tsx bench/throughput.ts

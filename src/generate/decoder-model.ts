@@ -15,7 +15,8 @@ import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { halfsToFloats } from '../runtime/float16.js';
-import { createSession, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
+import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
+import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
 
@@ -75,12 +76,18 @@ export interface ForwardOutput {
   present: ort.Tensor[];
 }
 
-/** The present tensors' data on the host (downloaded when they live on the device). */
-export async function presentData(present: readonly ort.Tensor[]): Promise<KvArray[]> {
-  return Promise.all(present.map(async (t) => (t.location === 'cpu' ? t.data : await t.getData()) as KvArray));
+/** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
+export function presentData(present: readonly ort.Tensor[]): KvArray[] {
+  return present.map((t) => {
+    if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
+    return t.data as KvArray;
+  });
 }
 
 export class DecoderModel {
+  /** The kv-tail graph on this model's provider (onnx-graph.ts), made on first use. */
+  private tail: Promise<ort.InferenceSession> | undefined;
+
   private constructor(
     readonly tokenizer: TextTokenizer,
     private readonly loaded: LoadedSession,
@@ -154,6 +161,26 @@ export class DecoderModel {
       past: context > 0 ? past : [],
     });
     for (const t of out.present) t.dispose();
+  }
+
+  /**
+   * The last `n` positions of each present tensor, in host memory: [batch, kv_heads, n, head_dim] per
+   * layer key/value. Where present KV lives on the device this is the only download path, and it moves
+   * just the tail; on the CPU it runs the same graph (so tests exercise it).
+   */
+  async kvTail(present: readonly ort.Tensor[], n: number): Promise<KvArray[]> {
+    this.tail ??= ort.InferenceSession.create(kvTailModel(present.length, this.shape.kvDtype === 'float16' ? ONNX_FLOAT16 : ONNX_FLOAT),
+      (({ preferredOutputLocation: _, ...rest }) => rest)(sessionOptions(this.loaded.provider)));
+    const session = await this.tail;
+    const feeds: Record<string, ort.Tensor> = { starts: new ort.Tensor('int64', BigInt64Array.of(BigInt(-n)), [1]) };
+    present.forEach((t, i) => (feeds[`x${i}`] = t));
+    const out = await session.run(feeds);
+    return present.map((_, i) => {
+      const t = out[`y${i}`]!;
+      const data = t.data as KvArray;
+      t.dispose();
+      return data;
+    });
   }
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {

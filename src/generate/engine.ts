@@ -153,16 +153,22 @@ export class Engine {
     this.carry = undefined;
   }
 
-  /** Stores the carried batch's KV that only the device holds into the pool (a download on WebGPU). */
+  /**
+   * Stores the carried batch's KV that only the model's side holds into the pool. Rows are
+   * right-aligned, so every row's unsynced tokens are among the last n positions: only that tail moves
+   * (a download on WebGPU).
+   */
   private async writeBack(): Promise<void> {
     const c = this.carry;
-    if (!c || c.synced.every((n, r) => n === c.lengths[r])) return;
-    const data = await presentData(c.present);
+    if (!c) return;
+    const n = Math.max(...c.lengths.map((len, r) => len - c.synced[r]!));
+    if (n === 0) return;
+    const tail = await this.model.kvTail(c.present, n);
     c.seqs.forEach((seq, r) => {
       const from = c.synced[r]!;
       const len = c.lengths[r]!;
       if (from === len) return;
-      this.pool.scatter(data, c.seqs.length, c.width, r, c.width - len + from, this.blocks.blockTable(seq.id).ids(), from, len - from);
+      this.pool.scatter(tail, c.seqs.length, n, r, n - (len - from), this.blocks.blockTable(seq.id).ids(), from, len - from);
       c.synced[r] = len;
     });
     this.stats.writeBacks++;
@@ -174,8 +180,8 @@ export class Engine {
     seq.cachedPrefix ??= past;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
     const { logits, present } = await this.forward(rows, past, [tokens], [past]);
-    // A prefilled sequence joins the batch by gathering from the pool: its KV goes there now.
-    if (this.lazy) this.pool.scatter(await presentData(present), 1, past + tokens.length, 0, past, rows[0]!.blocks, past, tokens.length);
+    // A prefilled sequence joins the batch by gathering from the pool: its new KV goes there now.
+    if (this.lazy) this.pool.scatter(await this.model.kvTail(present, tokens.length), 1, tokens.length, 0, 0, rows[0]!.blocks, past, tokens.length);
     this.outputs.push(...present);
     this.stats.prefills++;
     const reason = this.advance(seq, tokens.length, logits, 0);
@@ -233,7 +239,7 @@ export class Engine {
       past,
     });
     if (!this.lazy) {
-      const present = await presentData(out.present);
+      const present = presentData(out.present);
       rows.forEach((row, r) => this.pool.scatter(present, B, width + s, r, width, row.blocks, starts[r]!, s));
     }
     return { logits: out.lastLogits, present: out.present };

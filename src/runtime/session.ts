@@ -44,8 +44,8 @@ export function sessionOptions(provider: ConcreteProvider, extras: SessionExtras
     // the process's life, grown in powers of two, so that resident memory said nothing about the runs
     // in flight and the guards' accounting could not be checked against it.
     enableCpuMemArena: provider !== 'cpu',
-    // Small models: a few intra-op threads per session keep concurrent requests from fighting.
-    intraOpNumThreads: provider === 'cpu' ? 0 : undefined,
+    // ONNX Runtime's default intra-op threads on the CPU; the option is for the CPU provider only.
+    ...(provider === 'cpu' ? { intraOpNumThreads: 0 } : {}),
   };
 }
 
