@@ -1,12 +1,13 @@
 #!/bin/sh
-# Runs a command with glibc's allocator tuned the way ragguard is measured and served:
-#   mmap_threshold=1 MiB  buffers of 1 MiB or more (model activations, logits, KV staging) get their
-#                         own mapping and go back to the OS when freed, instead of staying resident in
-#                         the heap after a large run; resident memory then tracks the live buffers,
-#                         which is what the memory guards budget and what bench:guard measures;
-#   hugetlb=1             those mappings use transparent huge pages, so mapping them anew each run
-#                         costs few page faults.
-# The tunables only take effect at process start, hence a wrapper. Ignored where libc is not glibc.
-GLIBC_TUNABLES="glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=1048576${GLIBC_TUNABLES:+:$GLIBC_TUNABLES}"
+# Runs a command with glibc's allocator tuned the way ragguard is served and measured:
+#   mmap_threshold=4 MiB  buffers of 4 MiB or more (attention scores, logits, batched KV) get their own
+#                         mapping and go back to the OS when freed. By default glibc raises this
+#                         threshold as large blocks are freed, after which they stay resident in the
+#                         heap: resident memory then shows the largest past run, not the live buffers,
+#                         so neither the guards' budget nor a measurement of a run's peak holds. Smaller
+#                         buffers keep the heap's fast reuse (1 MiB measured tighter but cost large
+#                         decode batches twice the time, in page faults).
+# The tunable only takes effect at process start, hence a wrapper. Ignored where libc is not glibc.
+GLIBC_TUNABLES="glibc.malloc.mmap_threshold=4194304${GLIBC_TUNABLES:+:$GLIBC_TUNABLES}"
 export GLIBC_TUNABLES
 exec "$@"

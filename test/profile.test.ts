@@ -21,15 +21,19 @@ test('the peak meter sees a buffer that lived only inside the measured work', { 
   assert.ok(idle.bytes < 8 * MiB, `nothing allocated, measured ${idle.bytes / MiB} MiB`);
 });
 
-test('fitStage fits measured = scale x analytic + offset; never a negative offset', () => {
-  const pts = (xs: [number, number][]) => xs.map(([a, m]) => ({ analytic_bytes: a, measured_bytes: m }));
-  const line = fitStage(pts([[10, 17], [100, 125], [1000, 1205]]));
-  assert.ok(Math.abs(line.scale - 1.2) < 1e-9 && line.offsetBytes === 5, JSON.stringify(line));
-  // Points under a line through the origin: the offset would be negative, so the fit goes through 0.
-  const origin = fitStage(pts([[10, 5], [100, 110], [1000, 1200]]));
+test('fitStage recovers measured = k0 x term0 + k1 x term1 + offset; falls back when it cannot', () => {
+  const pt = (t0: number, t1: number, m: number) => ({ analytic_terms: [t0, t1] as [number, number], measured_bytes: m });
+  const exact = fitStage([[100, 10], [200, 40], [400, 160], [800, 640], [1600, 2560]].map(([a, b]) => pt(a!, b!, 1.2 * a! + 0.5 * b! + 5000)));
+  assert.ok(Math.abs(exact.scales[0] - 1.2) < 1e-6 && Math.abs(exact.scales[1] - 0.5) < 1e-6, JSON.stringify(exact));
+  assert.ok(Math.abs(exact.offsetBytes - 5000) <= 1);
+  // Terms that move together cannot be told apart: one scale for both, with an offset.
+  const together = fitStage([10, 100, 1000, 5000].map((a) => pt(a, 2 * a, 1.5 * 3 * a + 7)));
+  assert.ok(Math.abs(together.scales[0] - 1.5) < 1e-6 && together.scales[0] === together.scales[1] && together.offsetBytes === 7, JSON.stringify(together));
+  // Points under a line through the origin: a negative offset is refused, the fit goes through 0.
+  const origin = fitStage([pt(10, 0, 5), pt(100, 0, 110), pt(1000, 0, 1200)]);
   assert.equal(origin.offsetBytes, 0);
-  assert.ok(origin.scale > 1.19 && origin.scale < 1.2);
-  assert.deepEqual(fitStage([]), { scale: 1, offsetBytes: 0 });
+  assert.ok(origin.scales[0] > 1.19 && origin.scales[0] < 1.2);
+  assert.deepEqual(fitStage([]), { scales: [1, 1], offsetBytes: 0 });
 });
 
 describe('the profile run on the shipped models', () => {
@@ -51,13 +55,15 @@ describe('the profile run on the shipped models', () => {
     for (const pt of p.points.filter((x) => x.stage !== 'embed')) assert.ok(pt.measured_bytes > 0, `${pt.stage} ${pt.shape} measured`);
     for (const st of STAGES) {
       const f = p.calibration[st];
-      assert.ok(f.scale > 0.2 && f.scale < 5 && f.offsetBytes >= 0 && f.offsetBytes < 64 * MiB, `${st} fit ${JSON.stringify(f)}`);
+      assert.ok(f.scales.every((k) => k >= 0 && k < 20) && f.offsetBytes >= 0 && f.offsetBytes < 64 * MiB, `${st} fit ${JSON.stringify(f)}`);
     }
     assert.deepEqual(service.guard.model.calibration, p.calibration);
     // Predictions are the stage's line through the analytic figures.
     const m = service.guard.model;
     const shape = { queryTokens: 8, topK: 4, rerankTopN: 2, pairTokens: 64, promptTokens: 200, maxNewTokens: 8 };
     const f = p.calibration.prefill;
-    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scale * m.decoderWorkspace(1, 200, 0) + f.offsetBytes));
+    const [t0, t1] = m.terms('prefill', [1, 200, 0]);
+    assert.equal(t0 + t1, m.decoderWorkspace(1, 200, 0), 'the terms add up to the analytic bytes');
+    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scales[0] * t0 + f.scales[1] * t1 + f.offsetBytes));
   });
 });

@@ -9,7 +9,7 @@
  * produces in a layer, since a runtime keeps a layer's intermediates alive until the layer ends.
  */
 
-import { kvBytesPerToken } from '../generate/kv-pool.js';
+import { dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/kv-pool.js';
 
 export interface EncoderDims {
   numLayers: number;
@@ -26,6 +26,8 @@ export interface DecoderDims {
   headDim: number;
   intermediateSize: number;
   vocabSize: number;
+  /** The decoder's KV and activation type; float32 when absent. */
+  kvDtype?: KvDtype;
 }
 
 /** A request as the guards see it, after prompt assembly. */
@@ -58,17 +60,28 @@ const F32 = 4;
 export const STAGES: readonly Stage[] = ['embed', 'rerank', 'prefill', 'decode'];
 
 /**
- * A stage's measured bytes as a line in its analytic bytes, fitted by the start-up profile run:
- * the scale corrects the per-buffer sums, the offset is what every run holds whatever its shape
- * (thread-local scratch, the runtime's per-run state).
+ * A run's analytic bytes in two terms that grow differently with its shape (their sum is the analytic
+ * workspace), so that the profile run can weigh them apart:
+ *   encoders, prefill  [buffers linear in the tokens, attention scores (quadratic)]
+ *   decode             [buffers per row, buffers per row and context token]
+ */
+export type Terms = [number, number];
+
+/** A run's shape: [batch or rows, tokens fed, context tokens]. */
+export type RunShape = [number, number, number];
+
+/**
+ * A stage's measured bytes as scales of its two analytic terms plus an offset, fitted by the start-up
+ * profile run: the scales correct the per-buffer sums, the offset is what every run holds whatever its
+ * shape (thread-local scratch, the runtime's per-run state).
  */
 export interface StageFit {
-  scale: number;
+  scales: Terms;
   offsetBytes: number;
 }
 export type Calibration = Record<Stage, StageFit>;
 
-const ANALYTIC: StageFit = { scale: 1, offsetBytes: 0 };
+const ANALYTIC: StageFit = { scales: [1, 1], offsetBytes: 0 };
 
 export class MemoryModel {
   private fits: Calibration = { embed: ANALYTIC, rerank: ANALYTIC, prefill: ANALYTIC, decode: ANALYTIC };
@@ -90,10 +103,45 @@ export class MemoryModel {
     this.fits = { ...fits };
   }
 
-  /** A stage's predicted bytes from its analytic bytes (0 stays 0: a stage that does not run). */
-  private calibrated(stage: Stage, analytic: number): number {
+  /** A stage's predicted bytes for a run of this shape (0 for a run that feeds nothing). */
+  stageBytes(stage: Stage, shape: RunShape): number {
+    if (shape[0] === 0 || shape[1] === 0) return 0;
+    const [t0, t1] = this.terms(stage, shape);
     const f = this.fits[stage];
-    return analytic === 0 ? 0 : Math.ceil(f.scale * analytic + f.offsetBytes);
+    return Math.ceil(f.scales[0] * t0 + f.scales[1] * t1 + f.offsetBytes);
+  }
+
+  /** The analytic terms of a stage's run (see Terms). */
+  terms(stage: Stage, [b, s, c]: RunShape): Terms {
+    if (stage === 'embed' || stage === 'rerank') {
+      const scores = this.encoderScores(b, s);
+      return [this.encoderWorkspace(b, s) - scores, scores];
+    }
+    const total = this.decoderWorkspace(b, s, c);
+    if (stage === 'prefill') {
+      const scores = this.decoderScores(b, s, c);
+      return [total - scores, scores];
+    }
+    const perRow = this.decoderPerNewToken(b, s);
+    return [perRow, total - perRow];
+  }
+
+  private get actBytes(): number {
+    return dtypeBytes(this.decoder.kvDtype);
+  }
+
+  private encoderScores(batch: number, seq: number): number {
+    return batch * this.encoder.numHeads * seq * seq * F32 * 2;
+  }
+
+  private decoderScores(rows: number, newTokens: number, context: number): number {
+    return 2 * rows * this.decoder.numHeads * newTokens * (context + newTokens) * this.actBytes;
+  }
+
+  /** The decoder's buffers that scale with the tokens fed, not the context: MLP, logits, ids. */
+  private decoderPerNewToken(rows: number, newTokens: number): number {
+    const d = this.decoder;
+    return rows * newTokens * ((4 * d.hiddenSize + 3 * d.intermediateSize + d.vocabSize) * this.actBytes + 2 * 8);
   }
 
   get kvBytesPerToken(): number {
@@ -109,7 +157,7 @@ export class MemoryModel {
     const e = this.encoder;
     const tokens = batch * seq;
     const inputs = 3 * tokens * 8; // int64 ids, mask, token types
-    const layer = tokens * (6 * e.hiddenSize + e.intermediateSize) * F32 + batch * e.numHeads * seq * seq * F32 * 2;
+    const layer = tokens * (6 * e.hiddenSize + e.intermediateSize) * F32 + this.encoderScores(batch, seq);
     const output = tokens * e.hiddenSize * F32;
     return inputs + layer + output;
   }
@@ -124,21 +172,20 @@ export class MemoryModel {
     const total = context + newTokens;
     const past = rows * context * this.kvBytesPerToken;
     const present = rows * total * this.kvBytesPerToken;
-    const repeated = 2 * rows * d.numHeads * total * d.headDim * F32;
-    const scores = 2 * rows * d.numHeads * newTokens * total * F32;
-    const mlp = rows * newTokens * (4 * d.hiddenSize + 3 * d.intermediateSize) * F32;
-    const logits = rows * newTokens * d.vocabSize * F32;
-    const inputs = rows * (2 * newTokens + total) * 8;
-    return past + present + repeated + scores + mlp + logits + inputs;
+    const repeated = 2 * rows * d.numHeads * total * d.headDim * this.actBytes;
+    const mask = rows * total * 8;
+    // + scores; + MLP activations, logits, ids and positions
+    return past + present + repeated + mask + this.decoderScores(rows, newTokens, context) + this.decoderPerNewToken(rows, newTokens);
   }
 
   predict(r: RequestShape): Prediction {
     const tokens = r.promptTokens + r.maxNewTokens;
+    const cached = r.cachedTokens ?? 0;
     const stages: Record<Stage, number> = {
-      embed: this.calibrated('embed', this.encoderWorkspace(1, r.queryTokens)),
-      rerank: r.topK === 0 ? 0 : this.calibrated('rerank', this.encoderWorkspace(Math.min(this.rerankBatch, r.topK), r.pairTokens)),
-      prefill: this.calibrated('prefill', this.decoderWorkspace(1, r.promptTokens - (r.cachedTokens ?? 0), r.cachedTokens ?? 0)),
-      decode: this.calibrated('decode', this.decoderWorkspace(1, 1, tokens - 1)),
+      embed: this.stageBytes('embed', [1, r.queryTokens, 0]),
+      rerank: this.stageBytes('rerank', [Math.min(this.rerankBatch, r.topK), r.pairTokens, 0]),
+      prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]),
+      decode: this.stageBytes('decode', [1, 1, tokens - 1]),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);

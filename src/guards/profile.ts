@@ -1,9 +1,10 @@
 /**
  * The start-up profile run (vLLM's profile_run, on the host): runs each stage's model at the shapes
  * the configuration allows, measures each run's peak resident bytes (peak-meter.ts), and calibrates
- * the memory model per stage by a line through the points (measured = scale x analytic + offset).
- * The analytic model gives the shape of the curve from the configs; the profile pins its scale, and
- * the fixed cost of a run, on this runtime and this machine.
+ * the memory model per stage: measured = k0 x term0 + k1 x term1 + offset, the two analytic terms
+ * growing differently with the shape (memory-model.ts Terms). The analytic model gives the shape of
+ * the curve from the configs; the profile pins how much each part weighs, and the fixed cost of a run,
+ * on this runtime and this machine.
  *
  * Each measured run is the first of its shape, after a warm-up run one token shorter: serving rarely
  * repeats a shape (prompt lengths vary, every decode step is one token wider), and a runtime that has
@@ -11,7 +12,7 @@
  * apart, and the fit runs through all of them, which evens out the allocator's run-to-run scatter. Peaks are host memory: with models on a GPU they are not measurable per run, and the
  * analytic figures are kept (the report says so).
  */
-import type { Calibration, MemoryModel, Stage, StageFit } from './memory-model.js';
+import type { Calibration, MemoryModel, RunShape, Stage, StageFit, Terms } from './memory-model.js';
 import { STAGES } from './memory-model.js';
 import { measurePeak, type PeakMeter } from './peak-meter.js';
 
@@ -36,8 +37,9 @@ export interface ProfileLimits {
 export interface ProfilePoint {
   stage: Stage;
   /** [batch or rows, tokens fed, context] */
-  shape: [number, number, number];
-  analytic_bytes: number;
+  shape: RunShape;
+  /** The analytic terms; their sum is the analytic bytes. */
+  analytic_terms: Terms;
   measured_bytes: number;
 }
 
@@ -61,31 +63,71 @@ function shapes(l: ProfileLimits): { stage: Stage; shape: [number, number, numbe
     q('prefill', [1, part(l.promptTokens, 3), 0]),
     q('decode', [l.decodeRows, 1, l.contextTokens - 1]), q('decode', [part(l.decodeRows, 2), 1, l.contextTokens - 1]),
     q('decode', [l.decodeRows, 1, part(l.contextTokens, 1)]), q('decode', [part(l.decodeRows, 3), 1, part(l.contextTokens, 2)]),
+    // A request's own share of a decode step is one row: profile that regime too.
+    q('decode', [1, 1, l.contextTokens - 1]), q('decode', [1, 1, part(l.contextTokens, 2)]),
   ];
 }
 
-function analytic(model: MemoryModel, stage: Stage, [b, s, c]: [number, number, number]): number {
-  return stage === 'embed' || stage === 'rerank' ? model.encoderWorkspace(b, s) : model.decoderWorkspace(b, s, c);
+/** Least squares: the coefficients minimising sum (x . k - y)^2, or undefined where the columns are (nearly) dependent. */
+function leastSquares(xs: readonly number[][], ys: readonly number[]): number[] | undefined {
+  const m = xs[0]?.length ?? 0;
+  // Columns scaled to unit size first: the terms differ by orders of magnitude.
+  const norm = Array.from({ length: m }, (_, j) => Math.sqrt(xs.reduce((s, x) => s + x[j]! ** 2, 0)) || 1);
+  const a = Array.from({ length: m }, (_, i) => [
+    ...Array.from({ length: m }, (_, j) => xs.reduce((s, x) => s + (x[i]! / norm[i]!) * (x[j]! / norm[j]!), 0)),
+    xs.reduce((s, x, k) => s + (x[i]! / norm[i]!) * ys[k]!, 0),
+  ]);
+  for (let c = 0; c < m; c++) { // Gauss-Jordan with partial pivoting
+    const p = a.reduce((best, row, r) => (r >= c && Math.abs(row[c]!) > Math.abs(a[best]![c]!) ? r : best), c);
+    if (Math.abs(a[p]![c]!) < 1e-9) return undefined;
+    [a[c], a[p]] = [a[p]!, a[c]!];
+    for (let r = 0; r < m; r++) {
+      if (r === c) continue;
+      const f = a[r]![c]! / a[c]![c]!;
+      for (let k = c; k <= m; k++) a[r]![k]! -= f * a[c]![k]!;
+    }
+  }
+  return a.map((row, i) => row[m]! / row[i]! / norm[i]!);
 }
 
 /**
- * Least-squares line measured = scale x analytic + offset (absolute errors: large shapes, which decide
- * admission, weigh most). A negative offset would predict less than nothing for small runs: then the
- * line goes through the origin. Without usable points the analytic figures stand.
+ * Residuals are relative (a run of 5 MB mispredicted by 5 MB is as wrong as one of 200 MB by 200 MB):
+ * each point's row is divided by its measured bytes, floored at 1 MiB so that runs of a few kilobytes,
+ * which no admission depends on, do not steer the fit.
  */
-export function fitStage(points: readonly { analytic_bytes: number; measured_bytes: number }[]): StageFit {
-  const n = points.length;
-  const sx = points.reduce((s, p) => s + p.analytic_bytes, 0);
-  const sy = points.reduce((s, p) => s + p.measured_bytes, 0);
-  const sxx = points.reduce((s, p) => s + p.analytic_bytes ** 2, 0);
-  const sxy = points.reduce((s, p) => s + p.analytic_bytes * p.measured_bytes, 0);
-  const det = n * sxx - sx * sx;
-  if (n >= 2 && det > 0) {
-    const scale = (n * sxy - sx * sy) / det;
-    const offsetBytes = (sy - scale * sx) / n;
-    if (scale > 0 && offsetBytes >= 0) return { scale, offsetBytes: Math.round(offsetBytes) };
+const weight = (measured: number) => 1 / Math.max(measured, 1 << 20);
+
+/** Sum of squared relative residuals of a fit over the points. */
+function residual(fit: StageFit, points: readonly { analytic_terms: Terms; measured_bytes: number }[]): number {
+  return points.reduce((s, p) =>
+    s + ((fit.scales[0] * p.analytic_terms[0] + fit.scales[1] * p.analytic_terms[1] + fit.offsetBytes - p.measured_bytes) * weight(p.measured_bytes)) ** 2, 0);
+}
+
+/**
+ * Fits the stage's points by weighted least squares (relative errors, see weight), preferring the
+ * simplest model that explains them:
+ *   line     one scale for the analytic bytes, plus an offset;
+ *   terms    a scale per analytic term, plus an offset: taken only where it is non-negative and cuts the
+ *            line's squared residuals by a third or more (two scales from scattered points extrapolate
+ *            badly to shapes the profile did not run);
+ *   origin   one scale, no offset, where the line's offset would be negative;
+ * and the analytic figures where there are no usable points.
+ */
+export function fitStage(points: readonly { analytic_terms: Terms; measured_bytes: number }[]): StageFit {
+  const w = points.map((p) => weight(p.measured_bytes));
+  const ys = points.map((p, i) => p.measured_bytes * w[i]!);
+  const rows = (f: (p: (typeof points)[number]) => number[]) => points.map((p, i) => f(p).map((x) => x * w[i]!));
+  const sum = (p: (typeof points)[number]) => p.analytic_terms[0] + p.analytic_terms[1];
+  const l = points.length >= 2 ? leastSquares(rows((p) => [sum(p), 1]), ys) : undefined;
+  const origin = leastSquares(rows((p) => [sum(p)]), ys);
+  let best: StageFit | undefined = l && l[0]! > 0 && l[1]! >= 0 ? { scales: [l[0]!, l[0]!], offsetBytes: Math.round(l[1]!) }
+    : origin && origin[0]! > 0 ? { scales: [origin[0]!, origin[0]!], offsetBytes: 0 } : undefined;
+  const t = points.length >= 4 ? leastSquares(rows((p) => [...p.analytic_terms, 1]), ys) : undefined;
+  if (t && t.every((k) => k >= 0) && (t[0]! > 0 || t[1]! > 0)) {
+    const terms: StageFit = { scales: [t[0]!, t[1]!], offsetBytes: Math.round(t[2]!) };
+    if (!best || residual(terms, points) < (2 / 3) * residual(best, points)) best = terms;
   }
-  return sxx > 0 && sxy > 0 ? { scale: sxy / sxx, offsetBytes: 0 } : { scale: 1, offsetBytes: 0 };
+  return best ?? { scales: [1, 1], offsetBytes: 0 };
 }
 
 export async function profileMemory(model: MemoryModel, run: StageRunners, limits: ProfileLimits, meter: PeakMeter): Promise<ProfileReport> {
@@ -94,14 +136,14 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
   const points: ProfilePoint[] = [];
   for (const { stage, shape: [b, s, c] } of shapes(limits)) {
     // Shorter by d tokens: fewer tokens fed, or for a decode step a shorter context.
-    const at = (d: number): [number, number, number] => (stage === 'decode' ? [b, s, c - d] : [b, s - d, c]);
-    const once = ([rb, rs, rc]: [number, number, number]) =>
+    const at = (d: number): RunShape => (stage === 'decode' ? [b, s, c - d] : [b, s - d, c]);
+    const once = ([rb, rs, rc]: RunShape) =>
       stage === 'embed' ? run.embed(rb, rs) : stage === 'rerank' ? run.rerank(rb, rs) : run.decoder(rb, rs, rc);
     for (let k = 0; k < REPEATS; k++) {
       const shape = at(2 * k);
       await once(at(2 * k + 1));
       const { bytes } = await measurePeak(meter, () => once(shape));
-      points.push({ stage, shape, analytic_bytes: analytic(model, stage, shape), measured_bytes: bytes });
+      points.push({ stage, shape, analytic_terms: model.terms(stage, shape), measured_bytes: bytes });
     }
   }
   const calibration = Object.fromEntries(STAGES.map((st) => [st, fitStage(points.filter((p) => p.stage === st))])) as Calibration;
