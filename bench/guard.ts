@@ -87,7 +87,7 @@ const mix = (n: number): Ask[] => Array.from({ length: n }, () => ({
 interface Reply {
   status: number;
   clear: boolean;
-  body: { guard?: { as_run?: { predicted_workspace_bytes: number; predicted_stage_bytes: Record<RunStage, number> } } };
+  body: { guard?: { reshaped?: unknown[]; as_run?: { predicted_workspace_bytes: number; predicted_stage_bytes: Record<RunStage, number> } } };
 }
 
 async function listen(service: RagService): Promise<{ url: string; close(): Promise<void> }> {
@@ -186,6 +186,7 @@ console.log(JSON.stringify({
   prediction_error_median: +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3),
   predictions_measured: errors.length,
   served_fraction: +(count(g.replies, 200) / g.replies.length).toFixed(3),
+  reshaped_requests: g.replies.filter((r) => (r.body.guard?.reshaped?.length ?? 0) > 0).length,
   unguarded_served_fraction: +(count(u.replies, 200) / u.replies.length).toFixed(3),
   budget_bytes: Number(budget),
   workspace_bytes: WORKSPACE,

@@ -37,6 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kv_export import decoder_io  # scripts/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 T0 = time.time()
 
@@ -974,16 +976,7 @@ def main():
     x = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     am = torch.ones(2, 7, dtype=torch.long)
     pos = torch.arange(3, 7)[None].expand(2, 4)
-    names_past = [f"past_key_values.{i}.{kv}" for i in range(nl) for kv in ("key", "value")]
-    names_present = [f"present.{i}.{kv}" for i in range(nl) for kv in ("key", "value")]
-    axes = {"input_ids": {0: "batch_size", 1: "sequence_length"},
-            "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
-            "position_ids": {0: "batch_size", 1: "sequence_length"},
-            "logits": {0: "batch_size", 1: "sequence_length"}}
-    for n in names_past:
-        axes[n] = {0: "batch_size", 2: "past_sequence_length"}
-    for n in names_present:
-        axes[n] = {0: "batch_size", 2: "total_sequence_length"}
+    names_past, names_present, axes = decoder_io(nl)
     export(DecoderExport(dec), (x, am, pos, *past), ["input_ids", "attention_mask", "position_ids", *names_past],
            ["logits", *names_present], axes, out / "decoder" / "onnx" / "model.onnx")
 

@@ -18,6 +18,7 @@ compared across implementations and batch shapes.
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicCache
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from kv_export import decoder_io  # noqa: E402
+
 SHIPPED = ROOT / "models" / "decoder"
 
 
@@ -84,16 +88,7 @@ def main():
     print(f"parameters: {params / 1e6:.1f} M", flush=True)
 
     nl, kvh, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    names_past = [f"past_key_values.{i}.{kv}" for i in range(nl) for kv in ("key", "value")]
-    names_present = [f"present.{i}.{kv}" for i in range(nl) for kv in ("key", "value")]
-    axes = {"input_ids": {0: "batch_size", 1: "sequence_length"},
-            "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
-            "position_ids": {0: "batch_size", 1: "sequence_length"},
-            "logits": {0: "batch_size", 1: "sequence_length"}}
-    for n in names_past:
-        axes[n] = {0: "batch_size", 2: "past_sequence_length"}
-    for n in names_present:
-        axes[n] = {0: "batch_size", 2: "total_sequence_length"}
+    names_past, names_present, axes = decoder_io(nl)
     dev = "cuda"
     past = [torch.randn(2, kvh, 3, hd, dtype=torch.float16, device=dev) for _ in range(2 * nl)]
     x = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]], device=dev)
