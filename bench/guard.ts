@@ -132,7 +132,7 @@ const recorder: RunObserver = {
 const on = await listen(guarded);
 const errors: number[] = [];
 console.log(`budget ${mb(Number(budget))} MiB: weights+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
-console.log(`profile run: ${profile.source === 'profile' ? JSON.stringify(profile.calibration) : profile.reason}`);
+console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);
 console.log('\nalone: predicted vs measured workspace (MiB)');
 setRunObserver(recorder);
 for (const ask of mix(ALONE)) {
@@ -186,6 +186,7 @@ console.log(JSON.stringify({
   prediction_error_median: +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3),
   predictions_measured: errors.length,
   served_fraction: +(count(g.replies, 200) / g.replies.length).toFixed(3),
+  headroom: profile.source === 'profile' ? +profile.headroom.toFixed(3) : 0,
   reshaped_requests: g.replies.filter((r) => (r.body.guard?.reshaped?.length ?? 0) > 0).length,
   unguarded_served_fraction: +(count(u.replies, 200) / u.replies.length).toFixed(3),
   budget_bytes: Number(budget),

@@ -194,7 +194,7 @@ export class RagService {
         contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
         decodeRows: this.cfg.maxNumSeqs,
       }, peakMeter());
-    if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration);
+    if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration, this.profile.headroom);
     return this.profile;
   }
 

@@ -56,7 +56,7 @@ describe('decisions over HTTP', () => {
     const fixed = service.weightBytes + service.store.indexBytes + service.engine.pool.bytes;
     const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens };
     const s = new RagService(cfg, service.models, service.store);
-    s.guard.model.calibrate(service.guard.model.calibration);
+    s.guard.model.calibrate(service.guard.model.calibration, service.guard.model.headroom);
     assert.equal(s.workspaceBytes, workspace);
     return { s, app: createApp(s) };
   }
@@ -72,15 +72,16 @@ describe('decisions over HTTP', () => {
     const asked = { query: 'How do I set disk quotas for a user?', top_k: 40, rerank_top_n: 2, max_new_tokens: 8 };
     // A short prompt budget makes reranking the peak stage.
     const shape = { ...service.requestShape({ query: asked.query, topK: 40, rerankTopN: 2, maxNewTokens: 8, temperature: 0 }), promptTokens: 128 };
-    const room = service.guard.model.predict({ ...shape, topK: 5 }).workspaceBytes;
+    const room = service.guard.model.predict({ ...shape, topK: 5 }).reserveBytes;
     assert.equal(service.guard.model.predict(shape).peakStage, 'rerank');
-    assert.ok(service.guard.model.predict(shape).workspaceBytes > room, 'as asked it needs more than the room');
+    assert.ok(service.guard.model.predict(shape).reserveBytes > room, 'as asked it needs more than the room');
     const { app } = withWorkspace(room, 128);
     const res = await request(app).post('/query').send(asked).expect(200);
     assert.equal(res.body.guard.decision, 'admit');
     assert.deepEqual(res.body.guard.reshaped, [{ field: 'top_k', from: 40, to: 5 }]);
     assert.ok(res.body.retrieval.hits <= 5, 'the query ran with the reshaped top_k');
-    assert.ok(res.body.guard.predicted_workspace_bytes <= room);
+    assert.ok(res.body.guard.reserved_bytes <= room);
+    assert.equal(res.body.guard.reserved_bytes, Math.ceil(res.body.guard.predicted_workspace_bytes * (1 + service.guard.model.headroom)));
   });
 
   test('a request that cannot fit even reshaped is a 413 with predicted and budget bytes', async () => {

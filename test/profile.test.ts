@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import { STAGES } from '../src/guards/memory-model.js';
 import { measurePeak, peakMeter } from '../src/guards/peak-meter.js';
-import { fitStage } from '../src/guards/profile.js';
+import { fitStage, headroom } from '../src/guards/profile.js';
 import { RagService } from '../src/rag.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 
@@ -58,6 +58,7 @@ describe('the profile run on the shipped models', () => {
       assert.ok(f.scales.every((k) => k >= 0 && k < 20) && f.offsetBytes >= 0 && f.offsetBytes < 64 * MiB, `${st} fit ${JSON.stringify(f)}`);
     }
     assert.deepEqual(service.guard.model.calibration, p.calibration);
+    assert.ok(p.headroom >= 0 && p.headroom <= 0.5 && service.guard.model.headroom === p.headroom, `headroom ${p.headroom}`);
     // Predictions are the stage's line through the analytic figures.
     const m = service.guard.model;
     const shape = { queryTokens: 8, topK: 4, rerankTopN: 2, pairTokens: 64, promptTokens: 200, maxNewTokens: 8 };
@@ -66,4 +67,13 @@ describe('the profile run on the shipped models', () => {
     assert.equal(t0 + t1, m.decoderWorkspace(1, 200, 0), 'the terms add up to the analytic bytes');
     assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scales[0] * t0 + f.scales[1] * t1 + f.offsetBytes));
   });
+});
+
+test('headroom is the worst under-prediction among runs of a few MiB or more, capped at one half', () => {
+  const fits = { embed: { scales: [1, 1] as [number, number], offsetBytes: 0 }, rerank: { scales: [1, 1] as [number, number], offsetBytes: 0 },
+    prefill: { scales: [1, 1] as [number, number], offsetBytes: 0 }, decode: { scales: [1, 1] as [number, number], offsetBytes: 0 } };
+  const pt = (measured: number, analytic: number) => ({ stage: 'prefill' as const, shape: [1, 1, 0] as [number, number, number], analytic_terms: [analytic, 0] as [number, number], measured_bytes: measured });
+  assert.equal(headroom([pt(110 * MiB, 100 * MiB), pt(90 * MiB, 100 * MiB), pt(3 * MiB, 1 * MiB)], fits), 0.1);
+  assert.equal(headroom([pt(90 * MiB, 100 * MiB)], fits), 0);
+  assert.equal(headroom([pt(400 * MiB, 100 * MiB)], fits), 0.5);
 });

@@ -50,6 +50,8 @@ export interface Prediction {
   kvBlocks: number;
   kvBytes: number;
   workspaceBytes: number;
+  /** What the guard reserves: the workspace plus the profile's headroom for run-to-run scatter. */
+  reserveBytes: number;
   /** The stage whose workspace is the peak. */
   peakStage: Stage;
   stages: Record<Stage, number>;
@@ -85,6 +87,7 @@ const ANALYTIC: StageFit = { scales: [1, 1], offsetBytes: 0 };
 
 export class MemoryModel {
   private fits: Calibration = { embed: ANALYTIC, rerank: ANALYTIC, prefill: ANALYTIC, decode: ANALYTIC };
+  private headroomFraction = 0;
 
   constructor(
     readonly encoder: EncoderDims,
@@ -98,9 +101,19 @@ export class MemoryModel {
     return this.fits;
   }
 
-  /** Adopts the profile run's fits: predictions are scale x analytic + offset from now on. */
-  calibrate(fits: Calibration): void {
+  /** The reservation's margin over the prediction (a fraction), from the profile run's scatter. */
+  get headroom(): number {
+    return this.headroomFraction;
+  }
+
+  /**
+   * Adopts the profile run's fits (predictions are the fitted terms from now on) and its headroom: the
+   * largest amount by which a profiled run exceeded its fitted prediction, which the guard reserves on
+   * top, since the same shape's peak scatters from run to run.
+   */
+  calibrate(fits: Calibration, headroom = 0): void {
     this.fits = { ...fits };
+    this.headroomFraction = headroom;
   }
 
   /** A stage's predicted bytes for a run of this shape (0 for a run that feeds nothing). */
@@ -189,6 +202,10 @@ export class MemoryModel {
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);
-    return { kvBlocks, kvBytes: kvBlocks * this.blockSize * this.kvBytesPerToken, workspaceBytes: stages[peakStage], peakStage, stages };
+    const workspaceBytes = stages[peakStage];
+    return {
+      kvBlocks, kvBytes: kvBlocks * this.blockSize * this.kvBytesPerToken, workspaceBytes,
+      reserveBytes: Math.ceil(workspaceBytes * (1 + this.headroomFraction)), peakStage, stages,
+    };
   }
 }

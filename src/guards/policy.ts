@@ -56,7 +56,7 @@ const shapeValue = (s: RequestShape, f: Reshape['field']) => (f === 'top_k' ? s.
 
 export function decide(model: MemoryModel, asked: RequestShape, cap: Capacity, order: readonly ReshapeStep[], floors: Floors): Decision {
   const fits = (p: Prediction, whole: boolean) =>
-    p.workspaceBytes <= (whole ? cap.workspaceTotal : cap.workspaceFree) && p.kvBlocks <= (whole ? cap.kvTotalBlocks : cap.kvFreeBlocks);
+    p.reserveBytes <= (whole ? cap.workspaceTotal : cap.workspaceFree) && p.kvBlocks <= (whole ? cap.kvTotalBlocks : cap.kvFreeBlocks);
   let shape = asked;
   let prediction = model.predict(shape);
   if (!fits(prediction, true)) {
@@ -72,7 +72,7 @@ export function decide(model: MemoryModel, asked: RequestShape, cap: Capacity, o
   if (!fits(prediction, true)) {
     return {
       action: 'reject', shape, prediction,
-      reason: `needs ${prediction.workspaceBytes} workspace bytes and ${prediction.kvBlocks} KV blocks even reshaped; ` +
+      reason: `needs ${prediction.reserveBytes} workspace bytes and ${prediction.kvBlocks} KV blocks even reshaped; ` +
         `the budget gives ${cap.workspaceTotal} bytes and ${cap.kvTotalBlocks} blocks`,
     };
   }

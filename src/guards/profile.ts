@@ -44,7 +44,7 @@ export interface ProfilePoint {
 }
 
 export type ProfileReport =
-  | { source: 'profile'; calibration: Calibration; points: ProfilePoint[]; ms: number }
+  | { source: 'profile'; calibration: Calibration; headroom: number; points: ProfilePoint[]; ms: number }
   | { source: 'analytic'; reason: string };
 
 const REPEATS = 3;
@@ -130,10 +130,34 @@ export function fitStage(points: readonly { analytic_terms: Terms; measured_byte
   return best ?? { scales: [1, 1], offsetBytes: 0 };
 }
 
+/** Runs of a few MiB and less (their scatter is in the kilobytes) do not set the headroom. */
+const HEADROOM_FLOOR_BYTES = 4 << 20;
+const MAX_HEADROOM = 0.5;
+
+/**
+ * The largest relative amount by which a profiled run exceeded its fitted prediction (0 when none did),
+ * capped at MAX_HEADROOM: the scatter of one shape's peak from run to run, which the guard reserves on top.
+ */
+export function headroom(points: readonly ProfilePoint[], calibration: Calibration): number {
+  let worst = 0;
+  for (const p of points) {
+    if (p.measured_bytes < HEADROOM_FLOOR_BYTES) continue;
+    const f = calibration[p.stage];
+    const predicted = f.scales[0] * p.analytic_terms[0] + f.scales[1] * p.analytic_terms[1] + f.offsetBytes;
+    if (predicted > 0) worst = Math.max(worst, (p.measured_bytes - predicted) / predicted);
+  }
+  return Math.min(MAX_HEADROOM, worst);
+}
+
 export async function profileMemory(model: MemoryModel, run: StageRunners, limits: ProfileLimits, meter: PeakMeter): Promise<ProfileReport> {
   if (!meter.available) return { source: 'analytic', reason: meter.reason ?? 'no peak meter' };
   const t0 = performance.now();
   const points: ProfilePoint[] = [];
+  // A first pass unmeasured: the first runs after start-up (first use of each kernel and buffer size,
+  // start-up's leftovers in the heap) scatter far more than later ones.
+  for (const { stage, shape } of shapes(limits)) {
+    await (stage === 'embed' ? run.embed(shape[0], shape[1]) : stage === 'rerank' ? run.rerank(shape[0], shape[1]) : run.decoder(...shape));
+  }
   for (const { stage, shape: [b, s, c] } of shapes(limits)) {
     // Shorter by d tokens: fewer tokens fed, or for a decode step a shorter context.
     const at = (d: number): RunShape => (stage === 'decode' ? [b, s, c - d] : [b, s - d, c]);
@@ -147,5 +171,5 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
     }
   }
   const calibration = Object.fromEntries(STAGES.map((st) => [st, fitStage(points.filter((p) => p.stage === st))])) as Calibration;
-  return { source: 'profile', calibration, points, ms: Math.round(performance.now() - t0) };
+  return { source: 'profile', calibration, headroom: headroom(points, calibration), points, ms: Math.round(performance.now() - t0) };
 }

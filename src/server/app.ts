@@ -55,7 +55,7 @@ export function createApp(service: RagService): express.Express {
     }
     const shaped = { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens };
     const { shape, ...result } = await admission.run(async () => {
-      const release = await service.guard.reserve(decision.prediction.workspaceBytes, cfg.queueTimeoutMs);
+      const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs);
       try {
         return await service.query(shaped);
       } finally {
@@ -67,7 +67,8 @@ export function createApp(service: RagService): express.Express {
       ...result,
       guard: {
         decision: decision.action, reshaped: decision.reshaped, predicted_bytes: predicted,
-        predicted_workspace_bytes: decision.prediction.workspaceBytes, peak_stage: decision.prediction.peakStage,
+        predicted_workspace_bytes: decision.prediction.workspaceBytes, reserved_bytes: decision.prediction.reserveBytes,
+        peak_stage: decision.prediction.peakStage,
         // The same prediction for the shape as it ran (pairs left after pruning, the assembled prompt):
         // the reservation above is the worst case of the request as asked.
         as_run: {
