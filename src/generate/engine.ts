@@ -15,10 +15,9 @@
  * steady decode step the host sends token ids, positions and the mask, and receives the logits.
  */
 import * as ort from 'onnxruntime-node';
-import type { DecoderModel } from './decoder-model.js';
-import type { FinishReason, Generation } from './generator.js';
 import { metered } from '../runtime/run-meter.js';
-import { presentData } from './decoder-model.js';
+import { presentData, type DecoderModel } from './decoder-model.js';
+import type { FinishReason, Generation } from './generator.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { sampleToken } from './sampler.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -59,7 +58,7 @@ export interface EngineStats {
   preemptions: number;
   /** Decode steps whose past was last step's present (no gather from the pool). */
   pastReused: number;
-  /** Downloads of device-resident KV into the pool (WebGPU; 0 on the CPU, which stores every step). */
+  /** Lazy write-backs of the carried batch's new KV into the pool (0 when every run stores its own). */
   writeBacks: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
@@ -113,7 +112,16 @@ export class Engine {
     while (this.scheduler.hasWork) {
       await this.streamSync();
       // Admission may hit blocks the carried batch filled, preemption frees them: the pool first.
-      if (this.scheduler.mayMoveBlocks) await this.writeBack();
+      if (this.scheduler.mayMoveBlocks) {
+        try {
+          await this.writeBack();
+        } catch (e) {
+          // The carried sequences' newest KV never reached the pool: they cannot go on.
+          const lost = this.carry?.seqs.filter((s) => s.status === 'running') ?? [];
+          this.dropCarry();
+          for (const seq of lost) this.settle(seq, e as Error);
+        }
+      }
       const t0 = performance.now();
       const plan = this.scheduler.schedule();
       for (const c of plan.copies) this.pool.copyBlock(c.src, c.dst);
