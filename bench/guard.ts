@@ -5,8 +5,9 @@
  * Mix: long contexts (16 chunks into a 1536-token prompt budget), top_k up to 100, max_new_tokens at
  * the limit, in bursts of BENCH_GUARD_BURST concurrent requests over real HTTP on loopback.
  *
- * Measured, on this host (peak-meter.ts: the kernel's resident high-water mark, so peaks inside a
- * native run count; garbage collected and free heap returned to the OS before each window):
+ * Measured (peak-meter.ts) on the host by the kernel's resident high-water mark, so that peaks inside a
+ * native run count (garbage collected and free heap returned to the OS before each window); with the
+ * models on a GPU (RAGGUARD_EXECUTION_PROVIDER=webgpu), by NVML's device memory sampled every ms:
  *   overflow            a burst whose peak resident growth exceeds the workspace the budget leaves
  *                       (budget - weights - index - KV pool): the process went over its budget.
  *   prediction_error    per request run alone: |predicted - measured| / measured, where predicted is the
@@ -25,7 +26,8 @@ import path from 'node:path';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
-import { measurePeak, peakMeter } from '../src/guards/peak-meter.js';
+import { nvmlReader } from '../src/guards/nvml.js';
+import { gpuPeakMeter, measurePeak, peakMeter } from '../src/guards/peak-meter.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { createApp } from '../src/server/app.js';
@@ -38,8 +40,6 @@ const BURST = Number(process.env['BENCH_GUARD_BURST'] ?? 24);
 const BURSTS = Number(process.env['BENCH_GUARD_BURSTS'] ?? 3);
 const ALONE = Number(process.env['BENCH_GUARD_ALONE'] ?? 24);
 
-const meter = peakMeter();
-if (!meter.available) throw new Error(`bench:guard measures peaks through /proc: ${meter.reason}`);
 
 const env: Record<string, string> = {
   PORT: '0',
@@ -59,6 +59,9 @@ const config = (extra: Record<string, string>): Config => loadConfig({ ...env, R
 // Load once, ingest the corpus, then size the budget: weights + index + KV pool + WORKSPACE.
 const first = config({});
 const models = await loadModels(first);
+const onGpu = models.decoder.provider !== 'cpu';
+const meter = onGpu ? gpuPeakMeter(nvmlReader()) : peakMeter();
+if (!meter.available) throw new Error(`bench:guard cannot measure peaks here: ${meter.reason}`);
 const loader = await RagService.start(first, models);
 const staticBytes = loader.weightBytes + loader.store.indexBytes;
 const budget = String(staticBytes + KV_POOL + WORKSPACE);
@@ -193,7 +196,7 @@ console.log(JSON.stringify({
   workspace_bytes: WORKSPACE,
   peak_workspace_bytes: Math.max(...g.peaks),
   unguarded_peak_workspace_bytes: Math.max(...u.peaks),
-  measured_by: 'host resident high-water mark (VmHWM)',
+  measured_by: onGpu ? 'NVML device memory used, sampled every ms' : 'host resident high-water mark (VmHWM)',
   where: guarded.models.decoder.provider,
 }));
 process.exit(0);

@@ -19,7 +19,7 @@ import { GrowthTracker } from './guards/growth.js';
 import { MemoryGuard } from './guards/guard.js';
 import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
-import { peakMeter } from './guards/peak-meter.js';
+import { gpuPeakMeter, peakMeter } from './guards/peak-meter.js';
 import { measureLoad, processMemory } from './guards/process-memory.js';
 import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
@@ -83,9 +83,10 @@ export interface Models {
 
 /** Loads the three models one after the other, so that each one's resident footprint is measured. */
 export async function loadModels(cfg: Config): Promise<Models> {
-  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder));
-  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker));
-  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder));
+  const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
+  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras));
+  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras));
+  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras));
   return { embedder: e.value, reranker: r.value, decoder: d.value, loadBytes: { embedder: e.bytes, reranker: r.bytes, decoder: d.bytes } };
 }
 
@@ -178,10 +179,12 @@ export class RagService {
    */
   async profileMemory(): Promise<ProfileReport> {
     const { embedder, reranker, decoder } = this.models;
-    const onCpu = [embedder, reranker, decoder].every((m) => m.provider === 'cpu');
+    const where = new Set([embedder, reranker, decoder].map((m) => (m.provider === 'cpu' ? 'host' : 'device')));
     const promptTokens = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - 1);
-    this.profile = !onCpu
-      ? { source: 'analytic', reason: 'models run on a GPU: per-run device peaks are not measurable; NVML watches the device' }
+    // All on the host: the kernel's peak; all on the GPU: NVML's sampled device memory.
+    const meter = where.size > 1 ? undefined : where.has('host') ? peakMeter() : gpuPeakMeter(nvmlReader());
+    this.profile = !meter
+      ? { source: 'analytic', reason: 'models split between host and GPU: no single meter sees every run' }
       : await profileMemory(this.guard.model, {
         embed: (b, s) => embedder.profileRun(b, s),
         rerank: (b, s) => reranker.profileRun(b, s),
@@ -193,7 +196,7 @@ export class RagService {
         promptTokens,
         contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
         decodeRows: this.cfg.maxNumSeqs,
-      }, peakMeter());
+      }, meter);
     if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration, this.profile.headroom);
     return this.profile;
   }

@@ -35,7 +35,7 @@ before(async () => {
   v = JSON.parse(await readFile(path.join(models, 'testvectors.json'), 'utf8')) as Vectors;
   [embedder, reranker, decoder] = await Promise.all([
     Embedder.load(path.join(models, 'embedder'), 'cpu'),
-    Reranker.load(path.join(models, 'reranker'), 'cpu', 512),
+    Reranker.load(path.join(models, 'reranker'), 'cpu', {}, 512),
     DecoderModel.load(path.join(models, 'decoder'), 'cpu'),
   ]);
 });

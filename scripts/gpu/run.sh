@@ -3,7 +3,8 @@
 #   1. builds the 0.5B Qwen2-shaped decoder there (scripts/gpu/build_qwen2_05b.py), unless present;
 #   2. starts the server on the shipped models with WebGPU, asks it one query, reads /debug/memory
 #      (NVML's readings, the budget from the GPU's memory) and stops it;
-#   3. runs the benchmarks: bench:peer on the 0.5B decoder, bench:throughput and bench:kv.
+#   3. runs the benchmarks: bench:peer on the 0.5B decoder, bench:throughput, bench:kv, and (STEPS=guard)
+#      bench:guard measured by NVML.
 # Everything goes to $OUT/run.log; each step's last JSON line to $OUT/results.jsonl as {"step", ...}.
 # STEPS (default "build server peer throughput kv") picks steps; BENCH_* variables pass through.
 set -uo pipefail
@@ -75,6 +76,11 @@ if has peer; then
 fi
 if has throughput; then
   record throughput tsx bench/throughput.ts
+fi
+if has guard; then
+  # WebGPU's buffer cache off, so that a run's buffers are freed when it ends and NVML sees its peak.
+  guard() { RAGGUARD_WEBGPU_BUFFER_CACHE=${RAGGUARD_WEBGPU_BUFFER_CACHE:-disabled} tsx bench/guard.ts; }
+  record guard guard
 fi
 if has kv; then
   record kv tsx bench/kv.ts

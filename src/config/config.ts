@@ -7,6 +7,7 @@
  */
 import path from 'node:path';
 import { RESHAPE_STEPS, type ReshapeStep } from '../guards/policy.js';
+import type { WebGpuBufferCache } from '../runtime/session.js';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
 export type ModelRole = 'embedder' | 'reranker' | 'decoder';
@@ -22,6 +23,8 @@ export interface Config {
   executionProvider: ExecutionProvider;
   /** Per model: its own RAGGUARD_*_EP, else RAGGUARD_EXECUTION_PROVIDER. */
   providers: Record<ModelRole, ExecutionProvider>;
+  /** WebGPU storage-buffer cache mode; undefined = ONNX Runtime's default. */
+  webgpuBufferCache: WebGpuBufferCache | undefined;
   /** Where the index snapshot lives; created when missing. */
   indexDir: string;
   /** Corpus ingested when the index is empty at start-up ('' = none). */
@@ -161,6 +164,14 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
     doc: 'ONNX Runtime execution provider: cpu, webgpu, cuda, or auto (the first that loads).',
     apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
+  },
+  {
+    name: 'RAGGUARD_WEBGPU_BUFFER_CACHE', default: '',
+    doc: "WebGPU storage-buffer cache: disabled, lazyRelease, simple or bucket ('' = ONNX Runtime's default). disabled frees each run's buffers, so NVML sees per-run peaks.",
+    apply: (c, raw) => {
+      c.webgpuBufferCache = undefined;
+      if (raw !== '') oneOf(['disabled', 'lazyRelease', 'simple', 'bucket'] as const, (cc, v) => (cc.webgpuBufferCache = v))(c, raw);
+    },
   },
   ...(['embedder', 'reranker', 'decoder'] as const).map((role): Variable => ({
     name: `RAGGUARD_${role.toUpperCase()}_EP`, default: '',

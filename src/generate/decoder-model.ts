@@ -16,7 +16,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
-import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
+import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
 
@@ -97,13 +97,13 @@ export class DecoderModel {
     readonly eosIds: ReadonlySet<number>,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider): Promise<DecoderModel> {
+  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<DecoderModel> {
     const files = await modelFiles(dir);
     const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
     const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const presentNames = Array.from({ length: cfg.num_hidden_layers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
-    const loaded = await createSession(files.onnx, ep, { deviceOutputs: presentNames });
+    const loaded = await createSession(files.onnx, ep, { ...extras, deviceOutputs: presentNames });
     const heads = cfg.num_attention_heads;
     const pastType = loaded.session.inputMetadata.find((m) => m.name === 'past_key_values.0.key');
     const kvType = pastType?.isTensor ? pastType.type : 'float32';

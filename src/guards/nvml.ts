@@ -175,5 +175,12 @@ export class GpuSampler {
     this.timer = undefined;
   }
 
+  /** (Re)starts periodic sampling. */
+  start(intervalMs: number): void {
+    this.stop();
+    this.timer = setInterval(() => this.sample(), Math.max(1, intervalMs));
+    this.timer.unref();
+  }
+
   get running(): boolean { return this.timer !== undefined; }
 }

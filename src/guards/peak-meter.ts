@@ -1,13 +1,15 @@
 /**
- * The process's peak resident memory, as the kernel tracks it (VmHWM in /proc/self/status), reset on
- * demand by writing 5 to /proc/self/clear_refs. It catches a peak that lasts microseconds inside a
- * native model run, which no sampling from JavaScript would see. Linux only; elsewhere `available` is
- * false and says why.
+ * Peak memory meters. On the host: the process's peak resident memory, as the kernel tracks it (VmHWM
+ * in /proc/self/status), reset on demand by writing 5 to /proc/self/clear_refs; it catches a peak that
+ * lasts microseconds inside a native model run, which no sampling from JavaScript would see. Linux
+ * only; elsewhere `available` is false and says why. On the GPU: NVML's used bytes, sampled every
+ * millisecond while a window is open (NVML keeps no peak of its own, so a shorter peak can be missed).
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { trimMalloc } from '../runtime/malloc.js';
+import { GpuSampler, type GpuMemoryReader } from './nvml.js';
 
 export interface PeakMeter {
   readonly available: boolean;
@@ -49,6 +51,50 @@ class NoPeakMeter implements PeakMeter {
   peak(): number {
     return process.memoryUsage.rss();
   }
+}
+
+/** Device memory used on every GPU together, as NVML reports it (the whole device, all processes). */
+class NvmlPeakMeter implements PeakMeter {
+  readonly available: boolean;
+  readonly reason?: string;
+  private readonly sampler: GpuSampler;
+
+  constructor(reader: GpuMemoryReader) {
+    // Sampled only inside a window: reset() starts the timer, peak() stops it.
+    this.sampler = new GpuSampler(reader, 1);
+    this.sampler.stop();
+    const r = this.sampler.latest();
+    this.available = r.source === 'nvml';
+    if (r.source === 'none') this.reason = r.reason;
+  }
+
+  private used(pick: (index: number, used: number) => number): number {
+    const r = this.sampler.latest();
+    return r.source === 'nvml' ? r.gpus.reduce((s, g) => s + pick(g.index, g.usedBytes), 0) : 0;
+  }
+
+  resident(): number {
+    this.sampler.sample();
+    return this.used((_, u) => u);
+  }
+
+  reset(): void {
+    this.sampler.stop();
+    this.sampler.sample();
+    this.sampler.resetPeak();
+    this.sampler.start(1);
+  }
+
+  peak(): number {
+    this.sampler.sample();
+    this.sampler.stop();
+    return this.used((i, u) => this.sampler.peakUsedBytes(i) ?? u);
+  }
+}
+
+/** The GPU's meter (NVML through `reader`); `available` false, with the reason, without a GPU. */
+export function gpuPeakMeter(reader: GpuMemoryReader): PeakMeter {
+  return new NvmlPeakMeter(reader);
 }
 
 let meter: PeakMeter | undefined;

@@ -6,7 +6,7 @@ import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import type { EncoderDims } from '../guards/memory-model.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
+import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { metered } from '../runtime/run-meter.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
@@ -34,11 +34,11 @@ export class Reranker {
     readonly dims: EncoderDims,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider, maxTokens = 256): Promise<Reranker> {
+  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}, maxTokens = 256): Promise<Reranker> {
     const files = await modelFiles(dir);
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const loaded = await createSession(files.onnx, ep);
+    const loaded = await createSession(files.onnx, ep, extras);
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
     return new Reranker(tokenizer, loaded, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
   }

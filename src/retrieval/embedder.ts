@@ -6,7 +6,7 @@
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession } from '../runtime/session.js';
+import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { metered } from '../runtime/run-meter.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
@@ -40,12 +40,12 @@ export class Embedder {
     private readonly padId: number,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider): Promise<Embedder> {
+  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<Embedder> {
     const files = await modelFiles(dir);
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const pool = await readJsonIfExists<PoolingConfig>(path.join(dir, '1_Pooling', 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const loaded = await createSession(files.onnx, ep);
+    const loaded = await createSession(files.onnx, ep, extras);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
     const pooling: Pooling = pool?.pooling_mode_cls_token ? 'cls' : 'mean';

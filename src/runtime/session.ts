@@ -28,9 +28,13 @@ export function cudaProviderPresent(): boolean {
   return existsSync(path.join(pkg, 'bin', 'napi-v6', process.platform, process.arch, 'libonnxruntime_providers_cuda.so'));
 }
 
+export type WebGpuBufferCache = 'disabled' | 'lazyRelease' | 'simple' | 'bucket';
+
 export interface SessionExtras {
   /** Outputs to keep in device memory where the provider has one (WebGPU's 'gpu-buffer'). */
   deviceOutputs?: readonly string[];
+  /** WebGPU storage-buffer cache mode (ONNX Runtime's default when absent). */
+  webgpuBufferCache?: WebGpuBufferCache;
 }
 
 /** The options every session of this server gets on `provider` (benchmarks give their peers the same). */
@@ -38,7 +42,9 @@ export function sessionOptions(provider: ConcreteProvider, extras: SessionExtras
   const keep = provider === 'webgpu' && extras.deviceOutputs?.length ? extras.deviceOutputs : undefined;
   return {
     ...(keep ? { preferredOutputLocation: Object.fromEntries(keep.map((n) => [n, 'gpu-buffer' as const])) } : {}),
-    executionProviders: [provider],
+    executionProviders: [provider === 'webgpu' && extras.webgpuBufferCache
+      ? { name: 'webgpu', storageBufferCacheMode: extras.webgpuBufferCache } as ort.InferenceSession.ExecutionProviderConfig
+      : provider],
     graphOptimizationLevel: 'all',
     // No CPU arena: run buffers go back to malloc when a run ends. The arena would keep every peak for
     // the process's life, grown in powers of two, so that resident memory said nothing about the runs
