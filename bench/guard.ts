@@ -54,7 +54,7 @@ const env: Record<string, string> = {
   RAGGUARD_PROFILE_RUN: 'false',
 };
 const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-guard-'));
-const config = (extra: Record<string, string>): Config => loadConfig({ ...env, RAGGUARD_INDEX_DIR: indexDir, ...extra });
+const config = (extra: Record<string, string>): Config => loadConfig({ ...process.env, ...env, RAGGUARD_INDEX_DIR: indexDir, ...extra });
 
 // Load once, ingest the corpus, then size the budget: weights + index + KV pool + WORKSPACE.
 const first = config({});

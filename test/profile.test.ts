@@ -77,3 +77,16 @@ test('headroom is the worst under-prediction among runs of a few MiB or more, ca
   assert.equal(headroom([pt(90 * MiB, 100 * MiB)], fits), 0);
   assert.equal(headroom([pt(400 * MiB, 100 * MiB)], fits), 0.5);
 });
+
+test('a meter that sees nothing of megabyte-sized runs leaves the analytic figures, saying why', async () => {
+  const { MemoryModel } = await import('../src/guards/memory-model.js');
+  const { profileMemory } = await import('../src/guards/profile.js');
+  const model = new MemoryModel({ numLayers: 2, hiddenSize: 128, numHeads: 4, intermediateSize: 512 },
+    { numLayers: 4, hiddenSize: 256, numHeads: 8, numKvHeads: 2, headDim: 32, intermediateSize: 768, vocabSize: 4096 }, 16);
+  const blind = { available: true, resident: () => 1e9, reset: () => undefined, peak: () => 1e9 };
+  const idle = async () => undefined;
+  const report = await profileMemory(model, { embed: idle, rerank: idle, decoder: idle },
+    { queryTokens: 16, rerankPairs: 16, pairTokens: 256, promptTokens: 768, contextTokens: 1024, decodeRows: 8 }, blind);
+  assert.equal(report.source, 'analytic');
+  assert.match(report.source === 'analytic' ? report.reason : '', /does not see these runs/);
+});
