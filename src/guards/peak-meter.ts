@@ -20,6 +20,8 @@ export interface PeakMeter {
   reset(): void;
   /** Highest resident bytes since the last reset. */
   peak(): number;
+  /** Waits until memory freed by earlier work is actually given back (where that happens late). */
+  settle?(): Promise<void>;
 }
 
 function statusField(status: string, field: string): number {
@@ -90,6 +92,21 @@ class NvmlPeakMeter implements PeakMeter {
     this.sampler.stop();
     return this.used((i, u) => this.sampler.peakUsedBytes(i) ?? u);
   }
+
+  /**
+   * The device frees a finished run's buffers some time after the run (once the GPU is done with
+   * them): wait until used memory has stopped falling, so that the next window does not start on
+   * memory about to be freed and reused.
+   */
+  async settle(): Promise<void> {
+    let last = this.resident();
+    for (let i = 0; i < 50; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      const now = this.resident();
+      if (now >= last && i >= 4) return; // at least 100 ms, then until it stops falling
+      last = Math.min(last, now);
+    }
+  }
 }
 
 /** The GPU's meter (NVML through `reader`); `available` false, with the reason, without a GPU. */
@@ -128,6 +145,7 @@ function collectGarbage(): void {
  * Meant for one run at a time (start-up profiling, benchmarks): concurrent work would share the peak.
  */
 export async function measurePeak<T>(m: PeakMeter, work: () => Promise<T>): Promise<{ value: T; bytes: number }> {
+  await m.settle?.();
   collectGarbage();
   trimMalloc();
   m.reset();
