@@ -90,3 +90,8 @@ test('a meter that sees nothing of megabyte-sized runs leaves the analytic figur
   assert.equal(report.source, 'analytic');
   assert.match(report.source === 'analytic' ? report.reason : '', /does not see these runs/);
 });
+
+test('a fit never scales an analytic term below one half', async () => {
+  const { floorFit } = await import('../src/guards/profile.js');
+  assert.deepEqual(floorFit({ scales: [0.1, 0.9], offsetBytes: 7 }), { scales: [0.5, 0.9], offsetBytes: 7 });
+});

@@ -131,6 +131,16 @@ export function fitStage(points: readonly { analytic_terms: Terms; measured_byte
 }
 
 const sum = (p: ProfilePoint) => p.analytic_terms[0] + p.analytic_terms[1];
+
+/**
+ * The analytic model sums the buffers a run holds at once; a runtime may free some sooner, so it can
+ * overstate, but a fit below half of it says more about a disturbed measurement than about the runtime,
+ * and under-predicting is what overflows: each term's scale is kept at MIN_SCALE or more.
+ */
+const MIN_SCALE = 0.5;
+export function floorFit(f: StageFit): StageFit {
+  return { scales: [Math.max(MIN_SCALE, f.scales[0]), Math.max(MIN_SCALE, f.scales[1])], offsetBytes: f.offsetBytes };
+}
 /** Stages whose largest profiled run is smaller than this cannot tell a blind meter from a small run. */
 const BLIND_FLOOR_BYTES = 8 << 20;
 
@@ -183,6 +193,6 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
       return { source: 'analytic', reason: `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(sum(big))} analytic bytes: it does not see these runs` };
     }
   }
-  const calibration = Object.fromEntries(STAGES.map((st) => [st, fitStage(points.filter((p) => p.stage === st))])) as Calibration;
+  const calibration = Object.fromEntries(STAGES.map((st) => [st, floorFit(fitStage(points.filter((p) => p.stage === st)))])) as Calibration;
   return { source: 'profile', calibration, headroom: headroom(points, calibration), points, ms: Math.round(performance.now() - t0) };
 }
