@@ -27,7 +27,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { nvmlReader } from '../src/guards/nvml.js';
-import { gpuPeakMeter, measurePeak, peakMeter } from '../src/guards/peak-meter.js';
+import { gpuPeakMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { createApp } from '../src/server/app.js';
@@ -60,7 +60,7 @@ const config = (extra: Record<string, string>): Config => loadConfig({ ...proces
 const first = config({});
 const models = await loadModels(first);
 const onGpu = models.decoder.provider !== 'cpu';
-const meter = onGpu ? gpuPeakMeter(nvmlReader()) : peakMeter();
+const meter = onGpu ? gpuPeakMeter(nvmlReader()) : hostPeakMeter();
 if (!meter.available) throw new Error(`bench:guard cannot measure peaks here: ${meter.reason}`);
 const loader = await RagService.start(first, models);
 const staticBytes = loader.weightBytes + loader.store.indexBytes;

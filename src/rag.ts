@@ -19,7 +19,7 @@ import { GrowthTracker } from './guards/growth.js';
 import { MemoryGuard } from './guards/guard.js';
 import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
-import { gpuPeakMeter, peakMeter } from './guards/peak-meter.js';
+import { gpuPeakMeter, hostPeakMeter } from './guards/peak-meter.js';
 import { measureLoad, processMemory } from './guards/process-memory.js';
 import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
@@ -182,7 +182,7 @@ export class RagService {
     const where = new Set([embedder, reranker, decoder].map((m) => (m.provider === 'cpu' ? 'host' : 'device')));
     const promptTokens = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - 1);
     // All on the host: the kernel's peak; all on the GPU: NVML's sampled device memory.
-    const meter = where.size > 1 ? undefined : where.has('host') ? peakMeter() : gpuPeakMeter(nvmlReader());
+    const meter = where.size > 1 ? undefined : where.has('host') ? hostPeakMeter() : gpuPeakMeter(nvmlReader());
     this.profile = !meter
       ? { source: 'analytic', reason: 'models split between host and GPU: no single meter sees every run' }
       : await profileMemory(this.guard.model, {

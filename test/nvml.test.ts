@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { GpuSampler, nvmlReader, type GpuMemoryReader, type GpuReading } from '../src/guards/nvml.js';
+import { gpuPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 
 function nvml(used: number[]): GpuReading {
   return {
@@ -109,4 +110,23 @@ test('GpuSampler timer samples repeatedly and stop() halts it', async () => {
   const after = fake.calls;
   await sleep(30);
   assert.equal(fake.calls, after);
+});
+
+test('the GPU peak meter catches a peak between its window\'s ends, and says when there is no GPU', async () => {
+  let used = 100;
+  const reader: GpuMemoryReader = {
+    read: (): GpuReading => ({ source: 'nvml', at: Date.now(), gpus: [{ index: 0, name: 'fake', totalBytes: 1000, usedBytes: used, freeBytes: 1000 - used }] }),
+  };
+  const meter = gpuPeakMeter(reader);
+  assert.equal(meter.available, true);
+  const { bytes } = await measurePeak(meter, async () => {
+    used = 400; // a run's buffers exist for a few samples, then are freed
+    await new Promise((r) => setTimeout(r, 20));
+    used = 120;
+    await new Promise((r) => setTimeout(r, 5));
+  });
+  assert.equal(bytes, 300, 'peak 400 over the 100 the window started at');
+  const none = gpuPeakMeter({ read: () => ({ source: 'none', reason: 'no driver here', at: Date.now() }) });
+  assert.equal(none.available, false);
+  assert.equal(none.reason, 'no driver here');
 });

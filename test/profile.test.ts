@@ -2,13 +2,13 @@
 import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import { STAGES } from '../src/guards/memory-model.js';
-import { measurePeak, peakMeter } from '../src/guards/peak-meter.js';
+import { hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { fitStage, headroom } from '../src/guards/profile.js';
 import { RagService } from '../src/rag.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const MiB = 1 << 20;
-const meter = peakMeter();
+const meter = hostPeakMeter();
 
 test('the peak meter sees a buffer that lived only inside the measured work', { skip: !meter.available && meter.reason }, async () => {
   const { bytes } = await measurePeak(meter, async () => {

@@ -116,7 +116,8 @@ export function gpuPeakMeter(reader: GpuMemoryReader): PeakMeter {
 
 let meter: PeakMeter | undefined;
 
-export function peakMeter(): PeakMeter {
+/** The host meter (the kernel's VmHWM), made once per process. */
+export function hostPeakMeter(): PeakMeter {
   if (meter) return meter;
   try {
     const m = new ProcPeakMeter();
