@@ -114,3 +114,14 @@ test('lazy write-back: blocks filled by generated tokens serve a later prefix hi
   assert.ok((hit.cachedTokens ?? 0) >= prompts[i]!.length, `prefix hit of ${hit.cachedTokens} tokens`);
   assert.deepEqual(hit.ids, expected);
 });
+
+test('lazy write-back, one request at a time: the prefill\'s KV is carried into decode and written back once, at the end', async () => {
+  const { engine: e, blocks } = engine(256, 32, 'lazy');
+  for (let i = 0; i < 4; i++) {
+    const g = await e.generate(prompts[i]!, { maxNewTokens: 20, temperature: 0 });
+    assert.deepEqual(g.ids, refs[i], `prompt ${i}`);
+  }
+  assert.equal(e.stats.writeBacks, 4, 'one write-back per request, when it finishes');
+  assert.equal(e.stats.pastReused, e.stats.steps - e.stats.prefills, 'every decode step reused the carried KV');
+  assert.equal(blocks.stats().usedBlocks, 0);
+});

@@ -188,12 +188,27 @@ export class Engine {
     seq.cachedPrefix ??= past;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
     const { logits, present } = await this.forward(rows, past, [tokens], [past]);
-    // A prefilled sequence joins the batch by gathering from the pool: its new KV goes there now.
-    if (this.lazy) this.pool.scatter(await this.model.kvTail(present, tokens.length), 1, tokens.length, 0, 0, rows[0]!.blocks, past, tokens.length);
-    this.outputs.push(...present);
     this.stats.prefills++;
+    const width = past + tokens.length;
+    if (this.carry?.seqs.every((s) => s.status === 'finished')) {
+      // The last batch has ended (its KV is in the pool): release it at the barrier.
+      this.outputs.push(...this.carry.present);
+      this.carry = undefined;
+    }
+    if (this.lazy && this.carry === undefined && this.scheduler.running.length === 1) {
+      // Alone (no batch running, nobody else admitted): its present KV is exactly the next decode
+      // step's past, so it becomes the carry, and its KV reaches the pool with the next write-back.
+      this.carry = { seqs: [seq], lengths: [width], width, present, synced: [past] };
+    } else {
+      // It joins a batch by gathering from the pool: its new KV goes there now.
+      if (this.lazy) this.pool.scatter(await this.model.kvTail(present, tokens.length), 1, tokens.length, 0, 0, rows[0]!.blocks, past, tokens.length);
+      this.outputs.push(...present);
+    }
     const reason = this.advance(seq, tokens.length, logits, 0);
-    if (reason) this.finishSeq(seq, reason);
+    if (reason) {
+      await this.writeBack(); // its blocks go to the prefix cache: their KV first
+      this.finishSeq(seq, reason);
+    }
   }
 
   private async decode(seqs: Sequence[]): Promise<void> {
