@@ -49,6 +49,8 @@ export interface QueryInput {
   seed?: number;
   /** Prompt tokens at most (a reshape may lower it below RAGGUARD_PROMPT_BUDGET). */
   promptBudget?: number;
+  /** Pairs per reranker run (a reshape may lower it below RERANK_BATCH). */
+  rerankBatch?: number;
 }
 
 export interface Citation {
@@ -159,6 +161,7 @@ export class RagService {
       topK: q.topK,
       rerankTopN: q.rerankTopN,
       pairTokens: reranker.maxTokens,
+      rerankBatch: q.rerankBatch ?? RERANK_BATCH,
       promptTokens: Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens),
       maxNewTokens: q.maxNewTokens,
     };
@@ -248,7 +251,7 @@ export class RagService {
 
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
-    const { scores, pairTokens } = await reranker.score(q.query, unique.map(titled));
+    const { scores, pairTokens } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
       .sort((a, b) => b.score - a.score)
@@ -288,6 +291,7 @@ export class RagService {
       timings_ms: { embed: embedMs, search: searchMs, rerank: rerankMs, generate: generateMs },
       shape: {
         queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
+        rerankBatch: q.rerankBatch ?? RERANK_BATCH,
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
       },
     };

@@ -52,9 +52,9 @@ describe('decisions over HTTP', () => {
   });
 
   /** The same models and index under a budget that leaves exactly `workspace` bytes for runs. */
-  function withWorkspace(workspace: number, promptBudgetTokens = service.cfg.promptBudgetTokens) {
+  function withWorkspace(workspace: number, promptBudgetTokens = service.cfg.promptBudgetTokens, reshapeOrder = service.cfg.reshapeOrder) {
     const fixed = service.weightBytes + service.store.indexBytes + service.engine.pool.bytes;
-    const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens };
+    const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens, reshapeOrder };
     const s = new RagService(cfg, service.models, service.store);
     s.guard.model.calibrate(service.guard.model.calibration, service.guard.model.headroom);
     assert.equal(s.workspaceBytes, workspace);
@@ -68,20 +68,31 @@ describe('decisions over HTTP', () => {
     assert.ok(res.body.guard.predicted_bytes > 0);
   });
 
-  test('a request that can never fit is reshaped (fewer reranked candidates first) and served that way', async () => {
+  test('a request that can never fit is reshaped (fewer reranked candidates, when the order says so) and served that way', async () => {
     const asked = { query: 'How do I set disk quotas for a user?', top_k: 40, rerank_top_n: 2, max_new_tokens: 8 };
     // A short prompt budget makes reranking the peak stage.
     const shape = { ...service.requestShape({ query: asked.query, topK: 40, rerankTopN: 2, maxNewTokens: 8, temperature: 0 }), promptTokens: 128 };
     const room = service.guard.model.predict({ ...shape, topK: 5 }).reserveBytes;
     assert.equal(service.guard.model.predict(shape).peakStage, 'rerank');
     assert.ok(service.guard.model.predict(shape).reserveBytes > room, 'as asked it needs more than the room');
-    const { app } = withWorkspace(room, 128);
+    const { app } = withWorkspace(room, 128, ['rerank', 'context', 'new_tokens']);
     const res = await request(app).post('/query').send(asked).expect(200);
     assert.equal(res.body.guard.decision, 'admit');
     assert.deepEqual(res.body.guard.reshaped, [{ field: 'top_k', from: 40, to: 5 }]);
     assert.ok(res.body.retrieval.hits <= 5, 'the query ran with the reshaped top_k');
     assert.ok(res.body.guard.reserved_bytes <= room);
     assert.equal(res.body.guard.reserved_bytes, Math.ceil(res.body.guard.predicted_workspace_bytes * (1 + service.guard.model.headroom)));
+  });
+
+  test('by default smaller reranker batches come first: every candidate is still reranked', async () => {
+    const asked = { query: 'How do I set disk quotas for a user?', top_k: 40, rerank_top_n: 2, max_new_tokens: 8 };
+    const shape = { ...service.requestShape({ query: asked.query, topK: 40, rerankTopN: 2, maxNewTokens: 8, temperature: 0 }), promptTokens: 128 };
+    const room = service.guard.model.predict({ ...shape, rerankBatch: 4 }).reserveBytes;
+    const { app } = withWorkspace(room, 128);
+    const res = await request(app).post('/query').send(asked).expect(200);
+    assert.deepEqual(res.body.guard.reshaped, [{ field: 'rerank_batch', from: 16, to: 4 }]);
+    assert.equal(res.body.retrieval.hits, 40, 'top_k as asked');
+    assert.equal(res.body.guard.as_run.reranked_pairs, res.body.retrieval.after_dedupe);
   });
 
   test('a request that cannot fit even reshaped is a 413 with predicted and budget bytes', async () => {

@@ -65,6 +65,19 @@ test('a request that can never fit is reshaped in the configured order until it 
   assert.deepEqual(c.reshaped, [{ field: 'prompt_tokens', from: 4000, to: 1000 }]);
 });
 
+test('batch first: smaller reranker batches fit a rerank-bound request without dropping candidates', () => {
+  const big: RequestShape = { ...shape, topK: 100, pairTokens: 512, promptTokens: 200 };
+  const room = model.predict({ ...big, rerankBatch: 4 }).workspaceBytes;
+  const d = decide(model, big, { ...roomy, workspaceFree: room, workspaceTotal: room }, ['batch', 'rerank', 'context'], floors);
+  assert.ok(d.action === 'admit');
+  assert.deepEqual(d.reshaped, [{ field: 'rerank_batch', from: 16, to: 4 }], 'halved 16 -> 8 -> 4; top_k untouched');
+  assert.equal(d.shape.topK, 100);
+  // one pair a run is the floor of this step; past it the next step goes on
+  const tight = model.predict({ ...big, rerankBatch: 1, topK: 6 }).workspaceBytes;
+  const e = decide(model, big, { ...roomy, workspaceFree: tight, workspaceTotal: tight }, ['batch', 'rerank'], floors);
+  assert.ok(e.action !== 'reject' && e.shape.rerankBatch === 1);
+});
+
 test('a KV-bound request gives up new tokens when the order puts them first', () => {
   const d = decide(model, { ...shape, maxNewTokens: 1000 }, { ...roomy, kvFreeBlocks: 50, kvTotalBlocks: 50 }, ['new_tokens', 'context'], floors);
   assert.ok(d.action !== 'reject');

@@ -269,8 +269,8 @@ export const VARIABLES: readonly Variable[] = [
     apply: bool((c, v) => (c.profileRun = v)),
   },
   {
-    name: 'RAGGUARD_RESHAPE_ORDER', default: 'rerank,context,new_tokens',
-    doc: 'How a request that can never fit is shrunk, in order: rerank (fewer reranked candidates), context (shorter prompt), new_tokens.',
+    name: 'RAGGUARD_RESHAPE_ORDER', default: 'batch,rerank,context,new_tokens',
+    doc: 'How a request that can never fit is shrunk, in order: batch (fewer pairs per reranker run: same answer, slower), rerank (fewer reranked candidates), context (shorter prompt), new_tokens.',
     apply: (c, raw) => {
       const steps = raw.split(',').map((x) => x.trim()).filter(Boolean);
       const bad = steps.filter((x) => !(RESHAPE_STEPS as readonly string[]).includes(x));

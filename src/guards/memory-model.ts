@@ -38,6 +38,8 @@ export interface RequestShape {
   rerankTopN: number;
   /** Tokens of one (query, passage) pair fed to the reranker. */
   pairTokens: number;
+  /** Pairs per reranker run (the model's default batch when absent; a reshape may lower it). */
+  rerankBatch?: number;
   promptTokens: number;
   maxNewTokens: number;
   /** Prompt tokens already in the prefix cache: prefill computes only the rest (as run; 0 when asked). */
@@ -196,7 +198,7 @@ export class MemoryModel {
     const cached = r.cachedTokens ?? 0;
     const stages: Record<Stage, number> = {
       embed: this.stageBytes('embed', [1, r.queryTokens, 0]),
-      rerank: this.stageBytes('rerank', [Math.min(this.rerankBatch, r.topK), r.pairTokens, 0]),
+      rerank: this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
       prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]),
       decode: this.stageBytes('decode', [1, 1, tokens - 1]),
     };

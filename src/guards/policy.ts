@@ -2,16 +2,17 @@
  * The admission decision for one request, from its predicted memory and what is free:
  *   admit    it fits what is free now;
  *   queue    it fits the whole capacity, just not now: wait for running requests to finish;
- *   reshape  as asked it can never fit: shrink it, in the configured order (fewer reranked
- *            candidates, a shorter context, fewer new tokens), each step halving one dimension down to
- *            its floor, until it fits the capacity; then admit or queue the reshaped request;
+ *   reshape  as asked it can never fit: shrink it, in the configured order (smaller reranker batches,
+ *            fewer reranked candidates, a shorter context, fewer new tokens), each step halving one
+ *            dimension down to its floor, until it fits the capacity; then admit or queue the reshaped
+ *            request;
  *   reject   even at every floor it cannot fit: 413, with the predicted and available bytes.
  * Pure: capacity and the model come in, a decision goes out; the caller says what was reshaped.
  */
 import type { MemoryModel, Prediction, RequestShape } from './memory-model.js';
 
-export type ReshapeStep = 'rerank' | 'context' | 'new_tokens';
-export const RESHAPE_STEPS: readonly ReshapeStep[] = ['rerank', 'context', 'new_tokens'];
+export type ReshapeStep = 'batch' | 'rerank' | 'context' | 'new_tokens';
+export const RESHAPE_STEPS: readonly ReshapeStep[] = ['batch', 'rerank', 'context', 'new_tokens'];
 
 export interface Capacity {
   /** Workspace bytes not reserved by admitted requests, and the total the budget gives workspace. */
@@ -27,7 +28,7 @@ export interface Floors {
 }
 
 export interface Reshape {
-  field: 'top_k' | 'prompt_tokens' | 'max_new_tokens';
+  field: 'rerank_batch' | 'top_k' | 'prompt_tokens' | 'max_new_tokens';
   from: number;
   to: number;
 }
@@ -36,10 +37,15 @@ export type Decision =
   | { action: 'admit' | 'queue'; shape: RequestShape; prediction: Prediction; reshaped: Reshape[] }
   | { action: 'reject'; shape: RequestShape; prediction: Prediction; reason: string };
 
-const FIELD: Record<ReshapeStep, Reshape['field']> = { rerank: 'top_k', context: 'prompt_tokens', new_tokens: 'max_new_tokens' };
+const FIELD: Record<ReshapeStep, Reshape['field']> = { batch: 'rerank_batch', rerank: 'top_k', context: 'prompt_tokens', new_tokens: 'max_new_tokens' };
 
-function shrink(s: RequestShape, step: ReshapeStep, floors: Floors): RequestShape | undefined {
+function shrink(s: RequestShape, step: ReshapeStep, floors: Floors, defaultBatch: number): RequestShape | undefined {
   const half = (v: number, floor: number) => (v > floor ? Math.max(floor, Math.floor(v / 2)) : undefined);
+  if (step === 'batch') {
+    // Fewer pairs per reranker run: the same scores, only slower; no use below the pairs there are.
+    const rerankBatch = half(Math.min(s.rerankBatch ?? defaultBatch, s.topK), 1);
+    return rerankBatch === undefined ? undefined : { ...s, rerankBatch };
+  }
   if (step === 'rerank') {
     const topK = half(s.topK, s.rerankTopN);
     return topK === undefined ? undefined : { ...s, topK };
@@ -52,7 +58,10 @@ function shrink(s: RequestShape, step: ReshapeStep, floors: Floors): RequestShap
   return maxNewTokens === undefined ? undefined : { ...s, maxNewTokens };
 }
 
-const shapeValue = (s: RequestShape, f: Reshape['field']) => (f === 'top_k' ? s.topK : f === 'prompt_tokens' ? s.promptTokens : s.maxNewTokens);
+function shapeValue(s: RequestShape, f: Reshape['field'], defaultBatch: number): number {
+  if (f === 'rerank_batch') return s.rerankBatch ?? defaultBatch;
+  return f === 'top_k' ? s.topK : f === 'prompt_tokens' ? s.promptTokens : s.maxNewTokens;
+}
 
 export function decide(model: MemoryModel, asked: RequestShape, cap: Capacity, order: readonly ReshapeStep[], floors: Floors): Decision {
   const fits = (p: Prediction, whole: boolean) =>
@@ -62,7 +71,7 @@ export function decide(model: MemoryModel, asked: RequestShape, cap: Capacity, o
   if (!fits(prediction, true)) {
     for (const step of order) {
       let next: RequestShape | undefined;
-      while (!fits(prediction, true) && (next = shrink(shape, step, floors))) {
+      while (!fits(prediction, true) && (next = shrink(shape, step, floors, model.rerankBatch))) {
         shape = next;
         prediction = model.predict(shape);
       }
@@ -77,7 +86,7 @@ export function decide(model: MemoryModel, asked: RequestShape, cap: Capacity, o
     };
   }
   const reshaped = (Object.values(FIELD) as Reshape['field'][])
-    .map((field) => ({ field, from: shapeValue(asked, field), to: shapeValue(shape, field) }))
+    .map((field) => ({ field, from: shapeValue(asked, field, model.rerankBatch), to: shapeValue(shape, field, model.rerankBatch) }))
     .filter((r) => r.from !== r.to);
   return { action: fits(prediction, false) ? 'admit' : 'queue', shape, prediction, reshaped };
 }

@@ -53,7 +53,10 @@ export function createApp(service: RagService): express.Express {
       throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`,
         { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes });
     }
-    const shaped = { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens };
+    const shaped = {
+      ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens,
+      rerankBatch: decision.shape.rerankBatch,
+    };
     const { shape, ...result } = await admission.run(async () => {
       const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs);
       try {
@@ -72,7 +75,7 @@ export function createApp(service: RagService): express.Express {
         // The same prediction for the shape as it ran (pairs left after pruning, the assembled prompt):
         // the reservation above is the worst case of the request as asked.
         as_run: {
-          reranked_pairs: shape.topK, pair_tokens: shape.pairTokens, prompt_tokens: shape.promptTokens, cached_prompt_tokens: shape.cachedTokens ?? 0,
+          reranked_pairs: shape.topK, rerank_batch: shape.rerankBatch, pair_tokens: shape.pairTokens, prompt_tokens: shape.promptTokens, cached_prompt_tokens: shape.cachedTokens ?? 0,
           predicted_workspace_bytes: asRun.workspaceBytes, peak_stage: asRun.peakStage, predicted_stage_bytes: asRun.stages,
         },
       },
