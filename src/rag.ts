@@ -136,6 +136,7 @@ export class RagService {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
     const memoryModel = new MemoryModel(models.reranker.dims, d, cfg.kvBlockSize, RERANK_BATCH);
+    memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
     this.guard = new MemoryGuard(memoryModel, () => {
       const kv = blocks.stats();
       return { workspaceTotal: this.workspaceBytes, kvFreeBlocks: kv.freeBlocks, kvTotalBlocks: kv.totalBlocks };
@@ -200,7 +201,7 @@ export class RagService {
         contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
         decodeRows: this.cfg.maxNumSeqs,
       }, meter);
-    if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration, this.profile.headroom);
+    if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration, Math.max(this.cfg.minHeadroom, this.profile.headroom));
     return this.profile;
   }
 

@@ -56,6 +56,8 @@ export interface Config {
   guards: boolean;
   /** Calibrate the memory model by a profile run at start-up. */
   profileRun: boolean;
+  /** Reservations are predictions x (1 + headroom), the headroom at least this. */
+  minHeadroom: number;
   reshapeOrder: ReshapeStep[];
   minPromptTokens: number;
   minNewTokens: number;
@@ -267,6 +269,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_PROFILE_RUN', default: 'true',
     doc: 'At start-up, run each model at the largest allowed shapes, measure their peaks and calibrate the memory model (host memory; kept analytic on a GPU).',
     apply: bool((c, v) => (c.profileRun = v)),
+  },
+  {
+    name: 'RAGGUARD_MIN_HEADROOM', default: '0.5',
+    doc: 'The guard reserves predicted bytes x (1 + headroom): the headroom is at least this, more where the profile run saw a larger scatter (up to 1). It covers what no prediction sees: allocator fragmentation across concurrent runs, the requests\' own buffers.',
+    apply: num(0, 1, (c, v) => (c.minHeadroom = v)),
   },
   {
     name: 'RAGGUARD_RESHAPE_ORDER', default: 'batch,rerank,context,new_tokens',

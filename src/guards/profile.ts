@@ -91,43 +91,27 @@ function leastSquares(xs: readonly number[][], ys: readonly number[]): number[] 
 }
 
 /**
- * Residuals are relative (a run of 5 MB mispredicted by 5 MB is as wrong as one of 200 MB by 200 MB):
- * each point's row is divided by its measured bytes, floored at 1 MiB so that runs of a few kilobytes,
- * which no admission depends on, do not steer the fit.
+ * Residuals are relative (a run of 50 MB mispredicted by 5 MB is as wrong as one of 200 MB by 20 MB):
+ * each point's row is divided by its measured bytes, floored at 16 MiB so that small runs, whose peaks
+ * scatter by a large fraction from run to run and on which no admission turns, do not steer the fit.
  */
-const weight = (measured: number) => 1 / Math.max(measured, 1 << 20);
+const weight = (measured: number) => 1 / Math.max(measured, 16 << 20);
 
-/** Sum of squared relative residuals of a fit over the points. */
-function residual(fit: StageFit, points: readonly { analytic_terms: Terms; measured_bytes: number }[]): number {
-  return points.reduce((s, p) =>
-    s + ((fit.scales[0] * p.analytic_terms[0] + fit.scales[1] * p.analytic_terms[1] + fit.offsetBytes - p.measured_bytes) * weight(p.measured_bytes)) ** 2, 0);
-}
 
 /**
- * Fits the stage's points by weighted least squares (relative errors, see weight), preferring the
- * simplest model that explains them:
- *   line     one scale for the analytic bytes, plus an offset;
- *   terms    a scale per analytic term, plus an offset: taken only where it is non-negative and cuts the
- *            line's squared residuals by a third or more (two scales from scattered points extrapolate
- *            badly to shapes the profile did not run);
- *   origin   one scale, no offset, where the line's offset would be negative;
- * and the analytic figures where there are no usable points.
+ * Fits the stage's points by weighted least squares (relative errors, see weight): one scale for the
+ * analytic bytes plus an offset, or through the origin where the offset would be negative; the analytic
+ * figures where there are no usable points. (A scale per analytic term was tried: from scattered points
+ * it extrapolated badly to the shapes serving runs.)
  */
 export function fitStage(points: readonly { analytic_terms: Terms; measured_bytes: number }[]): StageFit {
   const w = points.map((p) => weight(p.measured_bytes));
   const ys = points.map((p, i) => p.measured_bytes * w[i]!);
-  const rows = (f: (p: (typeof points)[number]) => number[]) => points.map((p, i) => f(p).map((x) => x * w[i]!));
-  const sum = (p: (typeof points)[number]) => p.analytic_terms[0] + p.analytic_terms[1];
-  const l = points.length >= 2 ? leastSquares(rows((p) => [sum(p), 1]), ys) : undefined;
-  const origin = leastSquares(rows((p) => [sum(p)]), ys);
-  let best: StageFit | undefined = l && l[0]! > 0 && l[1]! >= 0 ? { scales: [l[0]!, l[0]!], offsetBytes: Math.round(l[1]!) }
-    : origin && origin[0]! > 0 ? { scales: [origin[0]!, origin[0]!], offsetBytes: 0 } : undefined;
-  const t = points.length >= 4 ? leastSquares(rows((p) => [...p.analytic_terms, 1]), ys) : undefined;
-  if (t && t.every((k) => k >= 0) && (t[0]! > 0 || t[1]! > 0)) {
-    const terms: StageFit = { scales: [t[0]!, t[1]!], offsetBytes: Math.round(t[2]!) };
-    if (!best || residual(terms, points) < (2 / 3) * residual(best, points)) best = terms;
-  }
-  return best ?? { scales: [1, 1], offsetBytes: 0 };
+  const sums = points.map((p, i) => (p.analytic_terms[0] + p.analytic_terms[1]) * w[i]!);
+  const line = points.length >= 2 ? leastSquares(sums.map((x, i) => [x, w[i]!]), ys) : undefined;
+  if (line && line[0]! > 0 && line[1]! >= 0) return { scales: [line[0]!, line[0]!], offsetBytes: Math.round(line[1]!) };
+  const origin = leastSquares(sums.map((x) => [x]), ys);
+  return origin && origin[0]! > 0 ? { scales: [origin[0]!, origin[0]!], offsetBytes: 0 } : { scales: [1, 1], offsetBytes: 0 };
 }
 
 const sum = (p: ProfilePoint) => p.analytic_terms[0] + p.analytic_terms[1];
@@ -146,11 +130,12 @@ const BLIND_FLOOR_BYTES = 8 << 20;
 
 /** Runs of a few MiB and less (their scatter is in the kilobytes) do not set the headroom. */
 const HEADROOM_FLOOR_BYTES = 4 << 20;
-const MAX_HEADROOM = 0.5;
+const MAX_HEADROOM = 1;
 
 /**
  * The largest relative amount by which a profiled run exceeded its fitted prediction (0 when none did),
- * capped at MAX_HEADROOM: the scatter of one shape's peak from run to run, which the guard reserves on top.
+ * capped at MAX_HEADROOM: the scatter of one shape's peak from run to run, which the guard reserves on
+ * top (RAGGUARD_MIN_HEADROOM is its floor).
  */
 export function headroom(points: readonly ProfilePoint[], calibration: Calibration): number {
   let worst = 0;
