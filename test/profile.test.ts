@@ -22,15 +22,15 @@ test('the peak meter sees a buffer that lived only inside the measured work', { 
 });
 
 test('fitStage recovers measured = scale x analytic + offset; never a negative offset', () => {
-  const pt = (t0: number, t1: number, m: number) => ({ analytic_terms: [t0, t1] as [number, number], measured_bytes: m });
-  const line = fitStage([[10, 5], [100, 40], [1000, 600]].map(([a, b]) => pt(a! * MiB, b! * MiB, 1.5 * (a! + b!) * MiB + 7000)));
-  assert.ok(Math.abs(line.scales[0] - 1.5) < 1e-6 && line.scales[0] === line.scales[1], JSON.stringify(line));
+  const pt = (a: number, m: number) => ({ analytic_bytes: a, measured_bytes: m });
+  const line = fitStage([15, 140, 1600].map((a) => pt(a * MiB, 1.5 * a * MiB + 7000)));
+  assert.ok(Math.abs(line.scale - 1.5) < 1e-6, JSON.stringify(line));
   assert.ok(Math.abs(line.offsetBytes - 7000) <= 2, JSON.stringify(line));
   // Points under a line through the origin: a negative offset is refused, the fit goes through 0.
-  const origin = fitStage([pt(10, 0, 5), pt(100, 0, 110), pt(1000, 0, 1200)]);
+  const origin = fitStage([pt(10 * MiB, 5 * MiB), pt(100 * MiB, 110 * MiB), pt(1000 * MiB, 1200 * MiB)]);
   assert.equal(origin.offsetBytes, 0);
-  assert.ok(origin.scales[0] > 1.19 && origin.scales[0] < 1.2);
-  assert.deepEqual(fitStage([]), { scales: [1, 1], offsetBytes: 0 });
+  assert.ok(origin.scale > 0.5 && origin.scale < 1.2, `between the points' ratios: ${JSON.stringify(origin)}`);
+  assert.deepEqual(fitStage([]), { scale: 1, offsetBytes: 0 });
 });
 
 describe('the profile run on the shipped models', () => {
@@ -52,7 +52,7 @@ describe('the profile run on the shipped models', () => {
     for (const pt of p.points.filter((x) => x.stage !== 'embed')) assert.ok(pt.measured_bytes > 0, `${pt.stage} ${pt.shape} measured`);
     for (const st of STAGES) {
       const f = p.calibration[st];
-      assert.ok(f.scales.every((k) => k >= 0 && k < 20) && f.offsetBytes >= 0 && f.offsetBytes < 64 * MiB, `${st} fit ${JSON.stringify(f)}`);
+      assert.ok(f.scale >= 0.5 && f.scale < 5 && f.offsetBytes >= 0 && f.offsetBytes < 64 * MiB, `${st} fit ${JSON.stringify(f)}`);
     }
     assert.deepEqual(service.guard.model.calibration, p.calibration);
     assert.ok(p.headroom >= 0 && p.headroom <= 1, `headroom ${p.headroom}`);
@@ -61,16 +61,14 @@ describe('the profile run on the shipped models', () => {
     const m = service.guard.model;
     const shape = { queryTokens: 8, topK: 4, rerankTopN: 2, pairTokens: 64, promptTokens: 200, maxNewTokens: 8 };
     const f = p.calibration.prefill;
-    const [t0, t1] = m.terms('prefill', [1, 200, 0]);
-    assert.equal(t0 + t1, m.decoderWorkspace(1, 200, 0), 'the terms add up to the analytic bytes');
-    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scales[0] * t0 + f.scales[1] * t1 + f.offsetBytes));
+    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scale * m.decoderWorkspace(1, 200, 0) + f.offsetBytes));
   });
 });
 
 test('headroom is the worst under-prediction among runs of a few MiB or more, capped at 1', () => {
-  const fits = { embed: { scales: [1, 1] as [number, number], offsetBytes: 0 }, rerank: { scales: [1, 1] as [number, number], offsetBytes: 0 },
-    prefill: { scales: [1, 1] as [number, number], offsetBytes: 0 }, decode: { scales: [1, 1] as [number, number], offsetBytes: 0 } };
-  const pt = (measured: number, analytic: number) => ({ stage: 'prefill' as const, shape: [1, 1, 0] as [number, number, number], analytic_terms: [analytic, 0] as [number, number], measured_bytes: measured });
+  const one = { scale: 1, offsetBytes: 0 };
+  const fits = { embed: one, rerank: one, prefill: one, decode: one };
+  const pt = (measured: number, analytic: number) => ({ stage: 'prefill' as const, shape: [1, 1, 0] as [number, number, number], analytic_bytes: analytic, measured_bytes: measured });
   assert.equal(headroom([pt(110 * MiB, 100 * MiB), pt(90 * MiB, 100 * MiB), pt(3 * MiB, 1 * MiB)], fits), 0.1);
   assert.equal(headroom([pt(90 * MiB, 100 * MiB)], fits), 0);
   assert.equal(headroom([pt(400 * MiB, 100 * MiB)], fits), 1);
@@ -89,7 +87,8 @@ test('a meter that sees nothing of megabyte-sized runs leaves the analytic figur
   assert.match(report.source === 'analytic' ? report.reason : '', /does not see these runs/);
 });
 
-test('a fit never scales an analytic term below one half', async () => {
+test('a fit never scales the analytic figure below one half', async () => {
   const { floorFit } = await import('../src/guards/profile.js');
-  assert.deepEqual(floorFit({ scales: [0.1, 0.9], offsetBytes: 7 }), { scales: [0.5, 0.9], offsetBytes: 7 });
+  assert.deepEqual(floorFit({ scale: 0.1, offsetBytes: 7 }), { scale: 0.5, offsetBytes: 7 });
+  assert.deepEqual(floorFit({ scale: 0.9, offsetBytes: 7 }), { scale: 0.9, offsetBytes: 7 });
 });

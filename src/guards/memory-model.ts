@@ -63,29 +63,21 @@ const F32 = 4;
 
 export const STAGES: readonly Stage[] = ['embed', 'rerank', 'prefill', 'decode'];
 
-/**
- * A run's analytic bytes in two terms that grow differently with its shape (their sum is the analytic
- * workspace), so that the profile run can weigh them apart:
- *   encoders, prefill  [buffers linear in the tokens, attention scores (quadratic)]
- *   decode             [buffers per row, buffers per row and context token]
- */
-export type Terms = [number, number];
-
 /** A run's shape: [batch or rows, tokens fed, context tokens]. */
 export type RunShape = [number, number, number];
 
 /**
- * A stage's measured bytes as scales of its two analytic terms plus an offset, fitted by the start-up
- * profile run: the scales correct the per-buffer sums, the offset is what every run holds whatever its
- * shape (thread-local scratch, the runtime's per-run state).
+ * A stage's measured bytes as a line in its analytic bytes, fitted by the start-up profile run: the
+ * scale corrects the per-buffer sums, the offset is what every run holds whatever its shape
+ * (thread-local scratch, the runtime's per-run state).
  */
 export interface StageFit {
-  scales: Terms;
+  scale: number;
   offsetBytes: number;
 }
 export type Calibration = Record<Stage, StageFit>;
 
-const ANALYTIC: StageFit = { scales: [1, 1], offsetBytes: 0 };
+const ANALYTIC: StageFit = { scale: 1, offsetBytes: 0 };
 
 export class MemoryModel {
   private fits: Calibration = { embed: ANALYTIC, rerank: ANALYTIC, prefill: ANALYTIC, decode: ANALYTIC };
@@ -109,7 +101,7 @@ export class MemoryModel {
   }
 
   /**
-   * Adopts the profile run's fits (predictions are the fitted terms from now on) and its headroom: the
+   * Adopts the profile run's fits (predictions are the fitted lines from now on) and its headroom: the
    * largest amount by which a profiled run exceeded its fitted prediction, which the guard reserves on
    * top, since the same shape's peak scatters from run to run.
    */
@@ -121,24 +113,13 @@ export class MemoryModel {
   /** A stage's predicted bytes for a run of this shape (0 for a run that feeds nothing). */
   stageBytes(stage: Stage, shape: RunShape): number {
     if (shape[0] === 0 || shape[1] === 0) return 0;
-    const [t0, t1] = this.terms(stage, shape);
     const f = this.fits[stage];
-    return Math.ceil(f.scales[0] * t0 + f.scales[1] * t1 + f.offsetBytes);
+    return Math.ceil(f.scale * this.analytic(stage, shape) + f.offsetBytes);
   }
 
-  /** The analytic terms of a stage's run (see Terms). */
-  terms(stage: Stage, [b, s, c]: RunShape): Terms {
-    if (stage === 'embed' || stage === 'rerank') {
-      const scores = this.encoderScores(b, s);
-      return [this.encoderWorkspace(b, s) - scores, scores];
-    }
-    const total = this.decoderWorkspace(b, s, c);
-    if (stage === 'prefill') {
-      const scores = this.decoderScores(b, s, c);
-      return [total - scores, scores];
-    }
-    const perRow = this.decoderPerNewToken(b, s);
-    return [perRow, total - perRow];
+  /** The analytic bytes of a stage's run. */
+  analytic(stage: Stage, [b, s, c]: RunShape): number {
+    return stage === 'embed' || stage === 'rerank' ? this.encoderWorkspace(b, s) : this.decoderWorkspace(b, s, c);
   }
 
   private get actBytes(): number {

@@ -1,10 +1,9 @@
 /**
  * The start-up profile run (vLLM's profile_run, on the host): runs each stage's model at the shapes
  * the configuration allows, measures each run's peak resident bytes (peak-meter.ts), and calibrates
- * the memory model per stage: measured = k0 x term0 + k1 x term1 + offset, the two analytic terms
- * growing differently with the shape (memory-model.ts Terms). The analytic model gives the shape of
- * the curve from the configs; the profile pins how much each part weighs, and the fixed cost of a run,
- * on this runtime and this machine.
+ * the memory model per stage by a line through the points: measured = scale x analytic + offset. The
+ * analytic model gives the shape of the curve from the configs; the profile pins its scale, and the
+ * fixed cost of a run, on this runtime and this machine.
  *
  * Each measured run is the first of its shape, after a warm-up run one token shorter: serving rarely
  * repeats a shape (prompt lengths vary, every decode step is one token wider), and a runtime that has
@@ -12,7 +11,7 @@
  * apart, and the fit runs through all of them, which evens out the allocator's run-to-run scatter. Peaks are host memory: with models on a GPU they are not measurable per run, and the
  * analytic figures are kept (the report says so).
  */
-import type { Calibration, MemoryModel, RunShape, Stage, StageFit, Terms } from './memory-model.js';
+import type { Calibration, MemoryModel, RunShape, Stage, StageFit } from './memory-model.js';
 import { STAGES } from './memory-model.js';
 import { measurePeak, type PeakMeter } from './peak-meter.js';
 
@@ -38,8 +37,7 @@ export interface ProfilePoint {
   stage: Stage;
   /** [batch or rows, tokens fed, context] */
   shape: RunShape;
-  /** The analytic terms; their sum is the analytic bytes. */
-  analytic_terms: Terms;
+  analytic_bytes: number;
   measured_bytes: number;
 }
 
@@ -71,7 +69,7 @@ function shapes(l: ProfileLimits): { stage: Stage; shape: [number, number, numbe
 /** Least squares: the coefficients minimising sum (x . k - y)^2, or undefined where the columns are (nearly) dependent. */
 function leastSquares(xs: readonly number[][], ys: readonly number[]): number[] | undefined {
   const m = xs[0]?.length ?? 0;
-  // Columns scaled to unit size first: the terms differ by orders of magnitude.
+  // Columns scaled to unit size first: they differ by orders of magnitude.
   const norm = Array.from({ length: m }, (_, j) => Math.sqrt(xs.reduce((s, x) => s + x[j]! ** 2, 0)) || 1);
   const a = Array.from({ length: m }, (_, i) => [
     ...Array.from({ length: m }, (_, j) => xs.reduce((s, x) => s + (x[i]! / norm[i]!) * (x[j]! / norm[j]!), 0)),
@@ -104,17 +102,16 @@ const weight = (measured: number) => 1 / Math.max(measured, 16 << 20);
  * figures where there are no usable points. (A scale per analytic term was tried: from scattered points
  * it extrapolated badly to the shapes serving runs.)
  */
-export function fitStage(points: readonly { analytic_terms: Terms; measured_bytes: number }[]): StageFit {
+export function fitStage(points: readonly { analytic_bytes: number; measured_bytes: number }[]): StageFit {
   const w = points.map((p) => weight(p.measured_bytes));
   const ys = points.map((p, i) => p.measured_bytes * w[i]!);
-  const sums = points.map((p, i) => (p.analytic_terms[0] + p.analytic_terms[1]) * w[i]!);
+  const sums = points.map((p, i) => p.analytic_bytes * w[i]!);
   const line = points.length >= 2 ? leastSquares(sums.map((x, i) => [x, w[i]!]), ys) : undefined;
-  if (line && line[0]! > 0 && line[1]! >= 0) return { scales: [line[0]!, line[0]!], offsetBytes: Math.round(line[1]!) };
+  if (line && line[0]! > 0 && line[1]! >= 0) return { scale: line[0]!, offsetBytes: Math.round(line[1]!) };
   const origin = leastSquares(sums.map((x) => [x]), ys);
-  return origin && origin[0]! > 0 ? { scales: [origin[0]!, origin[0]!], offsetBytes: 0 } : { scales: [1, 1], offsetBytes: 0 };
+  return origin && origin[0]! > 0 ? { scale: origin[0]!, offsetBytes: 0 } : { scale: 1, offsetBytes: 0 };
 }
 
-const sum = (p: ProfilePoint) => p.analytic_terms[0] + p.analytic_terms[1];
 
 /**
  * The analytic model sums the buffers a run holds at once; a runtime may free some sooner, so it can
@@ -123,7 +120,7 @@ const sum = (p: ProfilePoint) => p.analytic_terms[0] + p.analytic_terms[1];
  */
 const MIN_SCALE = 0.5;
 export function floorFit(f: StageFit): StageFit {
-  return { scales: [Math.max(MIN_SCALE, f.scales[0]), Math.max(MIN_SCALE, f.scales[1])], offsetBytes: f.offsetBytes };
+  return { scale: Math.max(MIN_SCALE, f.scale), offsetBytes: f.offsetBytes };
 }
 /** Stages whose largest profiled run is smaller than this cannot tell a blind meter from a small run. */
 const BLIND_FLOOR_BYTES = 8 << 20;
@@ -142,7 +139,7 @@ export function headroom(points: readonly ProfilePoint[], calibration: Calibrati
   for (const p of points) {
     if (p.measured_bytes < HEADROOM_FLOOR_BYTES) continue;
     const f = calibration[p.stage];
-    const predicted = f.scales[0] * p.analytic_terms[0] + f.scales[1] * p.analytic_terms[1] + f.offsetBytes;
+    const predicted = f.scale * p.analytic_bytes + f.offsetBytes;
     if (predicted > 0) worst = Math.max(worst, (p.measured_bytes - predicted) / predicted);
   }
   return Math.min(MAX_HEADROOM, worst);
@@ -166,16 +163,16 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
       const shape = at(2 * k);
       await once(at(2 * k + 1));
       const { bytes } = await measurePeak(meter, () => once(shape));
-      points.push({ stage, shape, analytic_terms: model.terms(stage, shape), measured_bytes: bytes });
+      points.push({ stage, shape, analytic_bytes: model.analytic(stage, shape), measured_bytes: bytes });
     }
   }
   // A meter that saw (almost) nothing of runs the analytic model puts at megabytes measured the wrong
   // thing (on a GPU: an allocator that keeps freed device memory and reuses it out of NVML's sight):
   // a fit to it would admit far too much, so the analytic figures stand.
   for (const st of STAGES) {
-    const big = points.filter((p) => p.stage === st).reduce((a, b) => (sum(b) > sum(a) ? b : a), points[0]!);
-    if (big.stage === st && sum(big) >= BLIND_FLOOR_BYTES && big.measured_bytes < 0.1 * sum(big)) {
-      return { source: 'analytic', reason: `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(sum(big))} analytic bytes: it does not see these runs` };
+    const big = points.filter((p) => p.stage === st).reduce((a, b) => (b.analytic_bytes > a.analytic_bytes ? b : a), points[0]!);
+    if (big.stage === st && big.analytic_bytes >= BLIND_FLOOR_BYTES && big.measured_bytes < 0.1 * big.analytic_bytes) {
+      return { source: 'analytic', reason: `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(big.analytic_bytes)} analytic bytes: it does not see these runs` };
     }
   }
   const calibration = Object.fromEntries(STAGES.map((st) => [st, floorFit(fitStage(points.filter((p) => p.stage === st)))])) as Calibration;

@@ -51,8 +51,8 @@ export interface MemorySnapshot {
     /** glibc tuned at start (scripts/tuned.sh): freed run buffers leave the process, so rss tracks live memory. */
     allocator_tuned: boolean;
     calibration: 'profile' | 'analytic';
-    /** Per stage: predicted bytes = scales[0] x term0 + scales[1] x term1 + offset_bytes (memory-model.ts Terms). */
-    fits: Record<string, { scales: [number, number]; offset_bytes: number }>;
+    /** Per stage: predicted bytes = scale x analytic bytes + offset_bytes. */
+    fits: Record<string, { scale: number; offset_bytes: number }>;
     /** Reservations are predictions x (1 + headroom): the profile's worst run-to-run scatter. */
     headroom: number;
     /** The profile run's points (shape, analytic and measured peak bytes), or why there was none. */
@@ -122,7 +122,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       guards: cfg.guards,
       allocator_tuned: allocatorTuned(),
       calibration: service.profile.source,
-      fits: Object.fromEntries(Object.entries(service.guard.model.calibration).map(([st, f]) => [st, { scales: f.scales, offset_bytes: f.offsetBytes }])),
+      fits: Object.fromEntries(Object.entries(service.guard.model.calibration).map(([st, f]) => [st, { scale: f.scale, offset_bytes: f.offsetBytes }])),
       headroom: service.guard.model.headroom,
       profile: service.profile,
     },
