@@ -466,6 +466,19 @@ class DecoderExport(nn.Module):
 # helpers
 # ----------------------------------------------------------------------------------------------
 
+def optimize(name, step, total, loss, opt, sched, clip=None):
+    """One training step: backward, optional gradient clipping of `clip`'s parameters, optimiser and
+    schedule steps; logs the loss every 200 steps and at the last."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(clip.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    if step % 200 == 0 or step == total - 1:
+        log(f"{name} step {step} loss {loss.item():.4f}")
+
+
 def round_fp16_(model: nn.Module):
     """The ONNX files store fp16 weights (size budget); make torch's reference use the same values."""
     with torch.no_grad():
@@ -658,12 +671,7 @@ def main():
         sim = sim.masked_fill(same, -1e4)
         lbl = torch.arange(B, device=dev)
         loss = (F.cross_entropy(sim, lbl) + F.cross_entropy(sim.T, lbl)) / 2
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if step % 200 == 0 or step == args.embed_steps - 1:
-            log(f"embed step {step} loss {loss.item():.4f}")
+        optimize("embed", step, args.embed_steps, loss, opt, sched)
     report["embed_train_s"] = time.time() - t_stage
     emb.eval()
     round_fp16_(emb)
@@ -716,12 +724,7 @@ def main():
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = rr(T(a), T(m), T(tt)).float().view(G, NEG + 1)
         loss = F.cross_entropy(logits, torch.zeros(G, dtype=torch.long, device=dev))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if step % 200 == 0 or step == args.rerank_steps - 1:
-            log(f"rerank step {step} loss {loss.item():.4f}")
+        optimize("rerank", step, args.rerank_steps, loss, opt, sched)
     report["rerank_train_s"] = time.time() - t_stage
     rr.eval()
     round_fp16_(rr)
@@ -816,13 +819,7 @@ def main():
         rag_w = ww.view(len(rows), -1)[:BR].sum()
         loss = (ce * ww).view(len(rows), -1)[:BR].sum() / rag_w.clamp(min=1) \
             + 0.5 * (ce * ww).view(len(rows), -1)[BR:].sum() / ww.view(len(rows), -1)[BR:].sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(dec.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 200 == 0 or step == args.decoder_steps - 1:
-            log(f"decoder step {step} loss {loss.item():.4f}")
+        optimize("decoder", step, args.decoder_steps, loss, opt, sched, clip=dec)
     report["decoder_train_s"] = time.time() - t_stage
     dec.eval()
     round_fp16_(dec)

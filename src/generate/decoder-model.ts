@@ -150,6 +150,7 @@ export class DecoderModel {
    */
   async profileRun(rows: number, newTokens: number, context: number): Promise<void> {
     const { numLayers, numKvHeads: H, headDim: D, kvDtype } = this.shape;
+    // At context 0 these are the empty past tensors a prefill is fed.
     const past = Array.from({ length: 2 * numLayers }, () => new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * context * D), [rows, H, context, D]));
     const out = await this.forward({
       batch: rows,
@@ -158,7 +159,7 @@ export class DecoderModel {
       positionIds: BigInt64Array.from({ length: rows * newTokens }, (_, i) => BigInt(context + (i % newTokens))),
       attentionMask: new BigInt64Array(rows * (context + newTokens)).fill(1n),
       pastLen: context,
-      past: context > 0 ? past : [],
+      past,
     });
     for (const t of out.present) t.dispose();
   }
@@ -169,8 +170,9 @@ export class DecoderModel {
    * just the tail; on the CPU it runs the same graph (so tests exercise it).
    */
   async kvTail(present: readonly ort.Tensor[], n: number): Promise<KvArray[]> {
+    // Outputs in host memory: sessionOptions keeps outputs on the device only when asked to.
     this.tail ??= ort.InferenceSession.create(kvTailModel(present.length, this.shape.kvDtype === 'float16' ? ONNX_FLOAT16 : ONNX_FLOAT),
-      (({ preferredOutputLocation: _, ...rest }) => rest)(sessionOptions(this.loaded.provider)));
+      sessionOptions(this.loaded.provider));
     const session = await this.tail;
     const feeds: Record<string, ort.Tensor> = { starts: new ort.Tensor('int64', BigInt64Array.of(BigInt(-n)), [1]) };
     present.forEach((t, i) => (feeds[`x${i}`] = t));

@@ -239,10 +239,10 @@ export class Engine {
 
   /**
    * One model run over `tokens[r]` new tokens per row (equal counts) on top of each row's cached
-   * context, right-aligned to `width` (gathered from the pool unless `past` is given). Where present KV
-   * comes back to the host, the new tokens' KV is stored into the rows' slots here; on the device it
-   * stays there (the caller writes back). Returns the last logits and the present KV tensors (the
-   * caller releases them).
+   * context, right-aligned to `width` (gathered from the pool unless `past` is given). With eager
+   * write-back the new tokens' KV is stored into the rows' slots here; with lazy write-back it stays in
+   * the present tensors (the caller writes back). Returns the last logits and the present KV tensors
+   * (the caller releases them).
    */
   private async forward(rows: GatherRow[], width: number, tokens: number[][], starts: number[],
     given?: ort.Tensor[]): Promise<{ logits: Float32Array; present: ort.Tensor[] }> {

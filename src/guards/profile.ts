@@ -1,6 +1,7 @@
 /**
- * The start-up profile run (vLLM's profile_run, on the host): runs each stage's model at the shapes
- * the configuration allows, measures each run's peak resident bytes (peak-meter.ts), and calibrates
+ * The start-up profile run (vLLM's profile_run): runs each stage's model at the shapes the
+ * configuration allows, measures each run's peak (peak-meter.ts: the host's resident memory, or NVML's
+ * device memory where the models run on a GPU), and calibrates
  * the memory model per stage by a line through the points: measured = scale x analytic + offset. The
  * analytic model gives the shape of the curve from the configs; the profile pins its scale, and the
  * fixed cost of a run, on this runtime and this machine.
@@ -8,8 +9,8 @@
  * Each measured run is the first of its shape, after a warm-up run one token shorter: serving rarely
  * repeats a shape (prompt lengths vary, every decode step is one token wider), and a runtime that has
  * planned a shape before allocates it differently. Each shape is measured REPEATS times, a few tokens
- * apart, and the fit runs through all of them, which evens out the allocator's run-to-run scatter. Peaks are host memory: with models on a GPU they are not measurable per run, and the
- * analytic figures are kept (the report says so).
+ * apart, and the fit runs through all of them, which evens out the allocator's run-to-run scatter. A
+ * meter that does not see the runs at all leaves the analytic figures (the report says so).
  */
 import type { Calibration, MemoryModel, RunShape, Stage, StageFit } from './memory-model.js';
 import { STAGES } from './memory-model.js';
@@ -51,8 +52,8 @@ const REPEATS = 3;
 const part = (n: number, k: number) => Math.max(2 * REPEATS, Math.floor(n / 2 ** k));
 
 /** Shapes per stage: the largest allowed, and smaller ones along each dimension. */
-function shapes(l: ProfileLimits): { stage: Stage; shape: [number, number, number] }[] {
-  const q = (stage: Stage, shape: [number, number, number]) => ({ stage, shape });
+function shapes(l: ProfileLimits): { stage: Stage; shape: RunShape }[] {
+  const q = (stage: Stage, shape: RunShape) => ({ stage, shape });
   return [
     q('embed', [1, l.queryTokens, 0]), q('embed', [1, part(l.queryTokens, 1), 0]), q('embed', [1, part(l.queryTokens, 2), 0]),
     q('rerank', [l.rerankPairs, l.pairTokens, 0]), q('rerank', [l.rerankPairs, part(l.pairTokens, 1), 0]),
@@ -95,7 +96,6 @@ function leastSquares(xs: readonly number[][], ys: readonly number[]): number[] 
  */
 const weight = (measured: number) => 1 / Math.max(measured, 16 << 20);
 
-
 /**
  * Fits the stage's points by weighted least squares (relative errors, see weight): one scale for the
  * analytic bytes plus an offset, or through the origin where the offset would be negative; the analytic
@@ -105,23 +105,23 @@ const weight = (measured: number) => 1 / Math.max(measured, 16 << 20);
 export function fitStage(points: readonly { analytic_bytes: number; measured_bytes: number }[]): StageFit {
   const w = points.map((p) => weight(p.measured_bytes));
   const ys = points.map((p, i) => p.measured_bytes * w[i]!);
-  const sums = points.map((p, i) => p.analytic_bytes * w[i]!);
-  const line = points.length >= 2 ? leastSquares(sums.map((x, i) => [x, w[i]!]), ys) : undefined;
+  const xs = points.map((p, i) => p.analytic_bytes * w[i]!);
+  const line = points.length >= 2 ? leastSquares(xs.map((x, i) => [x, w[i]!]), ys) : undefined;
   if (line && line[0]! > 0 && line[1]! >= 0) return { scale: line[0]!, offsetBytes: Math.round(line[1]!) };
-  const origin = leastSquares(sums.map((x) => [x]), ys);
+  const origin = leastSquares(xs.map((x) => [x]), ys);
   return origin && origin[0]! > 0 ? { scale: origin[0]!, offsetBytes: 0 } : { scale: 1, offsetBytes: 0 };
 }
-
 
 /**
  * The analytic model sums the buffers a run holds at once; a runtime may free some sooner, so it can
  * overstate, but a fit below half of it says more about a disturbed measurement than about the runtime,
- * and under-predicting is what overflows: each term's scale is kept at MIN_SCALE or more.
+ * and under-predicting is what overflows: the scale is kept at MIN_SCALE or more.
  */
 const MIN_SCALE = 0.5;
 export function floorFit(f: StageFit): StageFit {
   return { scale: Math.max(MIN_SCALE, f.scale), offsetBytes: f.offsetBytes };
 }
+
 /** Stages whose largest profiled run is smaller than this cannot tell a blind meter from a small run. */
 const BLIND_FLOOR_BYTES = 8 << 20;
 
@@ -145,24 +145,24 @@ export function headroom(points: readonly ProfilePoint[], calibration: Calibrati
   return Math.min(MAX_HEADROOM, worst);
 }
 
+function runShape(run: StageRunners, stage: Stage, [b, s, c]: RunShape): Promise<void> {
+  return stage === 'embed' ? run.embed(b, s) : stage === 'rerank' ? run.rerank(b, s) : run.decoder(b, s, c);
+}
+
 export async function profileMemory(model: MemoryModel, run: StageRunners, limits: ProfileLimits, meter: PeakMeter): Promise<ProfileReport> {
   if (!meter.available) return { source: 'analytic', reason: meter.reason ?? 'no peak meter' };
   const t0 = performance.now();
   const points: ProfilePoint[] = [];
   // A first pass unmeasured: the first runs after start-up (first use of each kernel and buffer size,
   // start-up's leftovers in the heap) scatter far more than later ones.
-  for (const { stage, shape } of shapes(limits)) {
-    await (stage === 'embed' ? run.embed(shape[0], shape[1]) : stage === 'rerank' ? run.rerank(shape[0], shape[1]) : run.decoder(...shape));
-  }
+  for (const { stage, shape } of shapes(limits)) await runShape(run, stage, shape);
   for (const { stage, shape: [b, s, c] } of shapes(limits)) {
     // Shorter by d tokens: fewer tokens fed, or for a decode step a shorter context.
     const at = (d: number): RunShape => (stage === 'decode' ? [b, s, c - d] : [b, s - d, c]);
-    const once = ([rb, rs, rc]: RunShape) =>
-      stage === 'embed' ? run.embed(rb, rs) : stage === 'rerank' ? run.rerank(rb, rs) : run.decoder(rb, rs, rc);
     for (let k = 0; k < REPEATS; k++) {
       const shape = at(2 * k);
-      await once(at(2 * k + 1));
-      const { bytes } = await measurePeak(meter, () => once(shape));
+      await runShape(run, stage, at(2 * k + 1));
+      const { bytes } = await measurePeak(meter, () => runShape(run, stage, shape));
       points.push({ stage, shape, analytic_bytes: model.analytic(stage, shape), measured_bytes: bytes });
     }
   }
@@ -170,8 +170,9 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
   // thing (on a GPU: an allocator that keeps freed device memory and reuses it out of NVML's sight):
   // a fit to it would admit far too much, so the analytic figures stand.
   for (const st of STAGES) {
-    const big = points.filter((p) => p.stage === st).reduce((a, b) => (b.analytic_bytes > a.analytic_bytes ? b : a), points[0]!);
-    if (big.stage === st && big.analytic_bytes >= BLIND_FLOOR_BYTES && big.measured_bytes < 0.1 * big.analytic_bytes) {
+    const own = points.filter((p) => p.stage === st);
+    const big = own.length > 0 ? own.reduce((a, b) => (b.analytic_bytes > a.analytic_bytes ? b : a)) : undefined;
+    if (big && big.analytic_bytes >= BLIND_FLOOR_BYTES && big.measured_bytes < 0.1 * big.analytic_bytes) {
       return { source: 'analytic', reason: `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(big.analytic_bytes)} analytic bytes: it does not see these runs` };
     }
   }
