@@ -1,10 +1,24 @@
 /**
- * A decoder-only LM exported with a KV cache (Optimum / transformers.js layout):
+ * A decoder-only LM exported with a KV cache, in one of two layouts (both drop in as real exports do):
+ *
+ * 'optimum' (Optimum / transformers.js: config.json, onnx/model.onnx)
  *   inputs  input_ids [b, s], attention_mask [b, past + s], position_ids [b, s],
  *           past_key_values.N.key|value [b, kv_heads, past, head_dim]
  *   outputs logits [b, s, vocab], present.N.key|value [b, kv_heads, past + s, head_dim]
- * The shape facts come from config.json, so a real Llama/Qwen2 export drops in; the KV and logits
- * types (float32 or float16) from the graph.
+ *   A batch's rows are right-aligned in the past tensors, padding masked; every run returns a new,
+ *   longer present.
+ *
+ * 'genai' (onnxruntime-genai's model builder: genai_config.json, model.onnx; GroupQueryAttention)
+ *   inputs  input_ids [b, s], attention_mask [b, total] (row r: 1 for its first len_r + s positions),
+ *           past_key_values.N.key|value [b, kv_heads, capacity, head_dim]
+ *   outputs logits [b, s or 1, vocab], present.N.key|value [b, kv_heads, capacity, head_dim]
+ *   Rows are left-aligned in a buffer of `capacity` positions; given the past buffers as the present
+ *   outputs too, the attention writes each row's new tokens into them in place (genai's
+ *   past_present_share_buffer), so that a batch decodes step after step in one buffer, without
+ *   repeating KV heads or attending to padding. onnxruntime-node hands every output back as a copy,
+ *   so the buffer still crosses once per run. src/generate/gqa-builder.ts converts an Optimum export.
+ *
+ * The shape facts come from config.json; the KV and logits types (float32 or float16) from the graph.
  *
  * On WebGPU the present KV outputs stay on the device (preferredOutputLocation 'gpu-buffer'), so that
  * a decode step can feed them back as the next step's past without a round trip through the host;
@@ -53,27 +67,35 @@ export interface DecoderShape {
   kvDtype: KvDtype;
 }
 
-/** One forward pass over a [batch, seq] block of new tokens on top of `past`. */
+export type KvLayout = 'optimum' | 'genai';
+
+/** One forward pass: `tokens[r]` new tokens (equal counts) on top of row r's `lengths[r]` cached ones. */
 export interface ForwardInput {
-  batch: number;
-  seq: number;
-  inputIds: BigInt64Array;
-  positionIds: BigInt64Array;
-  /** [batch, pastLen + seq]: 1 for real tokens, 0 for padding. */
-  attentionMask: BigInt64Array;
-  pastLen: number;
-  /** Flat [k0, v0, k1, v1, ...]; empty means pastLen 0 (zero-length tensors are made here). */
-  past: readonly ort.Tensor[];
+  tokens: readonly (readonly number[])[];
+  lengths: readonly number[];
+  /**
+   * Flat [k0, v0, k1, v1, ...] holding the rows' cached KV as `kvPlacement` lays it out in `width`
+   * positions (DecoderModel.pastWidth); absent: zeroed (genai) or zero-length (optimum) tensors.
+   */
+  past?: readonly ort.Tensor[];
+  width: number;
 }
 
 export interface ForwardOutput {
   /** Logits of each row's last position, [batch, vocab]. */
   lastLogits: Float32Array;
   /**
-   * Flat [k0, v0, ...], each [batch, kv_heads, pastLen + seq, head_dim]; the caller disposes them.
+   * Flat [k0, v0, ...], each [batch, kv_heads, width, head_dim]; the caller disposes them.
    * On the host, or on the device where the provider keeps them there (`presentOnDevice`).
    */
   present: ort.Tensor[];
+  /** Positions in `present`. */
+  width: number;
+}
+
+/** Capacity of a genai past buffer: room for `tokens` and some steps to come, in 64-position steps. */
+export function bufferCapacity(tokens: number, maxPositions: number): number {
+  return Math.min(Math.ceil((tokens + 16) / 64) * 64, Math.max(tokens, maxPositions));
 }
 
 /** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
@@ -93,17 +115,20 @@ export class DecoderModel {
     private readonly loaded: LoadedSession,
     readonly files: ModelFiles,
     readonly shape: DecoderShape,
+    readonly layout: KvLayout,
     readonly bosId: number | undefined,
     readonly eosIds: ReadonlySet<number>,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<DecoderModel> {
     const files = await modelFiles(dir);
+    const layout: KvLayout = files.genai ? 'genai' : 'optimum';
     const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
     const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const presentNames = Array.from({ length: cfg.num_hidden_layers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
-    const loaded = await createSession(files.onnx, ep, { ...extras, deviceOutputs: presentNames });
+    // genai's present is the past buffer itself, given as a host output: it stays where the past is.
+    const loaded = await createSession(files.onnx, ep, { ...extras, deviceOutputs: layout === 'genai' ? [] : presentNames });
     const heads = cfg.num_attention_heads;
     const pastType = loaded.session.inputMetadata.find((m) => m.name === 'past_key_values.0.key');
     const kvType = pastType?.isTensor ? pastType.type : 'float32';
@@ -127,7 +152,7 @@ export class DecoderModel {
         throw new Error(`decoder ${files.onnx} lacks input '${name}': export it with a KV cache (past_key_values)`);
       }
     }
-    return new DecoderModel(tokenizer, loaded, files, shape, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
+    return new DecoderModel(tokenizer, loaded, files, shape, layout, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
   }
 
   get provider(): ConcreteProvider {
@@ -136,7 +161,32 @@ export class DecoderModel {
 
   /** True when present KV outputs stay in device memory between runs. */
   get presentOnDevice(): boolean {
-    return this.loaded.provider === 'webgpu';
+    return this.loaded.provider === 'webgpu' && this.layout === 'optimum';
+  }
+
+  /** How a batch's cached tokens sit in the past tensors: right-aligned (optimum) or left-aligned (genai). */
+  get kvPlacement(): 'right' | 'left' {
+    return this.layout === 'genai' ? 'left' : 'right';
+  }
+
+  /** Positions the past tensors need for rows of `lengths` cached tokens taking `newTokens` more. */
+  pastWidth(lengths: readonly number[], newTokens: number): number {
+    const longest = Math.max(0, ...lengths);
+    return this.layout === 'genai' ? bufferCapacity(longest + newTokens, this.shape.maxPositions) : longest;
+  }
+
+  /**
+   * Whether a run's present (of `width` positions) can be the past of a run feeding `newTokens` to
+   * rows of `lengths` (the same rows, whose KV it holds), as it is.
+   */
+  canExtend(width: number, lengths: readonly number[], newTokens: number): boolean {
+    const longest = Math.max(0, ...lengths);
+    return this.layout === 'genai' ? width >= longest + newTokens : width === longest;
+  }
+
+  /** Position of row token `t` (of a row holding `length` tokens) in a present tensor of `width` positions. */
+  slot(width: number, length: number, t: number): number {
+    return this.layout === 'genai' ? t : width - length + t;
   }
 
   /** KV bytes one token occupies across all layers (keys and values). */
@@ -149,19 +199,21 @@ export class DecoderModel {
    * the engine builds them: the start-up profile's prefill (context 0) and decode (newTokens 1) stages.
    */
   async profileRun(rows: number, newTokens: number, context: number): Promise<void> {
-    const { numLayers, numKvHeads: H, headDim: D, kvDtype } = this.shape;
-    // At context 0 these are the empty past tensors a prefill is fed.
-    const past = Array.from({ length: 2 * numLayers }, () => new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * context * D), [rows, H, context, D]));
+    const lengths = new Array<number>(rows).fill(context);
+    const width = this.pastWidth(lengths, newTokens);
     const out = await this.forward({
-      batch: rows,
-      seq: newTokens,
-      inputIds: new BigInt64Array(rows * newTokens).fill(BigInt(this.bosId ?? 1)),
-      positionIds: BigInt64Array.from({ length: rows * newTokens }, (_, i) => BigInt(context + (i % newTokens))),
-      attentionMask: new BigInt64Array(rows * (context + newTokens)).fill(1n),
-      pastLen: context,
-      past,
+      tokens: Array.from({ length: rows }, () => new Array<number>(newTokens).fill(this.bosId ?? 1)),
+      lengths,
+      past: this.emptyPast(rows, width),
+      width,
     });
     for (const t of out.present) t.dispose();
+  }
+
+  /** Zeroed past tensors of `width` positions (the gathered context's size, as a run is fed). */
+  private emptyPast(rows: number, width: number): ort.Tensor[] {
+    const { numLayers, numKvHeads: H, headDim: D, kvDtype } = this.shape;
+    return Array.from({ length: 2 * numLayers }, () => new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * width * D), [rows, H, width, D]));
   }
 
   /**
@@ -186,34 +238,48 @@ export class DecoderModel {
   }
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {
-    const { batch, seq, pastLen } = input;
-    const { numLayers, numKvHeads, headDim, vocabSize, kvDtype } = this.shape;
+    const { tokens, lengths, width } = input;
+    const batch = tokens.length;
+    const seq = tokens[0]!.length;
+    const { numLayers, vocabSize } = this.shape;
     const { session } = this.loaded;
+    const genai = this.layout === 'genai';
+    // optimum: [batch, width + seq], each row's tokens right-aligned; genai: [batch, total], left-aligned.
+    const maskWidth = genai ? Math.max(...lengths) + seq : width + seq;
+    const mask = new BigInt64Array(batch * maskWidth);
+    lengths.forEach((len, r) => {
+      const from = r * maskWidth + (genai ? 0 : width - len);
+      mask.fill(1n, from, from + len + seq);
+    });
     const feeds: Record<string, ort.Tensor> = {
-      input_ids: new ort.Tensor('int64', input.inputIds, [batch, seq]),
-      attention_mask: new ort.Tensor('int64', input.attentionMask, [batch, pastLen + seq]),
+      input_ids: new ort.Tensor('int64', BigInt64Array.from(tokens.flat(), BigInt), [batch, seq]),
+      attention_mask: new ort.Tensor('int64', mask, [batch, maskWidth]),
     };
     if (session.inputNames.includes('position_ids')) {
-      feeds['position_ids'] = new ort.Tensor('int64', input.positionIds, [batch, seq]);
+      feeds['position_ids'] = new ort.Tensor('int64', BigInt64Array.from(lengths.flatMap((len) => Array.from({ length: seq }, (_, k) => BigInt(len + k)))), [batch, seq]);
     }
+    const past = input.past ?? this.emptyPast(batch, genai ? width : 0);
+    const fetches: Record<string, ort.Tensor | null> = { logits: null };
     for (let l = 0; l < numLayers; l++) {
       for (const [j, kv] of (['key', 'value'] as const).entries()) {
-        feeds[`past_key_values.${l}.${kv}`] =
-          input.past[2 * l + j] ?? new ort.Tensor(kvDtype, kvArray(kvDtype, 0), [batch, numKvHeads, 0, headDim]);
+        feeds[`past_key_values.${l}.${kv}`] = past[2 * l + j]!;
+        // genai: the past buffer is also the present output, written in place.
+        fetches[`present.${l}.${kv}`] = genai ? past[2 * l + j]! : null;
       }
     }
-    const result = await session.run(feeds);
+    const result = await session.run(feeds, fetches);
     const logits = result['logits']!;
     const all = logits.data as Float32Array | Uint16Array;
+    const positions = logits.dims[1]!; // seq, or 1 where the graph keeps only the last position
     const last = all instanceof Float32Array ? new Float32Array(batch * vocabSize) : new Uint16Array(batch * vocabSize);
     for (let b = 0; b < batch; b++) {
-      const off = (b * seq + seq - 1) * vocabSize;
+      const off = (b * positions + positions - 1) * vocabSize;
       last.set(all.subarray(off, off + vocabSize), b * vocabSize);
     }
     const lastLogits = last instanceof Float32Array ? last : halfsToFloats(last);
     logits.dispose();
     const present: ort.Tensor[] = [];
     for (let l = 0; l < numLayers; l++) present.push(result[`present.${l}.key`]!, result[`present.${l}.value`]!);
-    return { lastLogits, present };
+    return { lastLogits, present, width: genai ? width : width + seq };
   }
 }

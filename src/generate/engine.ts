@@ -4,9 +4,11 @@
  * A loop of steps. Between steps sits the one step barrier (the "stream sync"): it awaits every
  * in-flight model run, releases the runs' output buffers, and only then lets the scheduler change the
  * batch (admit, finish, preempt). Within a step the batch shape is fixed: all running sequences decode
- * one token together, their contexts gathered from the block pool into right-aligned, masked past
- * tensors; then newly admitted sequences are prefilled (each alone: their lengths differ). Decoding
- * first means a prefix hit on a block completed by this step's decode finds its KV written.
+ * one token together, their contexts gathered from the block pool into the past tensors as the
+ * decoder's layout places them (right-aligned and masked, or left-aligned in a buffer with room to
+ * grow: decoder-model.ts); then newly admitted sequences are prefilled (each alone: their lengths
+ * differ). Decoding first means a prefix hit on a block completed by this step's decode finds its KV
+ * written.
  *
  * While the batch holds, a decode step takes the last step's present KV as its past (no gather). Where
  * the provider keeps present KV on the device (WebGPU), the pool is then written back lazily: the new
@@ -161,25 +163,38 @@ export class Engine {
     this.carry = undefined;
   }
 
-  /**
-   * Stores the carried batch's KV that only the model's side holds into the pool. Rows are
-   * right-aligned, so every row's unsynced tokens are among the last n positions: only that tail moves
-   * (a download on WebGPU).
-   */
+  /** Stores the carried batch's KV that only the model's side holds into the pool. */
   private async writeBack(): Promise<void> {
     const c = this.carry;
     if (!c) return;
-    const n = Math.max(...c.lengths.map((len, r) => len - c.synced[r]!));
-    if (n === 0) return;
-    const tail = await this.model.kvTail(c.present, n);
-    c.seqs.forEach((seq, r) => {
-      const from = c.synced[r]!;
-      const len = c.lengths[r]!;
-      if (from === len) return;
-      this.pool.scatter(tail, c.seqs.length, n, r, n - (len - from), this.blocks.blockTable(seq.id).ids(), from, len - from);
-      c.synced[r] = len;
-    });
+    if (c.lengths.every((len, r) => len === c.synced[r])) return;
+    await this.store(c.present, c.width, c.seqs.map((s) => this.blocks.blockTable(s.id).ids()), c.lengths, c.synced);
+    c.synced = [...c.lengths];
     this.stats.writeBacks++;
+  }
+
+  /**
+   * Stores tokens from..len-1 of each row of a run's present KV (of `width` positions) into the rows'
+   * blocks. Host tensors are read in place; device ones (right-aligned rows: every row's unstored
+   * tokens are among the last n positions) come back through kvTail, only that tail.
+   */
+  private async store(present: readonly ort.Tensor[], width: number, tables: readonly ArrayLike<number>[],
+    lengths: readonly number[], from: readonly number[]): Promise<void> {
+    const rows = lengths.length;
+    if (present[0]!.location === 'cpu') {
+      const data = presentData(present);
+      lengths.forEach((len, r) => {
+        const start = from[r]!;
+        if (start < len) this.pool.scatter(data, rows, width, r, this.model.slot(width, len, start), tables[r]!, start, len - start);
+      });
+      return;
+    }
+    const n = Math.max(...lengths.map((len, r) => len - from[r]!));
+    const tail = await this.model.kvTail(present, n);
+    lengths.forEach((len, r) => {
+      const start = from[r]!;
+      if (start < len) this.pool.scatter(tail, rows, n, r, n - (len - start), tables[r]!, start, len - start);
+    });
   }
 
   private async prefill(seq: Sequence): Promise<void> {
@@ -187,9 +202,9 @@ export class Engine {
     const past = seq.numComputed;
     seq.cachedPrefix ??= past;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
-    const { logits, present } = await this.forward(rows, past, [tokens], [past]);
+    const { logits, present, width } = await this.forward(rows, [tokens]);
     this.stats.prefills++;
-    const width = past + tokens.length;
+    const length = past + tokens.length;
     if (this.carry?.seqs.every((s) => s.status === 'finished')) {
       // The last batch has ended (its KV is in the pool): release it at the barrier.
       this.outputs.push(...this.carry.present);
@@ -198,10 +213,10 @@ export class Engine {
     if (this.lazy && this.carry === undefined && this.scheduler.running.length === 1) {
       // Alone (no batch running, nobody else admitted): its present KV is exactly the next decode
       // step's past, so it becomes the carry, and its KV reaches the pool with the next write-back.
-      this.carry = { seqs: [seq], lengths: [width], width, present, synced: [past] };
+      this.carry = { seqs: [seq], lengths: [length], width, present, synced: [past] };
     } else {
       // It joins a batch by gathering from the pool: its new KV goes there now.
-      if (this.lazy) this.pool.scatter(await this.model.kvTail(present, tokens.length), 1, tokens.length, 0, 0, rows[0]!.blocks, past, tokens.length);
+      if (this.lazy) await this.store(present, width, [rows[0]!.blocks], [length], [past]);
       this.outputs.push(...present);
     }
     const reason = this.advance(seq, tokens.length, logits, 0);
@@ -212,24 +227,24 @@ export class Engine {
   }
 
   private async decode(seqs: Sequence[]): Promise<void> {
-    const width = Math.max(...seqs.map((s) => s.numComputed));
     const rows = seqs.map((s) => ({ blocks: this.blocks.blockTable(s.id).ids(), length: s.numComputed }));
-    // The same batch as last step's decode: its present KV already is this step's past, right-aligned,
-    // so the gather from the pool is skipped. Any change of the batch (a sequence joined, finished or
-    // was preempted) falls back to gathering, from a pool that writeBack brought up to date.
+    const lengths = rows.map((r) => r.length);
+    // The same batch as last step's decode: its present KV already is this step's past (placed as the
+    // layout wants it, with room for the new token), so the gather from the pool is skipped. Any change
+    // of the batch (a sequence joined, finished or was preempted) falls back to gathering, from a pool
+    // that writeBack brought up to date.
     const carry = this.carry;
     this.carry = undefined;
-    const reuse = carry !== undefined && carry.width === width && carry.seqs.length === seqs.length &&
-      carry.seqs.every((q, i) => q === seqs[i] && carry.lengths[i] === q.numComputed);
+    const reuse = carry !== undefined && carry.seqs.length === seqs.length &&
+      carry.seqs.every((q, i) => q === seqs[i] && carry.lengths[i] === q.numComputed) && this.model.canExtend(carry.width, lengths, 1);
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
     if (reuse) this.stats.pastReused++;
-    const { logits, present } = await this.forward(rows, width, seqs.map((s) => [s.lastToken]), seqs.map((s) => s.numComputed),
-      reuse ? carry.present : undefined);
+    const { logits, present, width } = await this.forward(rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined);
     this.stats.decodeRows += seqs.length;
     const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry.synced[r]! : s.numComputed));
     const finished = seqs.map((s, r) => this.advance(s, 1, logits, r));
-    this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width: width + 1, present, synced };
+    this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
     if (finished.some((f) => f !== undefined)) {
       // Finishing frees blocks into the prefix cache: their KV must be in the pool before.
       await this.writeBack();
@@ -239,33 +254,23 @@ export class Engine {
 
   /**
    * One model run over `tokens[r]` new tokens per row (equal counts) on top of each row's cached
-   * context, right-aligned to `width` (gathered from the pool unless `past` is given). With eager
-   * write-back the new tokens' KV is stored into the rows' slots here; with lazy write-back it stays in
-   * the present tensors (the caller writes back). Returns the last logits and the present KV tensors
-   * (the caller releases them).
+   * context: the carried batch's present KV when `carry` is given, else gathered from the pool. With
+   * eager write-back the new tokens' KV is stored into the rows' slots here; with lazy write-back it
+   * stays in the present tensors (the caller writes back). Returns the last logits and the present KV
+   * tensors (the caller releases them) with their width.
    */
-  private async forward(rows: GatherRow[], width: number, tokens: number[][], starts: number[],
-    given?: ort.Tensor[]): Promise<{ logits: Float32Array; present: ort.Tensor[] }> {
+  private async forward(rows: GatherRow[], tokens: number[][], carry?: Carry): Promise<{ logits: Float32Array; present: ort.Tensor[]; width: number }> {
     const { numKvHeads: H, headDim: D, kvDtype } = this.model.shape;
     const B = rows.length;
     const s = tokens[0]!.length;
-    const past = given ?? this.pool.gather(rows, width).map((data) => new ort.Tensor(kvDtype, data, [B, H, width, D]));
-    const mask = new BigInt64Array(B * (width + s));
-    rows.forEach((row, r) => mask.fill(1n, r * (width + s) + width - row.length, (r + 1) * (width + s)));
-    const out = await this.model.forward({
-      batch: B,
-      seq: s,
-      inputIds: BigInt64Array.from(tokens.flat(), BigInt),
-      positionIds: BigInt64Array.from(rows.flatMap((_, r) => tokens[r]!.map((_t, k) => BigInt(starts[r]! + k)))),
-      attentionMask: mask,
-      pastLen: width,
-      past,
-    });
+    const lengths = rows.map((r) => r.length);
+    const width = carry?.width ?? this.model.pastWidth(lengths, s);
+    const past = carry?.present ?? this.pool.gather(rows, width, this.model.kvPlacement).map((data) => new ort.Tensor(kvDtype, data, [B, H, width, D]));
+    const out = await this.model.forward({ tokens, lengths, past, width });
     if (!this.lazy) {
-      const present = presentData(out.present);
-      rows.forEach((row, r) => this.pool.scatter(present, B, width + s, r, width, row.blocks, starts[r]!, s));
+      await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
     }
-    return { logits: out.lastLogits, present: out.present };
+    return { logits: out.lastLogits, present: out.present, width: out.width };
   }
 
   /** After a run: the fed tokens are computed; samples the next token; says why the sequence ends, if it does. */

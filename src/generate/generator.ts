@@ -1,6 +1,8 @@
 /**
  * Autoregressive generation of one sequence on the decoder's KV cache: one prefill pass over the
- * prompt, then one token per step, feeding each step's present KV back as the next step's past.
+ * prompt, then one token per step, feeding each step's present KV back as the next step's past. The
+ * cache is the sequence's own, contiguous (a genai decoder's buffer is sized for the prompt and every
+ * new token up front): the baseline the paged engine is measured against.
  */
 import type * as ort from 'onnxruntime-node';
 import type { DecoderModel } from './decoder-model.js';
@@ -30,26 +32,18 @@ export async function generate(model: DecoderModel, promptIds: readonly number[]
   const limit = Math.min(opts.maxNewTokens, model.shape.maxPositions - promptIds.length);
   const random = seededRandom(opts.seed ?? 0x5eed);
   const ids: number[] = [];
-  let past: ort.Tensor[] = [];
+  let past: ort.Tensor[] | undefined;
+  let width = model.pastWidth([0], promptIds.length + limit);
   let pending = [...promptIds];
-  let pastLen = 0;
+  let length = 0;
   let finishReason: FinishReason = 'length';
   try {
     while (ids.length < limit) {
-      const seq = pending.length;
-      const total = pastLen + seq;
-      const out = await model.forward({
-        batch: 1,
-        seq,
-        inputIds: BigInt64Array.from(pending, BigInt),
-        positionIds: BigInt64Array.from({ length: seq }, (_, i) => BigInt(pastLen + i)),
-        attentionMask: new BigInt64Array(total).fill(1n),
-        pastLen,
-        past,
-      });
-      for (const t of past) t.dispose();
+      const out = await model.forward({ tokens: [pending], lengths: [length], past, width });
+      for (const t of past ?? []) t.dispose();
       past = out.present;
-      pastLen = total;
+      width = out.width;
+      length += pending.length;
       const next = sampleToken(out.lastLogits, opts.temperature, random);
       if (model.eosIds.has(next) && !opts.ignoreEos) {
         finishReason = 'stop';
@@ -59,7 +53,7 @@ export async function generate(model: DecoderModel, promptIds: readonly number[]
       pending = [next];
     }
   } finally {
-    for (const t of past) t.dispose();
+    for (const t of past ?? []) t.dispose();
   }
   return { ids, text: model.tokenizer.decode(ids).trim(), finishReason };
 }

@@ -3,10 +3,10 @@
  * [block][kv_head][slot][head_dim]. A sequence's token t lives in block table[t / blockSize], slot
  * t % blockSize; nothing is stored for tokens that do not exist.
  *
- * The exported decoder takes contiguous past tensors, so each step gathers the batch's blocks into
- * [batch, kv_heads, P, head_dim] (rows right-aligned, padding masked) and scatters the new tokens'
- * present KV back into their slots. Per step that copies each row's context once, the same bytes the
- * model's own Concat of past and new KV moves.
+ * The exported decoder takes contiguous past tensors, so a step whose batch changed gathers the
+ * batch's blocks into [batch, kv_heads, P, head_dim] (rows right-aligned with padding masked, or
+ * left-aligned, as the decoder's layout wants), and the new tokens' present KV is scattered back into
+ * their slots.
  *
  * Elements are the model's KV type: float32, or float16 kept as raw 16-bit words (Uint16Array, what
  * ONNX Runtime takes and gives for float16 tensors); gather and scatter only move them.
@@ -71,15 +71,16 @@ export class KvCachePool {
 
   /**
    * Past tensors' data for a batch: for each layer key and value, [rows, kv_heads, width, head_dim]
-   * with row r's `length` tokens right-aligned (positions width - length .. width - 1).
+   * with row r's `length` tokens right-aligned (positions width - length .. width - 1) or left-aligned
+   * (positions 0 .. length - 1); the rest is zero.
    */
-  gather(rows: readonly GatherRow[], width: number): KvArray[] {
+  gather(rows: readonly GatherRow[], width: number, placement: 'right' | 'left' = 'right'): KvArray[] {
     const { numKvHeads: H, headDim: D } = this.shape;
     const bs = this.blockSize;
     return this.data.map((src) => {
       const out = kvArray(this.shape.kvDtype, rows.length * H * width * D);
       rows.forEach((row, r) => {
-        const start = width - row.length;
+        const start = placement === 'right' ? width - row.length : 0;
         for (let h = 0; h < H; h++) {
           const dstBase = ((r * H + h) * width + start) * D;
           for (let t = 0; t < row.length; t += bs) {

@@ -1,4 +1,7 @@
-/** The Hugging Face / Optimum export layout: config.json, tokenizer.json, onnx/model.onnx. */
+/**
+ * Model directories: the Hugging Face / Optimum export layout (config.json, tokenizer.json,
+ * onnx/model.onnx), or onnxruntime-genai's (genai_config.json naming the decoder's file, model.onnx).
+ */
 import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 
@@ -18,19 +21,28 @@ export async function readJsonIfExists<T>(file: string): Promise<T | undefined> 
 export interface ModelFiles {
   dir: string;
   onnx: string;
+  /** The directory is in onnxruntime-genai's layout (genai_config.json). */
+  genai: boolean;
   /** Bytes of the ONNX file (weights stored as they are on disk, fp16 for the shipped models). */
   onnxBytes: number;
 }
 
+interface GenaiConfig {
+  model?: { decoder?: { filename?: string } };
+}
+
 export async function modelFiles(dir: string): Promise<ModelFiles> {
-  const onnx = path.join(dir, 'onnx', 'model.onnx');
+  const genai = await readJsonIfExists<GenaiConfig>(path.join(dir, 'genai_config.json'));
+  const onnx = genai ? path.join(dir, genai.model?.decoder?.filename ?? 'model.onnx') : path.join(dir, 'onnx', 'model.onnx');
   let size: number;
   try {
     size = (await stat(onnx)).size;
   } catch {
-    throw new Error(`model directory ${dir} has no onnx/model.onnx (expected the Optimum export layout)`);
+    throw new Error(genai
+      ? `model directory ${dir}: genai_config.json names ${path.relative(dir, onnx)}, which is missing`
+      : `model directory ${dir} has no onnx/model.onnx (expected the Optimum export layout, or genai_config.json)`);
   }
-  return { dir, onnx, onnxBytes: size };
+  return { dir, onnx, genai: genai !== undefined, onnxBytes: size };
 }
 
 /** Pads rows of token ids to one length into int64 tensors' data, row-major. */

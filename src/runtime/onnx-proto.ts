@@ -1,0 +1,304 @@
+/**
+ * ONNX models as protobuf, read and written here (there is no onnx package in Node): just the parts of
+ * ModelProto that the server's own graphs need (onnx-graph.ts, gqa-builder.ts) and the initializers
+ * they take from an exported model.
+ *
+ * Field numbers are onnx.proto3's: ModelProto{ir_version 1, producer_name 2, graph 7, opset_import 8},
+ * GraphProto{node 1, name 2, initializer 5, input 11, output 12}, NodeProto{input 1, output 2, name 3,
+ * op_type 4, attribute 5, domain 7}, TensorProto{dims 1, data_type 2, float_data 4, int32_data 5,
+ * int64_data 7, name 8, raw_data 9, external_data 13, data_location 14}.
+ */
+
+/** ONNX TensorProto.DataType values used here. */
+export const ONNX_FLOAT = 1;
+export const ONNX_INT32 = 6;
+export const ONNX_INT64 = 7;
+export const ONNX_FLOAT16 = 10;
+
+/** Protobuf wire encoding: varints, fixed32 floats, length-delimited fields. Large byte fields are not copied until finish(). */
+export class Writer {
+  private readonly chunks: Uint8Array[] = [];
+  private small: number[] = [];
+  private size = 0;
+
+  private flush(): void {
+    if (this.small.length === 0) return;
+    this.chunks.push(Uint8Array.from(this.small));
+    this.small = [];
+  }
+
+  varint(v: number | bigint): this {
+    let x = BigInt.asUintN(64, BigInt(v));
+    do {
+      let byte = Number(x & 0x7fn);
+      x >>= 7n;
+      if (x !== 0n) byte |= 0x80;
+      this.small.push(byte);
+      this.size++;
+    } while (x !== 0n);
+    return this;
+  }
+
+  /** A varint field (wire type 0). */
+  int(field: number, v: number | bigint): this {
+    return this.varint((field << 3) | 0).varint(v);
+  }
+
+  /** A float field (wire type 5, little-endian fixed32). */
+  float(field: number, v: number): this {
+    this.varint((field << 3) | 5);
+    const b = new Uint8Array(4);
+    new DataView(b.buffer).setFloat32(0, v, true);
+    for (const x of b) this.small.push(x);
+    this.size += 4;
+    return this;
+  }
+
+  /** A length-delimited field (wire type 2): bytes, a string or a nested message. */
+  bytes(field: number, b: Uint8Array): this {
+    this.varint((field << 3) | 2).varint(b.length);
+    this.flush();
+    this.chunks.push(b);
+    this.size += b.length;
+    return this;
+  }
+
+  str(field: number, s: string): this {
+    return this.bytes(field, new TextEncoder().encode(s));
+  }
+
+  msg(field: number, build: (w: Writer) => void): this {
+    const w = new Writer();
+    build(w);
+    return this.bytes(field, w.finish());
+  }
+
+  finish(): Uint8Array {
+    this.flush();
+    if (this.chunks.length === 1) return this.chunks[0]!;
+    const out = new Uint8Array(this.size);
+    let at = 0;
+    for (const c of this.chunks) {
+      out.set(c, at);
+      at += c.length;
+    }
+    return out;
+  }
+}
+
+/** One field as the reader meets it: a varint's value, or a length-delimited field's bytes. */
+interface Field {
+  no: number;
+  wire: number;
+  value: bigint;
+  bytes: Uint8Array;
+}
+
+/** Iterates the fields of one protobuf message. */
+function* fields(buf: Uint8Array): Generator<Field> {
+  let at = 0;
+  const varint = (): bigint => {
+    let x = 0n;
+    let shift = 0n;
+    for (;;) {
+      const b = buf[at++];
+      if (b === undefined) throw new Error('truncated protobuf');
+      x |= BigInt(b & 0x7f) << shift;
+      if ((b & 0x80) === 0) return x;
+      shift += 7n;
+    }
+  };
+  const empty = new Uint8Array(0);
+  while (at < buf.length) {
+    const key = Number(varint());
+    const no = key >>> 3;
+    const wire = key & 7;
+    if (wire === 0) yield { no, wire, value: varint(), bytes: empty };
+    else if (wire === 2) {
+      const len = Number(varint());
+      yield { no, wire, value: 0n, bytes: buf.subarray(at, at + len) };
+      at += len;
+    } else if (wire === 5) {
+      yield { no, wire, value: 0n, bytes: buf.subarray(at, at + 4) };
+      at += 4;
+    } else if (wire === 1) {
+      yield { no, wire, value: 0n, bytes: buf.subarray(at, at + 8) };
+      at += 8;
+    } else throw new Error(`protobuf wire type ${wire} is not supported`);
+  }
+}
+
+/** Packed or repeated varints of one field. */
+function varints(f: Field): bigint[] {
+  if (f.wire === 0) return [f.value];
+  const out: bigint[] = [];
+  for (const g of fields(prefixPacked(f.bytes))) out.push(g.value);
+  return out;
+}
+
+/** Packed varints carry no keys: give each one the key of field 1, wire type 0, so `fields` can read them. */
+function prefixPacked(b: Uint8Array): Uint8Array {
+  const out: number[] = [];
+  let fresh = true;
+  for (const x of b) {
+    if (fresh) out.push(0x08);
+    out.push(x);
+    fresh = (x & 0x80) === 0;
+  }
+  return Uint8Array.from(out);
+}
+
+/** An initializer of an ONNX model: its element type, dims and little-endian bytes. */
+export interface Initializer {
+  name: string;
+  dataType: number;
+  dims: number[];
+  data: Uint8Array;
+}
+
+const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2 };
+
+function readTensor(buf: Uint8Array): Initializer {
+  let name = '';
+  let dataType = 0;
+  const dims: number[] = [];
+  let raw: Uint8Array | undefined;
+  const floats: Uint8Array[] = [];
+  const int32s: bigint[] = [];
+  let external = false;
+  for (const f of fields(buf)) {
+    if (f.no === 1) dims.push(...varints(f).map(Number));
+    else if (f.no === 2) dataType = Number(f.value);
+    else if (f.no === 8) name = new TextDecoder().decode(f.bytes);
+    else if (f.no === 9) raw = f.bytes;
+    else if (f.no === 4) floats.push(f.bytes);
+    else if (f.no === 5) int32s.push(...varints(f));
+    else if (f.no === 14) external = f.value === 1n;
+  }
+  if (external) throw new Error(`initializer ${name}: external data is not supported here`);
+  const count = dims.reduce((a, b) => a * b, 1);
+  let data = raw;
+  if (!data && dataType === ONNX_FLOAT) data = concat(floats); // packed fixed32, already little-endian
+  if (!data && dataType === ONNX_FLOAT16) data = new Uint8Array(Uint16Array.from(int32s, Number).buffer); // fp16 bits in int32_data
+  if (!data) throw new Error(`initializer ${name}: no data in a form read here`);
+  if (data.length !== count * (ELEMENT_BYTES[dataType] ?? 0)) throw new Error(`initializer ${name}: ${data.length} bytes for dims [${dims}] of type ${dataType}`);
+  // A copy: the tensor's own aligned buffer, not a view into the file's (Node's Buffer.slice does not copy).
+  return { name, dataType, dims, data: new Uint8Array(data) };
+}
+
+function concat(parts: Uint8Array[]): Uint8Array | undefined {
+  if (parts.length === 0) return undefined;
+  const out = new Uint8Array(parts.reduce((s, p) => s + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+/** Every initializer of a serialized ModelProto's graph, by name. */
+export function readInitializers(model: Uint8Array): Map<string, Initializer> {
+  const out = new Map<string, Initializer>();
+  for (const f of fields(model)) {
+    if (f.no !== 7) continue;
+    for (const g of fields(f.bytes)) {
+      if (g.no !== 5) continue;
+      const t = readTensor(g.bytes);
+      out.set(t.name, t);
+    }
+  }
+  return out;
+}
+
+export type Dim = number | string;
+
+export type Attribute =
+  | { int: number }
+  | { float: number }
+  | { ints: readonly number[] };
+
+export interface NodeSpec {
+  op: string;
+  inputs: readonly string[];
+  outputs: readonly string[];
+  domain?: string;
+  attrs?: Readonly<Record<string, Attribute>>;
+}
+
+export interface ValueSpec {
+  name: string;
+  elemType: number;
+  dims: readonly Dim[];
+}
+
+export interface GraphSpec {
+  name: string;
+  nodes: readonly NodeSpec[];
+  initializers: readonly Initializer[];
+  inputs: readonly ValueSpec[];
+  outputs: readonly ValueSpec[];
+  /** Opset per domain ('' is ai.onnx). */
+  opsets: Readonly<Record<string, number>>;
+}
+
+/** ValueInfoProto: a tensor of `elemType` with the given dims (numbers fixed, strings symbolic). */
+function valueInfo(w: Writer, field: number, v: ValueSpec): void {
+  w.msg(field, (info) => {
+    info.str(1, v.name);
+    info.msg(2, (type) => type.msg(1, (tensor) => {
+      tensor.int(1, v.elemType);
+      tensor.msg(2, (shape) => {
+        for (const d of v.dims) shape.msg(1, (dim) => (typeof d === 'number' ? dim.int(1, d) : dim.str(2, d)));
+      });
+    }));
+  });
+}
+
+function attribute(w: Writer, name: string, a: Attribute): void {
+  // AttributeProto{name 1, f 2, i 3, ints 8, type 20}; AttributeType FLOAT 1, INT 2, INTS 7.
+  w.msg(5, (m) => {
+    m.str(1, name);
+    if ('int' in a) m.int(3, a.int).int(20, 2);
+    else if ('float' in a) m.float(2, a.float).int(20, 1);
+    else {
+      for (const v of a.ints) m.int(8, v);
+      m.int(20, 7);
+    }
+  });
+}
+
+/** A serialized ModelProto (IR version 8). */
+export function writeModel(g: GraphSpec): Uint8Array {
+  const model = new Writer();
+  model.int(1, 8);
+  model.str(2, 'ragguard');
+  model.msg(7, (graph) => {
+    g.nodes.forEach((n, i) => graph.msg(1, (node) => {
+      for (const x of n.inputs) node.str(1, x);
+      for (const y of n.outputs) node.str(2, y);
+      node.str(3, `${n.op}_${i}`);
+      node.str(4, n.op);
+      for (const [k, a] of Object.entries(n.attrs ?? {})) attribute(node, k, a);
+      if (n.domain) node.str(7, n.domain);
+    }));
+    graph.str(2, g.name);
+    for (const t of g.initializers) {
+      graph.msg(5, (m) => {
+        for (const d of t.dims) m.int(1, d);
+        m.int(2, t.dataType);
+        m.str(8, t.name);
+        m.bytes(9, t.data);
+      });
+    }
+    for (const v of g.inputs) valueInfo(graph, 11, v);
+    for (const v of g.outputs) valueInfo(graph, 12, v);
+  });
+  for (const [domain, version] of Object.entries(g.opsets)) model.msg(8, (o) => o.str(1, domain).int(2, version));
+  return model.finish();
+}
+
+/** An int64 initializer. */
+export function int64s(name: string, values: readonly bigint[], dims: readonly number[] = [values.length]): Initializer {
+  return { name, dataType: ONNX_INT64, dims: [...dims], data: new Uint8Array(BigInt64Array.from(values).buffer) };
+}
