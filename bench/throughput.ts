@@ -10,6 +10,9 @@
  *   decode  decode-bound: the questions alone as prompts, exactly 128 new tokens each (EOS ignored, as
  *           vLLM's throughput benchmark does)
  *
+ * The decoder: BENCH_DECODER (default models/decoder-gqa, the server's; models/decoder is the same
+ * model in its Optimum layout).
+ *
  * Last line of stdout: JSON with tokens/s per mode, speedup_at_8 (rag) and decode_speedup_at_8, and the
  * scheduler + block manager overhead per step in microseconds.
  */
@@ -26,7 +29,8 @@ const ROOT = path.resolve(import.meta.dirname, '..');
 const REQUESTS = Number(process.env['BENCH_REQUESTS'] ?? 32);
 const BLOCK = 16;
 
-const model: DecoderModel = await DecoderModel.load(path.join(ROOT, 'models', 'decoder'), (process.env['RAGGUARD_EXECUTION_PROVIDER'] ?? 'cpu') as 'cpu');
+const DECODER = path.resolve(ROOT, process.env['BENCH_DECODER'] ?? 'models/decoder-gqa');
+const model: DecoderModel = await DecoderModel.load(DECODER, (process.env['RAGGUARD_EXECUTION_PROVIDER'] ?? 'cpu') as 'cpu');
 const docs = await readCorpus(path.join(ROOT, 'data', 'corpus'));
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
 const template = templateFromConfig(model.tokenizer.config);
@@ -115,4 +119,6 @@ for (const w of workloads) {
 }
 result['greedy_outputs_identical'] = outputsMatch;
 result['where'] = model.provider;
+result['decoder'] = path.relative(ROOT, DECODER);
+result['layout'] = model.layout;
 console.log(JSON.stringify(result));

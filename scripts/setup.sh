@@ -12,6 +12,9 @@
 #   3. scripts/build-faiss-node.sh: build faiss-node against system libfaiss
 #      (only when the addon is missing or older than its inputs)
 #   4. smoke-test faiss-node, onnxruntime-node, koffi, @huggingface/tokenizers
+#   5. scripts/build-gqa-decoder.ts: the shipped decoder in onnxruntime-genai's layout
+#      (models/decoder -> models/decoder-gqa, the server's default decoder; only when
+#      missing or older than its inputs)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -133,5 +136,14 @@ const enc = tk.encode("Hello World");
 if (enc.ids.join(",") !== "1,2") throw new Error("@huggingface/tokenizers encode: " + JSON.stringify(enc));
 console.log("  @huggingface/tokenizers ok  encode(\"Hello World\").ids=%j", enc.ids);
 '
+
+# --- 5. the decoder in onnxruntime-genai's layout ---------------------------------------------
+gqa=models/decoder-gqa/model.onnx
+if [[ ! -f $gqa || models/decoder/onnx/model.onnx -nt $gqa || src/generate/gqa-builder.ts -nt $gqa || src/runtime/onnx-proto.ts -nt $gqa ]]; then
+  log "decoder in onnxruntime-genai's layout (scripts/build-gqa-decoder.ts)"
+  node --import tsx scripts/build-gqa-decoder.ts models/decoder models/decoder-gqa
+else
+  log "models/decoder-gqa is up to date"
+fi
 
 log "setup complete"

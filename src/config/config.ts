@@ -158,8 +158,8 @@ export const VARIABLES: readonly Variable[] = [
     apply: str((c, v) => (c.rerankerPath = rel(v))),
   },
   {
-    name: 'RAGGUARD_DECODER', default: 'models/decoder',
-    doc: 'Decoder model directory, exported with past_key_values.N.key/value inputs and present.N.* outputs.',
+    name: 'RAGGUARD_DECODER', default: 'models/decoder-gqa',
+    doc: 'Decoder model directory with a KV cache: an Optimum export (onnx/model.onnx, past_key_values.N.* in, present.N.* out) or onnxruntime-genai\'s layout (genai_config.json, GroupQueryAttention). The default is the shipped models/decoder converted to the genai layout by setup.',
     apply: str((c, v) => (c.decoderPath = rel(v))),
   },
   {

@@ -15,8 +15,10 @@
  *   Rows are left-aligned in a buffer of `capacity` positions; given the past buffers as the present
  *   outputs too, the attention writes each row's new tokens into them in place (genai's
  *   past_present_share_buffer), so that a batch decodes step after step in one buffer, without
- *   repeating KV heads or attending to padding. onnxruntime-node hands every output back as a copy,
- *   so the buffer still crosses once per run. src/generate/gqa-builder.ts converts an Optimum export.
+ *   repeating KV heads or attending to padding. On the CPU the runs go through ONNX Runtime's C API
+ *   (runtime/ort-direct.ts) with the buffer in memory ONNX Runtime allocated: nothing is copied in
+ *   or out (onnxruntime-node would hand the whole buffer back as a copy every run; it is the fallback
+ *   where the C API cannot be bound). src/generate/gqa-builder.ts converts an Optimum export.
  *
  * The shape facts come from config.json; the KV and logits types (float32 or float16) from the graph.
  *
@@ -30,6 +32,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
+import { DirectSession, directUnavailable, HostTensor } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
@@ -69,6 +72,17 @@ export interface DecoderShape {
 
 export type KvLayout = 'optimum' | 'genai';
 
+export interface DecoderLoadOptions extends SessionExtras {
+  /** genai layout on the CPU: run through ONNX Runtime's C API with buffers in place (default true). */
+  direct?: boolean;
+}
+
+/**
+ * A KV tensor as runs take and return it: onnxruntime-node's, or one in ONNX Runtime's own host
+ * memory (a direct session's). A genai run on a direct session returns its past tensors themselves.
+ */
+export type KvTensor = ort.Tensor | HostTensor;
+
 /** One forward pass: `tokens[r]` new tokens (equal counts) on top of row r's `lengths[r]` cached ones. */
 export interface ForwardInput {
   tokens: readonly (readonly number[])[];
@@ -77,7 +91,7 @@ export interface ForwardInput {
    * Flat [k0, v0, k1, v1, ...] holding the rows' cached KV as `kvPlacement` lays it out in `width`
    * positions (DecoderModel.pastWidth); absent: zeroed (genai) or zero-length (optimum) tensors.
    */
-  past?: readonly ort.Tensor[];
+  past?: readonly KvTensor[];
   width: number;
 }
 
@@ -85,10 +99,11 @@ export interface ForwardOutput {
   /** Logits of each row's last position, [batch, vocab]. */
   lastLogits: Float32Array;
   /**
-   * Flat [k0, v0, ...], each [batch, kv_heads, width, head_dim]; the caller disposes them.
-   * On the host, or on the device where the provider keeps them there (`presentOnDevice`).
+   * Flat [k0, v0, ...], each [batch, kv_heads, width, head_dim]; the caller disposes them (the past
+   * tensors themselves where the run wrote in place). On the host, or on the device where the
+   * provider keeps them there (`presentOnDevice`).
    */
-  present: ort.Tensor[];
+  present: KvTensor[];
   /** Positions in `present`. */
   width: number;
 }
@@ -99,7 +114,7 @@ export function bufferCapacity(tokens: number, maxPositions: number): number {
 }
 
 /** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
-export function presentData(present: readonly ort.Tensor[]): KvArray[] {
+export function presentData(present: readonly KvTensor[]): KvArray[] {
   return present.map((t) => {
     if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
     return t.data as KvArray;
@@ -113,6 +128,8 @@ export class DecoderModel {
   private constructor(
     readonly tokenizer: TextTokenizer,
     private readonly loaded: LoadedSession,
+    /** Runs through ONNX Runtime's C API with host buffers (genai layout on the CPU); else onnxruntime-node's. */
+    private readonly direct: DirectSession | null,
     readonly files: ModelFiles,
     readonly shape: DecoderShape,
     readonly layout: KvLayout,
@@ -120,7 +137,7 @@ export class DecoderModel {
     readonly eosIds: ReadonlySet<number>,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<DecoderModel> {
+  static async load(dir: string, ep: ExecutionProvider, extras: DecoderLoadOptions = {}): Promise<DecoderModel> {
     const files = await modelFiles(dir);
     const layout: KvLayout = files.genai ? 'genai' : 'optimum';
     const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
@@ -152,7 +169,17 @@ export class DecoderModel {
         throw new Error(`decoder ${files.onnx} lacks input '${name}': export it with a KV cache (past_key_values)`);
       }
     }
-    return new DecoderModel(tokenizer, loaded, files, shape, layout, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
+    // genai on the CPU: the C API's session replaces onnxruntime-node's (kept for its metadata only).
+    const direct = layout === 'genai' && loaded.provider === 'cpu' && extras.direct !== false ? DirectSession.create(files.onnx) : null;
+    if (direct) await loaded.session.release();
+    return new DecoderModel(tokenizer, loaded, direct, files, shape, layout, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
+  }
+
+  /** How runs reach ONNX Runtime: its C API with buffers in place, or onnxruntime-node (and why not the former). */
+  get runPath(): { path: 'direct' | 'onnxruntime-node'; reason?: string } {
+    if (this.direct) return { path: 'direct' };
+    const reason = this.layout !== 'genai' ? 'optimum layout' : this.provider !== 'cpu' ? `${this.provider} provider` : directUnavailable() || 'disabled';
+    return { path: 'onnxruntime-node', reason };
   }
 
   get provider(): ConcreteProvider {
@@ -184,6 +211,22 @@ export class DecoderModel {
     return this.layout === 'genai' ? width >= longest + newTokens : width === longest;
   }
 
+  /**
+   * Host present tensors of a left-aligned (genai) batch copied into buffers of `newWidth` positions,
+   * each row's tokens where they were: a batch that outgrew its buffer goes on without a gather.
+   */
+  widen(present: readonly KvTensor[], width: number, newWidth: number): KvTensor[] {
+    if (this.layout !== 'genai') throw new Error('only a genai layout\'s buffer widens in place');
+    const { headDim: D } = this.shape;
+    const rows = present[0]!.dims[0]!;
+    const wider = this.allocPast(rows, newWidth);
+    presentData(present).forEach((src, j) => {
+      const out = presentData([wider[j]!])[0]!;
+      for (let i = 0; i < src.length / (width * D); i++) out.set(src.subarray(i * width * D, (i + 1) * width * D), i * newWidth * D);
+    });
+    return wider;
+  }
+
   /** Position of row token `t` (of a row holding `length` tokens) in a present tensor of `width` positions. */
   slot(width: number, length: number, t: number): number {
     return this.layout === 'genai' ? t : width - length + t;
@@ -204,16 +247,22 @@ export class DecoderModel {
     const out = await this.forward({
       tokens: Array.from({ length: rows }, () => new Array<number>(newTokens).fill(this.bosId ?? 1)),
       lengths,
-      past: this.emptyPast(rows, width),
+      past: this.allocPast(rows, width),
       width,
     });
     for (const t of out.present) t.dispose();
   }
 
-  /** Zeroed past tensors of `width` positions (the gathered context's size, as a run is fed). */
-  private emptyPast(rows: number, width: number): ort.Tensor[] {
+  /**
+   * Past tensors of `width` positions for `rows` rows, on the host, for the caller to fill (the
+   * engine gathers into them). onnxruntime-node's are zeroed; a direct session's are not (a genai
+   * run reads only each row's own positions, which the caller writes).
+   */
+  allocPast(rows: number, width: number): KvTensor[] {
     const { numLayers, numKvHeads: H, headDim: D, kvDtype } = this.shape;
-    return Array.from({ length: 2 * numLayers }, () => new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * width * D), [rows, H, width, D]));
+    const dims = [rows, H, width, D];
+    return Array.from({ length: 2 * numLayers }, () =>
+      this.direct ? this.direct.tensor(kvDtype, dims) : new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * width * D), dims));
   }
 
   /**
@@ -221,13 +270,16 @@ export class DecoderModel {
    * layer key/value. Where present KV lives on the device this is the only download path, and it moves
    * just the tail; on the CPU it runs the same graph (so tests exercise it).
    */
-  async kvTail(present: readonly ort.Tensor[], n: number): Promise<KvArray[]> {
+  async kvTail(present: readonly KvTensor[], n: number): Promise<KvArray[]> {
     // Outputs in host memory: sessionOptions keeps outputs on the device only when asked to.
     this.tail ??= ort.InferenceSession.create(kvTailModel(present.length, this.shape.kvDtype === 'float16' ? ONNX_FLOAT16 : ONNX_FLOAT),
       sessionOptions(this.loaded.provider));
     const session = await this.tail;
     const feeds: Record<string, ort.Tensor> = { starts: new ort.Tensor('int64', BigInt64Array.of(BigInt(-n)), [1]) };
-    present.forEach((t, i) => (feeds[`x${i}`] = t));
+    present.forEach((t, i) => {
+      if (t instanceof HostTensor) throw new Error('kvTail reads device tensors; host ones are read in place');
+      feeds[`x${i}`] = t;
+    });
     const out = await session.run(feeds);
     return present.map((_, i) => {
       const t = out[`y${i}`]!;
@@ -241,45 +293,96 @@ export class DecoderModel {
     const { tokens, lengths, width } = input;
     const batch = tokens.length;
     const seq = tokens[0]!.length;
-    const { numLayers, vocabSize } = this.shape;
-    const { session } = this.loaded;
     const genai = this.layout === 'genai';
     // optimum: [batch, width + seq], each row's tokens right-aligned; genai: [batch, total], left-aligned.
     const maskWidth = genai ? Math.max(...lengths) + seq : width + seq;
+    const ids = BigInt64Array.from(tokens.flat(), BigInt);
     const mask = new BigInt64Array(batch * maskWidth);
     lengths.forEach((len, r) => {
       const from = r * maskWidth + (genai ? 0 : width - len);
       mask.fill(1n, from, from + len + seq);
     });
+    const past = input.past ?? this.allocPast(batch, genai ? width : 0);
+    const run = this.direct
+      ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past)
+      : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths);
+    const { logits, positions } = run;
+    // Each row's last position (the graph may keep only that one).
+    const V = this.shape.vocabSize;
+    const last = logits instanceof Float32Array ? new Float32Array(batch * V) : new Uint16Array(batch * V);
+    for (let b = 0; b < batch; b++) {
+      const off = (b * positions + positions - 1) * V;
+      last.set(logits.subarray(off, off + V), b * V);
+    }
+    run.release();
+    return { lastLogits: last instanceof Float32Array ? last : halfsToFloats(last), present: run.present, width: genai ? width : width + seq };
+  }
+
+  private presentNames(): string[] {
+    return Array.from({ length: this.shape.numLayers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
+  }
+
+  private async runDirect(session: DirectSession, ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
+    past: readonly KvTensor[]): Promise<RunResult> {
+    const hostPast = past.map((t) => {
+      if (!(t instanceof HostTensor)) throw new Error('a direct run takes past tensors from allocPast');
+      return t;
+    });
+    const inputIds = session.tensor('int64', idsDims);
+    (inputIds.data as BigInt64Array).set(ids);
+    const attention = session.tensor('int64', maskDims);
+    (attention.data as BigInt64Array).set(mask);
+    const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: attention };
+    const fetches: Record<string, HostTensor | null> = { logits: null };
+    this.presentNames().forEach((name, i) => {
+      feeds[name.replace('present', 'past_key_values')] = hostPast[i]!;
+      fetches[name] = hostPast[i]!; // written in place
+    });
+    try {
+      const out = await session.run(feeds, fetches);
+      const logits = out['logits']!;
+      return {
+        logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast,
+        release: () => logits.dispose(),
+      };
+    } finally {
+      inputIds.dispose();
+      attention.dispose();
+    }
+  }
+
+  private async runBinding(ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
+    past: readonly KvTensor[], lengths: readonly number[]): Promise<RunResult> {
+    const { session } = this.loaded;
+    const [batch, seq] = idsDims as [number, number];
     const feeds: Record<string, ort.Tensor> = {
-      input_ids: new ort.Tensor('int64', BigInt64Array.from(tokens.flat(), BigInt), [batch, seq]),
-      attention_mask: new ort.Tensor('int64', mask, [batch, maskWidth]),
+      input_ids: new ort.Tensor('int64', ids, idsDims),
+      attention_mask: new ort.Tensor('int64', mask, maskDims),
     };
     if (session.inputNames.includes('position_ids')) {
       feeds['position_ids'] = new ort.Tensor('int64', BigInt64Array.from(lengths.flatMap((len) => Array.from({ length: seq }, (_, k) => BigInt(len + k)))), [batch, seq]);
     }
-    const past = input.past ?? this.emptyPast(batch, genai ? width : 0);
     const fetches: Record<string, ort.Tensor | null> = { logits: null };
-    for (let l = 0; l < numLayers; l++) {
-      for (const [j, kv] of (['key', 'value'] as const).entries()) {
-        feeds[`past_key_values.${l}.${kv}`] = past[2 * l + j]!;
-        // genai: the past buffer is also the present output, written in place.
-        fetches[`present.${l}.${kv}`] = genai ? past[2 * l + j]! : null;
-      }
-    }
+    this.presentNames().forEach((name, i) => {
+      const t = past[i]!;
+      if (t instanceof HostTensor) throw new Error('onnxruntime-node runs take onnxruntime-node tensors');
+      feeds[name.replace('present', 'past_key_values')] = t;
+      // genai: the past buffer is also the present output, written in place (and handed back as a copy).
+      fetches[name] = this.layout === 'genai' ? t : null;
+    });
     const result = await session.run(feeds, fetches);
     const logits = result['logits']!;
-    const all = logits.data as Float32Array | Uint16Array;
-    const positions = logits.dims[1]!; // seq, or 1 where the graph keeps only the last position
-    const last = all instanceof Float32Array ? new Float32Array(batch * vocabSize) : new Uint16Array(batch * vocabSize);
-    for (let b = 0; b < batch; b++) {
-      const off = (b * positions + positions - 1) * vocabSize;
-      last.set(all.subarray(off, off + vocabSize), b * vocabSize);
-    }
-    const lastLogits = last instanceof Float32Array ? last : halfsToFloats(last);
-    logits.dispose();
-    const present: ort.Tensor[] = [];
-    for (let l = 0; l < numLayers; l++) present.push(result[`present.${l}.key`]!, result[`present.${l}.value`]!);
-    return { lastLogits, present, width: genai ? width : width + seq };
+    return {
+      logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!,
+      present: this.presentNames().map((n) => result[n]!), release: () => logits.dispose(),
+    };
   }
+}
+
+/** A run's outputs before the last-position logits are taken out; release() frees the logits. */
+interface RunResult {
+  logits: Float32Array | Uint16Array;
+  positions: number;
+  present: KvTensor[];
+  release(): void;
 }

@@ -18,7 +18,7 @@
  */
 import * as ort from 'onnxruntime-node';
 import { metered } from '../runtime/run-meter.js';
-import { presentData, type DecoderModel } from './decoder-model.js';
+import { presentData, type DecoderModel, type KvTensor } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { sampleToken } from './sampler.js';
@@ -74,7 +74,7 @@ interface Carry {
   seqs: Sequence[];
   lengths: number[];
   width: number;
-  present: ort.Tensor[];
+  present: KvTensor[];
   synced: number[];
 }
 
@@ -87,8 +87,8 @@ export class Engine {
   private loop: Promise<void> | undefined;
   /** Model runs of the current step; the barrier awaits them all. */
   private readonly inflight = new Set<Promise<unknown>>();
-  /** Output tensors of the current step, released at the barrier. */
-  private readonly outputs: ort.Tensor[] = [];
+  /** Tensors the current step is done with, released at the barrier (unless the carry holds them). */
+  private readonly outputs: KvTensor[] = [];
   private carry: Carry | undefined;
   private readonly lazy: boolean;
 
@@ -150,7 +150,9 @@ export class Engine {
   /** The step barrier: every in-flight run has completed and its buffers are released. */
   private async streamSync(): Promise<void> {
     await Promise.allSettled([...this.inflight]);
-    for (const t of this.outputs.splice(0)) t.dispose();
+    // A run that writes in place returns its past tensors as its present: the carry may hold them still.
+    const kept = new Set<KvTensor>(this.carry?.present ?? []);
+    for (const t of this.outputs.splice(0)) if (!kept.has(t)) t.dispose();
   }
 
   private track<T>(p: Promise<T>): Promise<T> {
@@ -178,7 +180,7 @@ export class Engine {
    * blocks. Host tensors are read in place; device ones (right-aligned rows: every row's unstored
    * tokens are among the last n positions) come back through kvTail, only that tail.
    */
-  private async store(present: readonly ort.Tensor[], width: number, tables: readonly ArrayLike<number>[],
+  private async store(present: readonly KvTensor[], width: number, tables: readonly ArrayLike<number>[],
     lengths: readonly number[], from: readonly number[]): Promise<void> {
     const rows = lengths.length;
     if (present[0]!.location === 'cpu') {
@@ -233,16 +235,25 @@ export class Engine {
     // layout wants it, with room for the new token), so the gather from the pool is skipped. Any change
     // of the batch (a sequence joined, finished or was preempted) falls back to gathering, from a pool
     // that writeBack brought up to date.
-    const carry = this.carry;
+    let carry = this.carry;
+    const same = carry !== undefined && carry.seqs.length === seqs.length &&
+      carry.seqs.every((q, i) => q === seqs[i] && carry!.lengths[i] === q.numComputed);
+    if (same && carry && !this.model.canExtend(carry.width, lengths, 1)) {
+      // The batch outgrew its buffer (genai layout): the same rows, copied into a wider one.
+      const width = this.model.pastWidth(lengths, 1);
+      this.outputs.push(...carry.present);
+      carry = this.carry = { ...carry, present: this.model.widen(carry.present, carry.width, width), width };
+    }
+    const reuse = same && carry !== undefined && this.model.canExtend(carry.width, lengths, 1);
+    // Not reused: the rows are gathered from the pool, which must hold every token first.
+    if (!reuse) await this.writeBack();
     this.carry = undefined;
-    const reuse = carry !== undefined && carry.seqs.length === seqs.length &&
-      carry.seqs.every((q, i) => q === seqs[i] && carry.lengths[i] === q.numComputed) && this.model.canExtend(carry.width, lengths, 1);
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
     if (reuse) this.stats.pastReused++;
     const { logits, present, width } = await this.forward(rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined);
     this.stats.decodeRows += seqs.length;
-    const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry.synced[r]! : s.numComputed));
+    const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry!.synced[r]! : s.numComputed));
     const finished = seqs.map((s, r) => this.advance(s, 1, logits, r));
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
     if (finished.some((f) => f !== undefined)) {
@@ -259,13 +270,17 @@ export class Engine {
    * stays in the present tensors (the caller writes back). Returns the last logits and the present KV
    * tensors (the caller releases them) with their width.
    */
-  private async forward(rows: GatherRow[], tokens: number[][], carry?: Carry): Promise<{ logits: Float32Array; present: ort.Tensor[]; width: number }> {
-    const { numKvHeads: H, headDim: D, kvDtype } = this.model.shape;
-    const B = rows.length;
+  private async forward(rows: GatherRow[], tokens: number[][], carry?: Carry): Promise<{ logits: Float32Array; present: KvTensor[]; width: number }> {
     const s = tokens[0]!.length;
     const lengths = rows.map((r) => r.length);
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
-    const past = carry?.present ?? this.pool.gather(rows, width, this.model.kvPlacement).map((data) => new ort.Tensor(kvDtype, data, [B, H, width, D]));
+    let past = carry?.present;
+    if (!past) {
+      past = this.model.allocPast(rows.length, width);
+      this.pool.gatherInto(rows, width, this.model.kvPlacement, presentData(past));
+    }
+    // Released at the barrier (unless the run wrote in place and they became the present).
+    if (!carry) this.outputs.push(...past);
     const out = await this.model.forward({ tokens, lengths, past, width });
     if (!this.lazy) {
       await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);

@@ -4,8 +4,7 @@
  * cache is the sequence's own, contiguous (a genai decoder's buffer is sized for the prompt and every
  * new token up front): the baseline the paged engine is measured against.
  */
-import type * as ort from 'onnxruntime-node';
-import type { DecoderModel } from './decoder-model.js';
+import type { DecoderModel, KvTensor } from './decoder-model.js';
 import { sampleToken, seededRandom } from './sampler.js';
 
 export interface GenerateOptions {
@@ -32,7 +31,7 @@ export async function generate(model: DecoderModel, promptIds: readonly number[]
   const limit = Math.min(opts.maxNewTokens, model.shape.maxPositions - promptIds.length);
   const random = seededRandom(opts.seed ?? 0x5eed);
   const ids: number[] = [];
-  let past: ort.Tensor[] | undefined;
+  let past: KvTensor[] | undefined;
   let width = model.pastWidth([0], promptIds.length + limit);
   let pending = [...promptIds];
   let length = 0;
@@ -40,7 +39,8 @@ export async function generate(model: DecoderModel, promptIds: readonly number[]
   try {
     while (ids.length < limit) {
       const out = await model.forward({ tokens: [pending], lengths: [length], past, width });
-      for (const t of past ?? []) t.dispose();
+      // A run that writes in place hands its past back as its present.
+      for (const t of past ?? []) if (!out.present.includes(t)) t.dispose();
       past = out.present;
       width = out.width;
       length += pending.length;

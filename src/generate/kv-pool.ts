@@ -76,9 +76,18 @@ export class KvCachePool {
    */
   gather(rows: readonly GatherRow[], width: number, placement: 'right' | 'left' = 'right'): KvArray[] {
     const { numKvHeads: H, headDim: D } = this.shape;
+    const outs = this.data.map(() => kvArray(this.shape.kvDtype, rows.length * H * width * D));
+    this.gatherInto(rows, width, placement, outs);
+    return outs;
+  }
+
+  /** gather into given arrays (one per layer key/value); positions outside the rows' tokens are left as they are. */
+  gatherInto(rows: readonly GatherRow[], width: number, placement: 'right' | 'left', outs: readonly KvArray[]): void {
+    const { numKvHeads: H, headDim: D } = this.shape;
     const bs = this.blockSize;
-    return this.data.map((src) => {
-      const out = kvArray(this.shape.kvDtype, rows.length * H * width * D);
+    this.data.forEach((src, i) => {
+      const out = outs[i]!;
+      if (out.length !== rows.length * H * width * D) throw new Error('gather target has an unexpected size');
       rows.forEach((row, r) => {
         const start = placement === 'right' ? width - row.length : 0;
         for (let h = 0; h < H; h++) {
@@ -90,7 +99,6 @@ export class KvCachePool {
           }
         }
       });
-      return out;
     });
   }
 

@@ -10,6 +10,7 @@
  */
 
 import { dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/kv-pool.js';
+import { bufferCapacity, type KvLayout } from '../generate/decoder-model.js';
 
 export interface EncoderDims {
   numLayers: number;
@@ -28,6 +29,10 @@ export interface DecoderDims {
   vocabSize: number;
   /** The decoder's KV and activation type; float32 when absent. */
   kvDtype?: KvDtype;
+  /** How the decoder's graph takes its KV cache (decoder-model.ts); 'optimum' when absent. */
+  kvLayout?: KvLayout;
+  /** Positions the model takes at most (bounds a genai buffer's capacity). */
+  maxPositions?: number;
 }
 
 /** A request as the guards see it, after prompt assembly. */
@@ -134,10 +139,10 @@ export class MemoryModel {
     return 2 * rows * this.decoder.numHeads * newTokens * (context + newTokens) * this.actBytes;
   }
 
-  /** The decoder's buffers that scale with the tokens fed, not the context: MLP, logits, ids. */
-  private decoderPerNewToken(rows: number, newTokens: number): number {
+  /** The decoder's buffers that scale with the tokens fed, not the context: MLP, ids, logits of `logitPositions` per row. */
+  private decoderPerNewToken(rows: number, newTokens: number, logitPositions: number): number {
     const d = this.decoder;
-    return rows * newTokens * ((4 * d.hiddenSize + 3 * d.intermediateSize + d.vocabSize) * this.actBytes + 2 * 8);
+    return rows * newTokens * ((4 * d.hiddenSize + 3 * d.intermediateSize) * this.actBytes + 2 * 8) + rows * logitPositions * d.vocabSize * this.actBytes;
   }
 
   get kvBytesPerToken(): number {
@@ -159,19 +164,28 @@ export class MemoryModel {
   }
 
   /**
-   * One decoder run of `rows` rows, `newTokens` each, over `context` cached tokens: the past fed in,
-   * the present returned (context + new), one layer's keys/values repeated to all query heads (GQA
-   * exports materialise it), scores, MLP activations, and the logits.
+   * One decoder run of `rows` rows, `newTokens` each, over `context` cached tokens.
+   *   optimum: the past fed in, the present returned (context + new), one layer's keys/values repeated
+   *            to all query heads (the export materialises it), scores and their softmax, MLP
+   *            activations and every position's logits.
+   *   genai:   the past buffer (its capacity) and the copy of it the run hands back, one layer's
+   *            attention probabilities (float32, over the capacity), MLP activations, the last
+   *            position's logits.
    */
   decoderWorkspace(rows: number, newTokens: number, context: number): number {
     const d = this.decoder;
     const total = context + newTokens;
+    const mask = rows * total * 8;
+    if (d.kvLayout === 'genai') {
+      const capacity = bufferCapacity(total, d.maxPositions ?? total);
+      const buffers = 2 * rows * capacity * this.kvBytesPerToken;
+      const probs = rows * d.numHeads * newTokens * capacity * F32;
+      return buffers + mask + probs + this.decoderPerNewToken(rows, newTokens, 1);
+    }
     const past = rows * context * this.kvBytesPerToken;
     const present = rows * total * this.kvBytesPerToken;
     const repeated = 2 * rows * d.numHeads * total * d.headDim * this.actBytes;
-    const mask = rows * total * 8;
-    // + scores; + MLP activations, logits, ids and positions
-    return past + present + repeated + mask + this.decoderScores(rows, newTokens, context) + this.decoderPerNewToken(rows, newTokens);
+    return past + present + repeated + mask + this.decoderScores(rows, newTokens, context) + this.decoderPerNewToken(rows, newTokens, newTokens);
   }
 
   predict(r: RequestShape): Prediction {

@@ -1,0 +1,257 @@
+/**
+ * ONNX Runtime's C API called directly (koffi FFI on the libonnxruntime that onnxruntime-node ships),
+ * for runs whose inputs and outputs are tensors in host memory that ONNX Runtime allocated and
+ * JavaScript views without a copy: IO binding on the CPU.
+ *
+ * Why: onnxruntime-node copies every output of every run into a new ArrayBuffer, a preallocated one
+ * included. A genai decoder's present KV is its whole batch buffer (written in place by the
+ * attention), so that copy, page faults of the fresh buffer included, cost more than the model itself
+ * at larger batches (32 rows of 512 positions: ~24 ms of copying for a ~10 ms step). Here the buffer
+ * is given as the run's output and stays where it is.
+ *
+ * Function-table indices are those of OrtApi in onnxruntime_c_api.h (the table only ever grows, so
+ * they hold for every later version); the table is requested at API version 16.
+ */
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import koffi from 'koffi';
+
+export type HostTensorType = 'float32' | 'float16' | 'int64' | 'int32';
+
+const ELEMENT: Record<HostTensorType, { onnx: number; bytes: number }> = {
+  float32: { onnx: 1, bytes: 4 }, float16: { onnx: 10, bytes: 2 }, int64: { onnx: 7, bytes: 8 }, int32: { onnx: 6, bytes: 4 },
+};
+const BY_ONNX = new Map(Object.entries(ELEMENT).map(([k, v]) => [v.onnx, k as HostTensorType]));
+
+export type HostArray = Float32Array | Uint16Array | BigInt64Array | Int32Array;
+
+function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
+  switch (type) {
+    case 'float32': return new Float32Array(ab);
+    case 'float16': return new Uint16Array(ab);
+    case 'int64': return new BigInt64Array(ab);
+    case 'int32': return new Int32Array(ab);
+  }
+}
+
+/** OrtApi function-table slots used here (onnxruntime_c_api.h). */
+const SLOT = {
+  GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableCpuMemArena: 19,
+  SetSessionGraphOptimizationLevel: 23, CreateTensorAsOrtValue: 48, GetTensorMutableData: 51,
+  GetTensorElementType: 60, GetDimensionsCount: 61, GetDimensions: 62, GetTensorShapeElementCount: 64,
+  GetTensorTypeAndShape: 65, GetAllocatorWithDefaultOptions: 78, ReleaseStatus: 93, ReleaseSession: 95,
+  ReleaseValue: 96, ReleaseTensorTypeAndShapeInfo: 99, ReleaseSessionOptions: 100,
+} as const;
+
+interface Api {
+  check(status: unknown): void;
+  createSession(env: unknown, file: string, opts: unknown): unknown;
+  createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
+  wrapOutput(value: unknown): { type: HostTensorType; dims: number[]; data: HostArray };
+  run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[]): Promise<void>;
+  releaseValue(value: unknown): void;
+  releaseSession(session: unknown): void;
+  env: unknown;
+}
+
+let api: Api | null | undefined;
+let unavailable = '';
+
+/** Binds the C API once; null (with `directUnavailable()` saying why) where it cannot be loaded. */
+function bind(): Api | null {
+  if (api !== undefined) return api;
+  try {
+    const require = createRequire(import.meta.url);
+    const dir = path.join(path.dirname(require.resolve('onnxruntime-node/package.json')), 'bin', 'napi-v6', process.platform, process.arch);
+    const lib = koffi.load(path.join(dir, process.platform === 'darwin' ? 'libonnxruntime.dylib' : 'libonnxruntime.so.1'));
+    const ApiBase = koffi.struct('OrtApiBase', { GetApi: 'void *', GetVersionString: 'void *' });
+    const base = koffi.decode(lib.func('void *OrtGetApiBase()')(), ApiBase) as { GetApi: unknown };
+    const getApi = koffi.decode(base.GetApi, koffi.proto('void *OrtGetApi(uint32_t version)')) as (v: number) => unknown;
+    const table = koffi.decode(getApi(16), koffi.array('void *', 128)) as unknown[];
+    if (!table) throw new Error('OrtGetApi(16) returned NULL');
+    const fn = (slot: number, proto: string) => koffi.decode(table[slot], koffi.proto(proto)) as (...args: unknown[]) => unknown;
+    const getErrorMessage = fn(SLOT.GetErrorMessage, 'const char *GetErrorMessage(void *status)');
+    const releaseStatus = fn(SLOT.ReleaseStatus, 'void ReleaseStatus(void *status)');
+    const check = (status: unknown) => {
+      if (status === null) return;
+      const msg = getErrorMessage(status) as string;
+      releaseStatus(status);
+      throw new Error(`onnxruntime: ${msg}`);
+    };
+    const out = () => [null] as unknown[];
+    const createEnv = fn(SLOT.CreateEnv, 'void *CreateEnv(int level, const char *id, _Out_ void **env)');
+    const createOptions = fn(SLOT.CreateSessionOptions, 'void *CreateSessionOptions(_Out_ void **opts)');
+    const disableArena = fn(SLOT.DisableCpuMemArena, 'void *DisableCpuMemArena(void *opts)');
+    const setOptLevel = fn(SLOT.SetSessionGraphOptimizationLevel, 'void *SetSessionGraphOptimizationLevel(void *opts, int level)');
+    const releaseOptions = fn(SLOT.ReleaseSessionOptions, 'void ReleaseSessionOptions(void *opts)');
+    const createSession = fn(SLOT.CreateSession, 'void *CreateSession(void *env, const char *path, void *opts, _Out_ void **session)');
+    const releaseSession = fn(SLOT.ReleaseSession, 'void ReleaseSession(void *session)');
+    const getAllocator = fn(SLOT.GetAllocatorWithDefaultOptions, 'void *GetAllocatorWithDefaultOptions(_Out_ void **alloc)');
+    const createTensor = fn(SLOT.CreateTensorAsOrtValue, 'void *CreateTensorAsOrtValue(void *alloc, const int64_t *shape, size_t n, int type, _Out_ void **value)');
+    const mutableData = fn(SLOT.GetTensorMutableData, 'void *GetTensorMutableData(void *value, _Out_ void **data)');
+    const typeAndShape = fn(SLOT.GetTensorTypeAndShape, 'void *GetTensorTypeAndShape(void *value, _Out_ void **info)');
+    const elementType = fn(SLOT.GetTensorElementType, 'void *GetTensorElementType(void *info, _Out_ int *type)');
+    const dimsCount = fn(SLOT.GetDimensionsCount, 'void *GetDimensionsCount(void *info, _Out_ size_t *n)');
+    const getDims = fn(SLOT.GetDimensions, 'void *GetDimensions(void *info, _Out_ int64_t *dims, size_t n)');
+    const releaseInfo = fn(SLOT.ReleaseTensorTypeAndShapeInfo, 'void ReleaseTensorTypeAndShapeInfo(void *info)');
+    const releaseValue = fn(SLOT.ReleaseValue, 'void ReleaseValue(void *value)');
+    const runFn = koffi.decode(table[SLOT.Run], koffi.proto(
+      'void *Run(void *session, void *runOptions, const char **inNames, void **inValues, size_t nIn, const char **outNames, size_t nOut, _Inout_ void **outValues)',
+    )) as ((...args: unknown[]) => unknown) & { async: (...args: unknown[]) => void };
+
+    const env = out();
+    check(createEnv(2, 'ragguard', env));
+    const alloc = out();
+    check(getAllocator(alloc));
+    const dataOf = (value: unknown, type: HostTensorType, count: number): HostArray => {
+      const p = out();
+      check(mutableData(value, p));
+      // A view of ONNX Runtime's memory, not a copy: valid until the value is released.
+      return view(type, count === 0 ? new ArrayBuffer(0) : koffi.view(p[0], count * ELEMENT[type].bytes) as ArrayBuffer);
+    };
+    api = {
+      env: env[0],
+      check,
+      createSession(e, file, _opts) {
+        const opts = out();
+        check(createOptions(opts));
+        try {
+          check(disableArena(opts[0])); // as every CPU session here: run buffers go back to malloc
+          check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
+          const s = out();
+          check(createSession(e, file, opts[0], s));
+          return s[0];
+        } finally {
+          releaseOptions(opts[0]);
+        }
+      },
+      createTensor(type, dims) {
+        const v = out();
+        check(createTensor(alloc[0], BigInt64Array.from(dims.map(BigInt)), dims.length, ELEMENT[type].onnx, v));
+        return { value: v[0], data: dataOf(v[0], type, dims.reduce((a, b) => a * b, 1)) };
+      },
+      wrapOutput(value) {
+        const info = out();
+        check(typeAndShape(value, info));
+        try {
+          const t = [0];
+          check(elementType(info[0], t));
+          const n = [0];
+          check(dimsCount(info[0], n));
+          const dims = new BigInt64Array(n[0]!);
+          check(getDims(info[0], dims, n[0]));
+          const type = BY_ONNX.get(t[0]!);
+          if (!type) throw new Error(`output element type ${t[0]} is not supported`);
+          const shape = Array.from(dims, Number);
+          return { type, dims: shape, data: dataOf(value, type, shape.reduce((a, b) => a * b, 1)) };
+        } finally {
+          releaseInfo(info[0]);
+        }
+      },
+      run(session, inNames, inValues, outNames, outValues) {
+        // On a worker thread: the event loop keeps serving while the model runs.
+        return new Promise((resolve, reject) => {
+          runFn.async(session, null, inNames, inValues, inNames.length, outNames, outNames.length, outValues, (err: Error | null, status: unknown) => {
+            if (err) return reject(err);
+            try {
+              check(status);
+              resolve();
+            } catch (e) {
+              reject(e as Error);
+            }
+          });
+        });
+      },
+      releaseValue: (v) => void releaseValue(v),
+      releaseSession: (s) => void releaseSession(s),
+    };
+  } catch (e) {
+    unavailable = (e as Error).message;
+    api = null;
+  }
+  return api;
+}
+
+/** Why direct sessions cannot be used here ('' when they can). */
+export function directUnavailable(): string {
+  bind();
+  return unavailable;
+}
+
+/** A tensor in host memory that ONNX Runtime owns; `data` views it without a copy until dispose(). */
+export class HostTensor {
+  readonly location = 'cpu' as const;
+  private value: unknown;
+
+  constructor(
+    private readonly owner: Api,
+    value: unknown,
+    readonly type: HostTensorType,
+    readonly dims: readonly number[],
+    readonly data: HostArray,
+  ) {
+    this.value = value;
+  }
+
+  /** The OrtValue, for a run; throws once disposed. */
+  get handle(): unknown {
+    if (this.value === null) throw new Error('tensor used after dispose');
+    return this.value;
+  }
+
+  dispose(): void {
+    if (this.value === null) return;
+    this.owner.releaseValue(this.value);
+    this.value = null;
+  }
+}
+
+/** An inference session on the CPU through the C API, with HostTensor inputs and outputs. */
+export class DirectSession {
+  private handle: unknown;
+
+  private constructor(private readonly a: Api, handle: unknown) {
+    this.handle = handle;
+  }
+
+  /** Null where the C API cannot be bound (see directUnavailable()). */
+  static create(modelFile: string): DirectSession | null {
+    const a = bind();
+    return a ? new DirectSession(a, a.createSession(a.env, modelFile, null)) : null;
+  }
+
+  /** An uninitialised tensor (ONNX Runtime's default CPU allocator, malloc). */
+  tensor(type: HostTensorType, dims: readonly number[]): HostTensor {
+    const { value, data } = this.a.createTensor(type, dims);
+    return new HostTensor(this.a, value, type, dims, data);
+  }
+
+  /**
+   * One run. An output given a tensor is written into it (it may be an input too: the operator then
+   * works in place, as GroupQueryAttention does with its KV buffer); one given null is allocated by
+   * ONNX Runtime and returned (the caller disposes it).
+   */
+  async run(inputs: Readonly<Record<string, HostTensor>>, outputs: Readonly<Record<string, HostTensor | null>>): Promise<Record<string, HostTensor>> {
+    if (this.handle === null) throw new Error('session disposed');
+    const inNames = Object.keys(inputs);
+    const outNames = Object.keys(outputs);
+    const outValues = outNames.map((n) => outputs[n]?.handle ?? null);
+    await this.a.run(this.handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues);
+    const result: Record<string, HostTensor> = {};
+    outNames.forEach((n, i) => {
+      const given = outputs[n];
+      if (given) result[n] = given;
+      else {
+        const o = this.a.wrapOutput(outValues[i]);
+        result[n] = new HostTensor(this.a, outValues[i], o.type, o.dims, o.data);
+      }
+    });
+    return result;
+  }
+
+  dispose(): void {
+    if (this.handle === null) return;
+    this.a.releaseSession(this.handle);
+    this.handle = null;
+  }
+}
