@@ -1,8 +1,13 @@
-/** The graphs the server writes itself, run by ONNX Runtime on the CPU. */
+/** The graphs the server writes itself (and the protobuf code that writes and reads them), run by ONNX Runtime on the CPU. */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { halfToFloat, floatToHalf } from '../src/runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../src/runtime/onnx-graph.js';
+import { int64s, readInitializers, writeModel } from '../src/runtime/onnx-proto.js';
+import { ROOT } from './helpers.js';
 
 test('kv-tail returns the last n positions of every input, any shape, float32 and float16', async () => {
   const f32 = await ort.InferenceSession.create(kvTailModel(3, ONNX_FLOAT));
@@ -20,4 +25,48 @@ test('kv-tail returns the last n positions of every input, any shape, float32 an
   const words = Uint16Array.from({ length: 1 * 1 * 4 * 2 }, (_, i) => 0x3c00 + i);
   const y = (await f16.run({ x0: new ort.Tensor('float16', words, [1, 1, 4, 2]), starts: new ort.Tensor('int64', BigInt64Array.of(-4n), [1]) }))['y0']!;
   assert.deepEqual(Array.from(y.data as Uint16Array), Array.from(words));
+});
+
+test('onnx-proto: a written model\'s initializers read back; graph attributes reach ONNX Runtime', async () => {
+  const w = Float32Array.of(1, 2, 3, 4, 5, 6);
+  const model = writeModel({
+    name: 'g',
+    nodes: [
+      { op: 'MatMul', inputs: ['x', 'w'], outputs: ['y0'] },
+      { op: 'LeakyRelu', inputs: ['y0'], outputs: ['y'], attrs: { alpha: { float: 0.5 } } },
+    ],
+    initializers: [{ name: 'w', dataType: ONNX_FLOAT, dims: [3, 2], data: new Uint8Array(w.buffer) }, int64s('unused', [7n, -1n])],
+    inputs: [{ name: 'x', elemType: ONNX_FLOAT, dims: ['n', 3] }],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: ['n', 2] }],
+    opsets: { '': 17 },
+  });
+  const inits = readInitializers(model);
+  assert.deepEqual([...inits.keys()], ['w', 'unused']);
+  assert.deepEqual(inits.get('w')!.dims, [3, 2]);
+  assert.deepEqual(Array.from(new Float32Array(inits.get('w')!.data.buffer)), Array.from(w));
+  assert.deepEqual(Array.from(new BigInt64Array(inits.get('unused')!.data.buffer)), [7n, -1n]);
+  const s = await ort.InferenceSession.create(model);
+  const y = (await s.run({ x: new ort.Tensor('float32', Float32Array.of(1, 0, -1), [1, 3]) }))['y']!;
+  // [1, 0, -1] x [[1, 2], [3, 4], [5, 6]] = [-4, -4], then leaky relu 0.5
+  assert.deepEqual(Array.from(y.data as Float32Array), [-2, -2]);
+});
+
+test('onnx-proto: the shipped decoder\'s fp16 weights read back with the dims config.json implies', async () => {
+  const inits = readInitializers(await readFile(path.join(ROOT, 'models', 'decoder', 'onnx', 'model.onnx')));
+  const q = [...inits.values()].find((t) => /layers\.0\.self_attn\.k_proj\.weight/.test(t.name))!;
+  assert.equal(q.dataType, ONNX_FLOAT16);
+  assert.deepEqual(q.dims, [2 * 32, 256]); // kv_heads x head_dim, hidden
+  assert.equal(q.data.length, 64 * 256 * 2);
+});
+
+test('float16: round to nearest even, subnormals, overflow to infinity, and back', () => {
+  // Values a half holds exactly come back exactly.
+  for (const x of [0, 1, -2.5, 65504, 6.103515625e-5, 5.960464477539063e-8]) assert.equal(halfToFloat(floatToHalf(x)), x);
+  assert.equal(floatToHalf(1), 0x3c00);
+  assert.equal(floatToHalf(65520), 0x7c00, 'past the largest half: infinity');
+  assert.equal(floatToHalf(1 + 2 ** -11), 0x3c00, 'a tie rounds to even (down)');
+  assert.equal(floatToHalf(1 + 3 * 2 ** -11), 0x3c02, 'a tie rounds to even (up)');
+  assert.equal(floatToHalf(2 ** -25), 0, 'below half the smallest subnormal: zero');
+  assert.equal(floatToHalf(2 ** -24), 1, 'the smallest subnormal');
+  assert.ok(Math.abs(halfToFloat(floatToHalf(0.1)) - 0.1) < 1e-4);
 });

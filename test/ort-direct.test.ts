@@ -1,0 +1,92 @@
+/**
+ * ONNX Runtime's C API through koffi (runtime/ort-direct.ts), on the genai decoder setup builds:
+ * the same numbers as onnxruntime-node, the KV buffer written in place, clear errors, and the
+ * decoder's two run paths giving the same generations.
+ */
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { before, test } from 'node:test';
+import * as ort from 'onnxruntime-node';
+import { DecoderModel } from '../src/generate/decoder-model.js';
+import { generate } from '../src/generate/generator.js';
+import { DirectSession, directUnavailable, type HostTensor } from '../src/runtime/ort-direct.js';
+import { ROOT } from './helpers.js';
+
+const DIR = path.join(ROOT, 'models', 'decoder-gqa');
+const FILE = path.join(DIR, 'model.onnx');
+const L = 4, H = 2, D = 32, CAP = 64;
+const names = Array.from({ length: 2 * L }, (_, i) => `${i >> 1}.${i & 1 ? 'value' : 'key'}`);
+const ids = Array.from({ length: 40 }, (_, i) => 5 + ((i * 37) % 3000));
+let direct: DirectSession;
+
+before(() => {
+  assert.equal(directUnavailable(), '', 'the C API binds on this machine');
+  direct = DirectSession.create(FILE)!;
+});
+
+function feedsFor(s: DirectSession, kv: HostTensor[]): { feeds: Record<string, HostTensor>; fetches: Record<string, HostTensor | null>; inputs: HostTensor[] } {
+  const inputIds = s.tensor('int64', [1, ids.length]);
+  (inputIds.data as BigInt64Array).set(ids.map(BigInt));
+  const mask = s.tensor('int64', [1, ids.length]);
+  (mask.data as BigInt64Array).fill(1n);
+  const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: mask };
+  const fetches: Record<string, HostTensor | null> = { logits: null };
+  names.forEach((n, i) => {
+    feeds[`past_key_values.${n}`] = kv[i]!;
+    fetches[`present.${n}`] = kv[i]!;
+  });
+  return { feeds, fetches, inputs: [inputIds, mask] };
+}
+
+test('a direct run gives onnxruntime-node\'s logits and writes the KV into the buffer it was given', async () => {
+  const kv = names.map(() => direct.tensor('float32', [1, H, CAP, D]));
+  for (const t of kv) (t.data as Float32Array).fill(0);
+  const { feeds, fetches, inputs } = feedsFor(direct, kv);
+  const out = await direct.run(feeds, fetches);
+  assert.equal(out['present.0.key'], kv[0], 'the present output is the buffer itself');
+  assert.deepEqual(out['logits']!.dims, [1, 1, 4096]);
+
+  const node = await ort.InferenceSession.create(FILE);
+  const nf: Record<string, ort.Tensor> = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]),
+    attention_mask: new ort.Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]),
+  };
+  for (const n of names) nf[`past_key_values.${n}`] = new ort.Tensor('float32', new Float32Array(H * CAP * D), [1, H, CAP, D]);
+  const ref = await node.run(nf);
+  assert.deepEqual(Array.from(out['logits']!.data as Float32Array), Array.from(ref['logits']!.data as Float32Array));
+  assert.deepEqual(Array.from(kv[5]!.data as Float32Array), Array.from(ref['present.2.value']!.data as Float32Array));
+  assert.ok((kv[0]!.data as Float32Array).subarray(0, ids.length * D).some((x) => x !== 0), 'keys were written');
+  out['logits']!.dispose();
+  for (const t of [...kv, ...inputs]) t.dispose();
+  await node.release();
+});
+
+test('a failing run rejects with ONNX Runtime\'s message and the session goes on; a released tensor cannot be used', async () => {
+  const kv = names.map(() => direct.tensor('float32', [1, H + 1, CAP, D])); // wrong kv_heads
+  const { feeds, fetches, inputs } = feedsFor(direct, kv);
+  await assert.rejects(direct.run(feeds, fetches), /onnxruntime: .*past_key/i);
+  for (const t of kv) t.dispose();
+  assert.throws(() => kv[0]!.handle, /used after dispose/);
+  kv[0]!.dispose(); // twice is harmless
+  const good = names.map(() => direct.tensor('float32', [1, H, CAP, D]));
+  const ok = feedsFor(direct, good);
+  const out = await direct.run(ok.feeds, ok.fetches);
+  assert.equal(out['logits']!.dims[2], 4096);
+  out['logits']!.dispose();
+  for (const t of [...good, ...inputs, ...ok.inputs]) t.dispose();
+});
+
+test('the genai decoder runs direct on the CPU, and generates the same through onnxruntime-node', async () => {
+  const viaDirect = await DecoderModel.load(DIR, 'cpu');
+  const viaNode = await DecoderModel.load(DIR, 'cpu', { direct: false });
+  assert.deepEqual(viaDirect.runPath, { path: 'direct' });
+  assert.deepEqual(viaNode.runPath, { path: 'onnxruntime-node', reason: 'disabled' });
+  const optimum = await DecoderModel.load(path.join(ROOT, 'models', 'decoder'), 'cpu');
+  assert.deepEqual(optimum.runPath, { path: 'onnxruntime-node', reason: 'optimum layout' });
+  const prompt = [1, ...viaDirect.tokenizer.encode('Question: Where are logs kept?\nAnswer:')];
+  const opts = { maxNewTokens: 80, temperature: 0, ignoreEos: true };
+  const a = await generate(viaDirect, prompt, opts);
+  const b = await generate(viaNode, prompt, opts);
+  assert.deepEqual(a.ids, b.ids);
+  assert.equal(a.ids.length, 80);
+});
