@@ -135,7 +135,7 @@ export class RagService {
     this.engine = new Engine(models.decoder, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
-    const memoryModel = new MemoryModel(models.reranker.dims, { ...d, kvLayout: models.decoder.layout }, cfg.kvBlockSize, RERANK_BATCH);
+    const memoryModel = new MemoryModel(models.reranker.dims, { ...d, kvLayout: models.decoder.layout, kvInPlace: models.decoder.runPath.path === 'direct' }, cfg.kvBlockSize, RERANK_BATCH);
     memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
     this.guard = new MemoryGuard(memoryModel, () => {
       const kv = blocks.stats();
