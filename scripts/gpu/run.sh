@@ -1,10 +1,13 @@
 #!/bin/bash
 # The GPU run: on the GPU host, after `source .gpu/enter.sh` (scripts/gpu/pack.sh made .gpu/ here).
-#   1. builds the 0.5B Qwen2-shaped decoder there (scripts/gpu/build_qwen2_05b.py), unless present;
+#   1. builds the 0.5B Qwen2-shaped decoder there (scripts/gpu/build_qwen2_05b.py), float16 (build) and
+#      float32 (build32), unless present;
 #   2. starts the server on the shipped models with WebGPU, asks it one query, reads /debug/memory
 #      (NVML's readings, the budget from the GPU's memory) and stops it;
-#   3. runs the benchmarks: bench:peer on the 0.5B decoder, bench:throughput, bench:kv, and (STEPS=guard)
-#      bench:guard measured by NVML.
+#   3. runs the benchmarks: bench:peer on the 0.5B decoder (peer: float16, peer32: float32),
+#      bench:throughput, bench:kv, and (STEPS=guard) bench:guard measured by NVML.
+# The decoder is the shipped one in its Optimum layout: on WebGPU that layout keeps present KV on the
+# device between steps (the genai layout's in-place buffer is the CPU path).
 # Everything goes to $OUT/run.log; each step's last JSON line to $OUT/results.jsonl as {"step", ...}.
 # STEPS (default "build server peer throughput kv") picks steps; BENCH_* variables pass through.
 set -uo pipefail
@@ -15,7 +18,10 @@ log=$out/run.log
 results=$out/results.jsonl
 steps=${STEPS:-build server peer throughput kv}
 big=${RAGGUARD_GPU_MODEL:-.gpu-models/qwen2-0.5b}
+big32=${RAGGUARD_GPU_MODEL32:-.gpu-models/qwen2-0.5b-fp32}
 export RAGGUARD_EXECUTION_PROVIDER=${RAGGUARD_EXECUTION_PROVIDER:-webgpu}
+export RAGGUARD_DECODER=${RAGGUARD_DECODER:-models/decoder}
+export BENCH_DECODER=${BENCH_DECODER:-$RAGGUARD_DECODER}
 tsx() { sh scripts/tuned.sh node_modules/.bin/tsx "$@"; }
 has() { [[ " $steps " == *" $1 "* ]]; }
 # Runs a step, its output into the log, its last line (JSON) into results.
@@ -36,6 +42,9 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 
 if has build; then
   record build python3 scripts/gpu/build_qwen2_05b.py --out "$big"
+fi
+if has build32; then
+  record build32 python3 scripts/gpu/build_qwen2_05b.py --dtype float32 --out "$big32"
 fi
 
 if has server; then
@@ -73,6 +82,10 @@ fi
 if has peer; then
   peer() { BENCH_PEER_MODEL="$big" tsx bench/peer.ts; }
   record peer peer
+fi
+if has peer32; then
+  peer32() { BENCH_PEER_MODEL="$big32" BENCH_PEER_DTYPE=fp32 tsx bench/peer.ts; }
+  record peer32 peer32
 fi
 if has throughput; then
   record throughput tsx bench/throughput.ts
