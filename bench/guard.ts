@@ -34,7 +34,7 @@ import { createApp } from '../src/server/app.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const MB = 1 << 20;
-const WORKSPACE = Number(process.env['BENCH_GUARD_WORKSPACE_MB'] ?? 160) * MB;
+const WORKSPACE = Number(process.env['BENCH_GUARD_WORKSPACE_MB'] ?? 112) * MB;
 const KV_POOL = Number(process.env['BENCH_GUARD_KV_MB'] ?? 48) * MB;
 const BURST = Number(process.env['BENCH_GUARD_BURST'] ?? 24);
 const BURSTS = Number(process.env['BENCH_GUARD_BURSTS'] ?? 3);
