@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { halfToFloat, floatToHalf } from '../src/runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../src/runtime/onnx-graph.js';
-import { int64s, readInitializers, writeModel } from '../src/runtime/onnx-proto.js';
+import { externalDataFiles, int64s, readInitializers, Writer, writeModel } from '../src/runtime/onnx-proto.js';
 import { ROOT } from './helpers.js';
 
 test('kv-tail returns the last n positions of every input, any shape, float32 and float16', async () => {
@@ -69,4 +69,21 @@ test('float16: round to nearest even, subnormals, overflow to infinity, and back
   assert.equal(floatToHalf(2 ** -25), 0, 'below half the smallest subnormal: zero');
   assert.equal(floatToHalf(2 ** -24), 1, 'the smallest subnormal');
   assert.ok(Math.abs(halfToFloat(floatToHalf(0.1)) - 0.1) < 1e-4);
+});
+
+test('onnx-proto: external data locations are found (a model over 2 GiB keeps its weights outside)', () => {
+  // TensorProto{dims 1, data_type 2, name 8, external_data 13 {key 1, value 2}, data_location 14 = EXTERNAL}
+  const w = new Writer();
+  w.msg(7, (g) => {
+    for (const file of ['weights.bin', 'weights.bin', 'other.data']) {
+      g.msg(5, (t) => {
+        t.int(1, 4).int(2, ONNX_FLOAT).str(8, `w_${file}`);
+        t.msg(13, (e) => e.str(1, 'location').str(2, file));
+        t.msg(13, (e) => e.str(1, 'offset').str(2, '0'));
+        t.int(14, 1);
+      });
+    }
+  });
+  assert.deepEqual(externalDataFiles(w.finish()), ['weights.bin', 'other.data']);
+  assert.throws(() => readInitializers(w.finish()), /external data/);
 });

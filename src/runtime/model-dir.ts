@@ -4,6 +4,7 @@
  */
 import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
+import { externalDataFiles } from './onnx-proto.js';
 
 export async function readJson<T>(file: string): Promise<T> {
   return JSON.parse(await readFile(file, 'utf8')) as T;
@@ -23,7 +24,10 @@ export interface ModelFiles {
   onnx: string;
   /** The directory is in onnxruntime-genai's layout (genai_config.json). */
   genai: boolean;
-  /** Bytes of the ONNX file (weights stored as they are on disk, fp16 for the shipped models). */
+  /**
+   * Bytes of the ONNX file and the external data files it names (weights as stored on disk, fp16 for
+   * the shipped models; exports over 2 GiB keep them outside the graph file).
+   */
   onnxBytes: number;
 }
 
@@ -41,6 +45,11 @@ export async function modelFiles(dir: string): Promise<ModelFiles> {
     throw new Error(genai
       ? `model directory ${dir}: genai_config.json names ${path.relative(dir, onnx)}, which is missing`
       : `model directory ${dir} has no onnx/model.onnx (expected the Optimum export layout, or genai_config.json)`);
+  }
+  // A graph file holding its own weights is read by ONNX Runtime anyway; only a small one (a graph whose
+  // weights are elsewhere) is worth scanning for external data here.
+  if (size < 256 * 2 ** 20) {
+    for (const f of externalDataFiles(await readFile(onnx))) size += (await stat(path.join(path.dirname(onnx), f))).size;
   }
   return { dir, onnx, genai: genai !== undefined, onnxBytes: size };
 }

@@ -197,6 +197,28 @@ function concat(parts: Uint8Array[]): Uint8Array | undefined {
   return out;
 }
 
+/** Files an ONNX model keeps initializers in (external data 'location's), relative to the model's directory. */
+export function externalDataFiles(model: Uint8Array): string[] {
+  const files = new Set<string>();
+  for (const f of fields(model)) {
+    if (f.no !== 7) continue;
+    for (const g of fields(f.bytes)) {
+      if (g.no !== 5) continue;
+      for (const t of fields(g.bytes)) {
+        if (t.no !== 13) continue; // external_data: StringStringEntryProto{key 1, value 2}
+        let key = '';
+        let value = '';
+        for (const e of fields(t.bytes)) {
+          if (e.no === 1) key = new TextDecoder().decode(e.bytes);
+          else if (e.no === 2) value = new TextDecoder().decode(e.bytes);
+        }
+        if (key === 'location') files.add(value);
+      }
+    }
+  }
+  return [...files];
+}
+
 /** Every initializer of a serialized ModelProto's graph, by name. */
 export function readInitializers(model: Uint8Array): Map<string, Initializer> {
   const out = new Map<string, Initializer>();
