@@ -12,8 +12,10 @@
  *           tokens), keys prefixed rag_. Prefill is most of the work and batching shares only the decode
  *           part, so its speedup is bounded by 1 / rag_prefill_share (rag_speedup_bound: the speedup if
  *           decoding cost nothing), measured here by timing the prompts' prefills alone.
- * Each mode runs BENCH_ROUNDS times (default 3), the modes interleaved, and its best round counts: on a
- * small shared machine a round's time says as much about the neighbours as about the engine.
+ * Each mode runs BENCH_ROUNDS times (default 3), the modes interleaved. tokens/s is each mode's best
+ * round; a speedup is the median over rounds of the ratio within the round (the engine against the
+ * sequential run just before it): on a small shared machine whose speed changes by phases, a paired,
+ * adjacent-in-time ratio says more about the engine than two best rounds from different phases.
  *
  * The decoder: BENCH_DECODER (default models/decoder-gqa, the server's; models/decoder is the same
  * model in its Optimum layout).
@@ -140,8 +142,13 @@ for (const w of workloads) {
     }
     console.log(`${w.name.padEnd(9)} ${mode.padEnd(24)} ${String(r.tokens).padStart(6)}  ${r.seconds.toFixed(2).padStart(7)}  ${(r.tokens / r.seconds).toFixed(1).padStart(8)}`);
   }
+  const rate = (r: Run) => r.tokens / r.seconds;
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   for (const c of [8, 32]) {
-    result[`${prefix}speedup_at_${c}`] = +((result[`${prefix}tokens_per_s_at_${c}`] as number) / (result[`${prefix}sequential_tokens_per_s`] as number)).toFixed(2);
+    const seqRuns = runs.get('sequential')!;
+    const ratios = runs.get(`engine, ${c} concurrent`)!.map((r, i) => rate(r) / rate(seqRuns[i]!));
+    result[`${prefix}speedup_at_${c}`] = +median(ratios).toFixed(2);
+    result[`${prefix}speedup_at_${c}_by_round`] = ratios.map((x) => x.toFixed(2)).join(' ');
   }
   if (w.name === 'rag') {
     const seqSeconds = best(runs.get('sequential')!).seconds;
