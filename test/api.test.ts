@@ -43,6 +43,8 @@ describe('health and query', () => {
     assert.equal(res.body.documents, DOCS.length);
     assert.ok(res.body.chunks > DOCS.length);
     assert.deepEqual(res.body.providers, { embedder: 'cpu', reranker: 'cpu', decoder: 'cpu' });
+    // The default decoder: the shipped one in the genai layout, run through ONNX Runtime's C API.
+    assert.deepEqual(res.body.decoder, { layout: 'genai', run_path: 'direct' });
   });
 
   test('POST /query answers with citations, usage and stage timings', async () => {

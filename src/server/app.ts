@@ -25,6 +25,8 @@ export function createApp(service: RagService): express.Express {
       documents: service.store.documentCount,
       chunks: service.store.chunkCount,
       providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
+      // How the decoder takes its KV cache and how its runs reach ONNX Runtime (decoder-model.ts).
+      decoder: { layout: decoder.layout, run_path: decoder.runPath.path, ...(decoder.runPath.reason ? { run_path_reason: decoder.runPath.reason } : {}) },
       queue: { running: admission.running, waiting: admission.waiting },
       kv: service.blocks.stats(),
     });
