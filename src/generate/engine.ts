@@ -67,7 +67,7 @@ export interface EngineStats {
 }
 
 /**
- * The last decode step's batch and its present KV (right-aligned to `width`), the next step's past
+ * The last run's batch and its present KV (`width` positions, placed as the decoder's layout places rows), the next step's past
  * while the batch holds. `synced[r]`: leading tokens of row r's sequence already in the pool.
  */
 interface Carry {
