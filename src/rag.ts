@@ -252,7 +252,7 @@ export class RagService {
 
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
-    const { scores, pairTokens } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
+    const { scores, pairTokens, runs: rerankRuns } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
       .sort((a, b) => b.score - a.score)
@@ -292,7 +292,7 @@ export class RagService {
       timings_ms: { embed: embedMs, search: searchMs, rerank: rerankMs, generate: generateMs },
       shape: {
         queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
-        rerankBatch: q.rerankBatch ?? RERANK_BATCH,
+        rerankBatch: q.rerankBatch ?? RERANK_BATCH, rerankRuns,
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
       },
     };

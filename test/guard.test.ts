@@ -93,6 +93,10 @@ describe('decisions over HTTP', () => {
     assert.deepEqual(res.body.guard.reshaped, [{ field: 'rerank_batch', from: 16, to: 4 }]);
     assert.equal(res.body.retrieval.hits, 40, 'top_k as asked');
     assert.equal(res.body.guard.as_run.reranked_pairs, res.body.retrieval.after_dedupe);
+    // The reranker ran in batches of at most 4 pairs, each padded to its own longest pair.
+    const runs = res.body.guard.as_run.rerank_runs as [number, number][];
+    assert.equal(runs.reduce((n, [pairs]) => n + pairs, 0), res.body.retrieval.after_dedupe);
+    assert.ok(runs.every(([pairs, width]) => pairs <= 4 && width <= res.body.guard.as_run.pair_tokens));
   });
 
   test('a request that cannot fit even reshaped is a 413 with predicted and budget bytes', async () => {

@@ -38,6 +38,15 @@ test('genai layout: the past buffer at its capacity (and its copy unless written
   assert.ok(ratio > 1.8 && ratio < 2.2, `ratio ${ratio}`);
 });
 
+test('as run, the rerank stage is its largest run: a short last batch is not sized as a full one', () => {
+  const asked = model.predict({ ...shape, topK: 20, pairTokens: 200, rerankBatch: 16 }).stages.rerank;
+  // 16 pairs padded to 120 tokens, then the longest pair (200 tokens) in a batch of 4
+  const ran = model.predict({ ...shape, topK: 20, pairTokens: 200, rerankBatch: 16, rerankRuns: [[16, 120], [4, 200]] }).stages.rerank;
+  assert.equal(ran, Math.max(model.stageBytes('rerank', [16, 120, 0]), model.stageBytes('rerank', [4, 200, 0])));
+  assert.ok(ran < asked, 'below the worst case of 16 pairs of 200 tokens');
+  assert.equal(model.predict({ ...shape, rerankRuns: [[16, 200]], pairTokens: 200 }).stages.rerank, model.stageBytes('rerank', [16, 200, 0]));
+});
+
 test('the peak stage is the largest: rerank batches cap at the batch size; long prompts make prefill the peak', () => {
   assert.equal(model.predict({ ...shape, topK: 16 }).stages.rerank, model.predict({ ...shape, topK: 500 }).stages.rerank);
   assert.ok(model.predict({ ...shape, topK: 4 }).stages.rerank < model.predict({ ...shape, topK: 16 }).stages.rerank);

@@ -47,6 +47,11 @@ export interface RequestShape {
   pairTokens: number;
   /** Pairs per reranker run (the model's default batch when absent; a reshape may lower it). */
   rerankBatch?: number;
+  /**
+   * As run: each reranker run's [pairs, width] (a batch pads to its own longest pair). When given, the
+   * rerank stage is its largest run, not rerankBatch pairs of pairTokens (the worst case as asked).
+   */
+  rerankRuns?: readonly (readonly [number, number])[];
   promptTokens: number;
   maxNewTokens: number;
   /** Prompt tokens already in the prefix cache: prefill computes only the rest (as run; 0 when asked). */
@@ -196,7 +201,9 @@ export class MemoryModel {
     const cached = r.cachedTokens ?? 0;
     const stages: Record<Stage, number> = {
       embed: this.stageBytes('embed', [1, r.queryTokens, 0]),
-      rerank: this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
+      rerank: r.rerankRuns?.length
+        ? Math.max(...r.rerankRuns.map(([pairs, width]) => this.stageBytes('rerank', [pairs, width, 0])))
+        : this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
       prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]),
       decode: this.stageBytes('decode', [1, 1, tokens - 1]),
     };

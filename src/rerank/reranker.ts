@@ -59,18 +59,19 @@ export class Reranker {
   }
 
   /**
-   * One relevance logit per passage, in the passages' order, and the longest pair fed to the model
-   * (the width of the widest batch: what the memory model's rerank stage is sized by).
+   * One relevance logit per passage, in the passages' order; the longest pair fed to the model; and
+   * each run's shape, [pairs, width] (a batch is padded to its own longest pair): the memory model sizes
+   * the rerank stage as it ran by its largest run.
    */
-  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH): Promise<{ scores: number[]; pairTokens: number }> {
+  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     const scores: number[] = [];
-    let pairTokens = 0;
+    const runs: [number, number][] = [];
     for (let s = 0; s < passages.length; s += batchSize) {
       const pairs = passages.slice(s, s + batchSize).map((p) => this.pairInput(query, p));
-      for (const p of pairs) pairTokens = Math.max(pairTokens, p.ids.length);
+      runs.push([pairs.length, Math.max(...pairs.map((p) => p.ids.length))]);
       scores.push(...(await this.scoreBatch(pairs)));
     }
-    return { scores, pairTokens };
+    return { scores, pairTokens: Math.max(0, ...runs.map(([, w]) => w)), runs };
   }
 
   /** One run over `pairs` dummy pairs of `tokens` tokens: the start-up profile's rerank stage. */

@@ -36,7 +36,7 @@ function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
 
 /** OrtApi function-table slots used here (onnxruntime_c_api.h). */
 const SLOT = {
-  GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableCpuMemArena: 19,
+  GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableMemPattern: 17, DisableCpuMemArena: 19,
   SetSessionGraphOptimizationLevel: 23, CreateTensorAsOrtValue: 48, GetTensorMutableData: 51,
   GetTensorElementType: 60, GetDimensionsCount: 61, GetDimensions: 62, GetTensorShapeElementCount: 64,
   GetTensorTypeAndShape: 65, GetAllocatorWithDefaultOptions: 78, ReleaseStatus: 93, ReleaseSession: 95,
@@ -82,6 +82,7 @@ function bind(): Api | null {
     const createEnv = fn(SLOT.CreateEnv, 'void *CreateEnv(int level, const char *id, _Out_ void **env)');
     const createOptions = fn(SLOT.CreateSessionOptions, 'void *CreateSessionOptions(_Out_ void **opts)');
     const disableArena = fn(SLOT.DisableCpuMemArena, 'void *DisableCpuMemArena(void *opts)');
+    const disablePattern = fn(SLOT.DisableMemPattern, 'void *DisableMemPattern(void *opts)');
     const setOptLevel = fn(SLOT.SetSessionGraphOptimizationLevel, 'void *SetSessionGraphOptimizationLevel(void *opts, int level)');
     const releaseOptions = fn(SLOT.ReleaseSessionOptions, 'void ReleaseSessionOptions(void *opts)');
     const createSession = fn(SLOT.CreateSession, 'void *CreateSession(void *env, const char *path, void *opts, _Out_ void **session)');
@@ -117,6 +118,7 @@ function bind(): Api | null {
         check(createOptions(opts));
         try {
           check(disableArena(opts[0])); // as every CPU session here: run buffers go back to malloc
+          check(disablePattern(opts[0])); // and no per-shape planned block (session.ts says why)
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
           const s = out();
           check(createSession(e, file, opts[0], s));

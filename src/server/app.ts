@@ -77,7 +77,7 @@ export function createApp(service: RagService): express.Express {
         // The same prediction for the shape as it ran (pairs left after pruning, the assembled prompt):
         // the reservation above is the worst case of the request as asked.
         as_run: {
-          reranked_pairs: shape.topK, rerank_batch: shape.rerankBatch, pair_tokens: shape.pairTokens, prompt_tokens: shape.promptTokens, cached_prompt_tokens: shape.cachedTokens ?? 0,
+          reranked_pairs: shape.topK, rerank_batch: shape.rerankBatch, rerank_runs: shape.rerankRuns, pair_tokens: shape.pairTokens, prompt_tokens: shape.promptTokens, cached_prompt_tokens: shape.cachedTokens ?? 0,
           predicted_workspace_bytes: asRun.workspaceBytes, peak_stage: asRun.peakStage, predicted_stage_bytes: asRun.stages,
         },
       },
