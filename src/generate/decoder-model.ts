@@ -124,6 +124,8 @@ export function presentData(present: readonly KvTensor[]): KvArray[] {
 export class DecoderModel {
   /** The kv-tail graph on this model's provider (onnx-graph.ts), made on first use. */
   private tail: Promise<ort.InferenceSession> | undefined;
+  /** present.N.key|value in the flat [k0, v0, k1, v1, ...] order of past and present tensors. */
+  private readonly kvNames: readonly string[];
 
   private constructor(
     readonly tokenizer: TextTokenizer,
@@ -135,7 +137,9 @@ export class DecoderModel {
     readonly layout: KvLayout,
     readonly bosId: number | undefined,
     readonly eosIds: ReadonlySet<number>,
-  ) {}
+  ) {
+    this.kvNames = presentNames(shape.numLayers);
+  }
 
   static async load(dir: string, ep: ExecutionProvider, extras: DecoderLoadOptions = {}): Promise<DecoderModel> {
     const files = await modelFiles(dir);
@@ -143,9 +147,8 @@ export class DecoderModel {
     const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
     const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const presentNames = Array.from({ length: cfg.num_hidden_layers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
     // genai's present is the past buffer itself, given as a host output: it stays where the past is.
-    const loaded = await createSession(files.onnx, ep, { ...extras, deviceOutputs: layout === 'genai' ? [] : presentNames });
+    const loaded = await createSession(files.onnx, ep, { ...extras, deviceOutputs: layout === 'genai' ? [] : presentNames(cfg.num_hidden_layers) });
     const heads = cfg.num_attention_heads;
     const pastType = loaded.session.inputMetadata.find((m) => m.name === 'past_key_values.0.key');
     const kvType = pastType?.isTensor ? pastType.type : 'float32';
@@ -220,9 +223,9 @@ export class DecoderModel {
     const { headDim: D } = this.shape;
     const rows = present[0]!.dims[0]!;
     const wider = this.allocPast(rows, newWidth);
+    const outs = presentData(wider);
     presentData(present).forEach((src, j) => {
-      const out = presentData([wider[j]!])[0]!;
-      for (let i = 0; i < src.length / (width * D); i++) out.set(src.subarray(i * width * D, (i + 1) * width * D), i * newWidth * D);
+      for (let i = 0; i < src.length / (width * D); i++) outs[j]!.set(src.subarray(i * width * D, (i + 1) * width * D), i * newWidth * D);
     });
     return wider;
   }
@@ -318,10 +321,6 @@ export class DecoderModel {
     return { lastLogits: last instanceof Float32Array ? last : halfsToFloats(last), present: run.present, width: genai ? width : width + seq };
   }
 
-  private presentNames(): string[] {
-    return Array.from({ length: this.shape.numLayers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
-  }
-
   private async runDirect(session: DirectSession, ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
     past: readonly KvTensor[]): Promise<RunResult> {
     const hostPast = past.map((t) => {
@@ -334,7 +333,7 @@ export class DecoderModel {
     (attention.data as BigInt64Array).set(mask);
     const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: attention };
     const fetches: Record<string, HostTensor | null> = { logits: null };
-    this.presentNames().forEach((name, i) => {
+    this.kvNames.forEach((name, i) => {
       feeds[name.replace('present', 'past_key_values')] = hostPast[i]!;
       fetches[name] = hostPast[i]!; // written in place
     });
@@ -363,7 +362,7 @@ export class DecoderModel {
       feeds['position_ids'] = new ort.Tensor('int64', BigInt64Array.from(lengths.flatMap((len) => Array.from({ length: seq }, (_, k) => BigInt(len + k)))), [batch, seq]);
     }
     const fetches: Record<string, ort.Tensor | null> = { logits: null };
-    this.presentNames().forEach((name, i) => {
+    this.kvNames.forEach((name, i) => {
       const t = past[i]!;
       if (t instanceof HostTensor) throw new Error('onnxruntime-node runs take onnxruntime-node tensors');
       feeds[name.replace('present', 'past_key_values')] = t;
@@ -374,9 +373,13 @@ export class DecoderModel {
     const logits = result['logits']!;
     return {
       logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!,
-      present: this.presentNames().map((n) => result[n]!), release: () => logits.dispose(),
+      present: this.kvNames.map((n) => result[n]!), release: () => logits.dispose(),
     };
   }
+}
+
+function presentNames(layers: number): string[] {
+  return Array.from({ length: layers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
 }
 
 /** A run's outputs before the last-position logits are taken out; release() frees the logits. */

@@ -178,24 +178,17 @@ export class Engine {
   /**
    * Stores tokens from..len-1 of each row of a run's present KV (of `width` positions) into the rows'
    * blocks. Host tensors are read in place; device ones (right-aligned rows: every row's unstored
-   * tokens are among the last n positions) come back through kvTail, only that tail.
+   * tokens are among the last n positions) come back through kvTail, only that tail, itself a present
+   * of n positions.
    */
   private async store(present: readonly KvTensor[], width: number, tables: readonly ArrayLike<number>[],
     lengths: readonly number[], from: readonly number[]): Promise<void> {
-    const rows = lengths.length;
-    if (present[0]!.location === 'cpu') {
-      const data = presentData(present);
-      lengths.forEach((len, r) => {
-        const start = from[r]!;
-        if (start < len) this.pool.scatter(data, rows, width, r, this.model.slot(width, len, start), tables[r]!, start, len - start);
-      });
-      return;
-    }
-    const n = Math.max(...lengths.map((len, r) => len - from[r]!));
-    const tail = await this.model.kvTail(present, n);
+    const onHost = present[0]!.location === 'cpu';
+    const n = onHost ? width : Math.max(...lengths.map((len, r) => len - from[r]!));
+    const data = onHost ? presentData(present) : await this.model.kvTail(present, n);
     lengths.forEach((len, r) => {
       const start = from[r]!;
-      if (start < len) this.pool.scatter(tail, rows, n, r, n - (len - start), tables[r]!, start, len - start);
+      if (start < len) this.pool.scatter(data, lengths.length, n, r, this.model.slot(n, len, start), tables[r]!, start, len - start);
     });
   }
 
@@ -244,7 +237,7 @@ export class Engine {
       this.outputs.push(...carry.present);
       carry = this.carry = { ...carry, present: this.model.widen(carry.present, carry.width, width), width };
     }
-    const reuse = same && carry !== undefined && this.model.canExtend(carry.width, lengths, 1);
+    const reuse = same; // widened above where it had to be
     // Not reused: the rows are gathered from the pool, which must hold every token first.
     if (!reuse) await this.writeBack();
     this.carry = undefined;
