@@ -104,7 +104,9 @@ async function prefillSeconds(w: Workload): Promise<number> {
   return (performance.now() - t0) / 1000;
 }
 
-const best = (runs: Run[]): Run => runs.reduce((a, b) => (b.tokens / b.seconds > a.tokens / a.seconds ? b : a));
+const rate = (r: Run) => r.tokens / r.seconds;
+const best = (runs: Run[]): Run => runs.reduce((a, b) => (rate(b) > rate(a) ? b : a));
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 // Warm-up: first runs pay for graph optimisation and allocator growth.
 await generate(model, ragPrompts[0]!, { maxNewTokens: 4, temperature: 0 });
@@ -134,16 +136,14 @@ for (const w of workloads) {
   }
   const rows = modes.map(([mode, c]) => [mode, c, best(runs.get(mode)!)] as const);
   for (const [mode, c, r] of rows) {
-    const tps = +(r.tokens / r.seconds).toFixed(1);
+    const tps = +rate(r).toFixed(1);
     if (c === 0) result[`${prefix}sequential_tokens_per_s`] = tps;
     else {
       result[`${prefix}tokens_per_s_at_${c}`] = tps;
       result[`${prefix}overhead_us_per_step_at_${c}`] = +(r.overheadUs ?? 0).toFixed(1);
     }
-    console.log(`${w.name.padEnd(9)} ${mode.padEnd(24)} ${String(r.tokens).padStart(6)}  ${r.seconds.toFixed(2).padStart(7)}  ${(r.tokens / r.seconds).toFixed(1).padStart(8)}`);
+    console.log(`${w.name.padEnd(9)} ${mode.padEnd(24)} ${String(r.tokens).padStart(6)}  ${r.seconds.toFixed(2).padStart(7)}  ${rate(r).toFixed(1).padStart(8)}`);
   }
-  const rate = (r: Run) => r.tokens / r.seconds;
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   for (const c of [8, 32]) {
     const seqRuns = runs.get('sequential')!;
     const ratios = runs.get(`engine, ${c} concurrent`)!.map((r, i) => rate(r) / rate(seqRuns[i]!));

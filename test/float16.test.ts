@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KvCachePool, kvBytesPerToken } from '../src/generate/kv-pool.js';
-import { halfsToFloats, halfToFloat } from '../src/runtime/float16.js';
+import { floatToHalf, halfsToFloats, halfToFloat } from '../src/runtime/float16.js';
 
 test('half-precision words decode to their float values', () => {
   assert.equal(halfToFloat(0x3c00), 1);
@@ -24,4 +24,16 @@ test('a float16 KV pool takes half the bytes and moves 16-bit words unchanged', 
   const [k] = pool.gather([{ blocks: [2, 1], length: 3 }], 4);
   assert.ok(k instanceof Uint16Array);
   assert.deepEqual(Array.from(k), [0, 0, ...words]);
+});
+
+test('float16: round to nearest even, subnormals, overflow to infinity, and back', () => {
+  // Values a half holds exactly come back exactly.
+  for (const x of [0, 1, -2.5, 65504, 6.103515625e-5, 5.960464477539063e-8]) assert.equal(halfToFloat(floatToHalf(x)), x);
+  assert.equal(floatToHalf(1), 0x3c00);
+  assert.equal(floatToHalf(65520), 0x7c00, 'past the largest half: infinity');
+  assert.equal(floatToHalf(1 + 2 ** -11), 0x3c00, 'a tie rounds to even (down)');
+  assert.equal(floatToHalf(1 + 3 * 2 ** -11), 0x3c02, 'a tie rounds to even (up)');
+  assert.equal(floatToHalf(2 ** -25), 0, 'below half the smallest subnormal: zero');
+  assert.equal(floatToHalf(2 ** -24), 1, 'the smallest subnormal');
+  assert.ok(Math.abs(halfToFloat(floatToHalf(0.1)) - 0.1) < 1e-4);
 });

@@ -1,4 +1,4 @@
-/** IEEE 754 half-precision words (how ONNX Runtime hands float16 tensors to JavaScript) to float32. */
+/** IEEE 754 half-precision words (how ONNX Runtime hands float16 tensors to JavaScript) to float32 and back. */
 
 const EXP = new Float32Array(32);
 for (let e = 0; e < 32; e++) EXP[e] = 2 ** (e - 15);

@@ -45,13 +45,12 @@ const SLOT = {
 
 interface Api {
   check(status: unknown): void;
-  createSession(env: unknown, file: string, opts: unknown): unknown;
+  createSession(file: string): unknown;
   createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
   wrapOutput(value: unknown): { type: HostTensorType; dims: number[]; data: HostArray };
   run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[]): Promise<void>;
   releaseValue(value: unknown): void;
   releaseSession(session: unknown): void;
-  env: unknown;
 }
 
 let api: Api | null | undefined;
@@ -111,9 +110,8 @@ function bind(): Api | null {
       return view(type, count === 0 ? new ArrayBuffer(0) : koffi.view(p[0], count * ELEMENT[type].bytes) as ArrayBuffer);
     };
     api = {
-      env: env[0],
       check,
-      createSession(e, file, _opts) {
+      createSession(file) {
         const opts = out();
         check(createOptions(opts));
         try {
@@ -121,7 +119,7 @@ function bind(): Api | null {
           check(disablePattern(opts[0])); // and no per-shape planned block (session.ts says why)
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
           const s = out();
-          check(createSession(e, file, opts[0], s));
+          check(createSession(env[0], file, opts[0], s));
           return s[0];
         } finally {
           releaseOptions(opts[0]);
@@ -221,7 +219,7 @@ export class DirectSession {
   /** Null where the C API cannot be bound (see directUnavailable()). */
   static create(modelFile: string): DirectSession | null {
     const a = bind();
-    return a ? new DirectSession(a, a.createSession(a.env, modelFile, null)) : null;
+    return a ? new DirectSession(a, a.createSession(modelFile)) : null;
   }
 
   /** An uninitialised tensor (ONNX Runtime's default CPU allocator, malloc). */

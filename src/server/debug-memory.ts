@@ -84,9 +84,9 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   const pool = engine.pool;
   const tableBytes = Object.entries(kv.tablesByBucket).reduce((s, [cap, n]) => s + Number(cap) * 4 * n, 0);
   const components: Component[] = [
-    { name: 'embedder', bytes: models.loadBytes.embedder, how: 'measured', detail: `onnx file ${models.embedder.files.onnxBytes} bytes; loaded first, so it includes ONNX Runtime's own start-up` },
-    { name: 'reranker', bytes: models.loadBytes.reranker, how: 'measured', detail: `onnx file ${models.reranker.files.onnxBytes} bytes` },
-    { name: 'decoder', bytes: models.loadBytes.decoder, how: 'measured', detail: `onnx file ${models.decoder.files.onnxBytes} bytes` },
+    { name: 'embedder', bytes: models.loadBytes.embedder, how: 'measured', detail: `onnx weights ${models.embedder.files.onnxBytes} bytes on disk; loaded first, so it includes ONNX Runtime's own start-up` },
+    { name: 'reranker', bytes: models.loadBytes.reranker, how: 'measured', detail: `onnx weights ${models.reranker.files.onnxBytes} bytes on disk` },
+    { name: 'decoder', bytes: models.loadBytes.decoder, how: 'measured', detail: `onnx weights ${models.decoder.files.onnxBytes} bytes on disk` },
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },
     { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },
