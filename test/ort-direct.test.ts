@@ -24,6 +24,13 @@ before(() => {
   direct = DirectSession.create(FILE)!;
 });
 
+test('a direct session reads its inputs\' names and element types (what the decoder loads by)', () => {
+  assert.deepEqual(direct.inputs.slice(0, 3), [
+    { name: 'input_ids', type: 'int64' }, { name: 'attention_mask', type: 'int64' }, { name: 'past_key_values.0.key', type: 'float32' },
+  ]);
+  assert.equal(direct.inputs.length, 2 + 2 * L);
+});
+
 function feedsFor(s: DirectSession, kv: HostTensor[]): { feeds: Record<string, HostTensor>; fetches: Record<string, HostTensor | null>; inputs: HostTensor[] } {
   const inputIds = s.tensor('int64', [1, ids.length]);
   (inputIds.data as BigInt64Array).set(ids.map(BigInt));

@@ -32,7 +32,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
-import { DirectSession, directUnavailable, HostTensor } from '../runtime/ort-direct.js';
+import { DirectSession, directUnavailable, HostTensor, type SessionInput } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
@@ -129,7 +129,8 @@ export class DecoderModel {
 
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly loaded: LoadedSession,
+    /** onnxruntime-node's session, where runs go through it (null where they go through `direct`). */
+    private readonly loaded: LoadedSession | null,
     /** Runs through ONNX Runtime's C API with host buffers (genai layout on the CPU); else onnxruntime-node's. */
     private readonly direct: DirectSession | null,
     readonly files: ModelFiles,
@@ -147,11 +148,22 @@ export class DecoderModel {
     const cfg = await readJson<DecoderConfig>(path.join(dir, 'config.json'));
     const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    // genai's present is the past buffer itself, given as a host output: it stays where the past is.
-    const loaded = await createSession(files.onnx, ep, { ...extras, deviceOutputs: layout === 'genai' ? [] : presentNames(cfg.num_hidden_layers) });
+    const wantDirect = layout === 'genai' && extras.direct !== false;
+    // genai asked for on the CPU goes straight to the C API's session: the model loads once.
+    let direct = wantDirect && ep === 'cpu' ? DirectSession.create(files.onnx) : null;
+    let loaded: LoadedSession | null = null;
+    if (!direct) {
+      // genai's present is the past buffer itself, given as a host output: it stays where the past is.
+      const node = await createSession(files.onnx, ep, { ...extras, deviceOutputs: layout === 'genai' ? [] : presentNames(cfg.num_hidden_layers) });
+      // 'auto' that settled on the CPU: the C API's session takes over from onnxruntime-node's.
+      direct = wantDirect && node.provider === 'cpu' ? DirectSession.create(files.onnx) : null;
+      if (direct) await node.session.release();
+      else loaded = node;
+    }
+    const inputs: readonly SessionInput[] = direct?.inputs
+      ?? loaded?.session.inputMetadata.map((m) => ({ name: m.name, type: m.isTensor ? m.type : undefined })) ?? [];
     const heads = cfg.num_attention_heads;
-    const pastType = loaded.session.inputMetadata.find((m) => m.name === 'past_key_values.0.key');
-    const kvType = pastType?.isTensor ? pastType.type : 'float32';
+    const kvType = inputs.find((m) => m.name === 'past_key_values.0.key')?.type ?? 'float32';
     if (kvType !== 'float32' && kvType !== 'float16') throw new Error(`decoder ${files.onnx}: KV of type ${kvType} is not supported`);
     const shape: DecoderShape = {
       numLayers: cfg.num_hidden_layers,
@@ -168,13 +180,10 @@ export class DecoderModel {
     const eosIds = new Set(Array.isArray(eos) ? eos : [eos]);
     const expected = ['input_ids', 'attention_mask', 'past_key_values.0.key'];
     for (const name of expected) {
-      if (!loaded.session.inputNames.includes(name)) {
+      if (!inputs.some((m) => m.name === name)) {
         throw new Error(`decoder ${files.onnx} lacks input '${name}': export it with a KV cache (past_key_values)`);
       }
     }
-    // genai on the CPU: the C API's session replaces onnxruntime-node's (kept for its metadata only).
-    const direct = layout === 'genai' && loaded.provider === 'cpu' && extras.direct !== false ? DirectSession.create(files.onnx) : null;
-    if (direct) await loaded.session.release();
     return new DecoderModel(tokenizer, loaded, direct, files, shape, layout, gen?.bos_token_id ?? cfg.bos_token_id ?? undefined, eosIds);
   }
 
@@ -186,12 +195,12 @@ export class DecoderModel {
   }
 
   get provider(): ConcreteProvider {
-    return this.loaded.provider;
+    return this.loaded?.provider ?? 'cpu'; // direct sessions are CPU sessions
   }
 
   /** True when present KV outputs stay in device memory between runs. */
   get presentOnDevice(): boolean {
-    return this.loaded.provider === 'webgpu' && this.layout === 'optimum';
+    return this.provider === 'webgpu' && this.layout === 'optimum';
   }
 
   /** How a batch's cached tokens sit in the past tensors: right-aligned (optimum) or left-aligned (genai). */
@@ -276,7 +285,7 @@ export class DecoderModel {
   async kvTail(present: readonly KvTensor[], n: number): Promise<KvArray[]> {
     // Outputs in host memory: sessionOptions keeps outputs on the device only when asked to.
     this.tail ??= ort.InferenceSession.create(kvTailModel(present.length, this.shape.kvDtype === 'float16' ? ONNX_FLOAT16 : ONNX_FLOAT),
-      sessionOptions(this.loaded.provider));
+      sessionOptions(this.provider));
     const session = await this.tail;
     const feeds: Record<string, ort.Tensor> = { starts: new ort.Tensor('int64', BigInt64Array.of(BigInt(-n)), [1]) };
     present.forEach((t, i) => {
@@ -352,6 +361,7 @@ export class DecoderModel {
 
   private async runBinding(ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
     past: readonly KvTensor[], lengths: readonly number[]): Promise<RunResult> {
+    if (!this.loaded) throw new Error('this decoder runs through a direct session');
     const { session } = this.loaded;
     const [batch, seq] = idsDims as [number, number];
     const feeds: Record<string, ort.Tensor> = {

@@ -37,20 +37,29 @@ function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
 /** OrtApi function-table slots used here (onnxruntime_c_api.h). */
 const SLOT = {
   GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableMemPattern: 17, DisableCpuMemArena: 19,
-  SetSessionGraphOptimizationLevel: 23, CreateTensorAsOrtValue: 48, GetTensorMutableData: 51,
-  GetTensorElementType: 60, GetDimensionsCount: 61, GetDimensions: 62, GetTensorShapeElementCount: 64,
-  GetTensorTypeAndShape: 65, GetAllocatorWithDefaultOptions: 78, ReleaseStatus: 93, ReleaseSession: 95,
-  ReleaseValue: 96, ReleaseTensorTypeAndShapeInfo: 99, ReleaseSessionOptions: 100,
+  SetSessionGraphOptimizationLevel: 23, SessionGetInputCount: 30, SessionGetInputTypeInfo: 33, SessionGetInputName: 36,
+  CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
+  GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
+  ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
+  ReleaseSessionOptions: 100,
 } as const;
 
 interface Api {
   check(status: unknown): void;
   createSession(file: string): unknown;
+  /** The session's inputs: names, and element types where they are tensors of a type handled here. */
+  inputs(session: unknown): SessionInput[];
   createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
   wrapOutput(value: unknown): { type: HostTensorType; dims: number[]; data: HostArray };
   run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[]): Promise<void>;
   releaseValue(value: unknown): void;
   releaseSession(session: unknown): void;
+}
+
+export interface SessionInput {
+  name: string;
+  /** A tensor's element type ('float32', ...; 'onnx element type N' for those not handled here); undefined where not a tensor. */
+  type: string | undefined;
 }
 
 let api: Api | null | undefined;
@@ -95,6 +104,12 @@ function bind(): Api | null {
     const getDims = fn(SLOT.GetDimensions, 'void *GetDimensions(void *info, _Out_ int64_t *dims, size_t n)');
     const releaseInfo = fn(SLOT.ReleaseTensorTypeAndShapeInfo, 'void ReleaseTensorTypeAndShapeInfo(void *info)');
     const releaseValue = fn(SLOT.ReleaseValue, 'void ReleaseValue(void *value)');
+    const inputCount = fn(SLOT.SessionGetInputCount, 'void *SessionGetInputCount(void *session, _Out_ size_t *n)');
+    const inputName = fn(SLOT.SessionGetInputName, 'void *SessionGetInputName(void *session, size_t i, void *alloc, _Out_ void **name)');
+    const inputTypeInfo = fn(SLOT.SessionGetInputTypeInfo, 'void *SessionGetInputTypeInfo(void *session, size_t i, _Out_ void **info)');
+    const tensorInfo = fn(SLOT.CastTypeInfoToTensorInfo, 'void *CastTypeInfoToTensorInfo(void *info, _Out_ void **tensor)');
+    const releaseTypeInfo = fn(SLOT.ReleaseTypeInfo, 'void ReleaseTypeInfo(void *info)');
+    const allocatorFree = fn(SLOT.AllocatorFree, 'void *AllocatorFree(void *alloc, void *p)');
     const runFn = koffi.decode(table[SLOT.Run], koffi.proto(
       'void *Run(void *session, void *runOptions, const char **inNames, void **inValues, size_t nIn, const char **outNames, size_t nOut, _Inout_ void **outValues)',
     )) as (...args: unknown[]) => unknown;
@@ -124,6 +139,28 @@ function bind(): Api | null {
         } finally {
           releaseOptions(opts[0]);
         }
+      },
+      inputs(session) {
+        const n = [0];
+        check(inputCount(session, n));
+        return Array.from({ length: n[0]! }, (_, i) => {
+          const p = out();
+          check(inputName(session, i, alloc[0], p));
+          const name = koffi.decode(p[0], 'char', -1) as string;
+          check(allocatorFree(alloc[0], p[0]));
+          const info = out();
+          check(inputTypeInfo(session, i, info));
+          try {
+            const t = out();
+            check(tensorInfo(info[0], t)); // NULL where the input is not a tensor; owned by info
+            if (t[0] === null) return { name, type: undefined };
+            const e = [0];
+            check(elementType(t[0], e));
+            return { name, type: BY_ONNX.get(e[0]!) ?? `onnx element type ${e[0]}` };
+          } finally {
+            releaseTypeInfo(info[0]);
+          }
+        });
       },
       createTensor(type, dims) {
         const v = out();
@@ -212,8 +249,12 @@ export class HostTensor {
 export class DirectSession {
   private handle: unknown;
 
+  /** The model's inputs, read once when the session is made. */
+  readonly inputs: readonly SessionInput[];
+
   private constructor(private readonly a: Api, handle: unknown) {
     this.handle = handle;
+    this.inputs = a.inputs(handle);
   }
 
   /** Null where the C API cannot be bound (see directUnavailable()). */
