@@ -19,7 +19,6 @@ export const ONNX_FLOAT16 = 10;
 export class Writer {
   private readonly chunks: Uint8Array[] = [];
   private small: number[] = [];
-  private size = 0;
 
   private flush(): void {
     if (this.small.length === 0) return;
@@ -34,7 +33,6 @@ export class Writer {
       x >>= 7n;
       if (x !== 0n) byte |= 0x80;
       this.small.push(byte);
-      this.size++;
     } while (x !== 0n);
     return this;
   }
@@ -50,7 +48,6 @@ export class Writer {
     const b = new Uint8Array(4);
     new DataView(b.buffer).setFloat32(0, v, true);
     for (const x of b) this.small.push(x);
-    this.size += 4;
     return this;
   }
 
@@ -59,7 +56,6 @@ export class Writer {
     this.varint((field << 3) | 2).varint(b.length);
     this.flush();
     this.chunks.push(b);
-    this.size += b.length;
     return this;
   }
 
@@ -75,14 +71,7 @@ export class Writer {
 
   finish(): Uint8Array {
     this.flush();
-    if (this.chunks.length === 1) return this.chunks[0]!;
-    const out = new Uint8Array(this.size);
-    let at = 0;
-    for (const c of this.chunks) {
-      out.set(c, at);
-      at += c.length;
-    }
-    return out;
+    return this.chunks.length === 1 ? this.chunks[0]! : concat(this.chunks) ?? new Uint8Array(0);
   }
 }
 
