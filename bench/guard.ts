@@ -5,15 +5,19 @@
  * Mix: long contexts (16 chunks into a 1536-token prompt budget), top_k up to 100, max_new_tokens at
  * the limit, in bursts of BENCH_GUARD_BURST concurrent requests over real HTTP on loopback.
  *
- * Measured (peak-meter.ts) on the host by the kernel's resident high-water mark, so that peaks inside a
- * native run count (garbage collected and free heap returned to the OS before each window); with the
- * models on a GPU (RAGGUARD_EXECUTION_PROVIDER=webgpu), by NVML's device memory sampled every ms:
- *   overflow            a burst whose peak resident growth exceeds the workspace the budget leaves
- *                       (budget - weights - index - KV pool): the process went over its budget.
+ * Measured (peak-meter.ts) on the host by two meters: ONNX Runtime's accounted bytes (the counting
+ * allocator every CPU session allocates through: what the models asked for) and the kernel's resident
+ * high-water mark (VmHWM: what the process really held, allocator scatter included; garbage collected
+ * and free heap returned to the OS before each window). With the models on a GPU
+ * (RAGGUARD_EXECUTION_PROVIDER=webgpu), by NVML's device memory sampled every ms:
+ *   overflow            a burst whose peak growth, by either meter, exceeds the workspace the budget
+ *                       leaves (budget - weights - index - KV pool): the process went over its budget.
  *   prediction_error    per request run alone: |predicted - measured| / measured, where predicted is the
  *                       memory model's workspace for the request as it ran (calibrated at start-up by
- *                       the profile run) and measured its peak resident growth. The KV pool is
- *                       allocated and resident up front, so a request's KV is not part of its growth.
+ *                       the profile run, on the meter RAGGUARD_HOST_METER names: accounted bytes by
+ *                       default) and measured its peak growth on that same meter. The resident meter's
+ *                       error is reported beside it (prediction_error_p95_resident). The KV pool is
+ *                       allocated up front, so a request's KV is not part of its growth.
  *   unclear_errors      replies other than 200, or 413/503 with {error: {code, message}} (413 and 503
  *                       memory_busy also with predicted_bytes and budget_bytes; 503 with Retry-After).
  *   served_fraction     200s / requests, guards on.
@@ -27,7 +31,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { nvmlReader } from '../src/guards/nvml.js';
-import { gpuPeakMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
+import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { createApp } from '../src/server/app.js';
@@ -60,8 +64,27 @@ const config = (extra: Record<string, string>): Config => loadConfig({ ...proces
 const first = config({});
 const models = await loadModels(first);
 const onGpu = models.decoder.provider !== 'cpu';
-const meter = onGpu ? gpuPeakMeter(nvmlReader()) : hostPeakMeter();
+// The profile run's meter (predictions are calibrated on it) and, on the host, resident memory beside it.
+const meter = onGpu ? gpuPeakMeter(nvmlReader()) : hostMeter(first);
+const resident = onGpu ? meter : hostPeakMeter();
 if (!meter.available) throw new Error(`bench:guard cannot measure peaks here: ${meter.reason}`);
+const accounted = meter !== resident;
+
+/**
+ * Peak growth of `work` on the prediction meter (bytes) and on resident memory; `top` is the
+ * prediction meter's absolute peak (accounted bytes only: their live total moves with allocations
+ * alone, so peaks of successive windows compare).
+ */
+async function measure<T>(work: () => Promise<T>): Promise<{ value: T; bytes: number; residentBytes: number; top: number }> {
+  if (!accounted) {
+    const { value, bytes } = await measurePeak(meter, work);
+    return { value, bytes, residentBytes: bytes, top: bytes };
+  }
+  const base = meter.resident();
+  // The resident window inside: its garbage collection and trim change no accounted byte.
+  const outer = await measurePeak(meter, () => measurePeak(resident, work));
+  return { value: outer.value.value, bytes: outer.bytes, residentBytes: outer.value.bytes, top: base + outer.bytes };
+}
 const loader = await RagService.start(first, models);
 const staticBytes = loader.weightBytes + loader.store.indexBytes;
 const budget = String(staticBytes + KV_POOL + WORKSPACE);
@@ -123,49 +146,60 @@ const p95 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.min(xs.length -
 const mb = (b: number) => (b / MB).toFixed(1);
 
 // 1. Prediction error: each request alone on the guarded server, each of its model runs measured on its
-//    own (the observer below); its measured peak is its largest run's.
-const runs: { stage: RunStage; bytes: number }[] = [];
+//    own (the observer below). Its measured peak: by accounted bytes, the highest live total of any of
+//    its runs above the live total when the request started (buffers a request holds across runs, a
+//    decoder's KV batch buffer, count in every run they outlive); by resident memory or NVML, whose
+//    baselines move between windows, its largest run's growth.
+const runs: { stage: RunStage; bytes: number; residentBytes: number; top: number }[] = [];
 const recorder: RunObserver = {
   async observe<T>(stage: RunStage, run: () => Promise<T>): Promise<T> {
-    const { value, bytes } = await measurePeak(meter, run);
-    runs.push({ stage, bytes });
+    const { value, ...m } = await measure(run);
+    runs.push({ stage, ...m });
     return value;
   },
 };
 const on = await listen(guarded);
 const errors: number[] = [];
+const residentErrors: number[] = [];
 console.log(`budget ${mb(Number(budget))} MiB: weights+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
 console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);
 console.log('\nalone: predicted vs measured workspace (MiB)');
 setRunObserver(recorder);
 for (const ask of mix(ALONE)) {
   runs.length = 0;
+  const start = meter.resident();
   const reply = await send(on.url, ask);
-  const bytes = Math.max(0, ...runs.map((r) => r.bytes));
+  const runBytes = (r: (typeof runs)[number]) => (accounted ? Math.max(0, r.top - start) : r.bytes);
+  const bytes = Math.max(0, ...runs.map(runBytes));
   const predicted = reply.body.guard?.as_run?.predicted_workspace_bytes;
   if (reply.status !== 200 || predicted === undefined || bytes === 0) continue;
   errors.push(Math.abs(predicted - bytes) / bytes);
+  const residentBytes = Math.max(0, ...runs.map((r) => r.residentBytes));
+  if (residentBytes > 0) residentErrors.push(Math.abs(predicted - residentBytes) / residentBytes);
   console.log(`  top_k ${String(ask.top_k).padStart(3)} top_n ${String(ask.rerank_top_n).padStart(2)} new ${String(ask.max_new_tokens).padStart(2)}: ` +
-    `predicted ${mb(predicted).padStart(6)} measured ${mb(bytes).padStart(6)} error ${errors.at(-1)!.toFixed(3)}  ` +
+    `predicted ${mb(predicted).padStart(6)} measured ${mb(bytes).padStart(6)} error ${errors.at(-1)!.toFixed(3)}` +
+    (accounted ? ` (resident ${mb(residentBytes).padStart(5)})  ` : '  ') +
     (['embed', 'rerank', 'prefill', 'decode'] as const).map((st) =>
-      `${st} ${mb(reply.body.guard!.as_run!.predicted_stage_bytes[st])}/${mb(Math.max(0, ...runs.filter((r) => r.stage === st).map((r) => r.bytes)))}`).join(' '));
+      `${st} ${mb(reply.body.guard!.as_run!.predicted_stage_bytes[st])}/${mb(Math.max(0, ...runs.filter((r) => r.stage === st).map(runBytes)))}`).join(' '));
 }
 
 setRunObserver(undefined);
 
 // 2. Bursts, guards on then off, the same requests.
 const bursts = Array.from({ length: BURSTS }, () => mix(BURST));
-async function burstPhase(url: string): Promise<{ overflows: number; peaks: number[]; replies: Reply[] }> {
+async function burstPhase(url: string): Promise<{ overflows: number; peaks: number[]; residentPeaks: number[]; replies: Reply[] }> {
   let overflows = 0;
   const peaks: number[] = [];
+  const residentPeaks: number[] = [];
   const replies: Reply[] = [];
   for (const asks of bursts) {
-    const { value, bytes } = await measurePeak(meter, () => Promise.all(asks.map((a) => send(url, a))));
+    const { value, bytes, residentBytes } = await measure(() => Promise.all(asks.map((a) => send(url, a))));
     replies.push(...value);
     peaks.push(bytes);
-    if (bytes > WORKSPACE) overflows++;
+    residentPeaks.push(residentBytes);
+    if (Math.max(bytes, residentBytes) > WORKSPACE) overflows++;
   }
-  return { overflows, peaks, replies };
+  return { overflows, peaks, residentPeaks, replies };
 }
 const g = await burstPhase(on.url);
 await on.close();
@@ -174,9 +208,11 @@ const u = await burstPhase(off.url);
 await off.close();
 
 const count = (rs: Reply[], s: number) => rs.filter((r) => r.status === s).length;
-console.log(`\nbursts of ${BURST}   peak workspace (MiB) per burst        200   413   503  unclear  overflows`);
+const peaksOf = (r: typeof g) => r.peaks.map((b, i) => (accounted ? `${mb(b)}/${mb(r.residentPeaks[i]!)}` : mb(b))).join(', ');
+console.log(`\nbursts of ${BURST}: peak workspace per burst, MiB${accounted ? ' (accounted/resident)' : ''}`);
+console.log(`${' '.repeat(62)}  200   413   503  unclear  overflows`);
 for (const [name, r] of [['guards on ', g], ['guards off', u]] as const) {
-  console.log(`  ${name}    ${r.peaks.map(mb).join(', ').padEnd(34)} ${String(count(r.replies, 200)).padStart(5)} ${String(count(r.replies, 413)).padStart(5)} ` +
+  console.log(`  ${name}    ${peaksOf(r).padEnd(46)} ${String(count(r.replies, 200)).padStart(5)} ${String(count(r.replies, 413)).padStart(5)} ` +
     `${String(count(r.replies, 503)).padStart(5)} ${String(r.replies.filter((x) => !x.clear).length).padStart(8)} ${String(r.overflows).padStart(10)}`);
 }
 await rm(indexDir, { recursive: true, force: true });
@@ -188,15 +224,18 @@ console.log(JSON.stringify({
   prediction_error_p95: +p95(errors).toFixed(3),
   prediction_error_median: +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3),
   predictions_measured: errors.length,
+  ...(accounted ? { prediction_error_p95_resident: +p95(residentErrors).toFixed(3) } : {}),
   served_fraction: +(count(g.replies, 200) / g.replies.length).toFixed(3),
   headroom: profile.source === 'profile' ? +profile.headroom.toFixed(3) : 0,
   reshaped_requests: g.replies.filter((r) => (r.body.guard?.reshaped?.length ?? 0) > 0).length,
   unguarded_served_fraction: +(count(u.replies, 200) / u.replies.length).toFixed(3),
   budget_bytes: Number(budget),
   workspace_bytes: WORKSPACE,
-  peak_workspace_bytes: Math.max(...g.peaks),
-  unguarded_peak_workspace_bytes: Math.max(...u.peaks),
-  measured_by: onGpu ? 'NVML device memory used, sampled every ms' : 'host resident high-water mark (VmHWM)',
+  peak_workspace_bytes: Math.max(...g.peaks, ...g.residentPeaks),
+  unguarded_peak_workspace_bytes: Math.max(...u.peaks, ...u.residentPeaks),
+  measured_by: onGpu ? 'NVML device memory used, sampled every ms'
+    : accounted ? 'ONNX Runtime accounted bytes (counting allocator); overflows also by resident high-water mark (VmHWM)'
+    : 'host resident high-water mark (VmHWM)',
   where: guarded.models.decoder.provider,
 }));
 process.exit(0);

@@ -15,6 +15,8 @@
 #   5. scripts/build-gqa-decoder.ts: the shipped decoder in onnxruntime-genai's layout
 #      (models/decoder -> models/decoder-gqa, the server's default decoder; only when
 #      missing or older than its inputs)
+#   6. src/runtime/counting-allocator.c -> build/native/libragguard-alloc.so: the allocator
+#      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -144,6 +146,16 @@ if [[ ! -f $gqa || models/decoder/onnx/model.onnx -nt $gqa || src/generate/gqa-b
   node --import tsx scripts/build-gqa-decoder.ts models/decoder models/decoder-gqa
 else
   log "models/decoder-gqa is up to date"
+fi
+
+# --- 6. the counting allocator (ONNX Runtime's accounted bytes on the host) ----------------------
+alloc=build/native/libragguard-alloc.so
+if [[ ! -f $alloc || src/runtime/counting-allocator.c -nt $alloc ]]; then
+  log "counting allocator (src/runtime/counting-allocator.c -> $alloc)"
+  mkdir -p build/native
+  cc -O2 -shared -fPIC -Wall -Wextra -Werror -o "$alloc" src/runtime/counting-allocator.c
+else
+  log "$alloc is up to date"
 fi
 
 log "setup complete"

@@ -19,10 +19,11 @@ import { GrowthTracker } from './guards/growth.js';
 import { MemoryGuard } from './guards/guard.js';
 import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
-import { gpuPeakMeter, hostPeakMeter } from './guards/peak-meter.js';
+import { gpuPeakMeter, hostMeter } from './guards/peak-meter.js';
 import { measureLoad, processMemory } from './guards/process-memory.js';
 import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
+import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe, prune } from './retrieval/prune.js';
@@ -85,6 +86,8 @@ export interface Models {
 
 /** Loads the three models one after the other, so that each one's resident footprint is measured. */
 export async function loadModels(cfg: Config): Promise<Models> {
+  // Before any session is made: a session takes its allocators when it is created.
+  if (cfg.hostMeter === 'accounted') installCountingAllocator();
   const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
   const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras));
   const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras));
@@ -185,8 +188,9 @@ export class RagService {
     const { embedder, reranker, decoder } = this.models;
     const where = new Set([embedder, reranker, decoder].map((m) => (m.provider === 'cpu' ? 'host' : 'device')));
     const promptTokens = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - 1);
-    // All on the host: the kernel's peak; all on the GPU: NVML's sampled device memory.
-    const meter = where.size > 1 ? undefined : where.has('host') ? hostPeakMeter() : gpuPeakMeter(nvmlReader());
+    // All on the host: ONNX Runtime's accounted bytes (or the kernel's resident peak); all on the GPU:
+    // NVML's sampled device memory.
+    const meter = where.size > 1 ? undefined : where.has('host') ? hostMeter(this.cfg) : gpuPeakMeter(nvmlReader());
     this.profile = !meter
       ? { source: 'analytic', reason: 'models split between host and GPU: no single meter sees every run' }
       : await profileMemory(this.guard.model, {

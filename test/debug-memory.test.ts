@@ -38,6 +38,10 @@ test('the snapshot accounts for every component, the KV pool and the process', a
   assert.match(m.gpu_unavailable_reason, /libnvidia-ml/);
   for (const k of ['rss', 'heap_total', 'heap_used', 'external', 'array_buffers']) assert.ok(m.process[k] > 0, k);
   assert.ok(m.budget.host_total_bytes > 0);
+  // ONNX Runtime's own host bytes, accounted by the counting allocator (the profile's meter).
+  assert.equal(m.onnxruntime_host.accounted, true);
+  assert.ok(m.onnxruntime_host.live_bytes > 0 && m.onnxruntime_host.peak_bytes >= m.onnxruntime_host.live_bytes, JSON.stringify(m.onnxruntime_host));
+  assert.equal(m.memory_model.host_meter, 'accounted');
 });
 
 test('growth is tracked over the last requests', async () => {

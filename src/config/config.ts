@@ -56,6 +56,8 @@ export interface Config {
   guards: boolean;
   /** Calibrate the memory model by a profile run at start-up. */
   profileRun: boolean;
+  /** What the profile run measures of a run on the host: ONNX Runtime's accounted bytes, or resident memory. */
+  hostMeter: 'accounted' | 'resident';
   /** Reservations are predictions x (1 + headroom), the headroom at least this. */
   minHeadroom: number;
   reshapeOrder: ReshapeStep[];
@@ -269,6 +271,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_PROFILE_RUN', default: 'true',
     doc: 'At start-up, run each model at the largest allowed shapes, measure their peaks and calibrate the memory model (host memory; kept analytic on a GPU).',
     apply: bool((c, v) => (c.profileRun = v)),
+  },
+  {
+    name: 'RAGGUARD_HOST_METER', default: 'accounted',
+    doc: 'What the profile run measures of a model run on the host. accounted: the bytes ONNX Runtime allocates, counted by the counting allocator that npm run setup builds (build/native; exact, run after run; resident where it is not built). resident: the process\'s resident high-water mark (VmHWM; includes the allocator\'s own scatter).',
+    apply: oneOf(['accounted', 'resident'] as const, (c, v) => (c.hostMeter = v)),
   },
   {
     name: 'RAGGUARD_MIN_HEADROOM', default: '0.5',

@@ -1,5 +1,6 @@
 /**
- * Peak memory meters. On the host: the process's peak resident memory, as the kernel tracks it (VmHWM
+ * Peak memory meters. On the host, two: ONNX Runtime's accounted bytes (the counting allocator of
+ * ort-allocator.ts: what the models asked for, exactly, run after run) and the process's peak resident memory, as the kernel tracks it (VmHWM
  * in /proc/self/status), reset on demand by writing 5 to /proc/self/clear_refs; it catches a peak that
  * lasts microseconds inside a native model run, which no sampling from JavaScript would see. Linux
  * only; elsewhere `available` is false and says why. On the GPU: NVML's used bytes, sampled every
@@ -9,6 +10,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { trimMalloc } from '../runtime/malloc.js';
+import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
 import { GpuSampler, type GpuMemoryReader } from './nvml.js';
 
 export interface PeakMeter {
@@ -53,6 +55,30 @@ class NoPeakMeter implements PeakMeter {
   peak(): number {
     return process.memoryUsage.rss();
   }
+}
+
+/** ONNX Runtime's live bytes through the counting allocator; its peak is kept by the allocator itself. */
+class AccountedPeakMeter implements PeakMeter {
+  readonly available = true;
+  constructor(private readonly counters: NonNullable<ReturnType<typeof countingAllocator>>) {}
+  resident(): number {
+    return this.counters.live();
+  }
+  reset(): void {
+    this.counters.resetPeak();
+  }
+  peak(): number {
+    return this.counters.peak();
+  }
+}
+
+/**
+ * The host meter of ONNX Runtime's accounted bytes; `available` false, with the reason, where the
+ * counting allocator is not installed (ort-allocator.ts).
+ */
+export function accountedPeakMeter(): PeakMeter {
+  const c = countingAllocator();
+  return c ? new AccountedPeakMeter(c) : new NoPeakMeter(`ONNX Runtime's bytes are not accounted: ${accountingUnavailable()}`);
 }
 
 /** Device memory used on every GPU together, as NVML reports it (the whole device, all processes). */
@@ -127,6 +153,12 @@ export function hostPeakMeter(): PeakMeter {
   } catch (e) {
     return (meter = new NoPeakMeter(`no resettable peak (/proc/self/clear_refs): ${e instanceof Error ? e.message : String(e)}`));
   }
+}
+
+/** The host meter that `cfg` asks for: accounted bytes where the counting allocator is installed, else resident memory. */
+export function hostMeter(cfg: { hostMeter: 'accounted' | 'resident' }): PeakMeter {
+  const accounted = cfg.hostMeter === 'accounted' ? accountedPeakMeter() : undefined;
+  return accounted?.available ? accounted : hostPeakMeter();
 }
 
 let collect: (() => void) | undefined;

@@ -41,7 +41,7 @@ const SLOT = {
   CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
   GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
   ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
-  ReleaseSessionOptions: 100,
+  ReleaseSessionOptions: 100, CreateCpuMemoryInfo: 69, AddSessionConfigEntry: 130, RegisterAllocator: 176,
 } as const;
 
 interface Api {
@@ -54,6 +54,12 @@ interface Api {
   run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[]): Promise<void>;
   releaseValue(value: unknown): void;
   releaseSession(session: unknown): void;
+  /**
+   * Registers `allocator` (an OrtAllocator for the CPU, whose memory info this makes) with the
+   * environment: every session made afterwards, here or by onnxruntime-node, with
+   * session.use_env_allocators=1 allocates through it.
+   */
+  registerCpuAllocator(allocator: (info: unknown) => unknown): void;
 }
 
 export interface SessionInput {
@@ -75,7 +81,7 @@ function bind(): Api | null {
     const ApiBase = koffi.struct('OrtApiBase', { GetApi: 'void *', GetVersionString: 'void *' });
     const base = koffi.decode(lib.func('void *OrtGetApiBase()')(), ApiBase) as { GetApi: unknown };
     const getApi = koffi.decode(base.GetApi, koffi.proto('void *OrtGetApi(uint32_t version)')) as (v: number) => unknown;
-    const table = koffi.decode(getApi(16), koffi.array('void *', 128)) as unknown[];
+    const table = koffi.decode(getApi(16), koffi.array('void *', 180)) as unknown[];
     if (!table) throw new Error('OrtGetApi(16) returned NULL');
     const fn = (slot: number, proto: string) => koffi.decode(table[slot], koffi.proto(proto)) as (...args: unknown[]) => unknown;
     const getErrorMessage = fn(SLOT.GetErrorMessage, 'const char *GetErrorMessage(void *status)');
@@ -110,6 +116,9 @@ function bind(): Api | null {
     const tensorInfo = fn(SLOT.CastTypeInfoToTensorInfo, 'void *CastTypeInfoToTensorInfo(void *info, _Out_ void **tensor)');
     const releaseTypeInfo = fn(SLOT.ReleaseTypeInfo, 'void ReleaseTypeInfo(void *info)');
     const allocatorFree = fn(SLOT.AllocatorFree, 'void *AllocatorFree(void *alloc, void *p)');
+    const cpuMemoryInfo = fn(SLOT.CreateCpuMemoryInfo, 'void *CreateCpuMemoryInfo(int allocatorType, int memType, _Out_ void **info)');
+    const addConfigEntry = fn(SLOT.AddSessionConfigEntry, 'void *AddSessionConfigEntry(void *opts, const char *key, const char *value)');
+    const registerAllocator = fn(SLOT.RegisterAllocator, 'void *RegisterAllocator(void *env, void *allocator)');
     const runFn = koffi.decode(table[SLOT.Run], koffi.proto(
       'void *Run(void *session, void *runOptions, const char **inNames, void **inValues, size_t nIn, const char **outNames, size_t nOut, _Inout_ void **outValues)',
     )) as (...args: unknown[]) => unknown;
@@ -118,6 +127,10 @@ function bind(): Api | null {
     check(createEnv(2, 'ragguard', env));
     const alloc = out();
     check(getAllocator(alloc));
+    // Tensors made here allocate through the registered allocator once there is one (so that the
+    // counting allocator accounts a decoder's KV buffers too), else through the default one.
+    let tensorAllocator: unknown = alloc[0];
+    let envAllocator = false;
     const dataOf = (value: unknown, type: HostTensorType, count: number): HostArray => {
       const p = out();
       check(mutableData(value, p));
@@ -133,6 +146,7 @@ function bind(): Api | null {
           check(disableArena(opts[0])); // as every CPU session here: run buffers go back to malloc
           check(disablePattern(opts[0])); // and no per-shape planned block (session.ts says why)
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
+          if (envAllocator) check(addConfigEntry(opts[0], 'session.use_env_allocators', '1'));
           const s = out();
           check(createSession(env[0], file, opts[0], s));
           return s[0];
@@ -164,7 +178,7 @@ function bind(): Api | null {
       },
       createTensor(type, dims) {
         const v = out();
-        check(createTensor(alloc[0], BigInt64Array.from(dims.map(BigInt)), dims.length, ELEMENT[type].onnx, v));
+        check(createTensor(tensorAllocator, BigInt64Array.from(dims.map(BigInt)), dims.length, ELEMENT[type].onnx, v));
         return { value: v[0], data: dataOf(v[0], type, dims.reduce((a, b) => a * b, 1)) };
       },
       wrapOutput(value) {
@@ -201,6 +215,14 @@ function bind(): Api | null {
           });
         });
       },
+      registerCpuAllocator(allocator) {
+        const info = out();
+        check(cpuMemoryInfo(0, 0, info)); // OrtDeviceAllocator, OrtMemTypeDefault; kept for the process's life
+        const registered = allocator(info[0]);
+        check(registerAllocator(env[0], registered));
+        tensorAllocator = registered;
+        envAllocator = true;
+      },
       releaseValue: (v) => void releaseValue(v),
       releaseSession: (s) => void releaseSession(s),
     };
@@ -209,6 +231,13 @@ function bind(): Api | null {
     api = null;
   }
   return api;
+}
+
+/** Registers a CPU allocator with ONNX Runtime's environment (see Api.registerCpuAllocator); throws where the C API cannot be bound. */
+export function registerCpuAllocator(allocator: (info: unknown) => unknown): void {
+  const a = bind();
+  if (!a) throw new Error(`onnxruntime C API unavailable: ${unavailable}`);
+  a.registerCpuAllocator(allocator);
 }
 
 /** Why direct sessions cannot be used here ('' when they can). */
@@ -263,7 +292,7 @@ export class DirectSession {
     return a ? new DirectSession(a, a.createSession(modelFile)) : null;
   }
 
-  /** An uninitialised tensor (ONNX Runtime's default CPU allocator, malloc). */
+  /** An uninitialised tensor (the registered CPU allocator where there is one, else ONNX Runtime's default: malloc). */
   tensor(type: HostTensorType, dims: readonly number[]): HostTensor {
     const { value, data } = this.a.createTensor(type, dims);
     return new HostTensor(this.a, value, type, dims, data);

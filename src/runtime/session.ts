@@ -11,6 +11,7 @@ import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { padRows } from './model-dir.js';
+import { countingAllocator } from './ort-allocator.js';
 
 export type ConcreteProvider = Exclude<ExecutionProvider, 'auto'>;
 
@@ -56,6 +57,8 @@ export function sessionOptions(provider: ConcreteProvider, extras: SessionExtras
     ...(provider === 'cpu' ? { enableMemPattern: false } : {}),
     // ONNX Runtime's default intra-op threads on the CPU; the option is for the CPU provider only.
     ...(provider === 'cpu' ? { intraOpNumThreads: 0 } : {}),
+    // Allocate through the counting allocator where it is installed (ort-allocator.ts).
+    ...(provider === 'cpu' && countingAllocator() ? { extra: { session: { use_env_allocators: '1' } } } : {}),
   };
 }
 

@@ -10,6 +10,7 @@ import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
 import type { ProfileReport } from '../guards/profile.js';
 import type { RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
+import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
 
 export interface Component {
   name: string;
@@ -53,6 +54,8 @@ export interface MemorySnapshot {
     calibration: 'profile' | 'analytic';
     /** Per stage: predicted bytes = scale x analytic bytes + offset_bytes. */
     fits: Record<string, { scale: number; offset_bytes: number }>;
+    /** What the profile run measured host runs by: ONNX Runtime's accounted bytes, or resident memory. */
+    host_meter: 'accounted' | 'resident';
     /** Reservations are predictions x (1 + headroom): the profile's worst run-to-run scatter. */
     headroom: number;
     /** The profile run's points (shape, analytic and measured peak bytes), or why there was none. */
@@ -63,6 +66,12 @@ export interface MemorySnapshot {
   gpu: { source: 'nvml'; gpus: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number }[] } | null;
   gpu_unavailable_reason?: string;
   process: { rss: number; heap_total: number; heap_used: number; external: number; array_buffers: number };
+  /**
+   * ONNX Runtime's host bytes as the counting allocator accounts them (every CPU session's
+   * allocations: weights it copied, run buffers): live now, and the highest since the last profile or
+   * measurement window; or why they are not accounted.
+   */
+  onnxruntime_host: { accounted: true; live_bytes: number; peak_bytes: number; allocations: number } | { accounted: false; reason: string };
   growth: {
     window: number;
     samples: number;
@@ -123,6 +132,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       allocator_tuned: allocatorTuned(),
       calibration: service.profile.source,
       fits: Object.fromEntries(Object.entries(service.guard.model.calibration).map(([st, f]) => [st, { scale: f.scale, offset_bytes: f.offsetBytes }])),
+      host_meter: cfg.hostMeter === 'accounted' && countingAllocator() ? 'accounted' : 'resident',
       headroom: service.guard.model.headroom,
       profile: service.profile,
     },
@@ -133,6 +143,9 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       : null,
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
     process: snake(processMemory()),
+    onnxruntime_host: ((c) => (c
+      ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations() }
+      : { accounted: false as const, reason: accountingUnavailable() }))(countingAllocator()),
     growth: (({ window, samples, rssGrowthBytes, heapGrowthBytes, externalGrowthBytes, thresholdBytes, flagged }) => ({
       window, samples, rss_growth_bytes: rssGrowthBytes, heap_growth_bytes: heapGrowthBytes,
       external_growth_bytes: externalGrowthBytes, threshold_bytes: thresholdBytes, flagged,

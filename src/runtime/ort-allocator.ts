@@ -1,0 +1,68 @@
+/**
+ * ONNX Runtime's accounted bytes on the host: a counting allocator (counting-allocator.c, built by
+ * scripts/setup.sh) registered with ONNX Runtime's environment, through which every CPU session
+ * allocates (session.use_env_allocators=1: session.ts and ort-direct.ts ask for it once it is
+ * installed). It keeps the live total of what the models asked for and its peak since a reset: a
+ * model run's memory as the runtime demanded it, without the allocator's and the kernel's scatter
+ * (resident size moves with glibc's reuse, arenas and page faults; peak-meter.ts's resident meter).
+ *
+ * It must be installed before the first session is made: a session takes its allocators when it is
+ * created. Where the library is not built, or the C API cannot be bound, nothing is installed and
+ * `accountingUnavailable()` says why; sessions then allocate through ONNX Runtime's own CPU allocator,
+ * which allocates the same way (64-byte aligned malloc) without counting.
+ */
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import koffi from 'koffi';
+import { registerCpuAllocator } from './ort-direct.js';
+
+/** Where scripts/setup.sh builds the library. */
+export const COUNTING_ALLOCATOR_LIBRARY = path.resolve(import.meta.dirname, '..', '..', 'build', 'native', 'libragguard-alloc.so');
+
+export interface AllocatorCounters {
+  /** Bytes allocated through the allocator and not yet freed. */
+  live(): number;
+  /** Highest live total since the last resetPeak() (or since start). */
+  peak(): number;
+  /** Starts a new peak window at the live total now. */
+  resetPeak(): void;
+  /** Allocations since start. */
+  allocations(): number;
+}
+
+let counters: AllocatorCounters | undefined;
+let reason = 'not installed';
+
+/**
+ * Installs the counting allocator (once per process; later calls return the same counters), or
+ * returns undefined where it cannot be, with accountingUnavailable() saying why.
+ */
+export function installCountingAllocator(library = COUNTING_ALLOCATOR_LIBRARY): AllocatorCounters | undefined {
+  if (counters) return counters;
+  try {
+    if (!existsSync(library)) throw new Error(`${library} is not built (npm run setup builds it)`);
+    const lib = koffi.load(library);
+    const make = lib.func('void *ragguard_counting_allocator(void *info)') as (info: unknown) => unknown;
+    const int64 = (name: string) => lib.func(`int64_t ${name}(void)`) as () => number | bigint;
+    const [live, peak, allocations] = ['ragguard_live_bytes', 'ragguard_peak_bytes', 'ragguard_allocations'].map(int64) as [
+      () => number | bigint, () => number | bigint, () => number | bigint];
+    const reset = lib.func('void ragguard_reset_peak(void)') as () => void;
+    registerCpuAllocator(make);
+    counters = { live: () => Number(live()), peak: () => Number(peak()), resetPeak: () => reset(), allocations: () => Number(allocations()) };
+    reason = '';
+    return counters;
+  } catch (e) {
+    reason = (e as Error).message;
+    return undefined;
+  }
+}
+
+/** The installed counters, if any. */
+export function countingAllocator(): AllocatorCounters | undefined {
+  return counters;
+}
+
+/** Why ONNX Runtime's bytes are not accounted ('' when they are). */
+export function accountingUnavailable(): string {
+  return reason;
+}

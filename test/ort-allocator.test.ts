@@ -1,0 +1,63 @@
+/**
+ * The counting allocator (ONNX Runtime's accounted bytes): every CPU session and every direct tensor
+ * allocates through it once it is installed, and a run's peak is the same run after run.
+ */
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { test } from 'node:test';
+import { accountedPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
+import { accountingUnavailable, installCountingAllocator } from '../src/runtime/ort-allocator.js';
+import { DirectSession } from '../src/runtime/ort-direct.js';
+import { createSession, encoderFeeds } from '../src/runtime/session.js';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+const MiB = 1 << 20;
+// Installed before the first session of this process, as loadModels does.
+const counters = installCountingAllocator();
+
+test('npm run setup builds the counting allocator and it installs', () => {
+  assert.ok(counters, `not installed: ${accountingUnavailable()}`);
+  assert.equal(accountingUnavailable(), '');
+  assert.equal(installCountingAllocator(), counters, 'installed once per process');
+});
+
+test("an onnxruntime-node session's runs are accounted: same shape, same peak; all freed after the run", async () => {
+  const c = counters!;
+  const loadFrom = c.live();
+  const { session } = await createSession(path.join(ROOT, 'models/reranker/onnx/model.onnx'), 'cpu');
+  assert.ok(c.live() > loadFrom, 'the session allocated its initializers through the allocator');
+  const meter = accountedPeakMeter();
+  const run = (pairs: number, width: number) => measurePeak(meter, async () => {
+    const rows = Array.from({ length: pairs }, (_, r) => Array.from({ length: width }, (_, i) => 5 + ((i + r) % 50)));
+    const before = c.live();
+    await session.run(encoderFeeds(session, rows, 0));
+    return c.live() - before;
+  });
+  const a = await run(16, 128);
+  const b = await run(16, 128);
+  const big = await run(16, 256);
+  assert.equal(a.value, 0, 'nothing of the run is live after it');
+  assert.ok(a.bytes > 4 * MiB, `a 16 x 128 reranker run accounted ${a.bytes} bytes`);
+  assert.ok(Math.abs(a.bytes - b.bytes) / a.bytes < 0.01, `run to run: ${a.bytes} then ${b.bytes}`);
+  assert.ok(big.bytes > 2 * a.bytes, `twice the width, more than twice the bytes (attention scores): ${big.bytes} vs ${a.bytes}`);
+  await session.release();
+});
+
+test("a direct session's tensors are accounted until disposed", () => {
+  const c = counters!;
+  const d = DirectSession.create(path.join(ROOT, 'models/decoder-gqa/model.onnx'));
+  assert.ok(d, 'direct session');
+  const before = c.live();
+  const t = d.tensor('float32', [4, 1024]);
+  assert.ok(c.live() - before >= 16384 && c.live() - before < 16384 + 4096, `${c.live() - before} bytes for 16 KiB`);
+  t.dispose();
+  assert.equal(c.live(), before);
+  d.dispose();
+});
+
+test('the host meter is the accounted one where asked for and installed, resident memory otherwise', () => {
+  const accounted = hostMeter({ hostMeter: 'accounted' });
+  assert.ok(accounted.available);
+  assert.equal(accounted.resident(), counters!.live());
+  assert.equal(hostMeter({ hostMeter: 'resident' }), hostPeakMeter());
+});
