@@ -32,7 +32,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
-import { DirectSession, directUnavailable, HostTensor, type SessionInput } from '../runtime/ort-direct.js';
+import { DirectSession, directUnavailable, HostTensor, type SessionValueInfo } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
@@ -96,7 +96,7 @@ export interface ForwardInput {
 }
 
 export interface ForwardOutput {
-  /** Logits of each row's last position, [batch, vocab]. */
+  /** Logits of each row's last position, [batch, vocab]; valid until the model's next forward (they may view its output buffer). */
   lastLogits: Float32Array;
   /**
    * Flat [k0, v0, ...], each [batch, kv_heads, width, head_dim]; the caller disposes them (the past
@@ -126,6 +126,13 @@ export class DecoderModel {
   private tail: Promise<ort.InferenceSession> | undefined;
   /** present.N.key|value in the flat [k0, v0, k1, v1, ...] order of past and present tensors. */
   private readonly kvNames: readonly string[];
+  /**
+   * A direct decode step's logits output, [rows, 1, vocab] float32, kept from step to step while the
+   * batch's row count holds: ONNX Runtime writes into it and the step's lastLogits view it, so a step
+   * allocates, wraps and copies no logits (at 8 rows, 128 KiB a step that the garbage collector
+   * otherwise chased).
+   */
+  private stepLogits: HostTensor | undefined;
 
   private constructor(
     readonly tokenizer: TextTokenizer,
@@ -160,7 +167,7 @@ export class DecoderModel {
       if (direct) await node.session.release();
       else loaded = node;
     }
-    const inputs: readonly SessionInput[] = direct?.inputs
+    const inputs: readonly SessionValueInfo[] = direct?.inputs
       ?? loaded?.session.inputMetadata.map((m) => ({ name: m.name, type: m.isTensor ? m.type : undefined })) ?? [];
     const heads = cfg.num_attention_heads;
     const kvType = inputs.find((m) => m.name === 'past_key_values.0.key')?.type ?? 'float32';
@@ -319,6 +326,7 @@ export class DecoderModel {
       ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past)
       : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths);
     const { logits, positions } = run;
+    if (run.reused && positions === 1 && logits instanceof Float32Array) return { lastLogits: logits, present: run.present, width };
     // Each row's last position (the graph may keep only that one).
     const V = this.shape.vocabSize;
     const last = logits instanceof Float32Array ? new Float32Array(batch * V) : new Uint16Array(batch * V);
@@ -341,7 +349,13 @@ export class DecoderModel {
     const attention = session.tensor('int64', maskDims);
     (attention.data as BigInt64Array).set(mask);
     const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: attention };
-    const fetches: Record<string, HostTensor | null> = { logits: null };
+    // A decode step's logits are [rows, 1, vocab] in every genai export (a prefill's may be every position's).
+    const step = idsDims[1] === 1 && session.outputs.find((o) => o.name === 'logits')?.type === 'float32';
+    if (step && this.stepLogits?.dims[0] !== idsDims[0]) {
+      this.stepLogits?.dispose();
+      this.stepLogits = session.tensor('float32', [idsDims[0]!, 1, this.shape.vocabSize]);
+    }
+    const fetches: Record<string, HostTensor | null> = { logits: step ? this.stepLogits! : null };
     this.kvNames.forEach((name, i) => {
       feeds[name.replace('present', 'past_key_values')] = hostPast[i]!;
       fetches[name] = hostPast[i]!; // written in place
@@ -350,8 +364,8 @@ export class DecoderModel {
       const out = await session.run(feeds, fetches);
       const logits = out['logits']!;
       return {
-        logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast,
-        release: () => logits.dispose(),
+        logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast, reused: step,
+        release: () => step || logits.dispose(),
       };
     } finally {
       inputIds.dispose();
@@ -383,7 +397,7 @@ export class DecoderModel {
     const logits = result['logits']!;
     return {
       logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!,
-      present: this.kvNames.map((n) => result[n]!), release: () => logits.dispose(),
+      present: this.kvNames.map((n) => result[n]!), reused: false, release: () => logits.dispose(),
     };
   }
 }
@@ -396,6 +410,8 @@ function presentNames(layers: number): string[] {
 interface RunResult {
   logits: Float32Array | Uint16Array;
   positions: number;
+  /** The logits are the model's step buffer (valid until the next run; release() keeps them). */
+  reused: boolean;
   present: KvTensor[];
   release(): void;
 }

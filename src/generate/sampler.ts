@@ -14,7 +14,14 @@ export function seededRandom(seed: number): () => number {
 
 export function argmax(logits: Float32Array): number {
   let best = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
+  let top = logits[0] ?? -Infinity;
+  for (let i = 1; i < logits.length; i++) {
+    const x = logits[i]!;
+    if (x > top) {
+      top = x;
+      best = i;
+    }
+  }
   return best;
 }
 

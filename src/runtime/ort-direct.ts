@@ -37,7 +37,8 @@ function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
 /** OrtApi function-table slots used here (onnxruntime_c_api.h). */
 const SLOT = {
   GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableMemPattern: 17, DisableCpuMemArena: 19,
-  SetSessionGraphOptimizationLevel: 23, SessionGetInputCount: 30, SessionGetInputTypeInfo: 33, SessionGetInputName: 36,
+  SetSessionGraphOptimizationLevel: 23, SessionGetInputCount: 30, SessionGetOutputCount: 31, SessionGetInputTypeInfo: 33, SessionGetOutputTypeInfo: 34,
+  SessionGetInputName: 36, SessionGetOutputName: 37,
   CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
   GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
   ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
@@ -47,8 +48,8 @@ const SLOT = {
 interface Api {
   check(status: unknown): void;
   createSession(file: string): unknown;
-  /** The session's inputs: names, and element types where they are tensors of a type handled here. */
-  inputs(session: unknown): SessionInput[];
+  /** The session's inputs or outputs: names, and element types where they are tensors of a type handled here. */
+  io(session: unknown, side: 'input' | 'output'): SessionValueInfo[];
   createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
   wrapOutput(value: unknown): { type: HostTensorType; dims: number[]; data: HostArray };
   run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[]): Promise<void>;
@@ -62,7 +63,7 @@ interface Api {
   registerCpuAllocator(allocator: (info: unknown) => unknown): void;
 }
 
-export interface SessionInput {
+export interface SessionValueInfo {
   name: string;
   /** A tensor's element type ('float32', ...; 'onnx element type N' for those not handled here); undefined where not a tensor. */
   type: string | undefined;
@@ -110,9 +111,12 @@ function bind(): Api | null {
     const getDims = fn(SLOT.GetDimensions, 'void *GetDimensions(void *info, _Out_ int64_t *dims, size_t n)');
     const releaseInfo = fn(SLOT.ReleaseTensorTypeAndShapeInfo, 'void ReleaseTensorTypeAndShapeInfo(void *info)');
     const releaseValue = fn(SLOT.ReleaseValue, 'void ReleaseValue(void *value)');
-    const inputCount = fn(SLOT.SessionGetInputCount, 'void *SessionGetInputCount(void *session, _Out_ size_t *n)');
-    const inputName = fn(SLOT.SessionGetInputName, 'void *SessionGetInputName(void *session, size_t i, void *alloc, _Out_ void **name)');
-    const inputTypeInfo = fn(SLOT.SessionGetInputTypeInfo, 'void *SessionGetInputTypeInfo(void *session, size_t i, _Out_ void **info)');
+    const side = (s: 'Input' | 'Output') => ({
+      count: fn(SLOT[`SessionGet${s}Count`], `void *SessionGet${s}Count(void *session, _Out_ size_t *n)`),
+      name: fn(SLOT[`SessionGet${s}Name`], `void *SessionGet${s}Name(void *session, size_t i, void *alloc, _Out_ void **name)`),
+      typeInfo: fn(SLOT[`SessionGet${s}TypeInfo`], `void *SessionGet${s}TypeInfo(void *session, size_t i, _Out_ void **info)`),
+    });
+    const sides = { input: side('Input'), output: side('Output') };
     const tensorInfo = fn(SLOT.CastTypeInfoToTensorInfo, 'void *CastTypeInfoToTensorInfo(void *info, _Out_ void **tensor)');
     const releaseTypeInfo = fn(SLOT.ReleaseTypeInfo, 'void ReleaseTypeInfo(void *info)');
     const allocatorFree = fn(SLOT.AllocatorFree, 'void *AllocatorFree(void *alloc, void *p)');
@@ -154,16 +158,17 @@ function bind(): Api | null {
           releaseOptions(opts[0]);
         }
       },
-      inputs(session) {
+      io(session, which) {
+        const { count, name: ioName, typeInfo } = sides[which];
         const n = [0];
-        check(inputCount(session, n));
+        check(count(session, n));
         return Array.from({ length: n[0]! }, (_, i) => {
           const p = out();
-          check(inputName(session, i, alloc[0], p));
+          check(ioName(session, i, alloc[0], p));
           const name = koffi.decode(p[0], 'char', -1) as string;
           check(allocatorFree(alloc[0], p[0]));
           const info = out();
-          check(inputTypeInfo(session, i, info));
+          check(typeInfo(session, i, info));
           try {
             const t = out();
             check(tensorInfo(info[0], t)); // NULL where the input is not a tensor; owned by info
@@ -278,12 +283,14 @@ export class HostTensor {
 export class DirectSession {
   private handle: unknown;
 
-  /** The model's inputs, read once when the session is made. */
-  readonly inputs: readonly SessionInput[];
+  /** The model's inputs and outputs, read once when the session is made. */
+  readonly inputs: readonly SessionValueInfo[];
+  readonly outputs: readonly SessionValueInfo[];
 
   private constructor(private readonly a: Api, handle: unknown) {
     this.handle = handle;
-    this.inputs = a.inputs(handle);
+    this.inputs = a.io(handle, 'input');
+    this.outputs = a.io(handle, 'output');
   }
 
   /** Null where the C API cannot be bound (see directUnavailable()). */
