@@ -92,3 +92,28 @@ test('a fit never scales the analytic figure below one half', async () => {
   assert.deepEqual(floorFit({ scale: 0.1, offsetBytes: 7 }), { scale: 0.5, offsetBytes: 7 });
   assert.deepEqual(floorFit({ scale: 0.9, offsetBytes: 7 }), { scale: 0.9, offsetBytes: 7 });
 });
+
+test('a meter blind to one stage leaves that stage analytic and calibrates the stages it sees', async () => {
+  const { MemoryModel } = await import('../src/guards/memory-model.js');
+  const { profileMemory } = await import('../src/guards/profile.js');
+  const model = new MemoryModel({ numLayers: 2, hiddenSize: 128, numHeads: 4, intermediateSize: 512 },
+    { numLayers: 4, hiddenSize: 256, numHeads: 8, numKvHeads: 2, headDim: 32, intermediateSize: 768, vocabSize: 4096 }, 16);
+  // As NVML under WebGPU: the encoders' small buffers come from pooled device memory (unseen), the
+  // decoder's runs show, at twice their analytic bytes.
+  let last = 0;
+  const meter = { available: true, resident: () => 0, reset: () => undefined, peak: () => last };
+  const report = await profileMemory(model, {
+    embed: async () => void (last = 0),
+    rerank: async () => void (last = 0),
+    decoder: async (r, s, c) => void (last = 2 * model.decoderWorkspace(r, s, c)),
+  }, { queryTokens: 16, rerankPairs: 16, pairTokens: 256, promptTokens: 768, contextTokens: 1024, decodeRows: 8 }, meter);
+  assert.equal(report.source, 'profile');
+  if (report.source !== 'profile') return;
+  assert.deepEqual(Object.keys(report.analytic_stages ?? {}), ['rerank']);
+  assert.match(report.analytic_stages!.rerank!, /does not see these runs/);
+  assert.deepEqual(report.calibration.rerank, { scale: 1, offsetBytes: 0 }, 'the blind stage keeps its analytic figures');
+  for (const st of ['prefill', 'decode'] as const) {
+    assert.ok(Math.abs(report.calibration[st].scale - 2) < 0.01, `${st}: ${JSON.stringify(report.calibration[st])}`);
+  }
+  assert.ok(report.headroom < 0.01, 'the blind stage sets no headroom');
+});

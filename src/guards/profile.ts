@@ -43,7 +43,11 @@ export interface ProfilePoint {
 }
 
 export type ProfileReport =
-  | { source: 'profile'; calibration: Calibration; headroom: number; points: ProfilePoint[]; ms: number }
+  | {
+    source: 'profile'; calibration: Calibration; headroom: number; points: ProfilePoint[]; ms: number;
+    /** Stages the meter did not see (their analytic figures stand), each with why. */
+    analytic_stages?: Partial<Record<Stage, string>>;
+  }
   | { source: 'analytic'; reason: string };
 
 const REPEATS = 3;
@@ -118,6 +122,8 @@ export function fitStage(points: readonly { analytic_bytes: number; measured_byt
  * and under-predicting is what overflows: the scale is kept at MIN_SCALE or more.
  */
 const MIN_SCALE = 0.5;
+/** The identity fit: a stage's analytic figures as they are. */
+const ANALYTIC_FIT: StageFit = { scale: 1, offsetBytes: 0 };
 export function floorFit(f: StageFit): StageFit {
   return { scale: Math.max(MIN_SCALE, f.scale), offsetBytes: f.offsetBytes };
 }
@@ -166,16 +172,29 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
       points.push({ stage, shape, analytic_bytes: model.analytic(stage, shape), measured_bytes: bytes });
     }
   }
-  // A meter that saw (almost) nothing of runs the analytic model puts at megabytes measured the wrong
-  // thing (on a GPU: an allocator that keeps freed device memory and reuses it out of NVML's sight):
-  // a fit to it would admit far too much, so the analytic figures stand.
+  // A meter that saw (almost) nothing of a stage's runs that the analytic model puts at megabytes
+  // measured the wrong thing (on a GPU: an allocator that suballocates small buffers from device memory
+  // it keeps, out of NVML's sight): a fit to it would admit far too much, so that stage keeps its
+  // analytic figures, and the stages the meter does see are calibrated.
+  // (Stages whose runs are all small cannot tell; they are fitted, and count as seen only with others.)
+  const blind: Partial<Record<Stage, string>> = {};
+  let judged = 0;
   for (const st of STAGES) {
     const own = points.filter((p) => p.stage === st);
     const big = own.length > 0 ? own.reduce((a, b) => (b.analytic_bytes > a.analytic_bytes ? b : a)) : undefined;
-    if (big && big.analytic_bytes >= BLIND_FLOOR_BYTES && big.measured_bytes < 0.1 * big.analytic_bytes) {
-      return { source: 'analytic', reason: `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(big.analytic_bytes)} analytic bytes: it does not see these runs` };
+    if (!big || big.analytic_bytes < BLIND_FLOOR_BYTES) continue;
+    judged++;
+    if (big.measured_bytes < 0.1 * big.analytic_bytes) {
+      blind[st] = `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(big.analytic_bytes)} analytic bytes: it does not see these runs`;
     }
   }
-  const calibration = Object.fromEntries(STAGES.map((st) => [st, floorFit(fitStage(points.filter((p) => p.stage === st)))])) as Calibration;
-  return { source: 'profile', calibration, headroom: headroom(points, calibration), points, ms: Math.round(performance.now() - t0) };
+  const seen = STAGES.filter((st) => blind[st] === undefined);
+  if (judged > 0 && Object.keys(blind).length === judged) return { source: 'analytic', reason: Object.values(blind).join('; ') };
+  const calibration = Object.fromEntries(STAGES.map((st) =>
+    [st, blind[st] !== undefined ? ANALYTIC_FIT : floorFit(fitStage(points.filter((p) => p.stage === st)))])) as Calibration;
+  const measured = points.filter((p) => blind[p.stage] === undefined);
+  return {
+    source: 'profile', calibration, headroom: headroom(measured, calibration), points, ms: Math.round(performance.now() - t0),
+    ...(seen.length < STAGES.length ? { analytic_stages: blind } : {}),
+  };
 }
