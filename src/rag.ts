@@ -20,7 +20,7 @@ import { MemoryGuard } from './guards/guard.js';
 import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
 import { gpuPeakMeter, hostMeter } from './guards/peak-meter.js';
-import { measureLoad, processMemory } from './guards/process-memory.js';
+import { measureLoad, processMemory, type LoadBytes } from './guards/process-memory.js';
 import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
@@ -80,8 +80,10 @@ export interface Models {
   embedder: Embedder;
   reranker: Reranker;
   decoder: DecoderModel;
-  /** Resident bytes each model added when it loaded (weights as the runtime holds them, tokenizer). */
+  /** Bytes each model added when it loaded (weights as the runtime holds them, tokenizer): host and device together. */
   loadBytes: { embedder: number; reranker: number; decoder: number };
+  /** The same, split between host (resident) and device (NVML) memory. */
+  loadSplit: Record<'embedder' | 'reranker' | 'decoder', { host: number; device: number }>;
 }
 
 /** Loads the three models one after the other, so that each one's resident footprint is measured. */
@@ -89,10 +91,17 @@ export async function loadModels(cfg: Config): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
   const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
-  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras));
-  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras));
-  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras));
-  return { embedder: e.value, reranker: r.value, decoder: d.value, loadBytes: { embedder: e.bytes, reranker: r.bytes, decoder: d.bytes } };
+  // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
+  const gpu = nvmlReader();
+  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
+  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras), gpu);
+  const split = (x: LoadBytes) => ({ host: x.hostBytes, device: x.deviceBytes });
+  return {
+    embedder: e.value, reranker: r.value, decoder: d.value,
+    loadBytes: { embedder: e.bytes, reranker: r.bytes, decoder: d.bytes },
+    loadSplit: { embedder: split(e), reranker: split(r), decoder: split(d) },
+  };
 }
 
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;

@@ -130,3 +130,18 @@ test('the GPU peak meter catches a peak between its window\'s ends, and says whe
   assert.equal(none.available, false);
   assert.equal(none.reason, 'no driver here');
 });
+
+test("a load's device bytes are NVML's delta across it (weights a GPU provider uploads), its host bytes the resident delta", async () => {
+  const { measureLoad } = await import('../src/guards/process-memory.js');
+  const GiB = 2 ** 30;
+  const device = scripted([nvml([10 * GiB, 1 * GiB]), nvml([12 * GiB, 1 * GiB])]);
+  const r = await measureLoad(async () => 'model', device);
+  assert.equal(r.value, 'model');
+  assert.equal(device.calls, 2, 'read before and after the load');
+  assert.equal(r.deviceBytes, 2 * GiB);
+  assert.equal(r.bytes, r.hostBytes + r.deviceBytes);
+  // Without a GPU: no device bytes, the host's alone.
+  const none = await measureLoad(async () => 1, nvmlReader('/nonexistent/libnvidia-ml-missing.so'));
+  assert.equal(none.deviceBytes, 0);
+  assert.equal(none.bytes, none.hostBytes);
+});

@@ -5,11 +5,13 @@
 #   2. starts the server on the shipped models with WebGPU, asks it one query, reads /debug/memory
 #      (NVML's readings, the budget from the GPU's memory) and stops it;
 #   3. runs the benchmarks: bench:peer on the 0.5B decoder (peer: float16, peer32: float32),
-#      bench:throughput, bench:kv, and (STEPS=guard) bench:guard measured by NVML.
+#      bench:throughput, bench:kv, and (STEPS=guard) bench:guard measured by NVML (guard32: on the
+#      0.5B float32 decoder, which build32 makes).
 # The decoder is the shipped one in its Optimum layout: on WebGPU that layout keeps present KV on the
 # device between steps (the genai layout's in-place buffer is the CPU path).
 # Everything goes to $OUT/run.log; each step's last JSON line to $OUT/results.jsonl as {"step", ...}.
-# STEPS (default "build server peer throughput kv") picks steps; BENCH_* variables pass through.
+# STEPS (default "build server peer throughput kv"; also build32 peer32 guard guard32) picks steps;
+# BENCH_* variables pass through.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/ragguard-gpu}
@@ -94,6 +96,18 @@ if has guard; then
   # WebGPU's buffer cache off, so that a run's buffers are freed when it ends and NVML sees its peak.
   guard() { RAGGUARD_WEBGPU_BUFFER_CACHE=${RAGGUARD_WEBGPU_BUFFER_CACHE:-disabled} tsx bench/guard.ts; }
   record guard guard
+fi
+if has guard32; then
+  # The same mix on the 0.5B float32 decoder (build32): runs large enough for NVML to see, where the
+  # shipped models' buffers all come from the WebGPU provider's pooled device memory. Budget and KV
+  # pool scaled to it; fewer requests, to fit a device call.
+  guard32() {
+    RAGGUARD_DECODER="$big32" RAGGUARD_WEBGPU_BUFFER_CACHE=${RAGGUARD_WEBGPU_BUFFER_CACHE:-disabled} \
+      BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-3072} BENCH_GUARD_KV_MB=${BENCH_GUARD_KV_MB:-1024} \
+      BENCH_GUARD_ALONE=${BENCH_GUARD_ALONE:-12} BENCH_GUARD_BURSTS=${BENCH_GUARD_BURSTS:-2} BENCH_GUARD_BURST=${BENCH_GUARD_BURST:-16} \
+      tsx bench/guard.ts
+  }
+  record guard32 guard32
 fi
 if has kv; then
   record kv tsx bench/kv.ts
