@@ -80,10 +80,8 @@ export interface Models {
   embedder: Embedder;
   reranker: Reranker;
   decoder: DecoderModel;
-  /** Bytes each model added when it loaded (weights as the runtime holds them, tokenizer): host and device together. */
-  loadBytes: { embedder: number; reranker: number; decoder: number };
-  /** The same, split between host (resident) and device (NVML) memory. */
-  loadSplit: Record<'embedder' | 'reranker' | 'decoder', { host: number; device: number }>;
+  /** What each model added when it loaded (weights as the runtime holds them, tokenizer): host (resident) and device (NVML) memory. */
+  loads: Record<'embedder' | 'reranker' | 'decoder', LoadBytes>;
 }
 
 /** Loads the three models one after the other, so that each one's resident footprint is measured. */
@@ -93,15 +91,10 @@ export async function loadModels(cfg: Config): Promise<Models> {
   const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();
-  const e = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
-  const r = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
-  const d = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras), gpu);
-  const split = (x: LoadBytes) => ({ host: x.hostBytes, device: x.deviceBytes });
-  return {
-    embedder: e.value, reranker: r.value, decoder: d.value,
-    loadBytes: { embedder: e.bytes, reranker: r.bytes, decoder: d.bytes },
-    loadSplit: { embedder: split(e), reranker: split(r), decoder: split(d) },
-  };
+  const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
+  const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras), gpu);
+  return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
@@ -155,10 +148,10 @@ export class RagService {
     }, cfg.reshapeOrder, { minPromptTokens: cfg.minPromptTokens, minNewTokens: cfg.minNewTokens });
   }
 
-  /** Resident bytes of the three models, as measured when they loaded. */
+  /** Bytes of the three models (host and device), as measured when they loaded. */
   get weightBytes(): number {
-    const b = this.models.loadBytes;
-    return b.embedder + b.reranker + b.decoder;
+    const { embedder, reranker, decoder } = this.models.loads;
+    return embedder.bytes + reranker.bytes + decoder.bytes;
   }
 
   /** What the budget leaves model runs now (the index grows with ingestion). */

@@ -133,6 +133,8 @@ export class DecoderModel {
    * otherwise chased).
    */
   private stepLogits: HostTensor | undefined;
+  /** Whether the direct session's logits are float32, which the step buffer is (read once, not per step). */
+  private readonly directLogitsFloat32: boolean;
 
   private constructor(
     readonly tokenizer: TextTokenizer,
@@ -147,6 +149,7 @@ export class DecoderModel {
     readonly eosIds: ReadonlySet<number>,
   ) {
     this.kvNames = presentNames(shape.numLayers);
+    this.directLogitsFloat32 = direct?.outputs.find((o) => o.name === 'logits')?.type === 'float32';
   }
 
   static async load(dir: string, ep: ExecutionProvider, extras: DecoderLoadOptions = {}): Promise<DecoderModel> {
@@ -350,7 +353,7 @@ export class DecoderModel {
     (attention.data as BigInt64Array).set(mask);
     const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: attention };
     // A decode step's logits are [rows, 1, vocab] in every genai export (a prefill's may be every position's).
-    const step = idsDims[1] === 1 && session.outputs.find((o) => o.name === 'logits')?.type === 'float32';
+    const step = idsDims[1] === 1 && this.directLogitsFloat32;
     if (step && this.stepLogits?.dims[0] !== idsDims[0]) {
       this.stepLogits?.dispose();
       this.stepLogits = session.tensor('float32', [idsDims[0]!, 1, this.shape.vocabSize]);

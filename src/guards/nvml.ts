@@ -10,6 +10,11 @@ export type GpuReading =
   | { source: 'none'; reason: string; at: number };
 export interface GpuMemoryReader { read(): GpuReading }
 
+/** Bytes in use on every GPU of a reading together; 0 for a reading of none. */
+export function usedBytes(r: GpuReading): number {
+  return r.source === 'nvml' ? r.gpus.reduce((s, g) => s + g.usedBytes, 0) : 0;
+}
+
 /** koffi hands back unsigned long long as number, or bigint past 2^53. */
 type U64 = number | bigint;
 interface NvmlMemory { total: U64; free: U64; used: U64 }

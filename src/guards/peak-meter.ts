@@ -1,17 +1,18 @@
 /**
  * Peak memory meters. On the host, two: ONNX Runtime's accounted bytes (the counting allocator of
- * ort-allocator.ts: what the models asked for, exactly, run after run) and the process's peak resident memory, as the kernel tracks it (VmHWM
- * in /proc/self/status), reset on demand by writing 5 to /proc/self/clear_refs; it catches a peak that
- * lasts microseconds inside a native model run, which no sampling from JavaScript would see. Linux
- * only; elsewhere `available` is false and says why. On the GPU: NVML's used bytes, sampled every
- * millisecond while a window is open (NVML keeps no peak of its own, so a shorter peak can be missed).
+ * ort-allocator.ts: what the models asked for, exactly, run after run) and the process's peak resident
+ * memory, as the kernel tracks it (VmHWM in /proc/self/status), reset on demand by writing 5 to
+ * /proc/self/clear_refs; it catches a peak that lasts microseconds inside a native model run, which
+ * no sampling from JavaScript would see. Linux only; elsewhere `available` is false and says why. On
+ * the GPU: NVML's used bytes, sampled every millisecond while a window is open (NVML keeps no peak of
+ * its own, so a shorter peak can be missed).
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { trimMalloc } from '../runtime/malloc.js';
-import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
-import { GpuSampler, type GpuMemoryReader } from './nvml.js';
+import { accountingUnavailable, countingAllocator, type AllocatorCounters } from '../runtime/ort-allocator.js';
+import { GpuSampler, usedBytes, type GpuMemoryReader } from './nvml.js';
 
 export interface PeakMeter {
   readonly available: boolean;
@@ -60,7 +61,7 @@ class NoPeakMeter implements PeakMeter {
 /** ONNX Runtime's live bytes through the counting allocator; its peak is kept by the allocator itself. */
 class AccountedPeakMeter implements PeakMeter {
   readonly available = true;
-  constructor(private readonly counters: NonNullable<ReturnType<typeof countingAllocator>>) {}
+  constructor(private readonly counters: AllocatorCounters) {}
   resident(): number {
     return this.counters.live();
   }
@@ -103,7 +104,7 @@ class NvmlPeakMeter implements PeakMeter {
 
   resident(): number {
     this.sampler.sample();
-    return this.used((_, u) => u);
+    return usedBytes(this.sampler.latest());
   }
 
   reset(): void {

@@ -1,6 +1,5 @@
 /** Memory readings: the process's own counters, and bytes measured around a load (host, and GPU through NVML). */
-import type { GpuMemoryReader } from './nvml.js';
-
+import { usedBytes, type GpuMemoryReader } from './nvml.js';
 
 export interface ProcessMemory {
   rss: number;
@@ -14,12 +13,6 @@ export interface ProcessMemory {
 export function processMemory(): ProcessMemory {
   const m = process.memoryUsage();
   return { rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external, arrayBuffers: m.arrayBuffers };
-}
-
-/** Device bytes in use on every GPU together, as NVML reads them; 0 without a reading. */
-function deviceUsed(reader: GpuMemoryReader | undefined): number {
-  const r = reader?.read();
-  return r?.source === 'nvml' ? r.gpus.reduce((s, g) => s + g.usedBytes, 0) : 0;
 }
 
 export interface LoadBytes {
@@ -39,9 +32,9 @@ export interface LoadBytes {
  */
 export async function measureLoad<T>(load: () => Promise<T>, device?: GpuMemoryReader): Promise<{ value: T } & LoadBytes> {
   const before = process.memoryUsage.rss();
-  const deviceBefore = deviceUsed(device);
+  const deviceBefore = device ? usedBytes(device.read()) : 0;
   const value = await load();
   const hostBytes = Math.max(0, process.memoryUsage.rss() - before);
-  const deviceBytes = Math.max(0, deviceUsed(device) - deviceBefore);
+  const deviceBytes = device ? Math.max(0, usedBytes(device.read()) - deviceBefore) : 0;
   return { value, bytes: hostBytes + deviceBytes, hostBytes, deviceBytes };
 }

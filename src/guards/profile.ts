@@ -188,13 +188,13 @@ export async function profileMemory(model: MemoryModel, run: StageRunners, limit
       blind[st] = `the meter saw ${big.measured_bytes} bytes for a ${st} run of ${Math.round(big.analytic_bytes)} analytic bytes: it does not see these runs`;
     }
   }
-  const seen = STAGES.filter((st) => blind[st] === undefined);
-  if (judged > 0 && Object.keys(blind).length === judged) return { source: 'analytic', reason: Object.values(blind).join('; ') };
+  const unseen = Object.keys(blind).length;
+  if (judged > 0 && unseen === judged) return { source: 'analytic', reason: Object.values(blind).join('; ') };
   const calibration = Object.fromEntries(STAGES.map((st) =>
     [st, blind[st] !== undefined ? ANALYTIC_FIT : floorFit(fitStage(points.filter((p) => p.stage === st)))])) as Calibration;
   const measured = points.filter((p) => blind[p.stage] === undefined);
   return {
     source: 'profile', calibration, headroom: headroom(measured, calibration), points, ms: Math.round(performance.now() - t0),
-    ...(seen.length < STAGES.length ? { analytic_stages: blind } : {}),
+    ...(unseen > 0 ? { analytic_stages: blind } : {}),
   };
 }

@@ -38,7 +38,8 @@ static void *counting_alloc(OrtAllocator *self, size_t size) {
   (void)self;
   void *p = NULL;
   if (posix_memalign(&p, 64, size == 0 ? 1 : size) != 0) return NULL;
-  int64_t now = atomic_fetch_add(&live, (int64_t)malloc_usable_size(p)) + (int64_t)malloc_usable_size(p);
+  int64_t held = (int64_t)malloc_usable_size(p);
+  int64_t now = atomic_fetch_add(&live, held) + held;
   int64_t high = atomic_load(&peak);
   while (now > high && !atomic_compare_exchange_weak(&peak, &high, now)) {
   }

@@ -91,13 +91,13 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   const { models, store, engine, blocks, cfg } = service;
   const kv = blocks.stats();
   const pool = engine.pool;
-  const loaded = (m: keyof typeof models.loadSplit) =>
-    `${models.loadSplit[m].host} bytes resident on the host and ${models.loadSplit[m].device} on the GPU (NVML) added by its load`;
+  const loaded = (m: keyof typeof models.loads) =>
+    `${models.loads[m].hostBytes} bytes resident on the host and ${models.loads[m].deviceBytes} on the GPU (NVML) added by its load`;
   const tableBytes = Object.entries(kv.tablesByBucket).reduce((s, [cap, n]) => s + Number(cap) * 4 * n, 0);
   const components: Component[] = [
-    { name: 'embedder', bytes: models.loadBytes.embedder, how: 'measured', detail: `${loaded('embedder')}; onnx weights ${models.embedder.files.onnxBytes} bytes on disk; loaded first, so it includes ONNX Runtime's own start-up` },
-    { name: 'reranker', bytes: models.loadBytes.reranker, how: 'measured', detail: `${loaded('reranker')}; onnx weights ${models.reranker.files.onnxBytes} bytes on disk` },
-    { name: 'decoder', bytes: models.loadBytes.decoder, how: 'measured', detail: `${loaded('decoder')}; onnx weights ${models.decoder.files.onnxBytes} bytes on disk` },
+    { name: 'embedder', bytes: models.loads.embedder.bytes, how: 'measured', detail: `${loaded('embedder')}; onnx weights ${models.embedder.files.onnxBytes} bytes on disk; loaded first, so it includes ONNX Runtime's own start-up` },
+    { name: 'reranker', bytes: models.loads.reranker.bytes, how: 'measured', detail: `${loaded('reranker')}; onnx weights ${models.reranker.files.onnxBytes} bytes on disk` },
+    { name: 'decoder', bytes: models.loads.decoder.bytes, how: 'measured', detail: `${loaded('decoder')}; onnx weights ${models.decoder.files.onnxBytes} bytes on disk` },
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },
     { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },
