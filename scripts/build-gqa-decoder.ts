@@ -2,7 +2,8 @@
  * Converts an exported decoder (Optimum layout: config.json, tokenizer files, onnx/model.onnx) into
  * onnxruntime-genai's layout with GroupQueryAttention (src/generate/gqa-builder.ts):
  *   tsx scripts/build-gqa-decoder.ts <source dir> <output dir> [float32|float16]
- * Setup runs it on the shipped decoder (models/decoder -> models/decoder-gqa, the server's default).
+ * Every projection gets a LoRA path (adapters per request, src/generate/lora.ts) unless
+ * RAGGUARD_GQA_LORA=false. Setup runs it on the shipped decoder (models/decoder -> models/decoder-gqa, the server's default).
  */
 import { copyFile, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
@@ -20,7 +21,7 @@ if (dtype !== 'float32' && dtype !== 'float16') throw new Error(`dtype ${dtype}:
 const t0 = performance.now();
 const cfg = JSON.parse(await readFile(path.join(src, 'config.json'), 'utf8')) as GqaSourceConfig;
 const weights = readInitializers(await readFile(path.join(src, 'onnx', 'model.onnx')));
-const g = buildGqaDecoder(cfg, weights, dtype);
+const g = buildGqaDecoder(cfg, weights, { dtype, lora: process.env['RAGGUARD_GQA_LORA'] !== 'false' });
 await mkdir(out, { recursive: true });
 const model = writeModel({ name: 'decoder_gqa', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
 await writeFile(path.join(out, 'model.onnx'), model);

@@ -17,6 +17,8 @@
 #      missing or older than its inputs)
 #   6. src/runtime/counting-allocator.c -> build/native/libragguard-alloc.so: the allocator
 #      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
+#   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
+#      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -141,7 +143,7 @@ console.log("  @huggingface/tokenizers ok  encode(\"Hello World\").ids=%j", enc.
 
 # --- 5. the decoder in onnxruntime-genai's layout ---------------------------------------------
 gqa=models/decoder-gqa/model.onnx
-if [[ ! -f $gqa || models/decoder/onnx/model.onnx -nt $gqa || src/generate/gqa-builder.ts -nt $gqa || src/runtime/onnx-proto.ts -nt $gqa ]]; then
+if [[ ! -f $gqa || models/decoder/onnx/model.onnx -nt $gqa || src/generate/gqa-builder.ts -nt $gqa || src/generate/lora.ts -nt $gqa || src/runtime/onnx-proto.ts -nt $gqa ]]; then
   log "decoder in onnxruntime-genai's layout (scripts/build-gqa-decoder.ts)"
   node --import tsx scripts/build-gqa-decoder.ts models/decoder models/decoder-gqa
 else
@@ -156,6 +158,15 @@ if [[ ! -f $alloc || src/runtime/counting-allocator.c -nt $alloc ]]; then
   cc -O2 -shared -fPIC -Wall -Wextra -Werror -o "$alloc" src/runtime/counting-allocator.c
 else
   log "$alloc is up to date"
+fi
+
+# --- 7. the sample LoRA adapters ------------------------------------------------------------------
+ad=models/adapters/demo-r8/adapter_model.safetensors
+if [[ ! -f $ad || scripts/build-adapters.ts -nt $ad || src/runtime/safetensors.ts -nt $ad ]]; then
+  log "sample LoRA adapters (scripts/build-adapters.ts -> models/adapters)"
+  node --import tsx scripts/build-adapters.ts models/adapters
+else
+  log "models/adapters is up to date"
 fi
 
 log "setup complete"

@@ -9,6 +9,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import path from 'node:path';
 import type { Config } from './config/config.js';
+import { AdapterRegistry, type AdapterInfo } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine } from './generate/engine.js';
@@ -52,6 +53,8 @@ export interface QueryInput {
   promptBudget?: number;
   /** Pairs per reranker run (a reshape may lower it below RERANK_BATCH). */
   rerankBatch?: number;
+  /** LoRA adapter to generate with (a name under RAGGUARD_ADAPTER_DIR). */
+  adapter?: string;
 }
 
 export interface Citation {
@@ -74,6 +77,8 @@ export interface QueryResult {
   timings_ms: { embed: number; search: number; rerank: number; generate: number };
   /** The request's shape as it ran (pairs actually reranked, their width, the assembled prompt). */
   shape: RequestShape;
+  /** The adapter it generated with: its name and the key of its weights. */
+  adapter?: { name: string; key: string };
 }
 
 export interface Models {
@@ -104,6 +109,8 @@ export class RagService {
   /** Continuous batching over the paged KV cache: every query's generation goes through it. */
   readonly engine: Engine;
   readonly blocks: BlockManager;
+  /** LoRA adapters, loaded for the requests naming them and unloaded after the last. */
+  readonly adapters: AdapterRegistry;
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
   /** GPU memory as NVML reads it; without a GPU, one reading that says why, and no sampling. */
@@ -122,6 +129,7 @@ export class RagService {
     readonly store: DocumentStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
+    this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder);
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
@@ -140,7 +148,9 @@ export class RagService {
     this.engine = new Engine(models.decoder, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
-    const memoryModel = new MemoryModel(models.reranker.dims, { ...d, kvLayout: models.decoder.layout, kvInPlace: models.decoder.runPath.path === 'direct' }, cfg.kvBlockSize, RERANK_BATCH);
+    const memoryModel = new MemoryModel(models.reranker.dims, {
+      ...d, kvLayout: models.decoder.layout, kvInPlace: models.decoder.runPath.path === 'direct', lora: models.decoder.loraSlots !== null,
+    }, cfg.kvBlockSize, RERANK_BATCH);
     memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
     this.guard = new MemoryGuard(memoryModel, () => {
       const kv = blocks.stats();
@@ -159,8 +169,11 @@ export class RagService {
     return this.budget.budgetBytes - this.weightBytes - this.engine.pool.bytes - this.store.indexBytes;
   }
 
-  /** A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs. */
-  requestShape(q: QueryInput): RequestShape {
+  /**
+   * A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs; with
+   * its adapter's bytes and rank (inspected from its files: AdapterRegistry.inspect).
+   */
+  requestShape(q: QueryInput, adapter?: AdapterInfo): RequestShape {
     const { embedder, reranker, decoder } = this.models;
     return {
       queryTokens: embedder.inputIds(q.query).length,
@@ -170,6 +183,7 @@ export class RagService {
       rerankBatch: q.rerankBatch ?? RERANK_BATCH,
       promptTokens: Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens),
       maxNewTokens: q.maxNewTokens,
+      ...(adapter ? { adapter: { bytes: adapter.bytes, rank: adapter.maxRank } } : {}),
     };
   }
 
@@ -272,7 +286,14 @@ export class RagService {
       ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text })),
       budget,
     );
-    const gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed });
+    // The adapter loads for generation only (nothing before it uses it) and is released right after.
+    const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter);
+    let gen;
+    try {
+      gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter });
+    } finally {
+      lease?.release();
+    }
     const generateMs = ms(t);
     this.growth.record(processMemory());
 
@@ -300,7 +321,9 @@ export class RagService {
         queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
         rerankBatch: q.rerankBatch ?? RERANK_BATCH, rerankRuns,
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
+        ...(lease ? { adapter: { bytes: lease.info.bytes, rank: lease.info.maxRank } } : {}),
       },
+      ...(lease ? { adapter: { name: lease.info.name, key: lease.adapter.key } } : {}),
     };
   }
 }

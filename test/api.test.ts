@@ -9,6 +9,8 @@ import type { Express } from 'express';
 import type { Config } from '../src/config/config.js';
 import { loadModels, RagService, type Models } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas', 'rights-management', 'ipv6', 'syslog'];
@@ -88,6 +90,57 @@ describe('health and query', () => {
     const c = await request(app).post('/query').send(s).expect(200);
     const d = await request(app).post('/query').send(s).expect(200);
     assert.equal(c.body.answer, d.body.answer);
+  });
+});
+
+describe('LoRA adapters', () => {
+  const q = { query: 'What does the sticky bit do?', max_new_tokens: 16 };
+
+  test('a request names an adapter: it generates with it, the guard counts it, and it is unloaded after', async () => {
+    const base = await request(app).post('/query').send(q).expect(200);
+    const res = await request(app).post('/query').send({ ...q, adapter: 'demo-r8' }).expect(200);
+    assert.equal(res.body.adapter.name, 'demo-r8');
+    assert.match(res.body.adapter.key, /^demo-r8@[0-9a-f]{16}$/);
+    assert.notEqual(res.body.answer, base.body.answer, 'the adapter changes the answer');
+    assert.deepEqual(res.body.citations.map((c: { chunk_id: number }) => c.chunk_id), base.body.citations.map((c: { chunk_id: number }) => c.chunk_id), 'retrieval is the base model\'s');
+    const info = await service.adapters.inspect('demo-r8');
+    // Its tensors, twice in decode (a mixed batch's per-row copy), plus [tokens, rank] activations.
+    const stage = (r: request.Response, s: string) => r.body.guard.as_run.predicted_stage_bytes[s] as number;
+    const decode = stage(res, 'decode') - stage(base, 'decode');
+    assert.ok(decode >= 2 * info.bytes && decode < 2 * info.bytes + 4096, `decode counts the adapter twice (${decode} more bytes for ${info.bytes})`);
+    // The KV depends on the adapter: the base model's cached prompt is no hit for it, its own is.
+    assert.ok(base.body.guard.as_run.cached_prompt_tokens > 0, 'asked before in this file: a prefix hit');
+    assert.equal(res.body.guard.as_run.cached_prompt_tokens, 0);
+    const again = await request(app).post('/query').send({ ...q, adapter: 'demo-r8' }).expect(200);
+    assert.equal(again.body.answer, res.body.answer, 'greedy with an adapter is deterministic');
+    assert.ok(again.body.guard.as_run.cached_prompt_tokens > 0, 'a hit on the same adapter\'s blocks');
+    const m = (await request(app).get('/debug/memory').expect(200)).body;
+    assert.deepEqual(m.adapters.loaded, [], 'nothing stays loaded');
+    assert.equal(m.adapters.bytes, 0);
+    assert.ok(m.adapters.loads >= 2 && m.adapters.loads === m.adapters.unloads, JSON.stringify(m.adapters));
+  });
+
+  test('concurrent requests with different adapters and none are each answered as alone', async () => {
+    const names = [undefined, 'demo-r8', 'demo-qv-r4', 'demo-r8'];
+    const alone: string[] = [];
+    for (const a of names) alone.push((await request(app).post('/query').send({ ...q, adapter: a }).expect(200)).body.answer);
+    const together = await Promise.all(names.map((a) => request(app).post('/query').send({ ...q, adapter: a })));
+    assert.deepEqual(together.map((r) => r.status), [200, 200, 200, 200]);
+    assert.deepEqual(together.map((r) => r.body.answer), alone);
+    assert.deepEqual(service.adapters.stats().loaded, []);
+  });
+
+  test('a malformed adapter is 422 adapter_invalid; adapters off is 400 adapter_not_found', async () => {
+    const dir = await tempDir('ragguard-adapters-');
+    await mkdir(path.join(dir, 'broken'));
+    await writeFile(path.join(dir, 'broken', 'adapter_config.json'), JSON.stringify({ peft_type: 'LORA', use_dora: true }));
+    await writeFile(path.join(dir, 'broken', 'adapter_model.safetensors'), '');
+    const other = createApp(new RagService({ ...cfg, adapterDir: dir }, models, service.store));
+    assertError(await request(other).post('/query').send({ ...q, adapter: 'broken' }), 422, 'adapter_invalid');
+    const off = createApp(new RagService({ ...cfg, adapterDir: '' }, models, service.store));
+    const res = await request(off).post('/query').send({ ...q, adapter: 'demo-r8' });
+    assertError(res, 400, 'adapter_not_found');
+    assert.match(res.body.error.message, /RAGGUARD_ADAPTER_DIR/);
   });
 });
 

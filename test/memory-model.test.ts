@@ -116,3 +116,21 @@ test('reject when even every floor does not fit, saying what was needed', () => 
   assert.equal(d.shape.promptTokens, 64);
   assert.equal(d.shape.maxNewTokens, 16);
 });
+
+test('an adapter adds its tensors to prefill once and to decode twice (a mixed batch\'s per-row copy), plus [tokens, rank] activations; a LoRA graph one projection output', () => {
+  const withAdapter: RequestShape = { ...shape, adapter: { bytes: MB, rank: 24 } };
+  const a = model.predict(withAdapter);
+  const b = model.predict(shape);
+  assert.equal(a.stages.prefill - b.stages.prefill, MB + 500 * 24 * 4);
+  assert.equal(a.stages.decode - b.stages.decode, 2 * MB + 24 * 4);
+  assert.equal(a.stages.rerank, b.stages.rerank, 'the adapter loads for generation only');
+  assert.equal(a.kvBytes, b.kvBytes);
+  const genai = { ...decoder, kvLayout: 'genai' as const, maxPositions: 4096, kvInPlace: true };
+  const lora = new MemoryModel(encoder, { ...genai, lora: true }, 16);
+  const plain = new MemoryModel(encoder, genai, 16);
+  assert.equal(lora.decoderWorkspace(2, 10, 100) - plain.decoderWorkspace(2, 10, 100), 2 * 10 * 768 * 4, 'the widest projection, MLP\'s');
+  // A budget the base request fits but the adapter does not: the guard turns it away, naming its bytes.
+  const cap: Capacity = { workspaceTotal: b.workspaceBytes + MB, workspaceFree: b.workspaceBytes + MB, kvFreeBlocks: 1000, kvTotalBlocks: 1000 };
+  assert.equal(decide(model, shape, cap, [], { minPromptTokens: 64, minNewTokens: 8 }).action, 'admit');
+  assert.equal(decide(model, { ...shape, promptTokens: 2000, adapter: { bytes: 64 * MB, rank: 8 } }, cap, [], { minPromptTokens: 64, minNewTokens: 8 }).action, 'reject');
+});

@@ -9,6 +9,7 @@ import { before, test } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { generate } from '../src/generate/generator.js';
+import { loraSlots } from '../src/generate/lora.js';
 import { DirectSession, directUnavailable, type HostTensor } from '../src/runtime/ort-direct.js';
 import { ROOT } from './helpers.js';
 
@@ -18,6 +19,9 @@ const L = 4, H = 2, D = 32, CAP = 64;
 const names = Array.from({ length: 2 * L }, (_, i) => `${i >> 1}.${i & 1 ? 'value' : 'key'}`);
 const ids = Array.from({ length: 40 }, (_, i) => 5 + ((i * 37) % 3000));
 let direct: DirectSession;
+// The graph's LoRA inputs (gqa-builder.ts), fed at rank 0 here: the base model.
+const lora = loraSlots({ numLayers: L, hiddenSize: 256, numHeads: 8, numKvHeads: H, headDim: D, intermediateSize: 768 })
+  .flatMap((s) => [{ name: s.a, dims: [1, s.inDim, 0] }, { name: s.b, dims: [1, 0, s.outDims.reduce((a, b) => a + b, 0)] }]);
 
 before(() => {
   assert.equal(directUnavailable(), '', 'the C API binds on this machine');
@@ -28,7 +32,8 @@ test('a direct session reads its inputs\' names and element types (what the deco
   assert.deepEqual(direct.inputs.slice(0, 3), [
     { name: 'input_ids', type: 'int64' }, { name: 'attention_mask', type: 'int64' }, { name: 'past_key_values.0.key', type: 'float32' },
   ]);
-  assert.equal(direct.inputs.length, 2 + 2 * L);
+  assert.equal(direct.inputs.length, 2 + 2 * L + 2 * 5 * L, 'ids, mask, KV, and A and B for 5 projections a layer');
+  assert.deepEqual(direct.inputs.slice(2 + 2 * L, 4 + 2 * L).map((i) => i.name), [lora[0]!.name, lora[1]!.name]);
 });
 
 function feedsFor(s: DirectSession, kv: HostTensor[]): { feeds: Record<string, HostTensor>; fetches: Record<string, HostTensor | null>; inputs: HostTensor[] } {
@@ -37,12 +42,13 @@ function feedsFor(s: DirectSession, kv: HostTensor[]): { feeds: Record<string, H
   const mask = s.tensor('int64', [1, ids.length]);
   (mask.data as BigInt64Array).fill(1n);
   const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: mask };
+  const zeros = lora.map((l) => (feeds[l.name] = s.tensor('float32', l.dims)));
   const fetches: Record<string, HostTensor | null> = { logits: null };
   names.forEach((n, i) => {
     feeds[`past_key_values.${n}`] = kv[i]!;
     fetches[`present.${n}`] = kv[i]!;
   });
-  return { feeds, fetches, inputs: [inputIds, mask] };
+  return { feeds, fetches, inputs: [inputIds, mask, ...zeros] };
 }
 
 test('a direct run gives onnxruntime-node\'s logits and writes the KV into the buffer it was given', async () => {
@@ -59,6 +65,7 @@ test('a direct run gives onnxruntime-node\'s logits and writes the KV into the b
     attention_mask: new ort.Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]),
   };
   for (const n of names) nf[`past_key_values.${n}`] = new ort.Tensor('float32', new Float32Array(H * CAP * D), [1, H, CAP, D]);
+  for (const l of lora) nf[l.name] = new ort.Tensor('float32', new Float32Array(0), l.dims);
   const ref = await node.run(nf);
   assert.deepEqual(Array.from(out['logits']!.data as Float32Array), Array.from(ref['logits']!.data as Float32Array));
   assert.deepEqual(Array.from(kv[5]!.data as Float32Array), Array.from(ref['present.2.value']!.data as Float32Array));

@@ -20,6 +20,8 @@ export interface Config {
   embedderPath: string;
   rerankerPath: string;
   decoderPath: string;
+  /** Directory of LoRA adapters (one PEFT directory each); '' = adapters off. */
+  adapterDir: string;
   executionProvider: ExecutionProvider;
   /** Per model: its own RAGGUARD_*_EP, else RAGGUARD_EXECUTION_PROVIDER. */
   providers: Record<ModelRole, ExecutionProvider>;
@@ -163,6 +165,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_DECODER', default: 'models/decoder-gqa',
     doc: 'Decoder model directory with a KV cache: an Optimum export (onnx/model.onnx, past_key_values.N.* in, present.N.* out) or onnxruntime-genai\'s layout (genai_config.json, GroupQueryAttention). The default is the shipped models/decoder converted to the genai layout by setup.',
     apply: str((c, v) => (c.decoderPath = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_ADAPTER_DIR', default: 'models/adapters',
+    doc: "Directory of LoRA adapters, one PEFT directory each (adapter_config.json, adapter_model.safetensors), named by a request's `adapter`: loaded for the requests naming it and unloaded after the last; '' for none.",
+    apply: str((c, v) => (c.adapterDir = v === '' ? '' : rel(v)), true),
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',

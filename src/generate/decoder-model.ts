@@ -30,12 +30,13 @@ import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { halfsToFloats } from '../runtime/float16.js';
+import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
 import { DirectSession, directUnavailable, HostTensor, type SessionValueInfo } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
+import { loraSlots, stackRows, type LoraSlot, type SlotTensors } from './lora.js';
 
 interface DecoderConfig {
   model_type?: string;
@@ -93,6 +94,52 @@ export interface ForwardInput {
    */
   past?: readonly KvTensor[];
   width: number;
+  /** Each row's LoRA adapter (undefined: the base model); absent: no row has one. */
+  adapters?: readonly (DecoderAdapter | undefined)[];
+}
+
+/** One slot's tensors of an adapter, as runs feed them: A [1, in, rank], B [1, rank, out]. */
+interface AdapterSlot {
+  rank: number;
+  a: KvTensor;
+  b: KvTensor;
+}
+
+/**
+ * A LoRA adapter's graph inputs, made by DecoderModel.adapter() in the decoder's element type and
+ * memory (ONNX Runtime's, counted, on the direct path). Runs naming it feed them as they are (a batch
+ * of its rows alone broadcasts them) or stacked per row (a mixed batch). dispose() frees them.
+ */
+export class DecoderAdapter {
+  private disposed = false;
+
+  constructor(
+    /** Identifies its weights: prefix-cache entries are per key (name and content). */
+    readonly key: string,
+    /** By slot's A input name; slots it leaves alone are absent. */
+    readonly slots: ReadonlyMap<string, AdapterSlot>,
+    /** Bytes of its tensors. */
+    readonly bytes: number,
+  ) {}
+
+  get released(): boolean {
+    return this.disposed;
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    for (const s of this.slots.values()) {
+      s.a.dispose();
+      s.b.dispose();
+    }
+  }
+}
+
+/** A run's LoRA feeds and the tensors made for it alone (a mixed batch's stacks). */
+interface LoraFeeds {
+  feeds: Record<string, KvTensor>;
+  made: KvTensor[];
 }
 
 export interface ForwardOutput {
@@ -135,6 +182,15 @@ export class DecoderModel {
   private stepLogits: HostTensor | undefined;
   /** Whether the direct session's logits are float32, which the step buffer is (read once, not per step). */
   private readonly directLogitsFloat32: boolean;
+  /** The graph's LoRA slots (lora.ts), or null where the export has no LoRA inputs. */
+  readonly loraSlots: readonly LoraSlot[] | null;
+  /** Rank-0 A and B per slot, fed where no row has an adapter: made once. */
+  private zeroLora: Record<string, KvTensor> | undefined;
+  /**
+   * The last mixed batch's stacked LoRA inputs, kept while the same rows decode step after step (the
+   * stacks are per row copies of their adapters); released when the batch changes or the engine idles.
+   */
+  private stacked: { adapters: readonly (DecoderAdapter | undefined)[]; lora: LoraFeeds } | undefined;
 
   private constructor(
     readonly tokenizer: TextTokenizer,
@@ -150,6 +206,9 @@ export class DecoderModel {
   ) {
     this.kvNames = presentNames(shape.numLayers);
     this.directLogitsFloat32 = direct?.outputs.find((o) => o.name === 'logits')?.type === 'float32';
+    const names = new Set(direct?.inputs.map((i) => i.name) ?? loaded?.session.inputNames ?? []);
+    const slots = loraSlots(shape);
+    this.loraSlots = slots.every((s) => names.has(s.a) && names.has(s.b)) ? slots : null;
   }
 
   static async load(dir: string, ep: ExecutionProvider, extras: DecoderLoadOptions = {}): Promise<DecoderModel> {
@@ -311,6 +370,94 @@ export class DecoderModel {
     });
   }
 
+  /** A host tensor of the decoder's kind: ONNX Runtime's memory on the direct path, else onnxruntime-node's. */
+  private hostTensor(dims: readonly number[]): KvTensor {
+    const type = this.shape.kvDtype;
+    if (this.direct) return this.direct.tensor(type, dims);
+    return new ort.Tensor(type, kvArray(type, dims.reduce((a, b) => a * b, 1)), [...dims]);
+  }
+
+  /**
+   * An adapter's graph tensors (lora.ts slotTensors: float32, scale folded in), copied into tensors of
+   * the decoder's element type; the caller disposes the adapter when no request needs it any more.
+   */
+  adapter(key: string, slots: readonly SlotTensors[]): DecoderAdapter {
+    if (!this.loraSlots) throw new Error(`decoder ${this.files.onnx} has no LoRA inputs (build it with scripts/build-gqa-decoder.ts)`);
+    const out = new Map<string, AdapterSlot>();
+    let bytes = 0;
+    const fill = (values: Float32Array, dims: number[]): KvTensor => {
+      const t = this.hostTensor(dims);
+      (t.data as KvArray).set(this.shape.kvDtype === 'float16' ? floatsToHalfs(values) : values);
+      bytes += values.length * (this.shape.kvDtype === 'float16' ? 2 : 4);
+      return t;
+    };
+    for (const s of slots) {
+      const outDim = s.slot.outDims.reduce((a, b) => a + b, 0);
+      out.set(s.slot.a, { rank: s.rank, a: fill(s.a, [1, s.slot.inDim, s.rank]), b: fill(s.b, [1, s.rank, outDim]) });
+    }
+    return new DecoderAdapter(key, out, bytes);
+  }
+
+  /** Frees a mixed batch's stacked LoRA inputs (the engine calls it when its batch ends). */
+  releaseLoraStacks(): void {
+    if (this.stacked) for (const t of this.stacked.lora.made) t.dispose();
+    this.stacked = undefined;
+  }
+
+  /**
+   * The LoRA inputs of a run of `rows` rows: rank-0 tensors where no row has an adapter; the adapter's
+   * own tensors where every row has the same one (rows 1 broadcasts); per-row stacks where rows differ.
+   */
+  private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined): LoraFeeds {
+    const slots = this.loraSlots;
+    const distinct = [...new Set(adapters ?? [undefined])];
+    if (!slots) {
+      if (distinct.some((a) => a !== undefined)) throw new Error('this decoder has no LoRA inputs');
+      return { feeds: {}, made: [] };
+    }
+    if (distinct.some((a) => a?.released)) throw new Error('a LoRA adapter was used after it was released');
+    this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => [
+      [s.a, this.hostTensor([1, s.inDim, 0])], [s.b, this.hostTensor([1, 0, s.outDims.reduce((a, b) => a + b, 0)])],
+    ]));
+    const zero = this.zeroLora;
+    if (distinct.length === 1) {
+      this.releaseLoraStacks();
+      const only = distinct[0];
+      const feeds: Record<string, KvTensor> = {};
+      for (const s of slots) {
+        const t = only?.slots.get(s.a);
+        feeds[s.a] = t?.a ?? zero[s.a]!;
+        feeds[s.b] = t?.b ?? zero[s.b]!;
+      }
+      return { feeds, made: [] };
+    }
+    const rowAdapters = adapters!;
+    const cached = this.stacked;
+    if (cached && cached.adapters.length === rowAdapters.length && cached.adapters.every((a, i) => a === rowAdapters[i])) return cached.lora;
+    this.releaseLoraStacks();
+    const lora: LoraFeeds = { feeds: {}, made: [] };
+    for (const s of slots) {
+      const per = rowAdapters.map((a) => a?.slots.get(s.a));
+      const rank = Math.max(0, ...per.map((p) => p?.rank ?? 0));
+      if (rank === 0) {
+        lora.feeds[s.a] = zero[s.a]!;
+        lora.feeds[s.b] = zero[s.b]!;
+        continue;
+      }
+      const outDim = s.outDims.reduce((a, b) => a + b, 0);
+      const a = this.hostTensor([rows, s.inDim, rank]);
+      const b = this.hostTensor([rows, rank, outDim]);
+      stackRows(a.data as KvArray, per.map((p) => p && { data: p.a.data as KvArray, rank: p.rank }), 'A', s.inDim, rank);
+      stackRows(b.data as KvArray, per.map((p) => p && { data: p.b.data as KvArray, rank: p.rank }), 'B', outDim, rank);
+      lora.feeds[s.a] = a;
+      lora.feeds[s.b] = b;
+      lora.made.push(a, b);
+    }
+    // Decode steps of the same rows reuse the stacks; a prefill (one row) never mixes.
+    if (rows > 1) this.stacked = { adapters: [...rowAdapters], lora };
+    return lora;
+  }
+
   async forward(input: ForwardInput): Promise<ForwardOutput> {
     const { tokens, lengths, width } = input;
     const batch = tokens.length;
@@ -325,9 +472,15 @@ export class DecoderModel {
       mask.fill(1n, from, from + len + seq);
     });
     const past = input.past ?? this.allocPast(batch, genai ? width : 0);
-    const run = this.direct
-      ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past)
-      : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths);
+    const lora = this.loraFeeds(batch, input.adapters);
+    let run: RunResult;
+    try {
+      run = this.direct
+        ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past, lora.feeds)
+        : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths, lora.feeds);
+    } finally {
+      if (this.stacked?.lora !== lora) for (const t of lora.made) t.dispose();
+    }
     const { logits, positions } = run;
     if (run.reused && positions === 1 && logits instanceof Float32Array) return { lastLogits: logits, present: run.present, width };
     // Each row's last position (the graph may keep only that one).
@@ -342,7 +495,7 @@ export class DecoderModel {
   }
 
   private async runDirect(session: DirectSession, ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
-    past: readonly KvTensor[]): Promise<RunResult> {
+    past: readonly KvTensor[], lora: Readonly<Record<string, KvTensor>>): Promise<RunResult> {
     const hostPast = past.map((t) => {
       if (!(t instanceof HostTensor)) throw new Error('a direct run takes past tensors from allocPast');
       return t;
@@ -352,6 +505,7 @@ export class DecoderModel {
     const attention = session.tensor('int64', maskDims);
     (attention.data as BigInt64Array).set(mask);
     const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: attention };
+    for (const [name, t] of Object.entries(lora)) feeds[name] = t as HostTensor;
     // A decode step's logits are [rows, 1, vocab] in every genai export (a prefill's may be every position's).
     const step = idsDims[1] === 1 && this.directLogitsFloat32;
     if (step && this.stepLogits?.dims[0] !== idsDims[0]) {
@@ -377,7 +531,7 @@ export class DecoderModel {
   }
 
   private async runBinding(ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
-    past: readonly KvTensor[], lengths: readonly number[]): Promise<RunResult> {
+    past: readonly KvTensor[], lengths: readonly number[], lora: Readonly<Record<string, KvTensor>>): Promise<RunResult> {
     if (!this.loaded) throw new Error('this decoder runs through a direct session');
     const { session } = this.loaded;
     const [batch, seq] = idsDims as [number, number];
@@ -385,6 +539,7 @@ export class DecoderModel {
       input_ids: new ort.Tensor('int64', ids, idsDims),
       attention_mask: new ort.Tensor('int64', mask, maskDims),
     };
+    for (const [name, t] of Object.entries(lora)) feeds[name] = t as ort.Tensor;
     if (session.inputNames.includes('position_ids')) {
       feeds['position_ids'] = new ort.Tensor('int64', BigInt64Array.from(lengths.flatMap((len) => Array.from({ length: seq }, (_, k) => BigInt(len + k)))), [batch, seq]);
     }

@@ -145,6 +145,8 @@ export class Engine {
     }
     await this.streamSync();
     this.dropCarry();
+    // Idle: a mixed batch's stacked adapter copies go too, so that nothing outlives the requests.
+    this.model.releaseLoraStacks();
   }
 
   /** The step barrier: every in-flight run has completed and its buffers are released. */
@@ -197,7 +199,7 @@ export class Engine {
     const past = seq.numComputed;
     seq.cachedPrefix ??= past;
     const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
-    const { logits, present, width } = await this.forward(rows, [tokens]);
+    const { logits, present, width } = await this.forward([seq], rows, [tokens]);
     this.stats.prefills++;
     const length = past + tokens.length;
     if (this.carry?.seqs.every((s) => s.status === 'finished')) {
@@ -244,7 +246,7 @@ export class Engine {
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
     if (reuse) this.stats.pastReused++;
-    const { logits, present, width } = await this.forward(rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined);
+    const { logits, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined);
     this.stats.decodeRows += seqs.length;
     const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry!.synced[r]! : s.numComputed));
     const finished = seqs.map((s, r) => this.advance(s, 1, logits, r));
@@ -263,7 +265,7 @@ export class Engine {
    * stays in the present tensors (the caller writes back). Returns the last logits and the present KV
    * tensors (the caller releases them) with their width.
    */
-  private async forward(rows: GatherRow[], tokens: number[][], carry?: Carry): Promise<{ logits: Float32Array; present: KvTensor[]; width: number }> {
+  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry): Promise<{ logits: Float32Array; present: KvTensor[]; width: number }> {
     const s = tokens[0]!.length;
     const lengths = rows.map((r) => r.length);
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
@@ -274,7 +276,8 @@ export class Engine {
     }
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
-    const out = await this.model.forward({ tokens, lengths, past, width });
+    const adapters = seqs.some((q) => q.params.adapter) ? seqs.map((q) => q.params.adapter) : undefined;
+    const out = await this.model.forward({ tokens, lengths, past, width, adapters });
     if (!this.lazy) {
       await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
     }

@@ -22,6 +22,7 @@
  */
 import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
 import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
+import { loraSlots } from './lora.js';
 
 export interface GqaSourceConfig {
   model_type?: string;
@@ -102,7 +103,18 @@ function stackTransposed(parts: readonly Float32Array[], inDim: number): { value
   return { values, outDim };
 }
 
-export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer>, dtype: GqaDtype = 'float32'): GqaGraph {
+export interface GqaOptions {
+  dtype?: GqaDtype;
+  /**
+   * Give every projection a LoRA path, (x A) B with A and B graph inputs (lora.ts), as genai's builder
+   * does for multi-LoRA models (default true). A run without an adapter feeds rank-0 tensors.
+   */
+  lora?: boolean;
+}
+
+export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer>, opts: GqaOptions = {}): GqaGraph {
+  const dtype = opts.dtype ?? 'float32';
+  const lora = opts.lora ?? true;
   const w = new Weights(all);
   const H = cfg.hidden_size;
   const nh = cfg.num_attention_heads;
@@ -134,8 +146,14 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       });
       inits.push(tensor(`${name}.bias`, dtype, [outDim], bias));
       add('MatMul', [x, `${name}.weight`], [`${out}_nobias`]);
-      add('Add', [`${out}_nobias`, `${name}.bias`], [out]);
-    } else add('MatMul', [x, `${name}.weight`], [out]);
+      add('Add', [`${out}_nobias`, `${name}.bias`], [lora ? `${out}_base` : out]);
+    } else add('MatMul', [x, `${name}.weight`], [lora ? `${out}_base` : out]);
+    if (lora) {
+      // The low-rank path: [b, s, in] x [1 or b, in, r] -> [b, s, r] x [1 or b, r, out]; zeros at rank 0.
+      add('MatMul', [x, `${name}.lora_A`], [`${name}.lora_xa`]);
+      add('MatMul', [`${name}.lora_xa`, `${name}.lora_B`], [`${name}.lora_xab`]);
+      add('Add', [`${out}_base`, `${name}.lora_xab`], [out]);
+    }
   };
   const norm = (weight: string, x: string, out: string) => {
     inits.push(tensor(weight, dtype, [H], Weights.floats(w.need(weight))));
@@ -207,6 +225,16 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     for (const kv of ['key', 'value']) {
       inputs.push({ name: `past_key_values.${l}.${kv}`, elemType: elem, dims: ['batch_size', kvh, 'past_sequence_length', D] });
       outputs.push({ name: `present.${l}.${kv}`, elemType: elem, dims: ['batch_size', kvh, 'present_sequence_length', D] });
+    }
+  }
+  if (lora) {
+    const q = nh * D;
+    const slots = loraSlots({ numLayers: L, hiddenSize: H, numHeads: nh, numKvHeads: kvh, headDim: D, intermediateSize: cfg.intermediate_size });
+    if (q !== H) throw new Error(`LoRA paths need num_attention_heads x head_dim (${q}) = hidden_size (${H}), as the projections here assume`);
+    for (const s of slots) {
+      const out = s.outDims.reduce((a, b) => a + b, 0);
+      inputs.push({ name: s.a, elemType: elem, dims: [`${s.a}.rows`, s.inDim, `${s.a}.rank`] });
+      inputs.push({ name: s.b, elemType: elem, dims: [`${s.b}.rows`, `${s.b}.rank`, out] });
     }
   }
   const genaiConfig = {

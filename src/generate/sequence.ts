@@ -1,5 +1,6 @@
 /** One request's generation state, as the scheduler and the engine see it. */
 import { seededRandom } from './sampler.js';
+import type { DecoderAdapter } from './decoder-model.js';
 import type { FinishReason } from './generator.js';
 
 export type SequenceStatus = 'waiting' | 'running' | 'finished';
@@ -9,8 +10,8 @@ export interface SamplingParams {
   /** 0 = greedy. */
   temperature: number;
   seed?: number;
-  /** LoRA adapter the KV depends on (prefix-cache entries are per adapter). */
-  adapter?: string;
+  /** LoRA adapter the row runs with (loaded by the caller, who releases it after the generation). */
+  adapter?: DecoderAdapter;
   /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks of decode throughput). */
   ignoreEos?: boolean;
 }
@@ -38,8 +39,9 @@ export class Sequence {
     this.random = seededRandom(params.seed ?? 0x5eed);
   }
 
+  /** The adapter's key: the KV depends on it, so prefix-cache entries are per adapter (block-manager.ts). */
   get adapter(): string | undefined {
-    return this.params.adapter;
+    return this.params.adapter?.key;
   }
 
   get length(): number {

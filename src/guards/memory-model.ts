@@ -35,6 +35,8 @@ export interface DecoderDims {
   maxPositions?: number;
   /** genai runs write the KV buffer in place and hand nothing back (the direct C-API path). */
   kvInPlace?: boolean;
+  /** Every projection has a LoRA path (lora.ts): its output, zeros without an adapter, is one more buffer. */
+  lora?: boolean;
 }
 
 /** A request as the guards see it, after prompt assembly. */
@@ -56,6 +58,8 @@ export interface RequestShape {
   maxNewTokens: number;
   /** Prompt tokens already in the prefix cache: prefill computes only the rest (as run; 0 when asked). */
   cachedTokens?: number;
+  /** The LoRA adapter it names: its tensors' bytes in the decoder and its largest rank (adapters.ts inspect). */
+  adapter?: { bytes: number; rank: number };
 }
 
 export type Stage = 'embed' | 'rerank' | 'prefill' | 'decode';
@@ -188,12 +192,24 @@ export class MemoryModel {
       const capacity = bufferCapacity(total, d.maxPositions ?? total);
       const buffers = (d.kvInPlace ? 1 : 2) * rows * capacity * this.kvBytesPerToken;
       const qkv = rows * newTokens * (d.numHeads + 2 * d.numKvHeads) * d.headDim * this.actBytes;
-      return buffers + mask + qkv + this.decoderPerNewToken(rows, newTokens, 1);
+      // The LoRA path's output, [rows, new, out] of the projection being added to (the widest: MLP's or qkv's).
+      const lora = d.lora ? rows * newTokens * Math.max(d.intermediateSize, (d.numHeads + 2 * d.numKvHeads) * d.headDim) * this.actBytes : 0;
+      return buffers + mask + qkv + lora + this.decoderPerNewToken(rows, newTokens, 1);
     }
     const past = rows * context * this.kvBytesPerToken;
     const present = rows * total * this.kvBytesPerToken;
     const repeated = 2 * rows * d.numHeads * total * d.headDim * this.actBytes;
     return past + present + repeated + mask + this.decoderScores(rows, newTokens, context) + this.decoderPerNewToken(rows, newTokens, newTokens);
+  }
+
+  /**
+   * What a request's adapter adds to a decoder stage: its tensors (`copies` of them: in decode, a batch
+   * mixing adapters feeds per-row copies, the request's row one more) and its low-rank activations,
+   * [tokens, rank]. They are exact sizes, not fitted: the profile run runs no adapter.
+   */
+  adapterBytes(r: RequestShape, newTokens: number, copies: number): number {
+    if (!r.adapter || newTokens <= 0) return 0;
+    return copies * r.adapter.bytes + newTokens * r.adapter.rank * this.actBytes;
   }
 
   predict(r: RequestShape): Prediction {
@@ -204,8 +220,8 @@ export class MemoryModel {
       rerank: r.rerankRuns?.length
         ? Math.max(...r.rerankRuns.map(([pairs, width]) => this.stageBytes('rerank', [pairs, width, 0])))
         : this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
-      prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]),
-      decode: this.stageBytes('decode', [1, 1, tokens - 1]),
+      prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]) + this.adapterBytes(r, r.promptTokens - cached, 1),
+      decode: this.stageBytes('decode', [1, 1, tokens - 1]) + this.adapterBytes(r, 1, 2),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);

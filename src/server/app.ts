@@ -3,6 +3,7 @@
  * failure into a status plus `{error: {code, message}}`.
  */
 import express, { type NextFunction, type Request, type Response } from 'express';
+import { AdapterInvalidError, AdapterNotFoundError, type AdapterInfo } from '../generate/adapters.js';
 import { PromptNeverFitsError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
@@ -38,10 +39,9 @@ export function createApp(service: RagService): express.Express {
 
   app.post('/query', async (req, res) => {
     const q = parseQuery(req.body, cfg);
-    if (q.adapter !== undefined) {
-      throw new HttpError(400, 'adapter_not_found', `adapter '${q.adapter}' is not loaded (no adapters are configured)`);
-    }
     checkQueryShape(q, service);
+    // The adapter's bytes from its files, before anything loads: the guard counts them.
+    const adapter = q.adapter === undefined ? undefined : await inspectAdapter(service, q.adapter);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
       const { shape: _shape, ...result } = await admission.run(() => service.query(q));
@@ -49,7 +49,7 @@ export function createApp(service: RagService): express.Express {
       return;
     }
     // The guard decides from the request's predicted memory: admit or queue (maybe reshaped), or 413.
-    const decision = service.guard.decide(service.requestShape(q));
+    const decision = service.guard.decide(service.requestShape(q, adapter));
     const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
     if (decision.action === 'reject') {
       throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`,
@@ -102,6 +102,16 @@ export function createApp(service: RagService): express.Express {
     res.status(e.status).set(e.headers).json(e.body());
   });
   return app;
+}
+
+async function inspectAdapter(service: RagService, name: string): Promise<AdapterInfo> {
+  try {
+    return await service.adapters.inspect(name);
+  } catch (e) {
+    if (e instanceof AdapterNotFoundError) throw new HttpError(400, 'adapter_not_found', e.message, { adapter: name });
+    if (e instanceof AdapterInvalidError) throw new HttpError(422, 'adapter_invalid', e.message, { adapter: name });
+    throw e;
+  }
 }
 
 /** body-parser's errors carry a status and a type; anything else unknown is a 500. */

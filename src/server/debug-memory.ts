@@ -8,6 +8,7 @@ import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
 import type { ProfileReport } from '../guards/profile.js';
+import type { AdapterStats } from '../generate/adapters.js';
 import type { RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
@@ -61,7 +62,8 @@ export interface MemorySnapshot {
     /** The profile run's points (shape, analytic and measured peak bytes), or why there was none. */
     profile: ProfileReport;
   };
-  adapters: { loaded: string[]; bytes: number };
+  /** LoRA adapters loaded now (each with the requests holding it), their bytes, and loads/unloads so far. */
+  adapters: AdapterStats;
   queue: { running: number; waiting: number; max_concurrent: number; max_waiting: number };
   gpu: { source: 'nvml'; gpus: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number }[] } | null;
   gpu_unavailable_reason?: string;
@@ -94,6 +96,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   const loaded = (m: keyof typeof models.loads) =>
     `${models.loads[m].hostBytes} bytes resident on the host and ${models.loads[m].deviceBytes} on the GPU (NVML) added by its load`;
   const tableBytes = Object.entries(kv.tablesByBucket).reduce((s, [cap, n]) => s + Number(cap) * 4 * n, 0);
+  const adapters = service.adapters.stats();
   const components: Component[] = [
     { name: 'embedder', bytes: models.loads.embedder.bytes, how: 'measured', detail: `${loaded('embedder')}; onnx weights ${models.embedder.files.onnxBytes} bytes on disk; loaded first, so it includes ONNX Runtime's own start-up` },
     { name: 'reranker', bytes: models.loads.reranker.bytes, how: 'measured', detail: `${loaded('reranker')}; onnx weights ${models.reranker.files.onnxBytes} bytes on disk` },
@@ -101,6 +104,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },
     { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },
+    { name: 'adapters', bytes: adapters.bytes, how: 'exact', detail: `${adapters.loaded.length} LoRA adapters loaded (A and B tensors in the decoder's element type)` },
   ];
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
   return {
@@ -138,7 +142,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       headroom: service.guard.model.headroom,
       profile: service.profile,
     },
-    adapters: { loaded: [], bytes: 0 },
+    adapters,
     queue: { running: admission.running, waiting: admission.waiting, max_concurrent: cfg.maxConcurrentQueries, max_waiting: cfg.maxQueueLength },
     gpu: gpu.source === 'nvml'
       ? { source: 'nvml', gpus: gpu.gpus.map((g) => ({ index: g.index, name: g.name, total_bytes: g.totalBytes, used_bytes: g.usedBytes, free_bytes: g.freeBytes })) }

@@ -20,7 +20,7 @@ function intField(b: Json, name: string, dflt: number, min: number, max: number)
 
 const KNOWN_QUERY_FIELDS = new Set(['query', 'top_k', 'rerank_top_n', 'max_new_tokens', 'temperature', 'seed', 'adapter']);
 
-export function parseQuery(body: unknown, cfg: Config): QueryInput & { adapter?: string } {
+export function parseQuery(body: unknown, cfg: Config): QueryInput {
   const b = object(body);
   for (const k of Object.keys(b)) if (!KNOWN_QUERY_FIELDS.has(k)) throw badRequest('unknown_field', `unknown field '${k}'`);
   const query = b['query'];

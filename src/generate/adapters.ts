@@ -1,0 +1,183 @@
+/**
+ * LoRA adapters by name: loaded when a request names one, shared by the requests running with it at
+ * the same time, and unloaded when the last of them ends, so that adapters never accumulate. Each
+ * request holds a lease; the registry counts them.
+ *
+ * An adapter is a PEFT directory under the adapter dir (adapter_config.json, adapter_model.safetensors).
+ * Its bytes in the decoder are known from the config and the file's header before it loads (inspect),
+ * so that the guards can count it in a request's prediction before admitting it.
+ */
+import { createHash } from 'node:crypto';
+import { readFile, stat } from 'node:fs/promises';
+import path from 'node:path';
+import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime/safetensors.js';
+import type { DecoderAdapter } from './decoder-model.js';
+import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
+import { dtypeBytes, type KvDtype } from './kv-pool.js';
+
+/** The decoder as adapters need it. */
+export interface AdapterHost {
+  readonly loraSlots: readonly LoraSlot[] | null;
+  readonly shape: LoraShape & { kvDtype: KvDtype };
+  adapter(key: string, slots: readonly SlotTensors[]): DecoderAdapter;
+}
+
+export class AdapterNotFoundError extends Error {}
+export { AdapterInvalidError };
+
+/** What an adapter costs, from its files, before it loads. */
+export interface AdapterInfo {
+  name: string;
+  dir: string;
+  plan: AdapterPlan;
+  /** Its tensors in the decoder (element type x elements). */
+  bytes: number;
+  /** The largest rank among its projections. */
+  maxRank: number;
+}
+
+export interface AdapterLease {
+  adapter: DecoderAdapter;
+  info: AdapterInfo;
+  /** Ends this request's use; the last lease's release unloads the adapter. Idempotent. */
+  release(): void;
+}
+
+interface Loaded {
+  info: AdapterInfo;
+  /** Its weights' key, once loaded. */
+  key?: string;
+  ready: Promise<DecoderAdapter>;
+  refs: number;
+}
+
+export interface AdapterStats {
+  dir: string;
+  /** Why requests cannot name adapters, where they cannot. */
+  unavailable?: string;
+  loaded: { name: string; key: string; bytes: number; refs: number; max_rank: number }[];
+  bytes: number;
+  loads: number;
+  unloads: number;
+}
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+export class AdapterRegistry {
+  private readonly loaded = new Map<string, Loaded>();
+  /** Inspections by name, valid while the files' size and time hold. */
+  private readonly infos = new Map<string, { stamp: string; info: AdapterInfo }>();
+  private loads = 0;
+  private unloads = 0;
+
+  constructor(
+    /** '' = adapters off. */
+    readonly dir: string,
+    private readonly host: AdapterHost,
+  ) {}
+
+  /** Why no adapter can load here, or '' where they can. */
+  get unavailable(): string {
+    if (this.dir === '') return 'no adapter directory (RAGGUARD_ADAPTER_DIR is empty)';
+    if (!this.host.loraSlots) return 'the decoder has no LoRA inputs (an export without them; scripts/build-gqa-decoder.ts adds them)';
+    return '';
+  }
+
+  /** An adapter's plan and bytes from its config and header (no weights read); throws when it cannot run here. */
+  async inspect(name: string): Promise<AdapterInfo> {
+    const why = this.unavailable;
+    if (why) throw new AdapterNotFoundError(`adapter '${name}' cannot load: ${why}`);
+    if (!NAME.test(name)) throw new AdapterNotFoundError(`'${name}' is not an adapter name (letters, digits, '.', '_', '-')`);
+    const dir = path.join(this.dir, name);
+    const files = [path.join(dir, 'adapter_config.json'), path.join(dir, 'adapter_model.safetensors')] as const;
+    let stamp: string;
+    try {
+      const st = await Promise.all(files.map((f) => stat(f)));
+      stamp = st.map((s) => `${s.size}:${s.mtimeMs}`).join('/');
+    } catch {
+      throw new AdapterNotFoundError(`adapter '${name}' not found in ${this.dir} (a PEFT directory: adapter_config.json, adapter_model.safetensors)`);
+    }
+    const known = this.infos.get(name);
+    if (known?.stamp === stamp) return known.info;
+    let cfg: PeftConfig;
+    try {
+      cfg = JSON.parse(await readFile(files[0], 'utf8')) as PeftConfig;
+    } catch {
+      throw new AdapterInvalidError(`adapter '${name}': adapter_config.json is not JSON`);
+    }
+    let plan: AdapterPlan;
+    try {
+      plan = planAdapter(cfg, (await readHeader(files[1])).tensors, this.host.shape);
+    } catch (e) {
+      if (e instanceof SafetensorsError || e instanceof AdapterInvalidError) throw new AdapterInvalidError(`adapter '${name}': ${e.message}`);
+      throw e;
+    }
+    const info: AdapterInfo = { name, dir, plan, bytes: plan.elements * dtypeBytes(this.host.shape.kvDtype), maxRank: plan.maxRank };
+    this.infos.set(name, { stamp, info });
+    return info;
+  }
+
+  /** A lease on the adapter, loading it unless a running request already did. */
+  async acquire(name: string): Promise<AdapterLease> {
+    let entry = this.loaded.get(name);
+    if (!entry) {
+      const info = await this.inspect(name);
+      entry = this.loaded.get(name); // another request may have started loading it meanwhile
+      if (!entry) {
+        const ready = this.load(info);
+        const e: Loaded = (entry = { info, ready, refs: 0 });
+        void ready.then((a) => (e.key = a.key), () => undefined);
+        this.loaded.set(name, entry);
+        this.loads++;
+        ready.catch(() => this.loaded.get(name) === entry && this.loaded.delete(name));
+      }
+    }
+    entry.refs++;
+    let adapter: DecoderAdapter;
+    try {
+      adapter = await entry.ready;
+    } catch (e) {
+      entry.refs--;
+      throw e;
+    }
+    let released = false;
+    const e = entry;
+    return {
+      adapter, info: e.info,
+      release: () => {
+        if (released) return;
+        released = true;
+        if (--e.refs > 0) return;
+        // The last request with it has ended (its sequences' runs are done): nothing keeps it.
+        if (this.loaded.get(name) === e) this.loaded.delete(name);
+        adapter.dispose();
+        this.unloads++;
+      },
+    };
+  }
+
+  private async load(info: AdapterInfo): Promise<DecoderAdapter> {
+    const file = path.join(info.dir, 'adapter_model.safetensors');
+    const bytes = await readFile(file);
+    // The key names the weights, not just the name: a replaced file must not hit the old one's prefix cache.
+    const key = `${info.name}@${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}`;
+    const header = headerOf(bytes);
+    const keys = info.plan.slots.flatMap((s) => s.modules.flatMap((m) => [m.keyA, m.keyB]));
+    return this.host.adapter(key, slotTensors(info.plan, tensorValues(bytes, header, keys)));
+  }
+
+  stats(): AdapterStats {
+    const loaded = [...this.loaded.values()].map((e) => ({
+      name: e.info.name, key: e.key ?? '(loading)', bytes: e.info.bytes, refs: e.refs, max_rank: e.info.maxRank,
+    }));
+    const why = this.unavailable;
+    return {
+      dir: this.dir,
+      ...(why ? { unavailable: why } : {}),
+      loaded,
+      bytes: loaded.reduce((s, l) => s + l.bytes, 0),
+      loads: this.loads,
+      unloads: this.unloads,
+    };
+  }
+}
