@@ -3,7 +3,8 @@
  * budget that it overflows with guards off, measured with guards on and off in one run.
  *
  * Mix: long contexts (16 chunks into a 1536-token prompt budget), top_k up to 100, max_new_tokens at
- * the limit, in bursts of BENCH_GUARD_BURST concurrent requests over real HTTP on loopback.
+ * the limit, half of the requests naming a LoRA adapter (the sample adapters that fit the decoder), in
+ * bursts of BENCH_GUARD_BURST concurrent requests over real HTTP on loopback.
  *
  * Measured (peak-meter.ts) on the host by two meters: ONNX Runtime's accounted bytes (the counting
  * allocator every CPU session allocates through: what the models asked for) and the kernel's resident
@@ -98,7 +99,13 @@ interface Ask {
   top_k: number;
   rerank_top_n: number;
   max_new_tokens: number;
+  adapter?: string;
 }
+
+// The sample adapters this decoder can run (none for a decoder they were not made for).
+const adapters: (string | undefined)[] = [];
+for (const name of ['demo-r8', 'demo-qv-r4']) adapters.push(await guarded.adapters.inspect(name).then(() => name, () => undefined));
+const usable = adapters.filter((a) => a !== undefined);
 
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
 const random = seededRandom(7);
@@ -108,6 +115,7 @@ const mix = (n: number): Ask[] => Array.from({ length: n }, () => ({
   top_k: pick([20, 50, 100, 100]),
   rerank_top_n: pick([3, 8, 16, 16, 16]),
   max_new_tokens: pick([16, 32, 64, 64]),
+  ...(usable.length > 0 && random() < 0.5 ? { adapter: pick(usable) } : {}),
 }));
 
 interface Reply {
@@ -160,8 +168,10 @@ const recorder: RunObserver = {
 };
 const on = await listen(guarded);
 const errors: number[] = [];
+const adapterErrors: number[] = [];
 const residentErrors: number[] = [];
 console.log(`budget ${mb(Number(budget))} MiB: weights+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
+console.log(`adapters in the mix: ${usable.join(', ') || 'none (none fits this decoder)'}`);
 console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);
 console.log('\nalone: predicted vs measured workspace (MiB)');
 setRunObserver(recorder);
@@ -174,9 +184,10 @@ for (const ask of mix(ALONE)) {
   const predicted = reply.body.guard?.as_run?.predicted_workspace_bytes;
   if (reply.status !== 200 || predicted === undefined || bytes === 0) continue;
   errors.push(Math.abs(predicted - bytes) / bytes);
+  if (ask.adapter) adapterErrors.push(errors.at(-1)!);
   const residentBytes = Math.max(0, ...runs.map((r) => r.residentBytes));
   if (residentBytes > 0) residentErrors.push(Math.abs(predicted - residentBytes) / residentBytes);
-  console.log(`  top_k ${String(ask.top_k).padStart(3)} top_n ${String(ask.rerank_top_n).padStart(2)} new ${String(ask.max_new_tokens).padStart(2)}: ` +
+  console.log(`  ${(ask.adapter ?? 'base').padEnd(10)} top_k ${String(ask.top_k).padStart(3)} top_n ${String(ask.rerank_top_n).padStart(2)} new ${String(ask.max_new_tokens).padStart(2)}: ` +
     `predicted ${mb(predicted).padStart(6)} measured ${mb(bytes).padStart(6)} error ${errors.at(-1)!.toFixed(3)}` +
     (accounted ? ` (resident ${mb(residentBytes).padStart(5)})  ` : '  ') +
     (['embed', 'rerank', 'prefill', 'decode'] as const).map((st) =>
@@ -224,6 +235,9 @@ console.log(JSON.stringify({
   prediction_error_p95: +p95(errors).toFixed(3),
   prediction_error_median: +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3),
   predictions_measured: errors.length,
+  adapters: usable,
+  ...(adapterErrors.length > 0 ? { prediction_error_p95_with_adapter: +p95(adapterErrors).toFixed(3), predictions_with_adapter: adapterErrors.length } : {}),
+  adapters_loaded_after: guarded.adapters.stats().loaded.length + unguarded.adapters.stats().loaded.length,
   ...(accounted ? { prediction_error_p95_resident: +p95(residentErrors).toFixed(3) } : {}),
   served_fraction: +(count(g.replies, 200) / g.replies.length).toFixed(3),
   headroom: profile.source === 'profile' ? +profile.headroom.toFixed(3) : 0,

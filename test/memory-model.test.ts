@@ -134,3 +134,12 @@ test('an adapter adds its tensors to prefill once and to decode twice (a mixed b
   assert.equal(decide(model, shape, cap, [], { minPromptTokens: 64, minNewTokens: 8 }).action, 'admit');
   assert.equal(decide(model, { ...shape, promptTokens: 2000, adapter: { bytes: 64 * MB, rank: 8 } }, cap, [], { minPromptTokens: 64, minNewTokens: 8 }).action, 'reject');
 });
+
+test('genai decode also holds the buffer it replaces (a widened or re-gathered batch), outside the fit', () => {
+  const genai = new MemoryModel(encoder, { ...decoder, kvLayout: 'genai', maxPositions: 4096, kvInPlace: true }, 16);
+  genai.calibrate({ ...genai.calibration, decode: { scale: 0.5, offsetBytes: 0 } });
+  // 500 + 64 tokens: capacity 640 positions of 2048 bytes.
+  assert.equal(genai.replacedBuffer(1, 564), 640 * 2048);
+  assert.equal(genai.predict(shape).stages.decode, genai.stageBytes('decode', [1, 1, 563]) + 640 * 2048);
+  assert.equal(model.replacedBuffer(1, 564), 0, 'optimum: past and present are already both counted');
+});

@@ -212,6 +212,17 @@ export class MemoryModel {
     return copies * r.adapter.bytes + newTokens * r.adapter.rank * this.actBytes;
   }
 
+  /**
+   * genai layout: a decode step that changes its buffer (the batch outgrew it and is widened, or the
+   * batch changed and is gathered into a new one) runs while the last step's buffer, at most as large,
+   * is still held (it is released at the step barrier, after the run). The profile run's single runs
+   * never see it, so it stays outside the fit: measured decode peaks were twice the fitted buffer.
+   */
+  replacedBuffer(rows: number, tokens: number): number {
+    const d = this.decoder;
+    return d.kvLayout === 'genai' ? rows * bufferCapacity(tokens, d.maxPositions ?? tokens) * this.kvBytesPerToken : 0;
+  }
+
   predict(r: RequestShape): Prediction {
     const tokens = r.promptTokens + r.maxNewTokens;
     const cached = r.cachedTokens ?? 0;
@@ -221,7 +232,7 @@ export class MemoryModel {
         ? Math.max(...r.rerankRuns.map(([pairs, width]) => this.stageBytes('rerank', [pairs, width, 0])))
         : this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
       prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]) + this.adapterBytes(r, r.promptTokens - cached, 1),
-      decode: this.stageBytes('decode', [1, 1, tokens - 1]) + this.adapterBytes(r, 1, 2),
+      decode: this.stageBytes('decode', [1, 1, tokens - 1]) + this.adapterBytes(r, 1, 2) + this.replacedBuffer(1, tokens),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);
