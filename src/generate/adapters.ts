@@ -126,10 +126,11 @@ export class AdapterRegistry {
       if (!entry) {
         const ready = this.load(info);
         const e: Loaded = (entry = { info, ready, refs: 0 });
-        void ready.then((a) => (e.key = a.key), () => undefined);
-        this.loaded.set(name, entry);
-        this.loads++;
-        ready.catch(() => this.loaded.get(name) === entry && this.loaded.delete(name));
+        this.loaded.set(name, e);
+        ready.then((a) => {
+          e.key = a.key;
+          this.loads++;
+        }, () => this.loaded.get(name) === e && this.loaded.delete(name));
       }
     }
     entry.refs++;
@@ -161,9 +162,16 @@ export class AdapterRegistry {
     const bytes = await readFile(file);
     // The key names the weights, not just the name: a replaced file must not hit the old one's prefix cache.
     const key = `${info.name}@${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}`;
-    const header = headerOf(bytes);
     const keys = info.plan.slots.flatMap((s) => s.modules.flatMap((m) => [m.keyA, m.keyB]));
-    return this.host.adapter(key, slotTensors(info.plan, tensorValues(bytes, header, keys)));
+    let slots: SlotTensors[];
+    try {
+      slots = slotTensors(info.plan, tensorValues(bytes, headerOf(bytes), keys));
+    } catch (e) {
+      // The file changed since it was inspected, or its data is cut short.
+      if (e instanceof SafetensorsError) throw new AdapterInvalidError(`adapter '${info.name}': ${e.message}`);
+      throw e;
+    }
+    return this.host.adapter(key, slots);
   }
 
   stats(): AdapterStats {

@@ -15,6 +15,7 @@
  * q, k and v into one projection, so their A's are concatenated along the rank and their B's placed
  * block-diagonally: (x [A_q A_k A_v]) diag(B_q, B_k, B_v) = [x A_q B_q, x A_k B_k, x A_v B_v].
  */
+import type { DecoderShape } from './decoder-model.js';
 
 export type LoraProjection = 'self_attn.qkv_proj' | 'self_attn.o_proj' | 'mlp.gate_proj' | 'mlp.up_proj' | 'mlp.down_proj';
 
@@ -27,14 +28,8 @@ export const PROJECTION_MODULES: Readonly<Record<LoraProjection, readonly string
   'mlp.down_proj': ['mlp.down_proj'],
 };
 
-export interface LoraShape {
-  numLayers: number;
-  hiddenSize: number;
-  numHeads: number;
-  numKvHeads: number;
-  headDim: number;
-  intermediateSize: number;
-}
+/** The decoder's dimensions the LoRA slots follow. */
+export type LoraShape = Pick<DecoderShape, 'numLayers' | 'hiddenSize' | 'numHeads' | 'numKvHeads' | 'headDim' | 'intermediateSize'>;
 
 /** One projection's pair of graph inputs. */
 export interface LoraSlot {
