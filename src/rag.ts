@@ -13,7 +13,7 @@ import { AdapterRegistry, type AdapterInfo } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine } from './generate/engine.js';
-import type { FinishReason } from './generate/generator.js';
+import type { FinishReason, Generation } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
 import { planBudget, type BudgetPlan } from './guards/budget.js';
 import { GrowthTracker } from './guards/growth.js';
@@ -288,7 +288,7 @@ export class RagService {
     );
     // The adapter loads for generation only (nothing before it uses it) and is released right after.
     const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter);
-    let gen;
+    let gen: Generation;
     try {
       gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter });
     } finally {
