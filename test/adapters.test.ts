@@ -204,6 +204,20 @@ describe('the decoder with adapters', () => {
     qv.release();
   });
 
+  test('through onnxruntime-node (the path GPU providers take) an adapter gives the direct path\'s outputs', async () => {
+    const viaNode = await DecoderModel.load(path.join(ROOT, 'models', 'decoder-gqa'), 'cpu', { direct: false });
+    assert.equal(viaNode.runPath.path, 'onnxruntime-node');
+    const nodeRegistry = new AdapterRegistry(ADAPTERS, viaNode);
+    const [a, b] = [await registry.acquire('demo-r8'), await nodeRegistry.acquire('demo-r8')];
+    const [qa, qb] = [await registry.acquire('demo-qv-r4'), await nodeRegistry.acquire('demo-qv-r4')];
+    const mixed = async (m: DecoderModel, r8: DecoderAdapter, qv: DecoderAdapter) => {
+      const e = engine(m);
+      return Promise.all([undefined, r8, qv].map((ad, i) => greedy(e, prompts[i]!, ad)));
+    };
+    assert.deepEqual(await mixed(viaNode, b.adapter, qb.adapter), await mixed(model, a.adapter, qa.adapter));
+    for (const l of [a, b, qa, qb]) l.release();
+  });
+
   test('the registry loads once for concurrent requests and unloads after the last, to the byte', async () => {
     const counter = countingAllocator()!;
     assert.ok(counter, 'the counting allocator is installed');
