@@ -96,6 +96,8 @@ export interface ForwardInput {
   width: number;
   /** Each row's LoRA adapter (undefined: the base model); absent: no row has one. */
   adapters?: readonly (DecoderAdapter | undefined)[];
+  /** Where a mixed batch's stacked LoRA inputs are kept for the same rows' next steps (the caller's). */
+  loraStacks?: LoraStacks;
 }
 
 /** One slot's tensors of an adapter, as runs feed them: A [1, in, rank], B [1, rank, out]. */
@@ -142,6 +144,36 @@ interface LoraFeeds {
   made: KvTensor[];
 }
 
+/**
+ * A mixed batch's stacked LoRA inputs (per-row copies of their adapters), kept while the same rows
+ * decode step after step. One per caller (the engine's batch), so that no other caller's runs release
+ * stacks a run of its own is using.
+ */
+export class LoraStacks {
+  private kept: { adapters: readonly (DecoderAdapter | undefined)[]; lora: LoraFeeds } | undefined;
+
+  /** The stacks kept for exactly these rows' adapters, if they are. */
+  find(adapters: readonly (DecoderAdapter | undefined)[]): LoraFeeds | undefined {
+    const k = this.kept;
+    return k && k.adapters.length === adapters.length && k.adapters.every((a, i) => a === adapters[i]) ? k.lora : undefined;
+  }
+
+  holds(lora: LoraFeeds): boolean {
+    return this.kept?.lora === lora;
+  }
+
+  keep(adapters: readonly (DecoderAdapter | undefined)[], lora: LoraFeeds): void {
+    this.release();
+    this.kept = { adapters: [...adapters], lora };
+  }
+
+  /** Frees the kept stacks (the batch changed, or the engine idles). */
+  release(): void {
+    if (this.kept) for (const t of this.kept.lora.made) t.dispose();
+    this.kept = undefined;
+  }
+}
+
 export interface ForwardOutput {
   /** Logits of each row's last position, [batch, vocab]; valid until the model's next forward (they may view its output buffer). */
   lastLogits: Float32Array;
@@ -186,11 +218,6 @@ export class DecoderModel {
   readonly loraSlots: readonly LoraSlot[] | null;
   /** Rank-0 A and B per slot, fed where no row has an adapter: made once. */
   private zeroLora: Record<string, KvTensor> | undefined;
-  /**
-   * The last mixed batch's stacked LoRA inputs, kept while the same rows decode step after step (the
-   * stacks are per row copies of their adapters); released when the batch changes or the engine idles.
-   */
-  private stacked: { adapters: readonly (DecoderAdapter | undefined)[]; lora: LoraFeeds } | undefined;
 
   private constructor(
     readonly tokenizer: TextTokenizer,
@@ -398,17 +425,11 @@ export class DecoderModel {
     return new DecoderAdapter(key, out, bytes);
   }
 
-  /** Frees a mixed batch's stacked LoRA inputs (the engine calls it when its batch ends). */
-  releaseLoraStacks(): void {
-    if (this.stacked) for (const t of this.stacked.lora.made) t.dispose();
-    this.stacked = undefined;
-  }
-
   /**
    * The LoRA inputs of a run of `rows` rows: rank-0 tensors where no row has an adapter; the adapter's
    * own tensors where every row has the same one (rows 1 broadcasts); per-row stacks where rows differ.
    */
-  private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined): LoraFeeds {
+  private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined, stacks: LoraStacks | undefined): LoraFeeds {
     const slots = this.loraSlots;
     const distinct = [...new Set(adapters ?? [undefined])];
     if (!slots) {
@@ -421,7 +442,7 @@ export class DecoderModel {
     ]));
     const zero = this.zeroLora;
     if (distinct.length === 1) {
-      this.releaseLoraStacks();
+      stacks?.release();
       const only = distinct[0];
       const feeds: Record<string, KvTensor> = {};
       for (const s of slots) {
@@ -432,9 +453,9 @@ export class DecoderModel {
       return { feeds, made: [] };
     }
     const rowAdapters = adapters!;
-    const cached = this.stacked;
-    if (cached && cached.adapters.length === rowAdapters.length && cached.adapters.every((a, i) => a === rowAdapters[i])) return cached.lora;
-    this.releaseLoraStacks();
+    const cached = stacks?.find(rowAdapters);
+    if (cached) return cached;
+    stacks?.release();
     const lora: LoraFeeds = { feeds: {}, made: [] };
     for (const s of slots) {
       const per = rowAdapters.map((a) => a?.slots.get(s.a));
@@ -454,7 +475,7 @@ export class DecoderModel {
       lora.made.push(a, b);
     }
     // Decode steps of the same rows reuse the stacks; a prefill (one row) never mixes.
-    if (rows > 1) this.stacked = { adapters: [...rowAdapters], lora };
+    if (rows > 1) stacks?.keep(rowAdapters, lora);
     return lora;
   }
 
@@ -472,14 +493,14 @@ export class DecoderModel {
       mask.fill(1n, from, from + len + seq);
     });
     const past = input.past ?? this.allocPast(batch, genai ? width : 0);
-    const lora = this.loraFeeds(batch, input.adapters);
+    const lora = this.loraFeeds(batch, input.adapters, input.loraStacks);
     let run: RunResult;
     try {
       run = this.direct
         ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past, lora.feeds)
         : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths, lora.feeds);
     } finally {
-      if (this.stacked?.lora !== lora) for (const t of lora.made) t.dispose();
+      if (!input.loraStacks?.holds(lora)) for (const t of lora.made) t.dispose();
     }
     const { logits, positions } = run;
     if (run.reused && positions === 1 && logits instanceof Float32Array) return { lastLogits: logits, present: run.present, width };
