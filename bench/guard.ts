@@ -87,7 +87,7 @@ async function measure<T>(work: () => Promise<T>): Promise<{ value: T; bytes: nu
   return { value: outer.value.value, bytes: outer.bytes, residentBytes: outer.value.bytes, top: base + outer.bytes };
 }
 const loader = await RagService.start(first, models);
-const staticBytes = loader.weightBytes + loader.store.indexBytes;
+const staticBytes = loader.weightBytes + loader.adapterSlotBytes + loader.store.indexBytes;
 const budget = String(staticBytes + KV_POOL + WORKSPACE);
 const budgetEnv = { RAGGUARD_MEMORY_BUDGET: budget, RAGGUARD_KV_CACHE_BYTES: String(KV_POOL), RAGGUARD_CORPUS_DIR: '' };
 const guarded = new RagService(config({ ...budgetEnv, RAGGUARD_PROFILE_RUN: 'true' }), models, loader.store);
@@ -170,7 +170,7 @@ const on = await listen(guarded);
 const errors: number[] = [];
 const adapterErrors: number[] = [];
 const residentErrors: number[] = [];
-console.log(`budget ${mb(Number(budget))} MiB: weights+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
+console.log(`budget ${mb(Number(budget))} MiB: weights+adapter slots+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
 console.log(`adapters in the mix: ${usable.join(', ') || 'none (none fits this decoder)'}`);
 console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);
 console.log('\nalone: predicted vs measured workspace (MiB)');

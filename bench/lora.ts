@@ -25,7 +25,7 @@ const NEW_TOKENS = Number(process.env['BENCH_LORA_NEW_TOKENS'] ?? 128);
 const BLOCK = 16;
 
 const model = await DecoderModel.load(path.join(ROOT, 'models', 'decoder-gqa'), 'cpu');
-const registry = new AdapterRegistry(path.join(ROOT, 'models', 'adapters'), model);
+const registry = new AdapterRegistry(path.join(ROOT, 'models', 'adapters'), model, { maxLoras: 4, maxRank: 16, waitMs: 1000 });
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
 const prompts = questions.slice(0, REQUESTS).map((q) => [model.bosId ?? 1, ...model.tokenizer.encode(`Question: ${q.question}\nAnswer:`)]);
 const leases: AdapterLease[] = [await registry.acquire('demo-r8'), await registry.acquire('demo-qv-r4')];

@@ -32,7 +32,7 @@ let failed = false;
 
 for (const ep of (providers.length ? providers : ['cpu']) as ExecutionProvider[]) {
   const model = await DecoderModel.load(decoderDir, ep);
-  const registry = new AdapterRegistry(dir, model);
+  const registry = new AdapterRegistry(dir, model, { maxLoras: 4, maxRank: 16, waitMs: 1000 });
   const ids = ref.prompt_ids;
   const logitsOf = async (adapter?: DecoderAdapter) => {
     const width = model.pastWidth([0], ids.length);

@@ -9,7 +9,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import path from 'node:path';
 import type { Config } from './config/config.js';
-import { AdapterRegistry, type AdapterInfo } from './generate/adapters.js';
+import { AdapterRegistry } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine } from './generate/engine.js';
@@ -129,13 +129,13 @@ export class RagService {
     readonly store: DocumentStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
-    this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder);
+    this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder, { maxLoras: cfg.maxLoras, maxRank: cfg.maxLoraRank, waitMs: cfg.queueTimeoutMs });
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
     const d = models.decoder.shape;
-    this.budget = planBudget(cfg, this.weightBytes + store.indexBytes,
+    this.budget = planBudget(cfg, this.weightBytes + this.adapterSlotBytes + store.indexBytes,
       gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null, totalmem(),
       { bytesPerToken: models.decoder.kvBytesPerToken, maxPositions: d.maxPositions });
     const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
@@ -150,6 +150,7 @@ export class RagService {
     });
     const memoryModel = new MemoryModel(models.reranker.dims, {
       ...d, kvLayout: models.decoder.layout, kvInPlace: models.decoder.runPath.path === 'direct', lora: models.decoder.loraSlots !== null,
+      loraMaxRank: this.adapters.pool ? cfg.maxLoraRank : 0,
     }, cfg.kvBlockSize, RERANK_BATCH);
     memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
     this.guard = new MemoryGuard(memoryModel, () => {
@@ -164,16 +165,18 @@ export class RagService {
     return embedder.bytes + reranker.bytes + decoder.bytes;
   }
 
-  /** What the budget leaves model runs now (the index grows with ingestion). */
-  get workspaceBytes(): number {
-    return this.budget.budgetBytes - this.weightBytes - this.engine.pool.bytes - this.store.indexBytes;
+  /** The adapter slots' bytes (allocated at start-up; 0 where adapters cannot run). */
+  get adapterSlotBytes(): number {
+    return this.adapters.pool?.bytes ?? 0;
   }
 
-  /**
-   * A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs; with
-   * its adapter's bytes and rank (inspected from its files: AdapterRegistry.inspect).
-   */
-  requestShape(q: QueryInput, adapter?: AdapterInfo): RequestShape {
+  /** What the budget leaves model runs now (the index grows with ingestion). */
+  get workspaceBytes(): number {
+    return this.budget.budgetBytes - this.weightBytes - this.adapterSlotBytes - this.engine.pool.bytes - this.store.indexBytes;
+  }
+
+  /** A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs. */
+  requestShape(q: QueryInput): RequestShape {
     const { embedder, reranker, decoder } = this.models;
     return {
       queryTokens: embedder.inputIds(q.query).length,
@@ -183,7 +186,6 @@ export class RagService {
       rerankBatch: q.rerankBatch ?? RERANK_BATCH,
       promptTokens: Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens),
       maxNewTokens: q.maxNewTokens,
-      ...(adapter ? { adapter: { bytes: adapter.bytes, rank: adapter.maxRank } } : {}),
     };
   }
 
@@ -321,7 +323,6 @@ export class RagService {
         queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
         rerankBatch: q.rerankBatch ?? RERANK_BATCH, rerankRuns,
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
-        ...(lease ? { adapter: { bytes: lease.info.bytes, rank: lease.info.maxRank } } : {}),
       },
       ...(lease ? { adapter: { name: lease.info.name, key: lease.adapter.key } } : {}),
     };

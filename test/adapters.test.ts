@@ -5,15 +5,15 @@
  * model, and the registry loading once, sharing, and unloading to the byte.
  */
 import assert from 'node:assert/strict';
-import { copyFile, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { copyFile, cp, mkdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
-import { AdapterInvalidError, AdapterNotFoundError, AdapterRegistry } from '../src/generate/adapters.js';
+import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError, AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel, type DecoderAdapter } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import { buildGqaDecoder, type GqaSourceConfig } from '../src/generate/gqa-builder.js';
-import { loraSlots, planAdapter, slotTensors, stackRows, type PeftConfig } from '../src/generate/lora.js';
+import { loraSlots, planAdapter, slotTensors, writeEntry, type PeftConfig } from '../src/generate/lora.js';
 import { halfsToFloats } from '../src/runtime/float16.js';
 import { ONNX_FLOAT, readInitializers, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import { countingAllocator, installCountingAllocator } from '../src/runtime/ort-allocator.js';
@@ -22,6 +22,7 @@ import { ROOT, tempDir } from './helpers.js';
 
 const ADAPTERS = path.join(ROOT, 'models', 'adapters');
 const SHAPE = { numLayers: 4, hiddenSize: 256, numHeads: 8, numKvHeads: 2, headDim: 32, intermediateSize: 768 };
+const LIMITS = { maxLoras: 4, maxRank: 16, waitMs: 2000 };
 
 describe('PEFT files onto the graph', () => {
   test('safetensors: a written file reads back; F16 and BF16 widen; a bad header is refused', () => {
@@ -79,6 +80,7 @@ describe('PEFT files onto the graph', () => {
     assert.equal(planAdapter({ r: 4, lora_alpha: 8, use_rslora: true }, pair, SHAPE).slots[0]!.modules[0]!.scale, 4);
     const refuse = (cfg: PeftConfig, shapes: Map<string, { shape: number[] }>, why: RegExp) => assert.throws(() => planAdapter(cfg, shapes, SHAPE), (e: Error) => e instanceof AdapterInvalidError && why.test(e.message));
     refuse({ use_dora: true }, pair, /DoRA/);
+    assert.throws(() => planAdapter({}, pair, SHAPE, 2), /rank 4 exceeds the slots' 2 \(RAGGUARD_MAX_LORA_RANK\)/);
     refuse({ peft_type: 'IA3' }, pair, /only LORA/);
     refuse({}, new Map([[key(0, 'mlp.up_proj', 'A'), tensor([4, 512])], [key(0, 'mlp.up_proj', 'B'), tensor([768, 4])]]), /another base model/);
     refuse({}, new Map([[key(9, 'mlp.up_proj', 'A'), tensor([4, 256])], [key(9, 'mlp.up_proj', 'B'), tensor([768, 4])]]), /no such projection/);
@@ -86,13 +88,18 @@ describe('PEFT files onto the graph', () => {
     refuse({}, new Map([['base_model.model.lm_head.weight', tensor([4, 256])]]), /not a LoRA A\/B weight/);
   });
 
-  test('rows stack with their ranks zero-padded; a row without an adapter is zeros', () => {
-    // A: [in 2, rank] per row -> [3 rows, 2, 2]
-    const a = stackRows(new Float32Array(12), [{ data: Float32Array.of(1, 2), rank: 1 }, undefined, { data: Float32Array.of(3, 4, 5, 6), rank: 2 }], 'A', 2, 2);
-    assert.deepEqual(Array.from(a), [1, 0, 2, 0, 0, 0, 0, 0, 3, 4, 5, 6]);
-    // B: [rank, out 2] per row -> [2 rows, 2, 2]
-    const b = stackRows(new Float32Array(8), [{ data: Float32Array.of(1, 2), rank: 1 }, { data: Float32Array.of(3, 4, 5, 6), rank: 2 }], 'B', 2, 2);
-    assert.deepEqual(Array.from(b), [1, 2, 0, 0, 3, 4, 5, 6]);
+  test('an entry of a slot holds its rank zero-padded to the capacity; an entry without data is zeros', () => {
+    // A: [entries 3, in 2, capacity 2]; entry 1 gets a rank-1 [2, 1], entry 2 a rank-2 [2, 2], then zeros.
+    const a = new Float32Array(12).fill(9);
+    writeEntry(a, 1, 'A', 2, 2, Float32Array.of(1, 2), 1);
+    writeEntry(a, 2, 'A', 2, 2, Float32Array.of(3, 4, 5, 6), 2);
+    assert.deepEqual(Array.from(a), [9, 9, 9, 9, 1, 0, 2, 0, 3, 4, 5, 6]);
+    writeEntry(a, 2, 'A', 2, 2);
+    assert.deepEqual(Array.from(a.subarray(8)), [0, 0, 0, 0], 'cleared: a freed entry reused by an adapter that leaves the slot alone');
+    // B: [entries 2, capacity 2, out 2]
+    const b = new Float32Array(8).fill(9);
+    writeEntry(b, 0, 'B', 2, 2, Float32Array.of(1, 2), 1);
+    assert.deepEqual(Array.from(b), [1, 2, 0, 0, 9, 9, 9, 9]);
   });
 });
 
@@ -147,7 +154,7 @@ describe('the decoder with adapters', () => {
   before(async () => {
     installCountingAllocator(); // before any session, as loadModels does
     model = await DecoderModel.load(path.join(ROOT, 'models', 'decoder-gqa'), 'cpu');
-    registry = new AdapterRegistry(ADAPTERS, model);
+    registry = new AdapterRegistry(ADAPTERS, model, LIMITS);
     const tok = model.tokenizer;
     prompts = ['How do I list installed packages?', 'What does the sticky bit do?', 'Where are logs kept?', 'How do I add a user?']
       .map((q, i) => [1, ...tok.encode(`Context:\n[1] note ${i}: ${'some words '.repeat(2 + 3 * i)}\n\nQuestion: ${q}\nAnswer:`)]);
@@ -215,7 +222,7 @@ describe('the decoder with adapters', () => {
   test('through onnxruntime-node (the path GPU providers take) an adapter gives the direct path\'s outputs', async () => {
     const viaNode = await DecoderModel.load(path.join(ROOT, 'models', 'decoder-gqa'), 'cpu', { direct: false });
     assert.equal(viaNode.runPath.path, 'onnxruntime-node');
-    const nodeRegistry = new AdapterRegistry(ADAPTERS, viaNode);
+    const nodeRegistry = new AdapterRegistry(ADAPTERS, viaNode, LIMITS);
     const [a, b] = [await registry.acquire('demo-r8'), await nodeRegistry.acquire('demo-r8')];
     const [qa, qb] = [await registry.acquire('demo-qv-r4'), await nodeRegistry.acquire('demo-qv-r4')];
     const mixed = async (m: DecoderModel, r8: DecoderAdapter, qv: DecoderAdapter) => {
@@ -226,26 +233,54 @@ describe('the decoder with adapters', () => {
     for (const l of [a, b, qa, qb]) l.release();
   });
 
-  test('the registry loads once for concurrent requests and unloads after the last, to the byte', async () => {
+  test('the registry loads into a preallocated slot once for concurrent requests, and frees it after the last', async () => {
     const counter = countingAllocator()!;
     assert.ok(counter, 'the counting allocator is installed');
+    const slots = registry.stats().slots;
+    assert.deepEqual([slots.max_loras, slots.max_rank, slots.free], [4, 16, 4]);
+    // Every entry of every projection, float32: 5 entries (4 + the zero one) x rank capacity x (in + out).
+    const perLayer = 48 * (256 + 384) + 16 * ((256 + 256) + 2 * (256 + 768) + (768 + 256));
+    assert.equal(slots.bytes, 5 * 4 * 4 * perLayer);
     const before = counter.live();
     const [a, b] = await Promise.all([registry.acquire('demo-r8'), registry.acquire('demo-r8')]);
     assert.equal(a.adapter, b.adapter, 'one copy shared');
     const s = registry.stats();
     assert.deepEqual(s.loaded.map((l) => [l.name, l.refs]), [['demo-r8', 2]]);
     assert.match(s.loaded[0]!.key, /^demo-r8@[0-9a-f]{16}$/);
-    assert.equal(s.bytes, a.info.bytes);
-    assert.ok(counter.live() - before >= a.info.bytes, `the adapter's tensors are ONNX Runtime's accounted bytes (${counter.live() - before})`);
+    assert.equal(s.slots.free, 3);
+    assert.equal(counter.live(), before, 'loading writes into the slots: ONNX Runtime allocates nothing');
     a.release();
     a.release(); // a lease releases once
     assert.equal(registry.stats().loaded.length, 1, 'still held by b');
     b.release();
     assert.deepEqual(registry.stats().loaded, []);
-    assert.equal(registry.stats().bytes, 0);
-    assert.equal(counter.live(), before, 'every byte of it freed');
+    assert.equal(registry.stats().slots.free, 4);
+    assert.equal(counter.live(), before);
     const { loads, unloads } = registry.stats();
     assert.equal(loads, unloads);
+  });
+
+  test('with every slot held, a request for another adapter waits for a release, in order, and past the deadline is refused', async () => {
+    const dir = await tempDir('ragguard-adapters-');
+    for (const n of ['a1', 'a2', 'a3', 'a4', 'a5', 'a6']) await cp(path.join(ADAPTERS, 'demo-qv-r4'), path.join(dir, n), { recursive: true });
+    const r = new AdapterRegistry(dir, model, { ...LIMITS, waitMs: 1500 });
+    const held = await Promise.all(['a1', 'a2', 'a3', 'a4'].map((n) => r.acquire(n)));
+    assert.equal(r.stats().slots.free, 0);
+    let got5 = false;
+    const fifth = r.acquire('a5').then((l) => ((got5 = true), l));
+    const sixth = r.acquire('a6');
+    await new Promise((res) => setTimeout(res, 50));
+    assert.equal(got5, false, 'waits');
+    assert.equal(r.stats().waiting, 2);
+    held[0]!.release();
+    const l5 = await fifth;
+    assert.equal(l5.info.name, 'a5', 'the first in line gets the freed slot');
+    await assert.rejects(sixth, (e: Error) => e instanceof AdapterBusyError && /RAGGUARD_MAX_LORAS/.test(e.message));
+    const again = await r.acquire('a2'); // loaded: shared, no slot needed
+    assert.equal(again.adapter, held[1]!.adapter);
+    for (const l of [...held, l5, again]) l.release();
+    assert.equal(r.stats().slots.free, 4);
+    assert.deepEqual([r.stats().loaded.length, r.stats().waiting], [0, 0]);
   });
 
   test('inspect knows an adapter\'s bytes before it loads; unknown, malformed and misfit adapters are refused', async () => {
@@ -253,6 +288,7 @@ describe('the decoder with adapters', () => {
     // r 8 on every projection of 4 layers, float32; q, k and v fused: rank 24 over [256 in, 384 out].
     const perLayer = 24 * (256 + 384) + 8 * ((256 + 256) + 2 * (256 + 768) + (768 + 256));
     assert.equal(info.bytes, 4 * 4 * perLayer);
+
     assert.equal(info.maxRank, 24, 'q, k and v fused');
     await assert.rejects(registry.acquire('no-such-adapter'), AdapterNotFoundError);
     await assert.rejects(registry.acquire('../decoder'), AdapterNotFoundError);
@@ -266,10 +302,10 @@ describe('the decoder with adapters', () => {
     await mkdir(path.join(dir, 'junk'));
     await writeFile(path.join(dir, 'junk', 'adapter_config.json'), '{}');
     await writeFile(path.join(dir, 'junk', 'adapter_model.safetensors'), 'not safetensors');
-    const other = new AdapterRegistry(dir, model);
+    const other = new AdapterRegistry(dir, model, LIMITS);
     await assert.rejects(other.acquire('wide'), (e: Error) => e instanceof AdapterInvalidError && /another base model/.test(e.message));
     await assert.rejects(other.acquire('junk'), AdapterInvalidError);
     assert.deepEqual(other.stats().loaded, []);
-    assert.match(new AdapterRegistry('', model).unavailable, /RAGGUARD_ADAPTER_DIR/);
+    assert.match(new AdapterRegistry('', model, LIMITS).unavailable, /RAGGUARD_ADAPTER_DIR/);
   });
 });

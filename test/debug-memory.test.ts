@@ -23,7 +23,7 @@ test('the snapshot accounts for every component, the KV pool and the process', a
   const res = await request(app).get('/debug/memory').expect(200);
   const m = res.body;
   const names = m.components.map((c: { name: string }) => c.name);
-  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index', 'adapters']);
+  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index', 'adapter_slots']);
   const byName = Object.fromEntries(m.components.map((c: { name: string; bytes: number }) => [c.name, c.bytes]));
   assert.ok(byName.decoder > 0, 'decoder load was measured');
   assert.equal(byName.kv_pool, m.kv.pool_bytes);
@@ -32,7 +32,11 @@ test('the snapshot accounts for every component, the KV pool and the process', a
   assert.equal(byName.faiss_index, service.store.chunkCount * service.store.dimension * 4);
   assert.equal(m.components_total_bytes, Object.values(byName).reduce((a: number, b) => a + (b as number), 0));
   assert.equal(m.kv.free_blocks, m.kv.total_blocks, 'nothing allocated while idle');
-  assert.deepEqual(m.adapters, { dir: service.cfg.adapterDir, loaded: [], bytes: 0, loads: 0, unloads: 0 });
+  const { slots, ...adapters } = m.adapters;
+  assert.deepEqual(adapters, { dir: service.cfg.adapterDir, loaded: [], waiting: 0, loads: 0, unloads: 0 });
+  assert.deepEqual([slots.max_loras, slots.max_rank, slots.free], [4, 16, 4]);
+  assert.equal(byName.adapter_slots, slots.bytes, 'the slots, allocated at start-up, are a component');
+  assert.ok(slots.bytes > 0);
   assert.equal(m.queue.running, 0);
   assert.equal(m.gpu, null);
   assert.match(m.gpu_unavailable_reason, /libnvidia-ml/);

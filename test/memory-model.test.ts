@@ -117,22 +117,21 @@ test('reject when even every floor does not fit, saying what was needed', () => 
   assert.equal(d.shape.maxNewTokens, 16);
 });
 
-test('an adapter adds its tensors to prefill once and to decode twice (a mixed batch\'s per-row copy), plus [tokens, rank] activations; a LoRA graph one projection output', () => {
-  const withAdapter: RequestShape = { ...shape, adapter: { bytes: MB, rank: 24 } };
-  const a = model.predict(withAdapter);
-  const b = model.predict(shape);
-  assert.equal(a.stages.prefill - b.stages.prefill, MB + 500 * 24 * 4);
-  assert.equal(a.stages.decode - b.stages.decode, 2 * MB + 24 * 4);
-  assert.equal(a.stages.rerank, b.stages.rerank, 'the adapter loads for generation only');
-  assert.equal(a.kvBytes, b.kvBytes);
-  const genai = { ...decoder, kvLayout: 'genai' as const, maxPositions: 4096, kvInPlace: true };
-  const lora = new MemoryModel(encoder, { ...genai, lora: true }, 16);
+test('where adapters can run, every request counts its row of the gathered slots and its low-rank activations; a LoRA graph one projection output', () => {
+  const genai = { ...decoder, kvLayout: 'genai' as const, maxPositions: 4096, kvInPlace: true, lora: true };
   const plain = new MemoryModel(encoder, genai, 16);
-  assert.equal(lora.decoderWorkspace(2, 10, 100) - plain.decoderWorkspace(2, 10, 100), 2 * 10 * 768 * 4, 'the widest projection, MLP\'s');
-  // A budget the base request fits but the adapter does not: the guard turns it away, naming its bytes.
-  const cap: Capacity = { workspaceTotal: b.workspaceBytes + MB, workspaceFree: b.workspaceBytes + MB, kvFreeBlocks: 1000, kvTotalBlocks: 1000 };
-  assert.equal(decide(model, shape, cap, [], { minPromptTokens: 64, minNewTokens: 8 }).action, 'admit');
-  assert.equal(decide(model, { ...shape, promptTokens: 2000, adapter: { bytes: 64 * MB, rank: 8 } }, cap, [], { minPromptTokens: 64, minNewTokens: 8 }).action, 'reject');
+  const slots = new MemoryModel(encoder, { ...genai, loraMaxRank: 16 }, 16);
+  // The widest projection's A and B rows: qkv, (256 in + 384 out) x 3 x 16; activations [tokens, 48].
+  const row = (256 + 384) * 48 * 4;
+  assert.equal(slots.loraRows(1, 500), row + 500 * 48 * 4);
+  const a = slots.predict(shape);
+  const b = plain.predict(shape);
+  assert.equal(a.stages.prefill - b.stages.prefill, row + 500 * 48 * 4);
+  assert.equal(a.stages.decode - b.stages.decode, row + 48 * 4);
+  assert.equal(a.stages.rerank, b.stages.rerank);
+  assert.equal(plain.loraRows(4, 10), 0, 'no slots, nothing');
+  const noLora = new MemoryModel(encoder, { ...genai, lora: false }, 16);
+  assert.equal(plain.decoderWorkspace(2, 10, 100) - noLora.decoderWorkspace(2, 10, 100), 2 * 10 * 768 * 4, 'the LoRA path\'s output: the widest projection, MLP\'s');
 });
 
 test('genai decode also holds the buffer it replaces (a widened or re-gathered batch), outside the fit', () => {

@@ -32,8 +32,8 @@ test('a direct session reads its inputs\' names and element types (what the deco
   assert.deepEqual(direct.inputs.slice(0, 3), [
     { name: 'input_ids', type: 'int64' }, { name: 'attention_mask', type: 'int64' }, { name: 'past_key_values.0.key', type: 'float32' },
   ]);
-  assert.equal(direct.inputs.length, 2 + 2 * L + 2 * 5 * L, 'ids, mask, KV, and A and B for 5 projections a layer');
-  assert.deepEqual(direct.inputs.slice(2 + 2 * L, 4 + 2 * L).map((i) => i.name), [lora[0]!.name, lora[1]!.name]);
+  assert.equal(direct.inputs.length, 2 + 2 * L + 1 + 2 * 5 * L, 'ids, mask, KV, the rows\' adapter entries, and A and B for 5 projections a layer');
+  assert.deepEqual(direct.inputs.slice(2 + 2 * L, 5 + 2 * L).map((i) => i.name), ['lora_index', lora[0]!.name, lora[1]!.name]);
 });
 
 function feedsFor(s: DirectSession, kv: HostTensor[]): { feeds: Record<string, HostTensor>; fetches: Record<string, HostTensor | null>; inputs: HostTensor[] } {
@@ -43,12 +43,14 @@ function feedsFor(s: DirectSession, kv: HostTensor[]): { feeds: Record<string, H
   (mask.data as BigInt64Array).fill(1n);
   const feeds: Record<string, HostTensor> = { input_ids: inputIds, attention_mask: mask };
   const zeros = lora.map((l) => (feeds[l.name] = s.tensor('float32', l.dims)));
+  const index = (feeds['lora_index'] = s.tensor('int64', [1]));
+  (index.data as BigInt64Array).fill(0n);
   const fetches: Record<string, HostTensor | null> = { logits: null };
   names.forEach((n, i) => {
     feeds[`past_key_values.${n}`] = kv[i]!;
     fetches[`present.${n}`] = kv[i]!;
   });
-  return { feeds, fetches, inputs: [inputIds, mask, ...zeros] };
+  return { feeds, fetches, inputs: [inputIds, mask, index, ...zeros] };
 }
 
 test('a direct run gives onnxruntime-node\'s logits and writes the KV into the buffer it was given', async () => {
@@ -66,6 +68,7 @@ test('a direct run gives onnxruntime-node\'s logits and writes the KV into the b
   };
   for (const n of names) nf[`past_key_values.${n}`] = new ort.Tensor('float32', new Float32Array(H * CAP * D), [1, H, CAP, D]);
   for (const l of lora) nf[l.name] = new ort.Tensor('float32', new Float32Array(0), l.dims);
+  nf['lora_index'] = new ort.Tensor('int64', new BigInt64Array(1), [1]);
   const ref = await node.run(nf);
   assert.deepEqual(Array.from(out['logits']!.data as Float32Array), Array.from(ref['logits']!.data as Float32Array));
   assert.deepEqual(Array.from(kv[5]!.data as Float32Array), Array.from(ref['present.2.value']!.data as Float32Array));

@@ -61,7 +61,8 @@ describe('the profile run on the shipped models', () => {
     const m = service.guard.model;
     const shape = { queryTokens: 8, topK: 4, rerankTopN: 2, pairTokens: 64, promptTokens: 200, maxNewTokens: 8 };
     const f = p.calibration.prefill;
-    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scale * m.decoderWorkspace(1, 200, 0) + f.offsetBytes));
+    // (plus the exact bytes outside the fit: the rows of gathered adapter slots, where adapters can run)
+    assert.equal(m.predict(shape).stages.prefill, Math.ceil(f.scale * m.decoderWorkspace(1, 200, 0) + f.offsetBytes) + m.loraRows(1, 200));
   });
 });
 

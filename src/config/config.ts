@@ -22,6 +22,9 @@ export interface Config {
   decoderPath: string;
   /** Directory of LoRA adapters (one PEFT directory each); '' = adapters off. */
   adapterDir: string;
+  /** Adapter slots: resident at once, and the largest rank of one module. */
+  maxLoras: number;
+  maxLoraRank: number;
   executionProvider: ExecutionProvider;
   /** Per model: its own RAGGUARD_*_EP, else RAGGUARD_EXECUTION_PROVIDER. */
   providers: Record<ModelRole, ExecutionProvider>;
@@ -170,6 +173,16 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_ADAPTER_DIR', default: 'models/adapters',
     doc: "Directory of LoRA adapters, one PEFT directory each (adapter_config.json, adapter_model.safetensors), named by a request's `adapter`: loaded for the requests naming it and unloaded after the last; '' for none.",
     apply: str((c, v) => (c.adapterDir = v === '' ? '' : rel(v)), true),
+  },
+  {
+    name: 'RAGGUARD_MAX_LORAS', default: '4',
+    doc: 'LoRA adapters resident at once: the decoder\'s adapter slots, allocated at start-up and counted in the budget like the KV pool. A request for another adapter while all are in use waits for one to be released (up to RAGGUARD_QUEUE_TIMEOUT_MS, then 503 adapters_busy).',
+    apply: int(1, 64, (c, v) => (c.maxLoras = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_LORA_RANK', default: '16',
+    doc: 'Largest LoRA rank of one module that the adapter slots hold (q, k and v side by side take three times it); an adapter above it is refused (422 adapter_invalid).',
+    apply: int(1, 256, (c, v) => (c.maxLoraRank = v)),
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',

@@ -1,36 +1,48 @@
 /**
- * LoRA adapters by name: loaded when a request names one, shared by the requests running with it at
- * the same time, and unloaded when the last of them ends, so that adapters never accumulate. Each
- * request holds a lease; the registry counts them.
+ * LoRA adapters by name: loaded into a free slot of the decoder's adapter pool (lora-pool.ts) when a
+ * request names one, shared by the requests running with it at the same time, and unloaded (its slot
+ * freed) when the last of them ends, so that adapters never accumulate. Each request holds a lease.
+ * When every slot is held by adapters in use, a request for another one waits, in arrival order, for
+ * a slot to free, up to a deadline (then AdapterBusyError: 503).
  *
  * An adapter is a PEFT directory under the adapter dir (adapter_config.json, adapter_model.safetensors).
- * Its bytes in the decoder are known from the config and the file's header before it loads (inspect),
- * so that the guards can count it in a request's prediction before admitting it.
+ * Whether it fits the decoder and the slots is known from its config and its file's header before it
+ * loads (inspect), so that a request naming a misfit gets its 422 before anything runs.
  */
 import { createHash } from 'node:crypto';
 import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime/safetensors.js';
-import type { DecoderAdapter } from './decoder-model.js';
-import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
 import { dtypeBytes, type KvDtype } from './kv-pool.js';
+import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
+import type { DecoderAdapter, LoraPool } from './lora-pool.js';
 
 /** The decoder as adapters need it. */
 export interface AdapterHost {
   readonly loraSlots: readonly LoraSlot[] | null;
   readonly shape: LoraShape & { kvDtype: KvDtype };
-  adapter(key: string, slots: readonly SlotTensors[]): DecoderAdapter;
+  loraPoolFor(maxLoras: number, maxRank: number): LoraPool;
+}
+
+export interface AdapterLimits {
+  /** Adapters resident at once (the pool's entries). */
+  maxLoras: number;
+  /** Largest rank of one module. */
+  maxRank: number;
+  /** How long a request waits for a free slot. */
+  waitMs: number;
 }
 
 export class AdapterNotFoundError extends Error {}
+export class AdapterBusyError extends Error {}
 export { AdapterInvalidError };
 
-/** What an adapter costs, from its files, before it loads. */
+/** What an adapter is, from its files, before it loads. */
 export interface AdapterInfo {
   name: string;
   dir: string;
   plan: AdapterPlan;
-  /** Its tensors in the decoder (element type x elements). */
+  /** Its own weights in the decoder's element type (its pool entry holds them rank-padded). */
   bytes: number;
   /** The largest rank among its projections. */
   maxRank: number;
@@ -55,8 +67,11 @@ export interface AdapterStats {
   dir: string;
   /** Why requests cannot name adapters, where they cannot. */
   unavailable?: string;
+  /** The pool: adapters resident at once, rank per module, bytes (allocated once), free slots. */
+  slots: { max_loras: number; max_rank: number; bytes: number; free: number };
   loaded: { name: string; key: string; bytes: number; refs: number; max_rank: number }[];
-  bytes: number;
+  /** Requests waiting for a free slot. */
+  waiting: number;
   loads: number;
   unloads: number;
 }
@@ -67,6 +82,11 @@ export class AdapterRegistry {
   private readonly loaded = new Map<string, Loaded>();
   /** Inspections by name, valid while the files' size and time hold. */
   private readonly infos = new Map<string, { stamp: string; info: AdapterInfo }>();
+  /** The decoder's slots; absent where adapters are unavailable. */
+  readonly pool: LoraPool | undefined;
+  /** Slots held for loads about to start or in progress (the pool counts them only once written). */
+  private loading = 0;
+  private readonly waiters: (() => void)[] = [];
   private loads = 0;
   private unloads = 0;
 
@@ -74,7 +94,11 @@ export class AdapterRegistry {
     /** '' = adapters off. */
     readonly dir: string,
     private readonly host: AdapterHost,
-  ) {}
+    readonly limits: AdapterLimits,
+  ) {
+    // Allocated now, with the server: the budget counts the slots like the KV pool.
+    if (!this.unavailable) this.pool = host.loraPoolFor(limits.maxLoras, limits.maxRank);
+  }
 
   /** Why no adapter can load here, or '' where they can. */
   get unavailable(): string {
@@ -83,7 +107,7 @@ export class AdapterRegistry {
     return '';
   }
 
-  /** An adapter's plan and bytes from its config and header (no weights read); throws when it cannot run here. */
+  /** An adapter's plan from its config and header (no weights read); throws when it cannot run here. */
   async inspect(name: string): Promise<AdapterInfo> {
     const why = this.unavailable;
     if (why) throw new AdapterNotFoundError(`adapter '${name}' cannot load: ${why}`);
@@ -107,7 +131,7 @@ export class AdapterRegistry {
     }
     let plan: AdapterPlan;
     try {
-      plan = planAdapter(cfg, (await readHeader(files[1])).tensors, this.host.shape);
+      plan = planAdapter(cfg, (await readHeader(files[1])).tensors, this.host.shape, this.limits.maxRank);
     } catch (e) {
       if (e instanceof SafetensorsError || e instanceof AdapterInvalidError) throw new AdapterInvalidError(`adapter '${name}': ${e.message}`);
       throw e;
@@ -117,20 +141,31 @@ export class AdapterRegistry {
     return info;
   }
 
-  /** A lease on the adapter, loading it unless a running request already did. */
+  /** A lease on the adapter: shared where a running request loaded it, else loaded into a free slot (waiting for one). */
   async acquire(name: string): Promise<AdapterLease> {
     let entry = this.loaded.get(name);
     if (!entry) {
       const info = await this.inspect(name);
       entry = this.loaded.get(name); // another request may have started loading it meanwhile
       if (!entry) {
-        const ready = this.load(info);
+        await this.slot(name); // holds a slot from here
+        entry = this.loaded.get(name); // ... another request may have loaded it while this one waited
+        if (entry) {
+          this.loading--;
+          this.wake(); // the slot goes to the next in line
+        }
+      }
+      if (!entry) {
+        const ready = this.load(info).finally(() => this.loading--);
         const e: Loaded = (entry = { info, ready, refs: 0 });
         this.loaded.set(name, e);
         ready.then((a) => {
           e.key = a.key;
           this.loads++;
-        }, () => this.loaded.get(name) === e && this.loaded.delete(name));
+        }, () => {
+          if (this.loaded.get(name) === e) this.loaded.delete(name);
+          this.wake();
+        });
       }
     }
     entry.refs++;
@@ -149,12 +184,43 @@ export class AdapterRegistry {
         if (released) return;
         released = true;
         if (--e.refs > 0) return;
-        // The last request with it has ended (its sequences' runs are done): nothing keeps it.
+        // The last request with it has ended (its sequences' runs are done): its slot is free.
         if (this.loaded.get(name) === e) this.loaded.delete(name);
         adapter.dispose();
         this.unloads++;
+        this.wake();
       },
     };
+  }
+
+  /** Resolves holding a free slot for a new adapter (FIFO: `loading` counts it), or rejects at the deadline. */
+  private slot(name: string): Promise<void> {
+    const pool = this.pool!;
+    if (this.waiters.length === 0 && pool.available - this.loading > 0) {
+      this.loading++;
+      return Promise.resolve();
+    }
+    return new Promise<void>((resolve, reject) => {
+      const waiter = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        const i = this.waiters.indexOf(waiter);
+        if (i >= 0) this.waiters.splice(i, 1);
+        reject(new AdapterBusyError(`adapter '${name}': all ${pool.maxLoras} adapter slots stayed in use for ${this.limits.waitMs} ms (RAGGUARD_MAX_LORAS)`));
+      }, this.limits.waitMs);
+      this.waiters.push(waiter);
+    });
+  }
+
+  /** Hands free slots to waiters, first come first served. */
+  private wake(): void {
+    const pool = this.pool;
+    while (pool && this.waiters.length > 0 && pool.available - this.loading > 0) {
+      this.loading++; // held for the waiter until its load takes it (or it finds the adapter loaded)
+      this.waiters.shift()!();
+    }
   }
 
   private async load(info: AdapterInfo): Promise<DecoderAdapter> {
@@ -171,7 +237,7 @@ export class AdapterRegistry {
       if (e instanceof SafetensorsError) throw new AdapterInvalidError(`adapter '${info.name}': ${e.message}`);
       throw e;
     }
-    return this.host.adapter(key, slots);
+    return this.pool!.load(key, slots);
   }
 
   stats(): AdapterStats {
@@ -179,11 +245,13 @@ export class AdapterRegistry {
       name: e.info.name, key: e.key ?? '(loading)', bytes: e.info.bytes, refs: e.refs, max_rank: e.info.maxRank,
     }));
     const why = this.unavailable;
+    const p = this.pool;
     return {
       dir: this.dir,
       ...(why ? { unavailable: why } : {}),
+      slots: { max_loras: p?.maxLoras ?? 0, max_rank: p?.maxRank ?? 0, bytes: p?.bytes ?? 0, free: p?.available ?? 0 },
       loaded,
-      bytes: loaded.reduce((s, l) => s + l.bytes, 0),
+      waiting: this.waiters.length,
       loads: this.loads,
       unloads: this.unloads,
     };

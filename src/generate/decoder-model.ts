@@ -30,13 +30,16 @@ import path from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
+import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
 import { DirectSession, directUnavailable, HostTensor, type SessionValueInfo } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
-import { loraSlots, stackRows, type LoraSlot, type SlotTensors } from './lora.js';
+import { LORA_INDEX, loraSlots, type LoraSlot } from './lora.js';
+import { LoraPool, type DecoderAdapter } from './lora-pool.js';
+
+export { DecoderAdapter } from './lora-pool.js';
 
 interface DecoderConfig {
   model_type?: string;
@@ -96,82 +99,6 @@ export interface ForwardInput {
   width: number;
   /** Each row's LoRA adapter (undefined: the base model); absent: no row has one. */
   adapters?: readonly (DecoderAdapter | undefined)[];
-  /** Where a mixed batch's stacked LoRA inputs are kept for the same rows' next steps (the caller's). */
-  loraStacks?: LoraStacks;
-}
-
-/** One slot's tensors of an adapter, as runs feed them: A [1, in, rank], B [1, rank, out]. */
-interface AdapterSlot {
-  rank: number;
-  a: KvTensor;
-  b: KvTensor;
-}
-
-/**
- * A LoRA adapter's graph inputs, made by DecoderModel.adapter() in the decoder's element type and
- * memory (ONNX Runtime's, counted, on the direct path). Runs naming it feed them as they are (a batch
- * of its rows alone broadcasts them) or stacked per row (a mixed batch). dispose() frees them.
- */
-export class DecoderAdapter {
-  private disposed = false;
-
-  constructor(
-    /** Identifies its weights: prefix-cache entries are per key (name and content). */
-    readonly key: string,
-    /** By slot's A input name; slots it leaves alone are absent. */
-    readonly slots: ReadonlyMap<string, AdapterSlot>,
-    /** Bytes of its tensors. */
-    readonly bytes: number,
-  ) {}
-
-  get released(): boolean {
-    return this.disposed;
-  }
-
-  dispose(): void {
-    if (this.disposed) return;
-    this.disposed = true;
-    for (const s of this.slots.values()) {
-      s.a.dispose();
-      s.b.dispose();
-    }
-  }
-}
-
-/** A run's LoRA feeds and the tensors made for it alone (a mixed batch's stacks). */
-interface LoraFeeds {
-  feeds: Record<string, KvTensor>;
-  made: KvTensor[];
-}
-
-/**
- * A mixed batch's stacked LoRA inputs (per-row copies of their adapters), kept while the same rows
- * decode step after step. One per caller (the engine's batch), so that no other caller's runs release
- * stacks a run of its own is using.
- */
-export class LoraStacks {
-  private kept: { adapters: readonly (DecoderAdapter | undefined)[]; lora: LoraFeeds } | undefined;
-
-  /** The stacks kept for exactly these rows' adapters, if they are. */
-  find(adapters: readonly (DecoderAdapter | undefined)[]): LoraFeeds | undefined {
-    const k = this.kept;
-    return k && k.adapters.length === adapters.length && k.adapters.every((a, i) => a === adapters[i]) ? k.lora : undefined;
-  }
-
-  holds(lora: LoraFeeds): boolean {
-    return this.kept?.lora === lora;
-  }
-
-  keep(adapters: readonly (DecoderAdapter | undefined)[], lora: LoraFeeds): void {
-    this.release();
-    this.kept = { adapters: [...adapters], lora };
-  }
-
-  /** Frees the kept stacks (the batch changed, or the engine idles). */
-  release(): void {
-    if (this.kept) for (const t of this.kept.lora.made) t.dispose();
-    this.kept = undefined;
-  }
 }
 
 export interface ForwardOutput {
@@ -200,6 +127,12 @@ export function presentData(present: readonly KvTensor[]): KvArray[] {
   });
 }
 
+/** A run's LoRA feeds and the tensors made for it alone (the row index). */
+interface LoraFeeds {
+  feeds: Record<string, KvTensor>;
+  made: KvTensor[];
+}
+
 export class DecoderModel {
   /** The kv-tail graph on this model's provider (onnx-graph.ts), made on first use. */
   private tail: Promise<ort.InferenceSession> | undefined;
@@ -218,6 +151,8 @@ export class DecoderModel {
   readonly loraSlots: readonly LoraSlot[] | null;
   /** Rank-0 A and B per slot, fed where no row has an adapter: made once. */
   private zeroLora: Record<string, KvTensor> | undefined;
+  /** The resident adapters' slots (lora-pool.ts), made by loraPoolFor(). */
+  private pool: LoraPool<KvTensor> | undefined;
 
   private constructor(
     readonly tokenizer: TextTokenizer,
@@ -235,7 +170,7 @@ export class DecoderModel {
     this.directLogitsFloat32 = direct?.outputs.find((o) => o.name === 'logits')?.type === 'float32';
     const names = new Set(direct?.inputs.map((i) => i.name) ?? loaded?.session.inputNames ?? []);
     const slots = loraSlots(shape);
-    this.loraSlots = slots.every((s) => names.has(s.a) && names.has(s.b)) ? slots : null;
+    this.loraSlots = names.has(LORA_INDEX) && slots.every((s) => names.has(s.a) && names.has(s.b)) ? slots : null;
   }
 
   static async load(dir: string, ep: ExecutionProvider, extras: DecoderLoadOptions = {}): Promise<DecoderModel> {
@@ -405,78 +340,47 @@ export class DecoderModel {
   }
 
   /**
-   * An adapter's graph tensors (lora.ts slotTensors: float32, scale folded in), copied into tensors of
-   * the decoder's element type; the caller disposes the adapter when no request needs it any more.
+   * The adapter slots, allocated on first call (`maxLoras` adapters resident at once, modules of rank
+   * up to `maxRank`); later calls get the same pool, which must have the same shape.
    */
-  adapter(key: string, slots: readonly SlotTensors[]): DecoderAdapter {
+  loraPoolFor(maxLoras: number, maxRank: number): LoraPool<KvTensor> {
     if (!this.loraSlots) throw new Error(`decoder ${this.files.onnx} has no LoRA inputs (build it with scripts/build-gqa-decoder.ts)`);
-    const out = new Map<string, AdapterSlot>();
-    let bytes = 0;
-    const fill = (values: Float32Array, dims: number[]): KvTensor => {
-      const t = this.hostTensor(dims);
-      (t.data as KvArray).set(this.shape.kvDtype === 'float16' ? floatsToHalfs(values) : values);
-      bytes += values.length * (this.shape.kvDtype === 'float16' ? 2 : 4);
-      return t;
-    };
-    for (const s of slots) {
-      const outDim = s.slot.outDims.reduce((a, b) => a + b, 0);
-      out.set(s.slot.a, { rank: s.rank, a: fill(s.a, [1, s.slot.inDim, s.rank]), b: fill(s.b, [1, s.rank, outDim]) });
+    if (this.pool && (this.pool.maxLoras !== maxLoras || this.pool.maxRank !== maxRank)) {
+      throw new Error(`the decoder's adapter slots are ${this.pool.maxLoras} x rank ${this.pool.maxRank}, not ${maxLoras} x ${maxRank}`);
     }
-    return new DecoderAdapter(key, out, bytes);
+    this.pool ??= new LoraPool(this.loraSlots, maxLoras, maxRank, this.shape.kvDtype, (dims) => this.hostTensor(dims));
+    return this.pool;
   }
 
   /**
-   * The LoRA inputs of a run of `rows` rows: rank-0 tensors where no row has an adapter; the adapter's
-   * own tensors where every row has the same one (rows 1 broadcasts); per-row stacks where rows differ.
+   * The LoRA inputs of a run of `rows` rows: rank-0 tensors where no row has an adapter; else every
+   * slot's pool tensors and each row's entry (0 for a base-model row).
    */
-  private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined, stacks: LoraStacks | undefined): LoraFeeds {
+  private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined): LoraFeeds {
     const slots = this.loraSlots;
-    const distinct = [...new Set(adapters ?? [undefined])];
+    const any = adapters?.some((a) => a !== undefined) ?? false;
     if (!slots) {
-      if (distinct.some((a) => a !== undefined)) throw new Error('this decoder has no LoRA inputs');
+      if (any) throw new Error('this decoder has no LoRA inputs');
       return { feeds: {}, made: [] };
     }
-    if (distinct.some((a) => a?.released)) throw new Error('a LoRA adapter was used after it was released');
-    this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => [
-      [s.a, this.hostTensor([1, s.inDim, 0])], [s.b, this.hostTensor([1, 0, s.outDims.reduce((a, b) => a + b, 0)])],
-    ]));
-    const zero = this.zeroLora;
-    if (distinct.length === 1) {
-      stacks?.release();
-      const only = distinct[0];
-      const feeds: Record<string, KvTensor> = {};
-      for (const s of slots) {
-        const t = only?.slots.get(s.a);
-        feeds[s.a] = t?.a ?? zero[s.a]!;
-        feeds[s.b] = t?.b ?? zero[s.b]!;
-      }
-      return { feeds, made: [] };
+    if (adapters?.some((a) => a?.released)) throw new Error('a LoRA adapter was used after it was released');
+    const index = this.direct ? this.direct.tensor('int64', [rows]) : new ort.Tensor('int64', new BigInt64Array(rows), [rows]);
+    const ids = index.data as BigInt64Array;
+    const feeds: Record<string, KvTensor> = { [LORA_INDEX]: index };
+    if (!any || !this.pool) {
+      ids.fill(0n);
+      this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => [
+        [s.a, this.hostTensor([1, s.inDim, 0])], [s.b, this.hostTensor([1, 0, s.outDims.reduce((a, b) => a + b, 0)])],
+      ]));
+      Object.assign(feeds, this.zeroLora);
+      return { feeds, made: [index] };
     }
-    const rowAdapters = adapters!;
-    const cached = stacks?.find(rowAdapters);
-    if (cached) return cached;
-    stacks?.release();
-    const lora: LoraFeeds = { feeds: {}, made: [] };
-    for (const s of slots) {
-      const per = rowAdapters.map((a) => a?.slots.get(s.a));
-      const rank = Math.max(0, ...per.map((p) => p?.rank ?? 0));
-      if (rank === 0) {
-        lora.feeds[s.a] = zero[s.a]!;
-        lora.feeds[s.b] = zero[s.b]!;
-        continue;
-      }
-      const outDim = s.outDims.reduce((a, b) => a + b, 0);
-      const a = this.hostTensor([rows, s.inDim, rank]);
-      const b = this.hostTensor([rows, rank, outDim]);
-      stackRows(a.data as KvArray, per.map((p) => p && { data: p.a.data as KvArray, rank: p.rank }), 'A', s.inDim, rank);
-      stackRows(b.data as KvArray, per.map((p) => p && { data: p.b.data as KvArray, rank: p.rank }), 'B', outDim, rank);
-      lora.feeds[s.a] = a;
-      lora.feeds[s.b] = b;
-      lora.made.push(a, b);
+    for (let r = 0; r < rows; r++) ids[r] = BigInt(adapters![r]?.entry ?? 0);
+    for (const s of this.pool.slots.values()) {
+      feeds[s.slot.a] = s.a;
+      feeds[s.slot.b] = s.b;
     }
-    // Decode steps of the same rows reuse the stacks; a prefill (one row) never mixes.
-    if (rows > 1) stacks?.keep(rowAdapters, lora);
-    return lora;
+    return { feeds, made: [index] };
   }
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {
@@ -493,14 +397,14 @@ export class DecoderModel {
       mask.fill(1n, from, from + len + seq);
     });
     const past = input.past ?? this.allocPast(batch, genai ? width : 0);
-    const lora = this.loraFeeds(batch, input.adapters, input.loraStacks);
+    const lora = this.loraFeeds(batch, input.adapters);
     let run: RunResult;
     try {
       run = this.direct
         ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past, lora.feeds)
         : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths, lora.feeds);
     } finally {
-      if (!input.loraStacks?.holds(lora)) for (const t of lora.made) t.dispose();
+      for (const t of lora.made) t.dispose();
     }
     const { logits, positions } = run;
     if (run.reused && positions === 1 && logits instanceof Float32Array) return { lastLogits: logits, present: run.present, width };

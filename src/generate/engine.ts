@@ -18,7 +18,7 @@
  */
 import * as ort from 'onnxruntime-node';
 import { metered } from '../runtime/run-meter.js';
-import { LoraStacks, presentData, type DecoderModel, type KvTensor } from './decoder-model.js';
+import { presentData, type DecoderModel, type KvTensor } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { sampleToken } from './sampler.js';
@@ -91,8 +91,6 @@ export class Engine {
   private readonly outputs: KvTensor[] = [];
   private carry: Carry | undefined;
   private readonly lazy: boolean;
-  /** A mixed batch's stacked adapter inputs, kept while its rows decode on. */
-  private readonly loraStacks = new LoraStacks();
 
   constructor(
     readonly model: DecoderModel,
@@ -155,8 +153,6 @@ export class Engine {
     }
     await this.streamSync();
     this.dropCarry();
-    // Idle: a mixed batch's stacked adapter copies go too, so that nothing outlives the requests.
-    this.loraStacks.release();
   }
 
   /** The step barrier: every in-flight run has completed and its buffers are released. */
@@ -287,7 +283,7 @@ export class Engine {
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
     const adapters = seqs.some((q) => q.params.adapter) ? seqs.map((q) => q.params.adapter) : undefined;
-    const out = await this.model.forward({ tokens, lengths, past, width, adapters, loraStacks: this.loraStacks });
+    const out = await this.model.forward({ tokens, lengths, past, width, adapters });
     if (!this.lazy) {
       await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
     }

@@ -22,7 +22,7 @@
  */
 import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
 import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
-import { loraSlots } from './lora.js';
+import { LORA_INDEX, loraSlots } from './lora.js';
 
 export interface GqaSourceConfig {
   model_type?: string;
@@ -106,8 +106,9 @@ function stackTransposed(parts: readonly Float32Array[], inDim: number): { value
 export interface GqaOptions {
   dtype?: GqaDtype;
   /**
-   * Give every projection a LoRA path, (x A) B with A and B graph inputs (lora.ts), as genai's builder
-   * does for multi-LoRA models (default true). A run without an adapter feeds rank-0 tensors.
+   * Give every projection a LoRA path, (x A[i]) B[i] with A and B graph inputs holding every adapter
+   * slot and i each row's entry in `lora_index` (lora.ts), default true. A run without an adapter feeds
+   * rank-0 tensors.
    */
   lora?: boolean;
 }
@@ -149,9 +150,12 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       add('Add', [`${out}_nobias`, `${name}.bias`], [lora ? `${out}_base` : out]);
     } else add('MatMul', [x, `${name}.weight`], [lora ? `${out}_base` : out]);
     if (lora) {
-      // The low-rank path: [b, s, in] x [1 or b, in, r] -> [b, s, r] x [1 or b, r, out]; zeros at rank 0.
-      add('MatMul', [x, `${name}.lora_A`], [`${name}.lora_xa`]);
-      add('MatMul', [`${name}.lora_xa`, `${name}.lora_B`], [`${name}.lora_xab`]);
+      // The low-rank path: each row's entry of A and B ([b, in, r], [b, r, out], alive only for this
+      // projection), then [b, s, in] x [b, in, r] -> [b, s, r] x [b, r, out]; zeros at rank 0.
+      add('Gather', [`${name}.lora_A`, LORA_INDEX], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
+      add('Gather', [`${name}.lora_B`, LORA_INDEX], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
+      add('MatMul', [x, `${name}.lora_a_rows`], [`${name}.lora_xa`]);
+      add('MatMul', [`${name}.lora_xa`, `${name}.lora_b_rows`], [`${name}.lora_xab`]);
       add('Add', [`${out}_base`, `${name}.lora_xab`], [out]);
     }
   };
@@ -231,10 +235,11 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     const q = nh * D;
     const slots = loraSlots({ numLayers: L, hiddenSize: H, numHeads: nh, numKvHeads: kvh, headDim: D, intermediateSize: cfg.intermediate_size });
     if (q !== H) throw new Error(`LoRA paths need num_attention_heads x head_dim (${q}) = hidden_size (${H}), as the projections here assume`);
+    inputs.push({ name: LORA_INDEX, elemType: 7, dims: ['batch_size'] });
     for (const s of slots) {
       const out = s.outDims.reduce((a, b) => a + b, 0);
-      inputs.push({ name: s.a, elemType: elem, dims: [`${s.a}.rows`, s.inDim, `${s.a}.rank`] });
-      inputs.push({ name: s.b, elemType: elem, dims: [`${s.b}.rows`, `${s.b}.rank`, out] });
+      inputs.push({ name: s.a, elemType: elem, dims: ['lora_entries', s.inDim, `${s.a}.rank`] });
+      inputs.push({ name: s.b, elemType: elem, dims: ['lora_entries', `${s.b}.rank`, out] });
     }
   }
   const genaiConfig = {

@@ -1,20 +1,22 @@
 /**
- * LoRA adapters in the decoder's graph, as onnxruntime-genai runs them: the graph (gqa-builder.ts) adds
- * to each projection y = x W the low-rank path (x A) B, with A and B graph inputs. A run feeds an
- * adapter's A and B; without one it feeds rank-0 tensors ([1, in, 0] and [1, 0, out]), whose path adds
- * zeros. The weights stay the base model's: an adapter is a few tensors that load for the requests
- * that name it and are released after them.
+ * LoRA adapters in the decoder's graph, the way vLLM serves many at once (punica/S-LoRA): the weights
+ * of every resident adapter sit in preallocated slots, and each row of a batch picks its own by index.
  *
- * Each input is 3-D, [rows, in, rank] and [rows, rank, out]: rows 1 broadcasts one adapter over the
- * whole batch; rows = batch gives every row its own (rank padded with zeros to the batch's largest,
- * which adds nothing), so that a batch mixing adapters and the base model decodes in one run, the way
- * punica/S-LoRA's gathered kernels do in vLLM.
+ * The graph (gqa-builder.ts) adds to each projection y = x W the low-rank path (x A[i]) B[i], where A and
+ * B are graph inputs holding every slot, [entries, in, capacity] and [entries, capacity, out], and i is
+ * the row's entry in `lora_index` [rows] (a Gather inside the graph picks each row's A and B, one
+ * projection at a time). Entry 0 is zeros: the base model's rows. A run where no row has an adapter feeds
+ * rank-0 tensors ([1, in, 0], [1, 0, out]) instead, whose path costs next to nothing. So a batch that mixes
+ * adapters and the base model decodes in one run, and the slots' memory is fixed at start-up
+ * (RAGGUARD_MAX_LORAS x RAGGUARD_MAX_LORA_RANK), counted like the KV pool, whatever the requests do.
  *
  * PEFT's files (adapter_config.json, adapter_model.safetensors) convert here: lora_A [r, in] and
  * lora_B [out, r] per module, scaled by lora_alpha / r (or / sqrt(r) with use_rslora). The graph fuses
  * q, k and v into one projection, so their A's are concatenated along the rank and their B's placed
- * block-diagonally: (x [A_q A_k A_v]) diag(B_q, B_k, B_v) = [x A_q B_q, x A_k B_k, x A_v B_v].
+ * block-diagonally: (x [A_q A_k A_v]) diag(B_q, B_k, B_v) = [x A_q B_q, x A_k B_k, x A_v B_v]. A rank
+ * below the slot's capacity is zero-padded, which adds nothing.
  */
+
 import type { DecoderShape } from './decoder-model.js';
 
 export type LoraProjection = 'self_attn.qkv_proj' | 'self_attn.o_proj' | 'mlp.gate_proj' | 'mlp.up_proj' | 'mlp.down_proj';
@@ -41,6 +43,14 @@ export interface LoraSlot {
   inDim: number;
   /** Output width of each fused module (PROJECTION_MODULES order); their sum is B's width. */
   outDims: readonly number[];
+}
+
+/** The graph input naming each row's slot entry, [rows] int64 (0: the base model). */
+export const LORA_INDEX = 'lora_index';
+
+/** Rank capacity of a slot: the fused modules' ranks side by side, each at most `maxRank`. */
+export function slotCapacity(slot: LoraSlot, maxRank: number): number {
+  return slot.outDims.length * maxRank;
 }
 
 export function loraInputName(layer: number, projection: LoraProjection, which: 'A' | 'B'): string {
@@ -123,7 +133,7 @@ function patternValue(patterns: Record<string, number> | undefined, module: stri
  * checking that each fits the base model: unknown modules, DoRA, biases or shapes of another model
  * are refused with why.
  */
-export function planAdapter(cfg: PeftConfig, tensors: ReadonlyMap<string, { shape: readonly number[] }>, shape: LoraShape): AdapterPlan {
+export function planAdapter(cfg: PeftConfig, tensors: ReadonlyMap<string, { shape: readonly number[] }>, shape: LoraShape, maxRank = Infinity): AdapterPlan {
   if (cfg.peft_type !== undefined && cfg.peft_type !== 'LORA') throw new AdapterInvalidError(`peft_type ${cfg.peft_type}: only LORA adapters run here`);
   if (cfg.use_dora) throw new AdapterInvalidError('DoRA adapters (use_dora) are not supported');
   if (cfg.fan_in_fan_out) throw new AdapterInvalidError('fan_in_fan_out adapters (Conv1D bases) are not supported');
@@ -152,6 +162,7 @@ export function planAdapter(cfg: PeftConfig, tensors: ReadonlyMap<string, { shap
     if (tensors.get(p.A)!.shape.length !== 2 || tensors.get(p.B)!.shape.length !== 2 || inDim !== slot.inDim || outDim !== slot.outDims[part] || rankB !== rank || rank < 1) {
       throw new AdapterInvalidError(`layer ${p.layer} ${p.module}: lora_A [${tensors.get(p.A)!.shape.join(', ')}] and lora_B [${tensors.get(p.B)!.shape.join(', ')}]; this decoder takes ${want}: an adapter trained for another base model`);
     }
+    if (rank > maxRank) throw new AdapterInvalidError(`layer ${p.layer} ${p.module}: rank ${rank} exceeds the slots' ${maxRank} (RAGGUARD_MAX_LORA_RANK)`);
     const fullName = `model.layers.${p.layer}.${p.module}`;
     const alpha = patternValue(cfg.alpha_pattern, fullName) ?? cfg.lora_alpha ?? cfg.r ?? rank;
     const scale = alpha / (cfg.use_rslora ? Math.sqrt(rank) : rank);
@@ -205,19 +216,17 @@ export function slotTensors(plan: AdapterPlan, values: ReadonlyMap<string, Float
 type Elements = Float32Array | Uint16Array;
 
 /**
- * Rows' A (or B) tensors stacked into one [rows, d0, rank] (or [rows, rank, d1]) input, each row's
- * rank zero-padded to `rank`; a row without one (the base model, or an adapter that leaves this
- * projection alone) is zeros. `which` says whether the rank is the last axis (A) or the middle (B).
+ * Writes one entry of a slot's A ([entries, in, capacity]) or B ([entries, capacity, out]) input: `data`
+ * ([in, rank] or [rank, out]) with its rank zero-padded to the capacity; no data: zeros.
  */
-export function stackRows<T extends Elements>(out: T, rows: readonly ({ data: T; rank: number } | undefined)[], which: 'A' | 'B', dim: number, rank: number): T {
-  out.fill(0);
-  rows.forEach((row, i) => {
-    if (!row || row.rank === 0) return;
-    if (which === 'B') {
-      out.set(row.data, i * rank * dim); // [rank_i, out] is the top of [rank, out]
-      return;
-    }
-    for (let k = 0; k < dim; k++) out.set(row.data.subarray(k * row.rank, (k + 1) * row.rank), (i * dim + k) * rank);
-  });
-  return out;
+export function writeEntry<T extends Elements>(out: T, entry: number, which: 'A' | 'B', dim: number, capacity: number, data?: T, rank = 0): void {
+  const size = dim * capacity;
+  const region = out.subarray(entry * size, (entry + 1) * size);
+  region.fill(0);
+  if (!data || rank === 0) return;
+  if (which === 'B') {
+    region.set(data); // [rank, out] is the top of [capacity, out]
+    return;
+  }
+  for (let k = 0; k < dim; k++) region.set(data.subarray(k * rank, (k + 1) * rank), k * capacity);
 }

@@ -37,6 +37,8 @@ export interface DecoderDims {
   kvInPlace?: boolean;
   /** Every projection has a LoRA path (lora.ts): its output, zeros without an adapter, is one more buffer. */
   lora?: boolean;
+  /** Adapters can run (their slots exist): the modules' largest rank, RAGGUARD_MAX_LORA_RANK. */
+  loraMaxRank?: number;
 }
 
 /** A request as the guards see it, after prompt assembly. */
@@ -58,8 +60,6 @@ export interface RequestShape {
   maxNewTokens: number;
   /** Prompt tokens already in the prefix cache: prefill computes only the rest (as run; 0 when asked). */
   cachedTokens?: number;
-  /** The LoRA adapter it names: its tensors' bytes in the decoder and its largest rank (adapters.ts inspect). */
-  adapter?: { bytes: number; rank: number };
 }
 
 export type Stage = 'embed' | 'rerank' | 'prefill' | 'decode';
@@ -203,13 +203,20 @@ export class MemoryModel {
   }
 
   /**
-   * What a request's adapter adds to a decoder stage: its tensors (`copies` of them: in decode, a batch
-   * mixing adapters feeds per-row copies, the request's row one more) and its low-rank activations,
-   * [tokens, rank]. They are exact sizes, not fitted: the profile run runs no adapter.
+   * What adapters add to a decoder run of `rows` rows feeding `newTokens` each, where they can run: the
+   * rows' entries of A and B gathered for one projection at a time ([rows, in, capacity] and [rows,
+   * capacity, out], the widest projection's) and the low-rank activations [rows, new, capacity]. Every
+   * request counts it, with or without an adapter: a base-model row in a batch with adapters gathers
+   * zeros too. Exact sizes, outside the fit: the profile run runs no adapter. The adapters' weights are
+   * the slots', allocated at start-up (lora-pool.ts), not a request's.
    */
-  adapterBytes(r: RequestShape, newTokens: number, copies: number): number {
-    if (!r.adapter || newTokens <= 0) return 0;
-    return copies * r.adapter.bytes + newTokens * r.adapter.rank * this.actBytes;
+  loraRows(rows: number, newTokens: number): number {
+    const d = this.decoder;
+    const r = d.loraMaxRank ?? 0;
+    if (r === 0 || newTokens <= 0) return 0;
+    const qkv = (d.numHeads + 2 * d.numKvHeads) * d.headDim;
+    const widest = Math.max((d.hiddenSize + qkv) * 3 * r, (d.hiddenSize + d.intermediateSize) * r);
+    return rows * (widest + newTokens * 3 * r) * this.actBytes;
   }
 
   /**
@@ -231,8 +238,8 @@ export class MemoryModel {
       rerank: r.rerankRuns?.length
         ? Math.max(...r.rerankRuns.map(([pairs, width]) => this.stageBytes('rerank', [pairs, width, 0])))
         : this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
-      prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]) + this.adapterBytes(r, r.promptTokens - cached, 1),
-      decode: this.stageBytes('decode', [1, 1, tokens - 1]) + this.adapterBytes(r, 1, 2) + this.replacedBuffer(1, tokens),
+      prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]) + this.loraRows(1, r.promptTokens - cached),
+      decode: this.stageBytes('decode', [1, 1, tokens - 1]) + this.loraRows(1, 1) + this.replacedBuffer(1, tokens),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
     const kvBlocks = this.kvBlocks(tokens);

@@ -3,7 +3,7 @@
  * failure into a status plus `{error: {code, message}}`.
  */
 import express, { type NextFunction, type Request, type Response } from 'express';
-import { AdapterInvalidError, AdapterNotFoundError, type AdapterInfo } from '../generate/adapters.js';
+import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
 import { PromptNeverFitsError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
@@ -40,8 +40,8 @@ export function createApp(service: RagService): express.Express {
   app.post('/query', async (req, res) => {
     const q = parseQuery(req.body, cfg);
     checkQueryShape(q, service);
-    // The adapter's bytes from its files, before anything loads: the guard counts them.
-    const adapter = q.adapter === undefined ? undefined : await inspectAdapter(service, q.adapter);
+    // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
+    if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
       const { shape: _shape, ...result } = await admission.run(() => service.query(q));
@@ -49,7 +49,7 @@ export function createApp(service: RagService): express.Express {
       return;
     }
     // The guard decides from the request's predicted memory: admit or queue (maybe reshaped), or 413.
-    const decision = service.guard.decide(service.requestShape(q, adapter));
+    const decision = service.guard.decide(service.requestShape(q));
     const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
     if (decision.action === 'reject') {
       throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`,
@@ -104,9 +104,9 @@ export function createApp(service: RagService): express.Express {
   return app;
 }
 
-async function inspectAdapter(service: RagService, name: string): Promise<AdapterInfo> {
+async function inspectAdapter(service: RagService, name: string): Promise<void> {
   try {
-    return await service.adapters.inspect(name);
+    await service.adapters.inspect(name);
   } catch (e) {
     if (e instanceof AdapterNotFoundError) throw new HttpError(400, 'adapter_not_found', e.message, { adapter: name });
     if (e instanceof AdapterInvalidError) throw new HttpError(422, 'adapter_invalid', e.message, { adapter: name });
@@ -118,6 +118,8 @@ async function inspectAdapter(service: RagService, name: string): Promise<Adapte
 function toHttpError(err: unknown): HttpError {
   if (err instanceof HttpError) return err;
   if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
+  if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });
+  if (err instanceof AdapterInvalidError) return new HttpError(422, 'adapter_invalid', err.message);
   const e = err as { status?: number; type?: string; message?: string };
   if (e?.type === 'entity.parse.failed') return new HttpError(400, 'invalid_json', 'request body is not valid JSON');
   if (e?.type === 'entity.too.large') return new HttpError(413, 'payload_too_large', 'request body exceeds RAGGUARD_MAX_DOCUMENT_BYTES');

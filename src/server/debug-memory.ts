@@ -62,7 +62,7 @@ export interface MemorySnapshot {
     /** The profile run's points (shape, analytic and measured peak bytes), or why there was none. */
     profile: ProfileReport;
   };
-  /** LoRA adapters loaded now (each with the requests holding it), their bytes, and loads/unloads so far. */
+  /** LoRA adapter slots, the adapters loaded now (each with the requests holding it), waits, and loads/unloads so far. */
   adapters: AdapterStats;
   queue: { running: number; waiting: number; max_concurrent: number; max_waiting: number };
   gpu: { source: 'nvml'; gpus: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number }[] } | null;
@@ -104,7 +104,10 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },
     { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },
-    { name: 'adapters', bytes: adapters.bytes, how: 'exact', detail: `${adapters.loaded.length} LoRA adapters loaded (A and B tensors in the decoder's element type)` },
+    {
+      name: 'adapter_slots', bytes: adapters.slots.bytes, how: 'exact',
+      detail: `${adapters.slots.max_loras} LoRA adapters x rank ${adapters.slots.max_rank} per module, allocated at start-up; ${adapters.loaded.length} loaded now`,
+    },
   ];
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
   return {
