@@ -354,7 +354,8 @@ export class DecoderModel {
 
   /**
    * The LoRA inputs of a run of `rows` rows: rank-0 tensors where no row has an adapter; else every
-   * slot's pool tensors and each row's entry (0 for a base-model row).
+   * slot's pool tensors and each row's entry (0 for a base-model row), or one entry for all where the
+   * rows share it (the graph then gathers one A and B per projection and broadcasts them).
    */
   private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined): LoraFeeds {
     const slots = this.loraSlots;
@@ -364,7 +365,10 @@ export class DecoderModel {
       return { feeds: {}, made: [] };
     }
     if (adapters?.some((a) => a?.released)) throw new Error('a LoRA adapter was used after it was released');
-    const index = this.direct ? this.direct.tensor('int64', [rows]) : new ort.Tensor('int64', new BigInt64Array(rows), [rows]);
+    const entries = (adapters ?? [undefined]).map((a) => a?.entry ?? 0);
+    const shared = entries.every((e) => e === entries[0]);
+    const n = shared ? 1 : rows;
+    const index = this.direct ? this.direct.tensor('int64', [n]) : new ort.Tensor('int64', new BigInt64Array(n), [n]);
     const ids = index.data as BigInt64Array;
     const feeds: Record<string, KvTensor> = { [LORA_INDEX]: index };
     if (!any || !this.pool) {
@@ -375,7 +379,7 @@ export class DecoderModel {
       Object.assign(feeds, this.zeroLora);
       return { feeds, made: [index] };
     }
-    for (let r = 0; r < rows; r++) ids[r] = BigInt(adapters![r]?.entry ?? 0);
+    for (let r = 0; r < n; r++) ids[r] = BigInt(entries[r]!);
     for (const s of this.pool.slots.values()) {
       feeds[s.slot.a] = s.a;
       feeds[s.slot.b] = s.b;

@@ -235,7 +235,8 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     const q = nh * D;
     const slots = loraSlots({ numLayers: L, hiddenSize: H, numHeads: nh, numKvHeads: kvh, headDim: D, intermediateSize: cfg.intermediate_size });
     if (q !== H) throw new Error(`LoRA paths need num_attention_heads x head_dim (${q}) = hidden_size (${H}), as the projections here assume`);
-    inputs.push({ name: LORA_INDEX, elemType: 7, dims: ['batch_size'] });
+    // [rows], or [1] where every row has the same entry: one A and B then broadcast over the batch.
+    inputs.push({ name: LORA_INDEX, elemType: 7, dims: ['lora_rows'] });
     for (const s of slots) {
       const out = s.outDims.reduce((a, b) => a + b, 0);
       inputs.push({ name: s.a, elemType: elem, dims: ['lora_entries', s.inDim, `${s.a}.rank`] });
