@@ -5,6 +5,7 @@
  * model, and the registry loading once, sharing, and unloading to the byte.
  */
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { copyFile, cp, mkdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
@@ -80,6 +81,8 @@ describe('PEFT files onto the graph', () => {
     assert.equal(planAdapter({ r: 4, lora_alpha: 8, use_rslora: true }, pair, SHAPE).slots[0]!.modules[0]!.scale, 4);
     const refuse = (cfg: PeftConfig, shapes: Map<string, { shape: number[] }>, why: RegExp) => assert.throws(() => planAdapter(cfg, shapes, SHAPE), (e: Error) => e instanceof AdapterInvalidError && why.test(e.message));
     refuse({ use_dora: true }, pair, /DoRA/);
+    refuse({ alora_invocation_tokens: [5, 6] }, pair, /alora_invocation_tokens/);
+    refuse({ lora_bias: true }, pair, /lora_bias/);
     assert.throws(() => planAdapter({}, pair, SHAPE, 2), /rank 4 exceeds the slots' 2 \(RAGGUARD_MAX_LORA_RANK\)/);
     refuse({ peft_type: 'IA3' }, pair, /only LORA/);
     refuse({}, new Map([[key(0, 'mlp.up_proj', 'A'), tensor([4, 512])], [key(0, 'mlp.up_proj', 'B'), tensor([768, 4])]]), /another base model/);
@@ -145,6 +148,16 @@ async function mergedDecoder(adapter: string): Promise<DecoderModel> {
   for (const f of ['config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json']) await copyFile(path.join(src, f), path.join(dir, f));
   return DecoderModel.load(dir, 'cpu');
 }
+
+test('PEFT\'s own files give torch\'s logits and greedy ids (scripts/gpu/build_adapters.py made them with PEFT 0.21 on the GPU host)', () => {
+  // scripts/check-adapters.ts: the reference prompt through the server's decoder, base and each adapter.
+  const out = execFileSync(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts', 'check-adapters.ts'), path.join(ROOT, 'test', 'fixtures', 'peft')], { cwd: ROOT, encoding: 'utf8' });
+  const r = JSON.parse(out.trim().split('\n').at(-1)!) as Record<string, { max_abs_logit_diff: number; greedy_same: boolean }>;
+  for (const name of ['base', 'demo-r8', 'demo-qv-r4']) {
+    assert.ok(r[name]!.max_abs_logit_diff < 1e-3, `${name}: ${r[name]!.max_abs_logit_diff}`);
+    assert.equal(r[name]!.greedy_same, true, name);
+  }
+});
 
 describe('the decoder with adapters', () => {
   let model: DecoderModel;

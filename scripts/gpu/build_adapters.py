@@ -7,7 +7,9 @@ wraps it with PEFT LoRA configs, gives the adapters seeded weights (PEFT initial
 adapter that changes nothing), saves each with save_pretrained (adapter_config.json,
 adapter_model.safetensors: the files a real fine-tune leaves), and writes reference.json: for a fixed
 prompt, the last position's logits and 16 greedy tokens of the base model and of each adapter, as
-torch computes them. test/adapters.test.ts checks the server's runs against them.
+torch computes them. test/fixtures/peft holds its output from the H200 (PEFT 0.21, torch 2.11; PEFT's
+README.md files dropped), which test/adapters.test.ts checks the server's runs against through
+scripts/check-adapters.ts.
 
   demo-r8     every projection (q, k, v, o, gate, up, down), r 8, lora_alpha 16, alpha_pattern down_proj 32
   demo-qv-r4  q_proj and v_proj only, r 4, lora_alpha 8, use_rslora (scale alpha / sqrt(r))
@@ -30,7 +32,7 @@ ADAPTERS = {
                     target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], seed=8),
     'demo-qv-r4': dict(r=4, lora_alpha=8, use_rslora=True, target_modules=['q_proj', 'v_proj'], seed=4),
 }
-# Token ids of "Question: How do I list the installed packages?\nAnswer:" after BOS (the shipped tokenizer).
+# The reference prompt (after BOS, in the shipped tokenizer's ids).
 PROMPT_TEXT = 'Question: How do I list the installed packages?\nAnswer:'
 
 

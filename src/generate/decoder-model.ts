@@ -373,9 +373,15 @@ export class DecoderModel {
     const feeds: Record<string, KvTensor> = { [LORA_INDEX]: index };
     if (!any || !this.pool) {
       ids.fill(0n);
-      this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => [
-        [s.a, this.hostTensor([1, s.inDim, 0])], [s.b, this.hostTensor([1, 0, s.outDims.reduce((a, b) => a + b, 0)])],
-      ]));
+      // Rank 0 on the CPU; rank 1 of zeros through onnxruntime-node, whose WebGPU provider crashes on an
+      // empty tensor (seen on the H200: a segfault in the first run).
+      const r = this.direct ? 0 : 1;
+      this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => {
+        const [a, b] = [this.hostTensor([1, s.inDim, r]), this.hostTensor([1, r, s.outDims.reduce((x, y) => x + y, 0)])];
+        (a.data as KvArray).fill(0);
+        (b.data as KvArray).fill(0);
+        return [[s.a, a], [s.b, b]];
+      }));
       Object.assign(feeds, this.zeroLora);
       return { feeds, made: [index] };
     }

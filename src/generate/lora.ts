@@ -89,6 +89,12 @@ export interface PeftConfig {
   alpha_pattern?: Record<string, number>;
   base_model_name_or_path?: string | null;
   target_modules?: string[] | string | null;
+  /** Variants that change what a LoRA computes; refused where set. */
+  lora_bias?: boolean;
+  use_qalora?: boolean;
+  alora_invocation_tokens?: unknown;
+  layer_replication?: unknown;
+  trainable_token_indices?: unknown;
 }
 
 export class AdapterInvalidError extends Error {}
@@ -137,6 +143,10 @@ export function planAdapter(cfg: PeftConfig, tensors: ReadonlyMap<string, { shap
   if (cfg.peft_type !== undefined && cfg.peft_type !== 'LORA') throw new AdapterInvalidError(`peft_type ${cfg.peft_type}: only LORA adapters run here`);
   if (cfg.use_dora) throw new AdapterInvalidError('DoRA adapters (use_dora) are not supported');
   if (cfg.fan_in_fan_out) throw new AdapterInvalidError('fan_in_fan_out adapters (Conv1D bases) are not supported');
+  for (const k of ['lora_bias', 'use_qalora', 'alora_invocation_tokens', 'layer_replication', 'trainable_token_indices'] as const) {
+    const v = cfg[k];
+    if (v !== undefined && v !== null && v !== false) throw new AdapterInvalidError(`${k} adapters are not supported (it changes what the LoRA computes)`);
+  }
   const slots = loraSlots(shape);
   const bySlot = new Map<string, LoraSlot>(slots.map((s) => [`${s.layer}.${s.projection}`, s]));
   const pairs = new Map<string, { layer: number; module: string; A?: string; B?: string }>();
