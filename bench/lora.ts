@@ -3,8 +3,9 @@
  * questions as prompts, BENCH_LORA_NEW_TOKENS new tokens each, EOS ignored) at BENCH_LORA_CONCURRENCY
  * concurrent requests, with
  *   base     no request naming an adapter (the graph's LoRA paths at rank 0),
- *   single   every request on demo-r8 (one adapter: its tensors broadcast over the batch),
- *   mixed    requests cycling over none, demo-r8 and demo-qv-r4 (per-row stacked A and B, one run per step).
+ *   single   every request on demo-r8 (one slot entry, its A and B broadcast over the batch),
+ *   mixed    requests cycling over none, demo-r8 and demo-qv-r4 (each row's A and B gathered from the
+ *            slots, one run per step).
  * Rounds interleave the modes (BENCH_ROUNDS, default 5); tokens/s is each mode's best round, a ratio the
  * median of the ratios within rounds. Checks that a mixed batch gives every request the greedy ids it
  * gets in a batch of its own adapter alone (base or single), and that nothing stays loaded.
