@@ -5,6 +5,8 @@
  *   workspace  transient buffers of one model run: inputs, activations, outputs. A request's
  *            workspace peak is its largest stage: embedding the query, reranking its candidates
  *            (batches of pairs), prefilling its prompt, or one decode step over its whole context.
+ * LoRA adapters' weights are neither: they live in slots allocated at start-up (lora-pool.ts), fixed bytes
+ * the budget sets aside like the KV pool; a request's runs add only their rows gathered from them.
  * fp32 activations (what the CPU path runs). Figures are upper-bound sums of the buffers each op
  * produces in a layer, since a runtime keeps a layer's intermediates alive until the layer ends.
  */
