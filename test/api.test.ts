@@ -9,9 +9,9 @@ import type { Express } from 'express';
 import type { Config } from '../src/config/config.js';
 import { loadModels, RagService, type Models } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
-import { mkdir, writeFile } from 'node:fs/promises';
+import { cp, mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas', 'rights-management', 'ipv6', 'syslog'];
 let cfg: Config;
@@ -129,6 +129,20 @@ describe('LoRA adapters', () => {
     assert.deepEqual(together.map((r) => r.status), [200, 200, 200, 200]);
     assert.deepEqual(together.map((r) => r.body.answer), alone);
     assert.deepEqual(service.adapters.stats().loaded, []);
+  });
+
+  test('with every adapter slot held, a request for another waits, then gets 503 adapters_busy with Retry-After', async () => {
+    const dir = await tempDir('ragguard-adapters-');
+    for (const n of ['b1', 'b2', 'b3', 'b4', 'b5']) await cp(path.join(ROOT, 'models', 'adapters', 'demo-qv-r4'), path.join(dir, n), { recursive: true });
+    const busy = new RagService({ ...cfg, adapterDir: dir, queueTimeoutMs: 300 }, models, service.store);
+    const held = await Promise.all(['b1', 'b2', 'b3', 'b4'].map((n) => busy.adapters.acquire(n)));
+    const res = await request(createApp(busy)).post('/query').send({ ...q, adapter: 'b5' });
+    assertError(res, 503, 'adapters_busy');
+    assert.ok(Number(res.headers['retry-after']) >= 1);
+    for (const l of held) l.release();
+    const ok = await request(createApp(busy)).post('/query').send({ ...q, adapter: 'b5' }).expect(200);
+    assert.equal(ok.body.adapter.name, 'b5');
+    assert.equal(busy.adapters.stats().slots.free, 4);
   });
 
   test('a malformed adapter is 422 adapter_invalid; adapters off is 400 adapter_not_found', async () => {
