@@ -21,6 +21,8 @@
  *   where the C API cannot be bound). src/generate/gqa-builder.ts converts an Optimum export.
  *
  * The shape facts come from config.json; the KV and logits types (float32 or float16) from the graph.
+ * A genai graph with LoRA inputs (gqa-builder.ts) also takes `lora_index` and each projection's adapter
+ * slots (lora.ts, lora-pool.ts): a run feeds the rows' slot entries, or rank-0 tensors without adapters.
  *
  * On WebGPU the present KV outputs stay on the device (preferredOutputLocation 'gpu-buffer'), so that
  * a decode step can feed them back as the next step's past without a round trip through the host;
