@@ -21,7 +21,7 @@ const ids = Array.from({ length: 40 }, (_, i) => 5 + ((i * 37) % 3000));
 let direct: DirectSession;
 // The graph's LoRA inputs (gqa-builder.ts), fed at rank 0 here: the base model.
 const lora = loraSlots({ numLayers: L, hiddenSize: 256, numHeads: 8, numKvHeads: H, headDim: D, intermediateSize: 768 })
-  .flatMap((s) => [{ name: s.a, dims: [1, s.inDim, 0] }, { name: s.b, dims: [1, 0, s.outDims.reduce((a, b) => a + b, 0)] }]);
+  .flatMap((s) => [{ name: s.a, dims: [1, s.inDim, 0] }, { name: s.b, dims: [1, 0, s.outDim] }]);
 
 before(() => {
   assert.equal(directUnavailable(), '', 'the C API binds on this machine');

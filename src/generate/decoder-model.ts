@@ -379,7 +379,7 @@ export class DecoderModel {
       // empty tensor (seen on the H200: a segfault in the first run).
       const r = this.direct ? 0 : 1;
       this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => {
-        const [a, b] = [this.hostTensor([1, s.inDim, r]), this.hostTensor([1, r, s.outDims.reduce((x, y) => x + y, 0)])];
+        const [a, b] = [this.hostTensor([1, s.inDim, r]), this.hostTensor([1, r, s.outDim])];
         (a.data as KvArray).fill(0);
         (b.data as KvArray).fill(0);
         return [[s.a, a], [s.b, b]];

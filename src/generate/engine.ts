@@ -112,7 +112,7 @@ export class Engine {
 
   /**
    * Resolves when the step loop has stopped: every request settled and the last barrier passed (KV
-   * buffers and adapter stacks released). A request's reply comes a few awaits before that.
+   * buffers released). A request's reply comes a few awaits before that.
    */
   idle(): Promise<void> {
     return this.loop ?? Promise.resolve();

@@ -121,6 +121,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   const nh = cfg.num_attention_heads;
   const kvh = cfg.num_key_value_heads ?? nh;
   const D = cfg.head_dim ?? H / nh;
+  if (lora && nh * D !== H) throw new Error(`LoRA paths need num_attention_heads x head_dim (${nh * D}) = hidden_size (${H}), as the projections here assume`);
   const L = cfg.num_hidden_layers;
   const V = cfg.vocab_size;
   const maxPos = cfg.max_position_embeddings ?? 2048;
@@ -232,15 +233,12 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     }
   }
   if (lora) {
-    const q = nh * D;
     const slots = loraSlots({ numLayers: L, hiddenSize: H, numHeads: nh, numKvHeads: kvh, headDim: D, intermediateSize: cfg.intermediate_size });
-    if (q !== H) throw new Error(`LoRA paths need num_attention_heads x head_dim (${q}) = hidden_size (${H}), as the projections here assume`);
     // [rows], or [1] where every row has the same entry: one A and B then broadcast over the batch.
     inputs.push({ name: LORA_INDEX, elemType: 7, dims: ['lora_rows'] });
     for (const s of slots) {
-      const out = s.outDims.reduce((a, b) => a + b, 0);
       inputs.push({ name: s.a, elemType: elem, dims: ['lora_entries', s.inDim, `${s.a}.rank`] });
-      inputs.push({ name: s.b, elemType: elem, dims: ['lora_entries', `${s.b}.rank`, out] });
+      inputs.push({ name: s.b, elemType: elem, dims: ['lora_entries', `${s.b}.rank`, s.outDim] });
     }
   }
   const genaiConfig = {

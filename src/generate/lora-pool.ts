@@ -68,13 +68,12 @@ export class LoraPool<T extends SlotTensor = SlotTensor> {
     let elements = 0;
     for (const slot of slots) {
       const capacity = slotCapacity(slot, maxRank);
-      const out = slot.outDims.reduce((x, y) => x + y, 0);
-      const s: Slot<T> = { slot, capacity, a: make([entries, slot.inDim, capacity]), b: make([entries, capacity, out]) };
+      const s: Slot<T> = { slot, capacity, a: make([entries, slot.inDim, capacity]), b: make([entries, capacity, slot.outDim]) };
       // Fresh host memory is not zeroed: every entry starts as zeros (entry 0 stays so).
       (s.a.data as KvArray).fill(0);
       (s.b.data as KvArray).fill(0);
       byName.set(slot.a, s);
-      elements += entries * capacity * (slot.inDim + out);
+      elements += entries * capacity * (slot.inDim + slot.outDim);
     }
     this.slots = byName;
     this.bytes = elements * (dtype === 'float16' ? 2 : 4);
@@ -97,10 +96,9 @@ export class LoraPool<T extends SlotTensor = SlotTensor> {
         this.freeEntries.push(entry);
         throw new Error(`rank ${t.rank} over slot capacity ${s.capacity} for ${name}`);
       }
-      const out = s.slot.outDims.reduce((x, y) => x + y, 0);
       // Slots the adapter leaves alone are zeroed: the entry may hold an earlier adapter's weights.
       writeEntry(s.a.data as KvArray, entry, 'A', s.slot.inDim, s.capacity, t && cast(t.a), t?.rank);
-      writeEntry(s.b.data as KvArray, entry, 'B', out, s.capacity, t && cast(t.b), t?.rank);
+      writeEntry(s.b.data as KvArray, entry, 'B', s.slot.outDim, s.capacity, t && cast(t.b), t?.rank);
     }
     return new DecoderAdapter(key, entry, (e) => this.freeEntries.push(e));
   }

@@ -41,8 +41,10 @@ export interface LoraSlot {
   a: string;
   b: string;
   inDim: number;
-  /** Output width of each fused module (PROJECTION_MODULES order); their sum is B's width. */
+  /** Output width of each fused module (PROJECTION_MODULES order). */
   outDims: readonly number[];
+  /** B's width: the fused modules' outputs side by side. */
+  outDim: number;
 }
 
 /** The graph input naming each row's slot entry, [rows] int64 (0: the base model). */
@@ -72,7 +74,8 @@ export function loraSlots(s: LoraShape): LoraSlot[] {
   for (let layer = 0; layer < s.numLayers; layer++) {
     for (const projection of Object.keys(PROJECTION_MODULES) as LoraProjection[]) {
       const [inDim, outDims] = dims[projection];
-      slots.push({ layer, projection, a: loraInputName(layer, projection, 'A'), b: loraInputName(layer, projection, 'B'), inDim, outDims });
+      const outDim = outDims.reduce((x, y) => x + y, 0);
+      slots.push({ layer, projection, a: loraInputName(layer, projection, 'A'), b: loraInputName(layer, projection, 'B'), inDim, outDims, outDim });
     }
   }
   return slots;
@@ -188,7 +191,7 @@ export function planAdapter(cfg: PeftConfig, tensors: ReadonlyMap<string, { shap
   return {
     slots: planned,
     maxRank: Math.max(...planned.map((p) => p.rank)),
-    elements: sum(planned.map((p) => p.rank * (p.slot.inDim + sum(p.slot.outDims)))),
+    elements: sum(planned.map((p) => p.rank * (p.slot.inDim + p.slot.outDim))),
   };
 }
 
@@ -204,7 +207,7 @@ export interface SlotTensors {
 export function slotTensors(plan: AdapterPlan, values: ReadonlyMap<string, Float32Array>): SlotTensors[] {
   return plan.slots.map(({ slot, modules, rank: R }) => {
     const inDim = slot.inDim;
-    const outTotal = slot.outDims.reduce((a, b) => a + b, 0);
+    const outTotal = slot.outDim;
     const a = new Float32Array(inDim * R);
     const b = new Float32Array(R * outTotal);
     let r0 = 0;

@@ -13,6 +13,7 @@
 
 import { dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/kv-pool.js';
 import { bufferCapacity, type KvLayout } from '../generate/decoder-model.js';
+import { loraSlots, slotCapacity } from '../generate/lora.js';
 
 export interface EncoderDims {
   numLayers: number;
@@ -213,12 +214,13 @@ export class MemoryModel {
    * the slots', allocated at start-up (lora-pool.ts), not a request's.
    */
   loraRows(rows: number, newTokens: number): number {
-    const d = this.decoder;
-    const r = d.loraMaxRank ?? 0;
+    const r = this.decoder.loraMaxRank ?? 0;
     if (r === 0 || newTokens <= 0) return 0;
-    const qkv = (d.numHeads + 2 * d.numKvHeads) * d.headDim;
-    const widest = Math.max((d.hiddenSize + qkv) * 3 * r, (d.hiddenSize + d.intermediateSize) * r);
-    return rows * (widest + newTokens * 3 * r) * this.actBytes;
+    // One layer's slots: every layer's are the same shapes.
+    const slots = loraSlots({ ...this.decoder, numLayers: 1 });
+    const widest = Math.max(...slots.map((s) => (s.inDim + s.outDim) * slotCapacity(s, r)));
+    const capacity = Math.max(...slots.map((s) => slotCapacity(s, r)));
+    return rows * (widest + newTokens * capacity) * this.actBytes;
   }
 
   /**
