@@ -10,7 +10,8 @@ cd "$(dirname "$0")/../.."
 shared=${RAGGUARD_SHARED_PACK:-../shared/gpu/pack.sh}
 aside=$(mktemp -d /tmp/ragguard-pack-aside.XXXXXX)
 leave=(onnxruntime-web protobufjs @protobufjs long flatbuffers guid-typescript platform @huggingface/jinja
-  @huggingface/transformers/src @huggingface/transformers/types sharp @img)
+  @huggingface/transformers/src @huggingface/transformers/types sharp @img node-llama-cpp @node-llama-cpp
+  playwright-core openai)
 moved=()
 restore() {
   rm -rf node_modules/sharp.stub-in-place
