@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 shared=${RAGGUARD_SHARED_PACK:-../shared/gpu/pack.sh}
 aside=$(mktemp -d /tmp/ragguard-pack-aside.XXXXXX)
-leave=(onnxruntime-web protobufjs @protobufjs long flatbuffers guid-typescript platform @huggingface/jinja
+leave=(onnxruntime-web protobufjs @protobufjs long flatbuffers guid-typescript platform
   @huggingface/transformers/src @huggingface/transformers/types sharp @img node-llama-cpp @node-llama-cpp
   playwright-core openai)
 moved=()
