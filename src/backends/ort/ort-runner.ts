@@ -1,41 +1,29 @@
 /**
- * The generation engine: continuous batching on the paged KV cache.
+ * The ONNX Runtime model runner (CPU, WebGPU): an ONNX decoder (decoder-model.ts) driven step by step
+ * over a paged KV pool in host memory (kv-pool.ts).
  *
- * A loop of steps. Between steps sits the one step barrier (the "stream sync"): it awaits every
- * in-flight model run, releases the runs' output buffers, and only then lets the scheduler change the
- * batch (admit, finish, preempt). Within a step the batch shape is fixed: all running sequences decode
- * one token together, their contexts gathered from the block pool into the past tensors as the
- * decoder's layout places them (right-aligned and masked, or left-aligned in a buffer with room to
- * grow: decoder-model.ts); then newly admitted sequences are prefilled (each alone: their lengths
- * differ). Decoding first means a prefix hit on a block completed by this step's decode finds its KV
- * written.
+ * Within a step the batch decodes first, all running sequences one token together, their contexts
+ * gathered from the block pool into the past tensors as the decoder's layout places them
+ * (right-aligned and masked, or left-aligned in a buffer with room to grow: decoder-model.ts); then
+ * newly admitted sequences are prefilled (each alone: their lengths differ). Decoding first means a
+ * prefix hit on a block completed by this step's decode finds its KV written.
  *
  * While the batch holds, a decode step takes the last step's present KV as its past (no gather). Where
  * the provider keeps present KV on the device (WebGPU), the pool is then written back lazily: the new
  * tokens' KV stays on the device until blocks are about to change hands (a sequence finishes, the
  * scheduler may admit or preempt, a prefill follows) and is downloaded and scattered only then. Per
- * steady decode step the host sends token ids, positions and the mask, and receives the logits.
+ * steady decode step the host sends token ids, positions and the mask, and receives the logits, and
+ * samples the next tokens on the host.
  */
-import * as ort from 'onnxruntime-node';
-import { metered } from '../runtime/run-meter.js';
-import { presentData, type DecoderModel, type KvTensor } from './decoder-model.js';
-import type { FinishReason, Generation } from './generator.js';
-import { KvCachePool, type GatherRow } from './kv-pool.js';
-import { sampleToken } from './sampler.js';
-import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
-import { Sequence, type SamplingParams } from './sequence.js';
+import { metered } from '../../runtime/run-meter.js';
+import { presentData, type DecoderModel, type KvTensor } from '../../generate/decoder-model.js';
+import { KvCachePool, type GatherRow } from '../../generate/kv-pool.js';
+import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
+import { sampleToken } from '../../generate/sampler.js';
+import type { BlockCopy } from '../../generate/scheduler.js';
+import type { Sequence } from '../../generate/sequence.js';
 
-export interface BlockTableView {
-  /** Physical block ids in logical order. */
-  ids(): ArrayLike<number>;
-}
-
-/** The block manager as the engine needs it: the scheduler's interface plus each sequence's table. */
-export interface EngineBlockManager extends KvBlockSpace {
-  blockTable(seqId: number): BlockTableView;
-}
-
-export interface EngineOptions extends SchedulerLimits {
+export interface OrtRunnerOptions {
   numBlocks: number;
   blockSize: number;
   /**
@@ -46,24 +34,11 @@ export interface EngineOptions extends SchedulerLimits {
   kvWriteBack?: 'eager' | 'lazy';
 }
 
-export class PromptNeverFitsError extends Error {}
-
-interface Pending {
-  resolve(g: Generation): void;
-  reject(e: Error): void;
-}
-
-export interface EngineStats {
-  steps: number;
-  prefills: number;
-  decodeRows: number;
-  preemptions: number;
+export interface OrtRunnerStats {
   /** Decode steps whose past was last step's present (no gather from the pool). */
   pastReused: number;
   /** Lazy write-backs of the carried batch's new KV into the pool (0 when every run stores its own). */
   writeBacks: number;
-  /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
-  schedulerMicros: number;
 }
 
 /**
@@ -71,20 +46,16 @@ export interface EngineStats {
  * while the batch holds. `synced[r]`: leading tokens of row r's sequence already in the pool.
  */
 interface Carry {
-  seqs: Sequence[];
+  seqs: readonly Sequence[];
   lengths: number[];
   width: number;
   present: KvTensor[];
   synced: number[];
 }
 
-export class Engine {
-  readonly pool: KvCachePool;
-  readonly scheduler: Scheduler;
-  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, pastReused: 0, writeBacks: 0, schedulerMicros: 0 };
-  private readonly pending = new Map<Sequence, Pending>();
-  private nextId = 0;
-  private loop: Promise<void> | undefined;
+export class OrtModelRunner implements ModelRunner {
+  readonly kv: KvCachePool;
+  readonly stats: OrtRunnerStats = { pastReused: 0, writeBacks: 0 };
   /** Model runs of the current step; the barrier awaits them all. */
   private readonly inflight = new Set<Promise<unknown>>();
   /** Tensors the current step is done with, released at the barrier (unless the carry holds them). */
@@ -92,67 +63,50 @@ export class Engine {
   private carry: Carry | undefined;
   private readonly lazy: boolean;
 
-  constructor(
-    readonly model: DecoderModel,
-    readonly blocks: EngineBlockManager,
-    opts: EngineOptions,
-  ) {
+  constructor(readonly model: DecoderModel, opts: OrtRunnerOptions) {
     this.lazy = (opts.kvWriteBack ?? (model.presentOnDevice ? 'lazy' : 'eager')) === 'lazy';
-    this.pool = new KvCachePool(model.shape, opts.numBlocks, opts.blockSize);
-    this.scheduler = new Scheduler(blocks, opts);
+    this.kv = new KvCachePool(model.shape, opts.numBlocks, opts.blockSize);
   }
 
-  generate(promptIds: readonly number[], params: SamplingParams): Promise<Generation> {
-    const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
-    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject }));
-    this.scheduler.add(seq);
-    this.loop ??= this.run().finally(() => (this.loop = undefined));
-    return done;
+  get shape(): DecoderModel['shape'] {
+    return this.model.shape;
   }
 
-  /**
-   * Resolves when the step loop has stopped: every request settled and the last barrier passed (KV
-   * buffers released). A request's reply comes a few awaits before that.
-   */
-  idle(): Promise<void> {
-    return this.loop ?? Promise.resolve();
+  get eosIds(): ReadonlySet<number> {
+    return this.model.eosIds;
   }
 
-  private async run(): Promise<void> {
-    while (this.scheduler.hasWork) {
-      await this.streamSync();
-      // Admission may hit blocks the carried batch filled, preemption frees them: the pool first.
-      if (this.scheduler.mayMoveBlocks) {
-        try {
-          await this.writeBack();
-        } catch (e) {
-          // The carried sequences' newest KV never reached the pool: they cannot go on.
-          const lost = this.carry?.seqs.filter((s) => s.status === 'running') ?? [];
-          this.dropCarry();
-          for (const seq of lost) this.settle(seq, e as Error);
-        }
-      }
-      const t0 = performance.now();
-      const plan = this.scheduler.schedule();
-      for (const c of plan.copies) this.pool.copyBlock(c.src, c.dst);
-      this.stats.schedulerMicros += (performance.now() - t0) * 1000;
-      this.stats.steps++;
-      this.stats.preemptions += plan.preempted.length;
-      for (const seq of plan.rejected) {
-        this.settle(seq, new PromptNeverFitsError(`a prompt of ${seq.length} tokens needs more KV blocks than the pool has`));
-      }
-      try {
-        if (plan.decodes.length > 0) await this.track(metered('decode', () => this.decode(plan.decodes)));
-        if (plan.prefills.length > 0) await this.writeBack();
-        for (const seq of plan.prefills) await this.track(metered('prefill', () => this.prefill(seq)));
-      } catch (e) {
-        // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
-        this.dropCarry();
-        for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
-      }
-    }
-    await this.streamSync();
+  get tokenizer(): DecoderModel['tokenizer'] {
+    return this.model.tokenizer;
+  }
+
+  get pool(): KvPoolInfo {
+    const p = this.kv;
+    return { bytes: p.bytes, numBlocks: p.numBlocks, blockSize: p.blockSize, bytesPerSlot: p.bytesPerSlot, location: 'host' };
+  }
+
+  barrier(): Promise<void> {
+    return this.streamSync();
+  }
+
+  syncPool(blocks: RunnerStep['blocks']): Promise<void> {
+    return this.writeBack(blocks);
+  }
+
+  copyBlocks(copies: readonly BlockCopy[]): void {
+    for (const c of copies) this.kv.copyBlock(c.src, c.dst);
+  }
+
+  async execute(step: RunnerStep, sink: StepSink): Promise<void> {
+    if (step.decodes.length > 0) await this.track(metered('decode', () => this.decode(step, sink)));
+    if (step.prefills.length > 0) await this.writeBack(step.blocks);
+    for (const seq of step.prefills) await this.track(metered('prefill', () => this.prefill(seq, step, sink)));
+  }
+
+  abandon(): Sequence[] {
+    const lost = this.carry?.seqs.filter((s) => s.status === 'running') ?? [];
     this.dropCarry();
+    return lost;
   }
 
   /** The step barrier: every in-flight run has completed and its buffers are released. */
@@ -174,11 +128,11 @@ export class Engine {
   }
 
   /** Stores the carried batch's KV that only the model's side holds into the pool. */
-  private async writeBack(): Promise<void> {
+  private async writeBack(blocks: RunnerStep['blocks']): Promise<void> {
     const c = this.carry;
     if (!c) return;
     if (c.lengths.every((len, r) => len === c.synced[r])) return;
-    await this.store(c.present, c.width, c.seqs.map((s) => this.blocks.blockTable(s.id).ids()), c.lengths, c.synced);
+    await this.store(c.present, c.width, c.seqs.map(blocks), c.lengths, c.synced);
     c.synced = [...c.lengths];
     this.stats.writeBacks++;
   }
@@ -196,24 +150,23 @@ export class Engine {
     const data = onHost ? presentData(present) : await this.model.kvTail(present, n);
     lengths.forEach((len, r) => {
       const start = from[r]!;
-      if (start < len) this.pool.scatter(data, lengths.length, n, r, this.model.slot(n, len, start), tables[r]!, start, len - start);
+      if (start < len) this.kv.scatter(data, lengths.length, n, r, this.model.slot(n, len, start), tables[r]!, start, len - start);
     });
   }
 
-  private async prefill(seq: Sequence): Promise<void> {
+  private async prefill(seq: Sequence, step: RunnerStep, sink: StepSink): Promise<void> {
     const tokens = seq.pending;
     const past = seq.numComputed;
-    seq.cachedPrefix ??= past;
-    const rows: GatherRow[] = [{ blocks: this.blocks.blockTable(seq.id).ids(), length: past }];
+    const rows: GatherRow[] = [{ blocks: step.blocks(seq), length: past }];
     const { logits, present, width } = await this.forward([seq], rows, [tokens]);
-    this.stats.prefills++;
     const length = past + tokens.length;
     if (this.carry?.seqs.every((s) => s.status === 'finished')) {
       // The last batch has ended (its KV is in the pool): release it at the barrier.
       this.outputs.push(...this.carry.present);
       this.carry = undefined;
     }
-    if (this.lazy && this.carry === undefined && this.scheduler.running.length === 1) {
+    const running = [...step.decodes, ...step.prefills].filter((s) => s.status === 'running').length;
+    if (this.lazy && this.carry === undefined && running === 1) {
       // Alone (no batch running, nobody else admitted): its present KV is exactly the next decode
       // step's past, so it becomes the carry, and its KV reaches the pool with the next write-back.
       this.carry = { seqs: [seq], lengths: [length], width, present, synced: [past] };
@@ -222,15 +175,16 @@ export class Engine {
       if (this.lazy) await this.store(present, width, [rows[0]!.blocks], [length], [past]);
       this.outputs.push(...present);
     }
-    const reason = this.advance(seq, tokens.length, logits, 0);
+    const reason = sink.accept(seq, tokens.length, this.sample(seq, logits, 0));
     if (reason) {
-      await this.writeBack(); // its blocks go to the prefix cache: their KV first
-      this.finishSeq(seq, reason);
+      await this.writeBack(step.blocks); // its blocks go to the prefix cache: their KV first
+      sink.finish(seq, reason);
     }
   }
 
-  private async decode(seqs: Sequence[]): Promise<void> {
-    const rows = seqs.map((s) => ({ blocks: this.blocks.blockTable(s.id).ids(), length: s.numComputed }));
+  private async decode(step: RunnerStep, sink: StepSink): Promise<void> {
+    const seqs = step.decodes;
+    const rows = seqs.map((s) => ({ blocks: step.blocks(s), length: s.numComputed }));
     const lengths = rows.map((r) => r.length);
     // The same batch as last step's decode: its present KV already is this step's past (placed as the
     // layout wants it, with room for the new token), so the gather from the pool is skipped. Any change
@@ -247,20 +201,19 @@ export class Engine {
     }
     const reuse = same; // widened above where it had to be
     // Not reused: the rows are gathered from the pool, which must hold every token first.
-    if (!reuse) await this.writeBack();
+    if (!reuse) await this.writeBack(step.blocks);
     this.carry = undefined;
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
     if (reuse) this.stats.pastReused++;
     const { logits, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined);
-    this.stats.decodeRows += seqs.length;
     const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry!.synced[r]! : s.numComputed));
-    const finished = seqs.map((s, r) => this.advance(s, 1, logits, r));
+    const finished = seqs.map((s, r) => sink.accept(s, 1, this.sample(s, logits, r)));
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
     if (finished.some((f) => f !== undefined)) {
       // Finishing frees blocks into the prefix cache: their KV must be in the pool before.
-      await this.writeBack();
-      seqs.forEach((s, r) => finished[r] && this.finishSeq(s, finished[r]));
+      await this.writeBack(step.blocks);
+      seqs.forEach((s, r) => finished[r] && sink.finish(s, finished[r]));
     }
   }
 
@@ -278,7 +231,7 @@ export class Engine {
     let past = carry?.present;
     if (!past) {
       past = this.model.allocPast(rows.length, width);
-      this.pool.gatherInto(rows, width, this.model.kvPlacement, presentData(past));
+      this.kv.gatherInto(rows, width, this.model.kvPlacement, presentData(past));
     }
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
@@ -290,35 +243,9 @@ export class Engine {
     return { logits: out.lastLogits, present: out.present, width: out.width };
   }
 
-  /** After a run: the fed tokens are computed; samples the next token; says why the sequence ends, if it does. */
-  private advance(seq: Sequence, fed: number, logits: Float32Array, row: number): FinishReason | undefined {
-    // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
-    seq.numComputed += fed;
+  /** The next token of row `row` of a run's last logits. */
+  private sample(seq: Sequence, logits: Float32Array, row: number): number {
     const V = this.model.shape.vocabSize;
-    const next = sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
-    if (this.model.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
-    seq.outputIds.push(next);
-    if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.model.shape.maxPositions) return 'length';
-    return undefined;
-  }
-
-  private finishSeq(seq: Sequence, reason: FinishReason): void {
-    seq.finishReason = reason;
-    this.settle(seq);
-  }
-
-  private settle(seq: Sequence, error?: Error): void {
-    // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
-    this.scheduler.finish(seq, { failed: error !== undefined });
-    const p = this.pending.get(seq);
-    this.pending.delete(seq);
-    if (!p) return;
-    if (error) p.reject(error);
-    else {
-      p.resolve({
-        ids: seq.outputIds, text: this.model.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
-        cachedTokens: seq.cachedPrefix ?? 0,
-      });
-    }
+    return sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
   }
 }

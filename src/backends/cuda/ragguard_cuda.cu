@@ -1,0 +1,1047 @@
+// ragguard's CUDA decoder backend: a Llama/Qwen2 decoder run on a paged KV cache.
+//
+// One device allocation holds the weights (fused q|k|v and gate|up projections), one the KV pool laid
+// out by block ([layer][k|v][block][kv_head][slot][head_dim]), one the activation workspace sized from
+// the largest step (max_batched_tokens tokens, max_seqs sampled rows). Every byte allocated here is
+// counted by the accountant (rg_memory), which the server's guard reads instead of guessing.
+//
+// A step is any mix of prefill chunks and decode tokens, described by one packed int32 array (layout in
+// StepView below) that is copied to the device in one transfer: the kernels read the counts, block
+// tables and slot mapping from device memory, so that a decode step of a batch-size bucket can be
+// captured once as a CUDA graph and replayed with new inputs (one launch a step). A step returns only
+// the sampled token ids (greedy or seeded temperature / top-k / top-p, chosen on the device); logits come
+// back only when asked for (checks).
+//
+// GEMMs go through cuBLAS (fp16/bf16 in, fp32 accumulate) with a workspace set explicitly (required for
+// graph capture, and counted). Everything else is a handful of fused kernels: embedding gather, RMSNorm
+// with the residual add, q/k/v bias + rotary + KV-cache write, paged attention (split over the context
+// for long sequences), SiLU x mul, last-token gather, sampling.
+//
+// The C ABI (extern "C", rg_*) is what src/backends/cuda/binding.ts binds through koffi. Errors: a
+// negative return and rg_last_error() for the message.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cmath>
+#include <string>
+#include <vector>
+#include <unistd.h>
+#include <fcntl.h>
+
+namespace {
+
+thread_local std::string g_error;
+
+int fail(const std::string& msg) {
+  g_error = msg;
+  return -1;
+}
+
+#define CUDA_TRY(expr)                                                                          \
+  do {                                                                                          \
+    cudaError_t e_ = (expr);                                                                    \
+    if (e_ != cudaSuccess) return fail(std::string(#expr) + ": " + cudaGetErrorString(e_));     \
+  } while (0)
+#define CUBLAS_TRY(expr)                                                                        \
+  do {                                                                                          \
+    cublasStatus_t s_ = (expr);                                                                 \
+    if (s_ != CUBLAS_STATUS_SUCCESS) return fail(std::string(#expr) + ": cuBLAS status " + std::to_string((int)s_)); \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------------
+// Element types: the model's dtype is half or bfloat16; all arithmetic in float.
+template <typename T> __device__ __forceinline__ float to_f(T x);
+template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions (blockDim.x a multiple of 32, at most 1024). `red` holds 32 floats.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : 0.f;
+  return warp_sum(v);
+}
+__device__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The step's inputs, as packed by the host (binding.ts packStep): int32 words
+//   [0] T tokens, [1] S sequences, [2] W block-table width, [3] reserved
+//   token_ids[T] positions[T] slots[T] token_seq[T]
+//   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S]
+//   temperature[S] top_p[S] (float32 bit patterns)
+//   block_tables[S * W]
+// Padding rows of a graph bucket have slot -1 and seq_len 0.
+struct StepView {
+  const int* base;
+  __device__ __forceinline__ int T() const { return base[0]; }
+  __device__ __forceinline__ int S() const { return base[1]; }
+  __device__ __forceinline__ int W() const { return base[2]; }
+  __device__ __forceinline__ const int* token_ids() const { return base + 4; }
+  __device__ __forceinline__ const int* positions() const { return base + 4 + T(); }
+  __device__ __forceinline__ const int* slots() const { return base + 4 + 2 * T(); }
+  __device__ __forceinline__ const int* token_seq() const { return base + 4 + 3 * T(); }
+  __device__ __forceinline__ const int* seq_arr(int k) const { return base + 4 + 4 * T() + k * S(); }
+  __device__ __forceinline__ const int* last_token() const { return seq_arr(1); }
+  __device__ __forceinline__ const int* top_k() const { return seq_arr(2); }
+  __device__ __forceinline__ const int* seed_lo() const { return seq_arr(3); }
+  __device__ __forceinline__ const int* seed_hi() const { return seq_arr(4); }
+  __device__ __forceinline__ const int* sample_step() const { return seq_arr(5); }
+  __device__ __forceinline__ const float* temperature() const { return reinterpret_cast<const float*>(seq_arr(6)); }
+  __device__ __forceinline__ const float* top_p() const { return reinterpret_cast<const float*>(seq_arr(7)); }
+  __device__ __forceinline__ const int* block_tables() const { return seq_arr(8); }
+};
+constexpr int kSeqArrays = 8;
+
+size_t step_words(int T, int S, int W) { return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W; }
+
+// ---------------------------------------------------------------------------------------------------
+// Kernels
+
+template <typename T>
+__global__ void embed_kernel(StepView v, const T* __restrict__ emb, T* __restrict__ out, int hidden) {
+  const int t = blockIdx.x;
+  if (t >= v.T()) return;
+  const int id = v.token_ids()[t];
+  const T* row = emb + (size_t)id * hidden;
+  T* dst = out + (size_t)t * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = row[i];
+}
+
+// residual (+)= delta; out = rmsnorm(residual) * w, as transformers computes it: the normalisation in
+// float, rounded to the model's type, then multiplied by the weight. `rows` from the step (all tokens) or
+// explicit (the sampled rows).
+template <typename T>
+__global__ void add_rmsnorm_kernel(StepView v, int rows_fixed, T* __restrict__ residual, const T* __restrict__ delta,
+                                   const T* __restrict__ w, T* __restrict__ out, int hidden, float eps) {
+  __shared__ float red[32];
+  const int t = blockIdx.x;
+  const int rows = rows_fixed >= 0 ? rows_fixed : v.T();
+  if (t >= rows) return;
+  T* r = residual + (size_t)t * hidden;
+  const T* d = delta ? delta + (size_t)t * hidden : nullptr;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float x;
+    if (d) {
+      T s = from_f<T>(to_f(r[i]) + to_f(d[i]));
+      r[i] = s;
+      x = to_f(s);
+    } else {
+      x = to_f(r[i]);
+    }
+    ss += x * x;
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / hidden + eps);
+  T* o = out + (size_t)t * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const T n = from_f<T>(to_f(r[i]) * inv);
+    o[i] = from_f<T>(to_f(n) * to_f(w[i]));
+  }
+}
+
+// Per token: q/k/v bias, rotary embedding on q and k (rotate-half pairs i, i + d/2), k and v into the
+// cache at the token's slot. q is rotated in place in the qkv buffer; padding tokens (slot < 0) skip the
+// cache write.
+template <typename T>
+__global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* __restrict__ bias,
+                                      const float* __restrict__ inv_freq, T* __restrict__ kcache, T* __restrict__ vcache,
+                                      int nh, int nkv, int hd, int block_size) {
+  const int t = blockIdx.x;
+  if (t >= v.T()) return;
+  const int pos = v.positions()[t];
+  const int slot = v.slots()[t];
+  const int width = (nh + 2 * nkv) * hd;
+  T* row = qkv + (size_t)t * width;
+  const int half = hd / 2;
+  // Rotated pairs of q and k heads.
+  for (int i = threadIdx.x; i < (nh + nkv) * half; i += blockDim.x) {
+    const int h = i / half, j = i % half;
+    const int base = h * hd;
+    float x0 = to_f(row[base + j]), x1 = to_f(row[base + j + half]);
+    if (bias) {
+      x0 = to_f(from_f<T>(x0 + to_f(bias[base + j])));
+      x1 = to_f(from_f<T>(x1 + to_f(bias[base + j + half])));
+    }
+    float s, c;
+    sincosf((float)pos * inv_freq[j], &s, &c);
+    const T y0 = from_f<T>(x0 * c - x1 * s);
+    const T y1 = from_f<T>(x1 * c + x0 * s);
+    if (h < nh) {
+      row[base + j] = y0;
+      row[base + j + half] = y1;
+    } else if (slot >= 0) {
+      const int kh = h - nh;
+      const int blk = slot / block_size, off = slot % block_size;
+      T* dst = kcache + (((size_t)blk * nkv + kh) * block_size + off) * hd;
+      dst[j] = y0;
+      dst[j + half] = y1;
+    }
+  }
+  if (slot < 0) return;
+  const int blk = slot / block_size, off = slot % block_size;
+  for (int i = threadIdx.x; i < nkv * hd; i += blockDim.x) {
+    const int kh = i / hd, d = i % hd;
+    const int src = (nh + nkv) * hd + i;
+    float x = to_f(row[src]);
+    if (bias) x += to_f(bias[src]);
+    vcache[(((size_t)blk * nkv + kh) * block_size + off) * hd + d] = from_f<T>(x);
+  }
+}
+
+// Paged attention. One CTA per (query token, kv head, split): the G = nh / nkv query heads that share
+// the kv head attend together to the token's context (positions 0..pos, causal), read from the cache
+// through the sequence's block table in chunks of CHUNK keys staged in shared memory (float, rows padded
+// against bank conflicts). Scores: one thread per (head, key); softmax: online per head, one warp per
+// head; P x V: a lane per output dimension. With splits > 1 each CTA takes a share of the chunks and
+// writes its partial max, sum and accumulator for attn_combine.
+constexpr int CHUNK = 32;
+constexpr int ATTN_THREADS = 128;
+constexpr int MAX_HD = 256;
+constexpr int MAX_G = 16;
+
+template <typename T>
+__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
+    StepView v, const T* __restrict__ qkv, const T* __restrict__ kcache, const T* __restrict__ vcache,
+    T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+    int nh, int nkv, int hd, int block_size, float scale, int splits) {
+  extern __shared__ float smem[];
+  const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+  if (t >= v.T()) return;
+  const int G = nh / nkv;
+  const int seq = v.token_seq()[t];
+  const int slot = v.slots()[t];
+  const int L = slot < 0 ? 0 : v.positions()[t] + 1;  // context incl. itself
+  const int W = v.W();
+  const int* table = v.block_tables() + (size_t)seq * W;
+  const int ldk = hd + 1;
+  float* q_s = smem;                         // [G][hd]
+  float* k_s = q_s + G * hd;                 // [CHUNK][hd+1]
+  float* v_s = k_s + CHUNK * ldk;            // [CHUNK][hd+1]
+  float* p_s = v_s + CHUNK * ldk;            // [G][CHUNK]
+  const int width = (nh + 2 * nkv) * hd;
+  const T* qrow = qkv + (size_t)t * width + (size_t)kh * G * hd;
+  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = to_f(qrow[i]) * scale;
+
+  const int nchunks = (L + CHUNK - 1) / CHUNK;
+  const int per = (nchunks + splits - 1) / splits;
+  const int c0 = split * per, c1 = min(nchunks, c0 + per);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int NW = ATTN_THREADS / 32;
+  constexpr int DPL = MAX_HD / 32;       // dims per lane, at most
+  constexpr int HPW = MAX_G / NW;        // heads per warp, at most
+  float m[HPW], l[HPW], acc[HPW][DPL];
+#pragma unroll
+  for (int a = 0; a < HPW; ++a) {
+    m[a] = -INFINITY;
+    l[a] = 0.f;
+#pragma unroll
+    for (int b = 0; b < DPL; ++b) acc[a][b] = 0.f;
+  }
+  const size_t head_stride = (size_t)block_size * hd;
+  for (int c = c0; c < c1; ++c) {
+    const int k0 = c * CHUNK;
+    const int n = min(CHUNK, L - k0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+      const int k = i / hd, d = i % hd;
+      const int pos = k0 + k;
+      const int blk = table[pos / block_size];
+      const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+      k_s[k * ldk + d] = to_f(kcache[off]);
+      v_s[k * ldk + d] = to_f(vcache[off]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * CHUNK; i += blockDim.x) {
+      const int h = i / CHUNK, k = i % CHUNK;
+      float s = -INFINITY;
+      if (k < n) {
+        s = 0.f;
+        const float* qh = q_s + h * hd;
+        const float* kr = k_s + k * ldk;
+        for (int d = 0; d < hd; ++d) s += qh[d] * kr[d];
+      }
+      p_s[i] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < HPW; ++a) {
+      const int h = warp + a * NW;
+      if (h >= G) break;
+      float s = p_s[h * CHUNK + lane];  // CHUNK == 32: a key per lane
+      const float cmax = warp_max(s);
+      const float mnew = fmaxf(m[a], cmax);
+      const float corr = m[a] == -INFINITY ? 0.f : __expf(m[a] - mnew);
+      const float p = s == -INFINITY ? 0.f : __expf(s - mnew);
+      l[a] = l[a] * corr + warp_sum(p);
+      m[a] = mnew;
+#pragma unroll
+      for (int b = 0; b < DPL; ++b) acc[a][b] *= corr;
+      for (int k = 0; k < n; ++k) {
+        const float pk = __shfl_sync(0xffffffffu, p, k);
+        const float* vr = v_s + k * ldk;
+#pragma unroll
+        for (int b = 0; b < DPL; ++b) {
+          const int d = lane + 32 * b;
+          if (d < hd) acc[a][b] += pk * vr[d];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < HPW; ++a) {
+    const int h = warp + a * NW;
+    if (h >= G) break;
+    const int qh = kh * G + h;
+    if (splits == 1) {
+      const float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
+      T* o = out + (size_t)t * nh * hd + (size_t)qh * hd;
+#pragma unroll
+      for (int b = 0; b < DPL; ++b) {
+        const int d = lane + 32 * b;
+        if (d < hd) o[d] = from_f<T>(acc[a][b] * inv);
+      }
+    } else {
+      const size_t pi = ((size_t)t * nh + qh) * splits + split;
+      float* pa = part_acc + pi * hd;
+#pragma unroll
+      for (int b = 0; b < DPL; ++b) {
+        const int d = lane + 32 * b;
+        if (d < hd) pa[d] = acc[a][b];
+      }
+      if (lane == 0) {
+        part_ml[pi * 2] = m[a];
+        part_ml[pi * 2 + 1] = l[a];
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void attn_combine_kernel(StepView v, const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                    T* __restrict__ out, int nh, int hd, int splits) {
+  const int t = blockIdx.x, qh = blockIdx.y;
+  if (t >= v.T()) return;
+  const size_t base = ((size_t)t * nh + qh) * splits;
+  float mmax = -INFINITY;
+  for (int s = 0; s < splits; ++s) mmax = fmaxf(mmax, part_ml[(base + s) * 2]);
+  float lsum = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = part_ml[(base + s) * 2];
+    if (ms != -INFINITY) lsum += part_ml[(base + s) * 2 + 1] * __expf(ms - mmax);
+  }
+  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = part_ml[(base + s) * 2];
+      if (ms != -INFINITY) a += part_acc[(base + s) * hd + d] * __expf(ms - mmax);
+    }
+    out[(size_t)t * nh * hd + (size_t)qh * hd + d] = from_f<T>(a * inv);
+  }
+}
+
+// gate|up [T, 2I] -> silu(gate) * up [T, I], rounded as transformers rounds (act, then the product).
+template <typename T>
+__global__ void silu_mul_kernel(StepView v, const T* __restrict__ gu, T* __restrict__ out, int inter) {
+  const int t = blockIdx.y;
+  if (t >= v.T()) return;
+  const T* g = gu + (size_t)t * 2 * inter;
+  const T* u = g + inter;
+  T* o = out + (size_t)t * inter;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < inter; i += gridDim.x * blockDim.x) {
+    const float x = to_f(g[i]);
+    const float a = to_f(from_f<T>(x / (1.f + __expf(-x))));
+    o[i] = from_f<T>(a * to_f(u[i]));
+  }
+}
+
+// The last token of each sequence (the one whose next token is sampled) gathered into [S, hidden].
+template <typename T>
+__global__ void gather_last_kernel(StepView v, const T* __restrict__ src, T* __restrict__ dst, int hidden) {
+  const int s = blockIdx.x;
+  if (s >= v.S()) return;
+  const int t = v.last_token()[s];
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[(size_t)s * hidden + i] = src[(size_t)t * hidden + i];
+}
+
+// Counter-based randomness (SplitMix64 of seed, step and token): the same seed and output position give
+// the same draw, in any batch and after preemption.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float gumbel(uint64_t seed, int step, int token) {
+  const uint64_t r = mix64(seed ^ mix64(((uint64_t)(uint32_t)step << 32) | (uint32_t)token));
+  const float u = ((float)(r >> 40) + 0.5f) * (1.0f / 16777216.0f);  // (0, 1)
+  return -__logf(-__logf(u));
+}
+
+// One CTA per sampled row. Temperature 0: argmax (lowest index on ties). Otherwise the logits are
+// divided by the temperature, the top-k and top-p sets are cut by bisection on a threshold (a pass over
+// the vocabulary per step: no sort), and the token is drawn by the Gumbel-max trick from the kept set,
+// which is an exact draw from the renormalised distribution.
+constexpr int SAMPLE_THREADS = 1024;
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, const float* __restrict__ logits, int vocab,
+                                                             int* __restrict__ out_tokens) {
+  __shared__ float red[32];
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  const int s = blockIdx.x;
+  if (s >= v.S()) return;
+  const float* x = logits + (size_t)s * vocab;
+  const float temp = v.temperature()[s];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto argmax_of = [&](auto score) -> int {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float sc = score(i);
+      if (sc > bv || (sc == bv && i < bi)) { bv = sc; bi = i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    __syncthreads();
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+      const int nw = blockDim.x >> 5;
+      bv = lane < nw ? best_v[lane] : -INFINITY;
+      bi = lane < nw ? best_i[lane] : 0x7fffffff;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+      }
+      if (lane == 0) best_i[0] = bi;
+    }
+    __syncthreads();
+    return best_i[0];
+  };
+  if (!(temp > 0.f)) {
+    const int tok = argmax_of([&](int i) { return x[i]; });
+    if (threadIdx.x == 0) out_tokens[s] = tok;
+    return;
+  }
+  const float invt = 1.f / temp;
+  float mx = -INFINITY, mn = INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float y = x[i] * invt;
+    mx = fmaxf(mx, y);
+    mn = fminf(mn, y);
+  }
+  mx = block_max(mx, red);
+  mn = -block_max(-mn, red);
+  float thr = -INFINITY;
+  const int k = v.top_k()[s];
+  if (k > 0 && k < vocab) {
+    // Largest threshold with at least k logits at or above it.
+    float lo = mn, hi = mx;
+    for (int it = 0; it < 32; ++it) {
+      const float mid = 0.5f * (lo + hi);
+      float c = 0.f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += (x[i] * invt >= mid) ? 1.f : 0.f;
+      c = block_sum(c, red);
+      if (c >= (float)k) lo = mid; else hi = mid;
+    }
+    thr = lo;
+  }
+  const float p = v.top_p()[s];
+  if (p > 0.f && p < 1.f) {
+    float z = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float y = x[i] * invt;
+      if (y >= thr) z += __expf(y - mx);
+    }
+    z = block_sum(z, red);
+    // Largest threshold whose kept mass is still at least p (the smallest nucleus).
+    float lo = fmaxf(thr, mn), hi = mx;
+    for (int it = 0; it < 32; ++it) {
+      const float mid = 0.5f * (lo + hi);
+      float mass = 0.f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float y = x[i] * invt;
+        if (y >= mid) mass += __expf(y - mx);
+      }
+      mass = block_sum(mass, red);
+      if (mass >= p * z) lo = mid; else hi = mid;
+    }
+    thr = fmaxf(thr, lo);
+  }
+  const uint64_t seed = ((uint64_t)(uint32_t)v.seed_hi()[s] << 32) | (uint32_t)v.seed_lo()[s];
+  const int step = v.sample_step()[s];
+  const int tok = argmax_of([&](int i) {
+    const float y = x[i] * invt;
+    return y >= thr ? y + gumbel(seed, step, i) : -INFINITY;
+  });
+  if (threadIdx.x == 0) out_tokens[s] = tok;
+}
+
+template <typename T>
+__global__ void convert_kernel(const void* __restrict__ src, int src_dtype, T* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    float x;
+    if (src_dtype == 0) x = reinterpret_cast<const float*>(src)[i];
+    else if (src_dtype == 1) x = __half2float(reinterpret_cast<const __half*>(src)[i]);
+    else x = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[i]);
+    dst[i] = from_f<T>(x);
+  }
+}
+
+// Copy-on-write: whole blocks (every layer, k and v, every kv head) from src[i] to dst[i].
+__global__ void copy_blocks_kernel(uint16_t* __restrict__ pool, const int* __restrict__ pairs, int n, size_t block_elems,
+                                   size_t plane_elems, int planes) {
+  const int i = blockIdx.x, plane = blockIdx.y;
+  if (i >= n || plane >= planes) return;
+  const size_t src = plane * plane_elems + (size_t)pairs[2 * i] * block_elems;
+  const size_t dst = plane * plane_elems + (size_t)pairs[2 * i + 1] * block_elems;
+  for (size_t e = threadIdx.x; e < block_elems; e += blockDim.x) pool[dst + e] = pool[src + e];
+}
+
+}  // namespace
+
+// =====================================================================================================
+// The C ABI
+
+extern "C" {
+
+struct rg_config {
+  int32_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, vocab;
+  int32_t dtype;            // 0 float16, 1 bfloat16
+  int32_t tie_embeddings;   // lm_head is the embedding matrix
+  int32_t qkv_bias;         // q/k/v projections carry biases (Qwen2)
+  float rms_eps;
+  int32_t num_blocks, block_size;
+  int32_t max_batched_tokens, max_seqs, max_blocks_per_seq;
+  int64_t cublas_workspace_bytes;
+  int32_t device;
+  int32_t graph_max_batch;  // decode steps of up to this many rows replay CUDA graphs (0: none)
+};
+
+struct rg_memory {
+  int64_t weights, kv_pool, workspace, cublas_workspace, graphs, host_pinned, total;
+  int64_t device_free, device_total;
+};
+
+// Weight kinds, as rg_load_tensor takes them.
+enum { W_EMBED = 0, W_LM_HEAD, W_FINAL_NORM, W_INPUT_NORM, W_QKV, W_QKV_BIAS, W_O, W_POST_NORM, W_GATE_UP, W_DOWN };
+
+}  // extern "C"
+
+namespace {
+
+struct Graph {
+  int batch = 0;
+  int splits = 1;
+  cudaGraphExec_t exec = nullptr;
+};
+
+struct Engine {
+  rg_config cfg{};
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* cublas_ws = nullptr;
+  // Weights: one allocation, carved.
+  char* wbase = nullptr;
+  size_t wbytes = 0;
+  void* embed = nullptr;
+  void* lm_head = nullptr;
+  void* final_norm = nullptr;
+  struct Layer { void *in_norm, *qkv, *qkv_b, *o, *post_norm, *gate_up, *down; };
+  std::vector<Layer> layers;
+  float* inv_freq = nullptr;
+  // KV pool: one allocation [layer][k|v][block][kv_head][slot][head_dim].
+  char* kv = nullptr;
+  size_t kv_bytes = 0;
+  // Workspace.
+  char* ws = nullptr;
+  size_t ws_bytes = 0;
+  int* d_step = nullptr;
+  size_t step_cap_words = 0;
+  void *resid, *normed, *qkvbuf, *attn, *delta, *gu, *act, *last;
+  float* logits = nullptr;
+  float* part_acc = nullptr;
+  float* part_ml = nullptr;
+  int max_splits = 1;
+  int* d_tokens = nullptr;
+  int* d_pairs = nullptr;
+  // Host pinned staging.
+  int* h_step = nullptr;
+  int* h_tokens = nullptr;
+  size_t pinned_bytes = 0;
+  // Graphs by batch bucket.
+  std::vector<Graph> graphs;
+  size_t graph_bytes = 0;
+  bool capturing = false;
+  size_t elt() const { return 2; }
+  size_t kv_plane_elems() const { return (size_t)cfg.num_blocks * cfg.num_kv_heads * cfg.block_size * cfg.head_dim; }
+  void* kplane(int layer) const { return kv + (size_t)(2 * layer) * kv_plane_elems() * elt(); }
+  void* vplane(int layer) const { return kv + (size_t)(2 * layer + 1) * kv_plane_elems() * elt(); }
+  int qkv_width() const { return (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim; }
+};
+
+size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Sizes of each weight kind in elements.
+size_t weight_elems(const rg_config& c, int kind) {
+  const size_t H = c.hidden, q = (size_t)c.num_heads * c.head_dim, kvw = (size_t)c.num_kv_heads * c.head_dim;
+  switch (kind) {
+    case W_EMBED: case W_LM_HEAD: return (size_t)c.vocab * H;
+    case W_FINAL_NORM: case W_INPUT_NORM: case W_POST_NORM: return H;
+    case W_QKV: return (q + 2 * kvw) * H;
+    case W_QKV_BIAS: return q + 2 * kvw;
+    case W_O: return H * q;
+    case W_GATE_UP: return 2 * (size_t)c.intermediate * H;
+    case W_DOWN: return H * c.intermediate;
+  }
+  return 0;
+}
+
+cudaDataType_t cuda_type(const rg_config& c) { return c.dtype == 1 ? CUDA_R_16BF : CUDA_R_16F; }
+
+// Y[rows, n] = X[rows, k] . W[n, k]^T (row-major), fp32 accumulate.
+int gemm(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
+  const float alpha = 1.f, beta = 0.f;
+  const cudaDataType_t t = cuda_type(e.cfg);
+  CUBLAS_TRY(cublasGemmEx(e.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, W, t, k, X, t, k, &beta, Y, ytype, n,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return 0;
+}
+
+// Context splits for a decode of `rows` sequences: enough CTAs to fill the GPU's multiprocessors.
+int decode_splits(const Engine& e, int rows) {
+  int sms = 132;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, e.cfg.device);
+  const int ctas = rows * e.cfg.num_kv_heads;
+  int s = (2 * sms + ctas - 1) / ctas;
+  return s < 1 ? 1 : (s > e.max_splits ? e.max_splits : s);
+}
+
+template <typename T>
+int forward(Engine& e, int tokens, int seqs, int splits) {
+  const rg_config& c = e.cfg;
+  StepView v{e.d_step};
+  const int H = c.hidden, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, I = c.intermediate;
+  const int qw = e.qkv_width();
+  const cudaDataType_t t = cuda_type(c);
+  cudaStream_t st = e.stream;
+  const int nthr = 256;
+  embed_kernel<T><<<tokens, nthr, 0, st>>>(v, (const T*)e.embed, (T*)e.resid, H);
+  const int G = nh / nkv;
+  const size_t attn_smem = ((size_t)G * hd + 2 * (size_t)CHUNK * (hd + 1) + (size_t)G * CHUNK) * sizeof(float);
+  const float scale = 1.f / sqrtf((float)hd);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Engine::Layer& L = e.layers[l];
+    add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, l == 0 ? nullptr : (const T*)e.delta,
+                                                   (const T*)L.in_norm, (T*)e.normed, H, c.rms_eps);
+    if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
+    qkv_rope_cache_kernel<T><<<tokens, 128, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
+                                                      (T*)e.vplane(l), nh, nkv, hd, c.block_size);
+    attention_kernel<T><<<dim3(tokens, nkv, splits), ATTN_THREADS, attn_smem, st>>>(
+        v, (const T*)e.qkvbuf, (const T*)e.kplane(l), (const T*)e.vplane(l), (T*)e.attn, e.part_acc, e.part_ml, nh, nkv,
+        hd, c.block_size, scale, splits);
+    if (splits > 1) attn_combine_kernel<T><<<dim3(tokens, nh), 64, 0, st>>>(v, e.part_acc, e.part_ml, (T*)e.attn, nh, hd, splits);
+    if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
+    add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)L.post_norm,
+                                                   (T*)e.normed, H, c.rms_eps);
+    if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
+    silu_mul_kernel<T><<<dim3((I + nthr - 1) / nthr < 8 ? (I + nthr - 1) / nthr : 8, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
+    if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
+  }
+  // Only the sampled rows go through the final norm and the head.
+  add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)e.final_norm,
+                                                 (T*)e.normed, H, c.rms_eps);
+  gather_last_kernel<T><<<seqs, nthr, 0, st>>>(v, (const T*)e.normed, (T*)e.last, H);
+  if (gemm(e, e.last, e.lm_head, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
+  sample_kernel<<<seqs, SAMPLE_THREADS, 0, st>>>(v, e.logits, c.vocab, e.d_tokens);
+  CUDA_TRY(cudaGetLastError());
+  return 0;
+}
+
+int run_forward(Engine& e, int tokens, int seqs, int splits) {
+  return e.cfg.dtype == 1 ? forward<__nv_bfloat16>(e, tokens, seqs, splits) : forward<__half>(e, tokens, seqs, splits);
+}
+
+int attn_smem_opt_in(Engine& e) {
+  const int G = e.cfg.num_heads / e.cfg.num_kv_heads, hd = e.cfg.head_dim;
+  const int bytes = (int)(((size_t)G * hd + 2 * (size_t)CHUNK * (hd + 1) + (size_t)G * CHUNK) * sizeof(float));
+  if (e.cfg.dtype == 1) {
+    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  } else {
+    CUDA_TRY(cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* rg_last_error() { return g_error.c_str(); }
+
+int rg_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    g_error = "no CUDA device";
+    return 0;
+  }
+  return n;
+}
+
+// Sizes, in bytes, of what rg_create allocates for a config, without allocating: the guard's figures.
+// out[0] weights, [1] kv pool, [2] workspace, [3] cublas workspace, [4] pinned host.
+int rg_plan(const rg_config* c, int64_t* out);
+
+void* rg_create(const rg_config* cfg) {
+  auto* e = new Engine();
+  e->cfg = *cfg;
+  const rg_config& c = e->cfg;
+  auto bail = [&](const std::string& m) -> void* {
+    g_error = m;
+    // Frees what was made (cudaFree of null is a no-op).
+    cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
+    cudaFreeHost(e->h_step);
+    if (e->blas) cublasDestroy(e->blas);
+    if (e->stream) cudaStreamDestroy(e->stream);
+    delete e;
+    return nullptr;
+  };
+  if (c.num_heads % c.num_kv_heads != 0) return bail("num_heads must be a multiple of num_kv_heads");
+  if (c.num_heads / c.num_kv_heads > MAX_G) return bail("more than 16 query heads per kv head");
+  if (c.head_dim > MAX_HD || c.head_dim % 2) return bail("head_dim must be even and at most 256");
+  if (cudaSetDevice(c.device) != cudaSuccess) return bail("cudaSetDevice failed: no CUDA device?");
+  if (cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking) != cudaSuccess) return bail("stream create failed");
+  if (cublasCreate(&e->blas) != CUBLAS_STATUS_SUCCESS) return bail("cublasCreate failed");
+  cublasSetStream(e->blas, e->stream);
+  if (cudaMalloc(&e->cublas_ws, c.cublas_workspace_bytes) != cudaSuccess) return bail("cuBLAS workspace allocation failed");
+  if (cublasSetWorkspace(e->blas, e->cublas_ws, c.cublas_workspace_bytes) != CUBLAS_STATUS_SUCCESS) return bail("cublasSetWorkspace failed");
+  cublasSetMathMode(e->blas, CUBLAS_DEFAULT_MATH);
+  int64_t plan[5];
+  rg_plan(&c, plan);
+  // Weights.
+  e->wbytes = (size_t)plan[0];
+  if (cudaMalloc(&e->wbase, e->wbytes) != cudaSuccess) return bail("weights allocation failed (" + std::to_string(e->wbytes) + " bytes)");
+  {
+    char* p = e->wbase;
+    auto take = [&](int kind) { void* r = p; p += align256(weight_elems(c, kind) * 2); return r; };
+    e->embed = take(W_EMBED);
+    e->lm_head = c.tie_embeddings ? e->embed : take(W_LM_HEAD);
+    e->final_norm = take(W_FINAL_NORM);
+    e->layers.resize(c.num_layers);
+    for (auto& L : e->layers) {
+      L.in_norm = take(W_INPUT_NORM);
+      L.qkv = take(W_QKV);
+      L.qkv_b = c.qkv_bias ? take(W_QKV_BIAS) : nullptr;
+      L.o = take(W_O);
+      L.post_norm = take(W_POST_NORM);
+      L.gate_up = take(W_GATE_UP);
+      L.down = take(W_DOWN);
+    }
+  }
+  if (cudaMalloc(&e->inv_freq, c.head_dim / 2 * sizeof(float)) != cudaSuccess) return bail("rotary table allocation failed");
+  // KV pool.
+  e->kv_bytes = (size_t)plan[1];
+  if (cudaMalloc(&e->kv, e->kv_bytes) != cudaSuccess) return bail("KV pool allocation failed (" + std::to_string(e->kv_bytes) + " bytes)");
+  cudaMemset(e->kv, 0, e->kv_bytes);
+  // Workspace, carved as rg_plan sized it.
+  e->ws_bytes = (size_t)plan[2];
+  if (cudaMalloc(&e->ws, e->ws_bytes) != cudaSuccess) return bail("workspace allocation failed");
+  {
+    const size_t Tm = c.max_batched_tokens, Sm = c.max_seqs;
+    e->max_splits = 16;
+    char* p = e->ws;
+    auto take = [&](size_t bytes) { void* r = p; p += align256(bytes); return r; };
+    e->step_cap_words = step_words((int)Tm, (int)Sm, c.max_blocks_per_seq);
+    e->d_step = (int*)take(e->step_cap_words * 4);
+    e->resid = take(Tm * c.hidden * 2);
+    e->normed = take(Tm * c.hidden * 2);
+    e->qkvbuf = take(Tm * e->qkv_width() * 2);
+    e->attn = take(Tm * c.num_heads * c.head_dim * 2);
+    e->delta = take(Tm * c.hidden * 2);
+    e->gu = take(Tm * 2 * c.intermediate * 2);
+    e->act = take(Tm * c.intermediate * 2);
+    e->last = take(Sm * c.hidden * 2);
+    e->logits = (float*)take(Sm * c.vocab * 4);
+    e->part_acc = (float*)take(Sm * c.num_heads * e->max_splits * c.head_dim * 4);
+    e->part_ml = (float*)take(Sm * c.num_heads * e->max_splits * 2 * 4);
+    e->d_tokens = (int*)take(Sm * 4);
+    e->d_pairs = (int*)take(2 * (size_t)c.num_blocks * 4);
+  }
+  e->pinned_bytes = (size_t)plan[4];
+  if (cudaMallocHost(&e->h_step, e->pinned_bytes) != cudaSuccess) return bail("pinned staging allocation failed");
+  e->h_tokens = e->h_step + e->step_cap_words;
+  if (attn_smem_opt_in(*e)) return bail(g_error);
+  return e;
+}
+
+int rg_plan(const rg_config* cp, int64_t* out) {
+  const rg_config& c = *cp;
+  size_t w = 0;
+  w += align256(weight_elems(c, W_EMBED) * 2);
+  if (!c.tie_embeddings) w += align256(weight_elems(c, W_LM_HEAD) * 2);
+  w += align256(weight_elems(c, W_FINAL_NORM) * 2);
+  size_t per = align256(weight_elems(c, W_INPUT_NORM) * 2) + align256(weight_elems(c, W_QKV) * 2) +
+               (c.qkv_bias ? align256(weight_elems(c, W_QKV_BIAS) * 2) : 0) + align256(weight_elems(c, W_O) * 2) +
+               align256(weight_elems(c, W_POST_NORM) * 2) + align256(weight_elems(c, W_GATE_UP) * 2) +
+               align256(weight_elems(c, W_DOWN) * 2);
+  w += per * c.num_layers;
+  const size_t kv = (size_t)c.num_layers * 2 * c.num_blocks * c.num_kv_heads * c.block_size * c.head_dim * 2;
+  const size_t Tm = c.max_batched_tokens, Sm = c.max_seqs;
+  const size_t qw = (size_t)(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  const int splits = 16;
+  size_t ws = align256(step_words((int)Tm, (int)Sm, c.max_blocks_per_seq) * 4) + align256(Tm * c.hidden * 2) * 3 +
+              align256(Tm * qw * 2) + align256(Tm * c.num_heads * c.head_dim * 2) + align256(Tm * 2 * c.intermediate * 2) +
+              align256(Tm * c.intermediate * 2) + align256(Sm * c.hidden * 2) + align256(Sm * c.vocab * 4) +
+              align256(Sm * c.num_heads * splits * c.head_dim * 4) + align256(Sm * c.num_heads * splits * 2 * 4) +
+              align256(Sm * 4) + align256(2 * (size_t)c.num_blocks * 4);
+  out[0] = (int64_t)w;
+  out[1] = (int64_t)kv;
+  out[2] = (int64_t)ws;
+  out[3] = c.cublas_workspace_bytes;
+  out[4] = (int64_t)((step_words((int)Tm, (int)Sm, c.max_blocks_per_seq) + Sm) * 4);
+  return 0;
+}
+
+void rg_destroy(void* h) {
+  auto* e = static_cast<Engine*>(h);
+  if (!e) return;
+  cudaStreamSynchronize(e->stream);
+  for (auto& g : e->graphs) if (g.exec) cudaGraphExecDestroy(g.exec);
+  cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
+  cudaFreeHost(e->h_step);
+  cublasDestroy(e->blas);
+  cudaStreamDestroy(e->stream);
+  delete e;
+}
+
+// The rotary inverse frequencies (head_dim / 2 floats), computed by the host from the config's
+// rope_theta and rope scaling.
+int rg_set_rope(void* h, const float* inv_freq) {
+  auto* e = static_cast<Engine*>(h);
+  CUDA_TRY(cudaMemcpy(e->inv_freq, inv_freq, e->cfg.head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
+  return 0;
+}
+
+// Loads `count` elements of one tensor from a file (bytes at `file_offset`, of src_dtype 0 f32, 1 f16,
+// 2 bf16) into weight `kind` of `layer` at element offset `dst_offset`, converting to the model's dtype.
+int rg_load_tensor(void* h, int kind, int layer, int64_t dst_offset, const char* path, int64_t file_offset,
+                   int64_t count, int src_dtype) {
+  auto* e = static_cast<Engine*>(h);
+  const rg_config& c = e->cfg;
+  void* base = nullptr;
+  switch (kind) {
+    case W_EMBED: base = e->embed; break;
+    case W_LM_HEAD: base = e->lm_head; break;
+    case W_FINAL_NORM: base = e->final_norm; break;
+    default: {
+      if (layer < 0 || layer >= c.num_layers) return fail("layer out of range");
+      const Engine::Layer& L = e->layers[layer];
+      void* ptrs[] = {nullptr, nullptr, nullptr, L.in_norm, L.qkv, L.qkv_b, L.o, L.post_norm, L.gate_up, L.down};
+      if (kind < 0 || kind > W_DOWN) return fail("unknown weight kind");
+      base = ptrs[kind];
+    }
+  }
+  if (!base) return fail("this model has no such weight (kind " + std::to_string(kind) + ")");
+  if (kind == W_LM_HEAD && c.tie_embeddings) return fail("lm_head is tied to the embeddings");
+  if (dst_offset < 0 || (size_t)(dst_offset + count) > weight_elems(c, kind)) return fail("tensor does not fit its weight");
+  const size_t src_elt = src_dtype == 0 ? 4 : 2;
+  const size_t bytes = (size_t)count * src_elt;
+  const int fd = open(path, O_RDONLY);
+  if (fd < 0) return fail(std::string("cannot open ") + path);
+  // Staged through a bounded pinned buffer and a device scratch, so a 7B shard does not need its size twice.
+  const size_t chunk = 64ull << 20;
+  void* hbuf = nullptr;
+  void* dbuf = nullptr;
+  if (cudaMallocHost(&hbuf, chunk) != cudaSuccess || cudaMalloc(&dbuf, chunk) != cudaSuccess) {
+    close(fd);
+    cudaFreeHost(hbuf);
+    return fail("staging allocation failed");
+  }
+  int rc = 0;
+  const bool same = (src_dtype == 1 && c.dtype == 0) || (src_dtype == 2 && c.dtype == 1);
+  char* dst = static_cast<char*>(base) + dst_offset * 2;
+  for (size_t done = 0; done < bytes && rc == 0;) {
+    const size_t n = bytes - done < chunk ? bytes - done : chunk;
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = pread(fd, static_cast<char*>(hbuf) + got, n - got, file_offset + done + got);
+      if (r <= 0) { rc = fail(std::string("short read from ") + path); break; }
+      got += (size_t)r;
+    }
+    if (rc) break;
+    const size_t elems = n / src_elt;
+    if (same) {
+      if (cudaMemcpy(dst + done, hbuf, n, cudaMemcpyHostToDevice) != cudaSuccess) rc = fail("weight upload failed");
+    } else {
+      if (cudaMemcpy(dbuf, hbuf, n, cudaMemcpyHostToDevice) != cudaSuccess) { rc = fail("weight upload failed"); break; }
+      void* out = dst + (done / src_elt) * 2;
+      if (c.dtype == 1) convert_kernel<__nv_bfloat16><<<1024, 256>>>(dbuf, src_dtype, (__nv_bfloat16*)out, elems);
+      else convert_kernel<__half><<<1024, 256>>>(dbuf, src_dtype, (__half*)out, elems);
+      if (cudaDeviceSynchronize() != cudaSuccess) rc = fail("weight conversion failed");
+    }
+    done += n;
+  }
+  close(fd);
+  cudaFreeHost(hbuf);
+  cudaFree(dbuf);
+  return rc;
+}
+
+// Builds the CUDA graphs of decode steps for batch buckets (ascending, each at most max_seqs and
+// graph_max_batch). The inputs they read live at fixed device addresses; a capture runs the step with
+// `bucket` padding rows (no cache writes). Returns the graphs' device bytes (cudaMemGetInfo delta).
+int rg_capture_graphs(void* h, const int32_t* buckets, int n) {
+  auto* e = static_cast<Engine*>(h);
+  size_t free0 = 0, total = 0;
+  CUDA_TRY(cudaStreamSynchronize(e->stream));
+  CUDA_TRY(cudaMemGetInfo(&free0, &total));
+  for (int i = 0; i < n; ++i) {
+    const int b = buckets[i];
+    if (b <= 0 || b > e->cfg.max_seqs || b > e->cfg.max_batched_tokens) return fail("graph bucket out of range");
+    // A padding step: b tokens, b sequences, every slot -1 (nothing written), seq_len 0.
+    int* w = e->h_step;
+    const int W = 1;
+    std::memset(w, 0, step_words(b, b, W) * 4);
+    w[0] = b; w[1] = b; w[2] = W;
+    int* slots = w + 4 + 2 * b;
+    int* tseq = w + 4 + 3 * b;
+    int* last = w + 4 + 4 * b + b;
+    for (int r = 0; r < b; ++r) { slots[r] = -1; tseq[r] = r; last[r] = r; }
+    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W) * 4, cudaMemcpyHostToDevice, e->stream));
+    Graph g;
+    g.batch = b;
+    g.splits = decode_splits(*e, b);
+    // Warm run outside capture (cuBLAS picks and caches its kernels), then capture.
+    if (run_forward(*e, b, b, g.splits)) return -1;
+    CUDA_TRY(cudaStreamSynchronize(e->stream));
+    cudaGraph_t graph;
+    CUDA_TRY(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+    const int rc = run_forward(*e, b, b, g.splits);
+    const cudaError_t end = cudaStreamEndCapture(e->stream, &graph);
+    if (rc) return -1;
+    if (end != cudaSuccess) return fail(std::string("graph capture failed: ") + cudaGetErrorString(end));
+    CUDA_TRY(cudaGraphInstantiate(&g.exec, graph, 0));
+    cudaGraphDestroy(graph);
+    CUDA_TRY(cudaGraphUpload(g.exec, e->stream));
+    e->graphs.push_back(g);
+  }
+  CUDA_TRY(cudaStreamSynchronize(e->stream));
+  size_t free1 = 0;
+  CUDA_TRY(cudaMemGetInfo(&free1, &total));
+  e->graph_bytes += free0 > free1 ? free0 - free1 : 0;
+  return (int)(e->graph_bytes >> 20);
+}
+
+// One step. `words` is the packed input (StepView's layout) of T tokens and S sequences. When every
+// sequence feeds one token and a graph's bucket holds S, the step is padded to the bucket and the graph
+// replays; otherwise the kernels are launched directly. Writes S token ids; logits [S, vocab] too when
+// `logits_out` is not null. Synchronous: returns once the ids are on the host.
+int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, float* logits_out) {
+  auto* e = static_cast<Engine*>(h);
+  const int T = words[0], S = words[1], W = words[2];
+  if ((size_t)nwords != step_words(T, S, W)) return fail("packed step has the wrong size");
+  if (T <= 0 || T > e->cfg.max_batched_tokens || S <= 0 || S > e->cfg.max_seqs || S > T) return fail("step exceeds the configured limits");
+  if (W > e->cfg.max_blocks_per_seq) return fail("block table wider than max_blocks_per_seq");
+  const Graph* g = nullptr;
+  if (T == S) for (const auto& c : e->graphs) if (c.batch >= S) { g = &c; break; }
+  if (g && g->batch != S) {
+    // Pad to the bucket: rows S..b-1 write nothing and attend to nothing.
+    const int b = g->batch;
+    int* w = e->h_step;
+    w[0] = b; w[1] = b; w[2] = W; w[3] = 0;
+    const int* src = words + 4;
+    int* dst = w + 4;
+    for (int a = 0; a < 4; ++a) {  // token arrays
+      std::memcpy(dst, src, T * 4);
+      for (int r = T; r < b; ++r) dst[r] = a == 2 ? -1 : (a == 3 ? r : 0);
+      src += T; dst += b;
+    }
+    for (int a = 0; a < kSeqArrays; ++a) {
+      std::memcpy(dst, src, S * 4);
+      for (int r = S; r < b; ++r) dst[r] = a == 1 ? r : 0;
+      src += S; dst += b;
+    }
+    std::memcpy(dst, src, (size_t)S * W * 4);
+    std::memset(dst + (size_t)S * W, 0, (size_t)(b - S) * W * 4);
+    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W) * 4, cudaMemcpyHostToDevice, e->stream));
+  } else {
+    std::memcpy(e->h_step, words, (size_t)nwords * 4);
+    CUDA_TRY(cudaMemcpyAsync(e->d_step, e->h_step, (size_t)nwords * 4, cudaMemcpyHostToDevice, e->stream));
+  }
+  if (g) {
+    CUDA_TRY(cudaGraphLaunch(g->exec, e->stream));
+  } else {
+    const int splits = T == S ? decode_splits(*e, S) : 1;
+    if (run_forward(*e, T, S, splits)) return -1;
+  }
+  CUDA_TRY(cudaMemcpyAsync(e->h_tokens, e->d_tokens, S * 4, cudaMemcpyDeviceToHost, e->stream));
+  if (logits_out) CUDA_TRY(cudaMemcpyAsync(logits_out, e->logits, (size_t)S * e->cfg.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
+  CUDA_TRY(cudaStreamSynchronize(e->stream));
+  std::memcpy(tokens_out, e->h_tokens, S * 4);
+  return 0;
+}
+
+// Copy-on-write: blocks src[i] -> dst[i] (pairs flattened), every layer's k and v.
+int rg_copy_blocks(void* h, const int32_t* pairs, int n) {
+  auto* e = static_cast<Engine*>(h);
+  if (n <= 0) return 0;
+  if (n > e->cfg.num_blocks) return fail("too many block copies");
+  CUDA_TRY(cudaMemcpyAsync(e->d_pairs, pairs, (size_t)n * 2 * 4, cudaMemcpyHostToDevice, e->stream));
+  const size_t block_elems = (size_t)e->cfg.num_kv_heads * e->cfg.block_size * e->cfg.head_dim;
+  copy_blocks_kernel<<<dim3(n, 2 * e->cfg.num_layers), 256, 0, e->stream>>>((uint16_t*)e->kv, e->d_pairs, n, block_elems,
+                                                                          e->kv_plane_elems(), 2 * e->cfg.num_layers);
+  CUDA_TRY(cudaGetLastError());
+  CUDA_TRY(cudaStreamSynchronize(e->stream));
+  return 0;
+}
+
+int rg_memory_info(void* h, rg_memory* m) {
+  auto* e = static_cast<Engine*>(h);
+  m->weights = (int64_t)e->wbytes;
+  m->kv_pool = (int64_t)e->kv_bytes;
+  m->workspace = (int64_t)e->ws_bytes;
+  m->cublas_workspace = e->cfg.cublas_workspace_bytes;
+  m->graphs = (int64_t)e->graph_bytes;
+  m->host_pinned = (int64_t)e->pinned_bytes;
+  m->total = m->weights + m->kv_pool + m->workspace + m->cublas_workspace + m->graphs + (int64_t)(e->cfg.head_dim / 2 * 4);
+  size_t f = 0, t = 0;
+  cudaMemGetInfo(&f, &t);
+  m->device_free = (int64_t)f;
+  m->device_total = (int64_t)t;
+  return 0;
+}
+
+}  // extern "C"

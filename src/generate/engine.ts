@@ -1,0 +1,164 @@
+/**
+ * The generation engine: continuous batching on the paged KV cache.
+ *
+ * A loop of steps. Between steps sits the one step barrier (the runner's `barrier()`): every in-flight
+ * model run has completed and its output buffers are released; only then may the scheduler change the
+ * batch (admit, finish, preempt). Within a step the batch shape is fixed. The engine owns the
+ * sequences' lifecycle (requests, the scheduler, end-of-sequence and length limits, replies); a
+ * ModelRunner (model-runner.ts) executes each scheduled step on its backend (ONNX Runtime on the CPU or
+ * WebGPU, or the native CUDA decoder) and reports each sequence's next token. Which runner runs is
+ * invisible here, to the scheduler, the block manager and the guards.
+ */
+import { OrtModelRunner, type OrtRunnerOptions } from '../backends/ort/ort-runner.js';
+import { DecoderModel } from './decoder-model.js';
+import type { FinishReason, Generation } from './generator.js';
+import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
+import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
+import { Sequence, type SamplingParams } from './sequence.js';
+
+export interface BlockTableView {
+  /** Physical block ids in logical order. */
+  ids(): ArrayLike<number>;
+}
+
+/** The block manager as the engine needs it: the scheduler's interface plus each sequence's table. */
+export interface EngineBlockManager extends KvBlockSpace {
+  blockTable(seqId: number): BlockTableView;
+}
+
+/** Options for an engine over an ONNX decoder (the runner's: numBlocks, blockSize, kvWriteBack) and the scheduler's limits. */
+export interface EngineOptions extends SchedulerLimits, OrtRunnerOptions {}
+
+export class PromptNeverFitsError extends Error {}
+
+interface Pending {
+  resolve(g: Generation): void;
+  reject(e: Error): void;
+}
+
+export interface EngineStats {
+  steps: number;
+  prefills: number;
+  decodeRows: number;
+  preemptions: number;
+  /** Decode steps whose past was last step's present (no gather from the pool; ONNX runner). */
+  pastReused: number;
+  /** Lazy write-backs of the carried batch's new KV into the pool (ONNX runner). */
+  writeBacks: number;
+  /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
+  schedulerMicros: number;
+}
+
+export class Engine {
+  readonly runner: ModelRunner;
+  readonly scheduler: Scheduler;
+  private readonly counters = { steps: 0, preemptions: 0, schedulerMicros: 0, prefills: 0, decodeRows: 0 };
+  private readonly pending = new Map<Sequence, Pending>();
+  private nextId = 0;
+  private loop: Promise<void> | undefined;
+  private readonly sink: StepSink = {
+    accept: (seq, fed, next) => this.advance(seq, fed, next),
+    finish: (seq, reason) => this.finishSeq(seq, reason),
+  };
+  private readonly blocksOf: RunnerStep['blocks'];
+
+  /** An ONNX decoder gets the ONNX Runtime runner; any other backend comes as its runner. */
+  constructor(model: DecoderModel | ModelRunner, readonly blocks: EngineBlockManager, opts: EngineOptions) {
+    this.runner = model instanceof DecoderModel ? new OrtModelRunner(model, opts) : model;
+    this.scheduler = new Scheduler(blocks, opts);
+    this.blocksOf = (seq) => this.blocks.blockTable(seq.id).ids();
+  }
+
+  /** The KV pool as the runner holds it (host or device bytes). */
+  get pool(): KvPoolInfo {
+    return this.runner.pool;
+  }
+
+  get stats(): EngineStats {
+    const r = this.runner instanceof OrtModelRunner ? this.runner.stats : undefined;
+    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0 };
+  }
+
+  generate(promptIds: readonly number[], params: SamplingParams): Promise<Generation> {
+    const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
+    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject }));
+    this.scheduler.add(seq);
+    this.loop ??= this.run().finally(() => (this.loop = undefined));
+    return done;
+  }
+
+  /**
+   * Resolves when the step loop has stopped: every request settled and the last barrier passed (KV
+   * buffers released). A request's reply comes a few awaits before that.
+   */
+  idle(): Promise<void> {
+    return this.loop ?? Promise.resolve();
+  }
+
+  private async run(): Promise<void> {
+    while (this.scheduler.hasWork) {
+      await this.runner.barrier();
+      // Admission may hit blocks the runner's side filled, preemption frees them: the pool first.
+      if (this.scheduler.mayMoveBlocks) {
+        try {
+          await this.runner.syncPool(this.blocksOf);
+        } catch (e) {
+          // Those sequences' newest KV never reached the pool: they cannot go on.
+          for (const seq of this.runner.abandon()) this.settle(seq, e as Error);
+        }
+      }
+      const t0 = performance.now();
+      const plan = this.scheduler.schedule();
+      this.runner.copyBlocks(plan.copies);
+      this.counters.schedulerMicros += (performance.now() - t0) * 1000;
+      this.counters.steps++;
+      this.counters.preemptions += plan.preempted.length;
+      for (const seq of plan.rejected) {
+        this.settle(seq, new PromptNeverFitsError(`a prompt of ${seq.length} tokens needs more KV blocks than the pool has`));
+      }
+      if (plan.decodes.length === 0 && plan.prefills.length === 0) continue;
+      for (const seq of plan.prefills) seq.cachedPrefix ??= seq.numComputed;
+      this.counters.prefills += plan.prefills.length;
+      this.counters.decodeRows += plan.decodes.length;
+      try {
+        await this.runner.execute({ decodes: plan.decodes, prefills: plan.prefills, blocks: this.blocksOf }, this.sink);
+      } catch (e) {
+        // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
+        this.runner.abandon();
+        for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
+      }
+    }
+    await this.runner.barrier();
+    this.runner.abandon();
+  }
+
+  /** After a run: the fed tokens are computed and `next` was sampled; says why the sequence ends, if it does. */
+  private advance(seq: Sequence, fed: number, next: number): FinishReason | undefined {
+    // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
+    seq.numComputed += fed;
+    if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
+    seq.outputIds.push(next);
+    if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.runner.shape.maxPositions) return 'length';
+    return undefined;
+  }
+
+  private finishSeq(seq: Sequence, reason: FinishReason): void {
+    seq.finishReason = reason;
+    this.settle(seq);
+  }
+
+  private settle(seq: Sequence, error?: Error): void {
+    // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
+    this.scheduler.finish(seq, { failed: error !== undefined });
+    const p = this.pending.get(seq);
+    this.pending.delete(seq);
+    if (!p) return;
+    if (error) p.reject(error);
+    else {
+      p.resolve({
+        ids: seq.outputIds, text: this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
+        cachedTokens: seq.cachedPrefix ?? 0,
+      });
+    }
+  }
+}
