@@ -19,6 +19,8 @@
 #      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
 #   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
+#   8. scripts/build-cuda.sh: the native CUDA decoder (build/native/libragguard_cuda.so) where nvcc
+#      is found; skipped, with a line saying so, elsewhere
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -168,5 +170,9 @@ if [[ ! -f $ad || scripts/build-adapters.ts -nt $ad || src/runtime/safetensors.t
 else
   log "models/adapters is up to date"
 fi
+
+# --- 8. the native CUDA decoder (only where CUDA is installed) ------------------------------------
+log "CUDA decoder (scripts/build-cuda.sh)"
+bash scripts/build-cuda.sh
 
 log "setup complete"

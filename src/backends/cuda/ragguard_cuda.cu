@@ -35,7 +35,8 @@
 
 namespace {
 
-thread_local std::string g_error;
+// One engine call at a time (the engine serialises its steps), possibly on a worker thread: a plain global.
+std::string g_error;
 
 int fail(const std::string& msg) {
   g_error = msg;

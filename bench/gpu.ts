@@ -1,0 +1,182 @@
+/**
+ * bench:gpu (on the GPU host): the CUDA backend through the engine (scheduler, block manager, paged KV
+ * pool, device sampling) against transformers on torch, eager and static cache + torch.compile, on the
+ * same Hugging Face checkpoint and the same GPU, in one run.
+ *
+ *   BENCH_GPU_MODELS=dir1,dir2 npm run bench:gpu        (each a checkpoint from scripts/gpu/hf_models.py)
+ *
+ * Per checkpoint: 32 requests x 64 new tokens (EOS ignored) from the same random 24-token prompts at 1, 8
+ * and 32 concurrent (a request starts as soon as one of the c in flight ends): decode tokens/s, TTFT p50
+ * (a generate of one token for c prompts at once, as the baseline measures it), greedy ids compared with
+ * torch's on the same prompts; and the ratio to each baseline. BENCH_GPU_BIG=dir (a 7B checkpoint) adds
+ * decode at batch 1 as a fraction of the H200's measured 4.3 TB/s (weights + KV read per step over the
+ * step time) and tokens/s at batch 64. BENCH_GPU_RAG=1 adds TTFT for a 2k-token prompt alone and with 32
+ * in flight. Each case prints a JSON line; the last line is the summary.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
+import { kvBytesPerToken } from '../src/backends/cuda/step-pack.js';
+import { BlockManager } from '../src/generate/block-manager.js';
+import { Engine } from '../src/generate/engine.js';
+import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
+import { seededRandom } from '../src/generate/sampler.js';
+
+const REQUESTS = Number(process.env.BENCH_GPU_REQUESTS ?? 32);
+const NEW = Number(process.env.BENCH_GPU_NEW ?? 64);
+const PROMPT = Number(process.env.BENCH_GPU_PROMPT ?? 24);
+const LEVELS = (process.env.BENCH_GPU_CONCURRENCY ?? '1,8,32').split(',').map(Number);
+const MODES = process.env.BENCH_GPU_TORCH_MODES ?? 'eager,compiled';
+const BLOCK = 16;
+const BANDWIDTH = 4.3e12; // measured copy bandwidth of the H200 (bytes read + written per second)
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)]!;
+}
+
+function randomPrompts(n: number, len: number, vocab: number, seed: number): number[][] {
+  const r = seededRandom(seed);
+  return Array.from({ length: n }, () => Array.from({ length: len }, () => 3 + Math.floor(r() * (vocab - 3))));
+}
+
+function engineFor(runner: CudaModelRunner, maxNumSeqs: number): Engine {
+  const { numBlocks } = runner.pool;
+  const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
+  return new Engine(runner, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs, maxNumBatchedTokens: runner.limits.maxBatchedTokens });
+}
+
+/** `requests` generations with at most `c` in flight; returns tokens/s and the outputs. */
+async function closedLoop(engine: Engine, prompts: number[][], c: number, maxNewTokens: number): Promise<{ tokensPerS: number; outputs: number[][]; seconds: number }> {
+  const outputs: number[][] = new Array(prompts.length);
+  let next = 0;
+  const t0 = performance.now();
+  const worker = async () => {
+    while (next < prompts.length) {
+      const i = next++;
+      outputs[i] = (await engine.generate(prompts[i]!, { maxNewTokens, temperature: 0, ignoreEos: true })).ids;
+    }
+  };
+  await Promise.all(Array.from({ length: c }, worker));
+  const seconds = (performance.now() - t0) / 1000;
+  return { tokensPerS: (prompts.length * maxNewTokens) / seconds, outputs, seconds };
+}
+
+async function ttft(engine: Engine, prompts: number[][]): Promise<number> {
+  const t0 = performance.now();
+  await Promise.all(prompts.map((p) => engine.generate(p, { maxNewTokens: 1, temperature: 0, ignoreEos: true })));
+  return performance.now() - t0;
+}
+
+interface TorchCase { engine: string; dtype: string; concurrency: number; tokens_per_s?: number; ttft_ms_p50?: number; greedy_ids?: number[][]; error?: string }
+
+function torchBaseline(dir: string, prompts: number[][]): TorchCase[] {
+  const file = path.join(mkdtempSync(path.join(tmpdir(), 'bench-gpu-')), 'prompts.json');
+  writeFileSync(file, JSON.stringify(prompts));
+  const out = execFileSync('python3', ['scripts/gpu/torch_decode.py', '--model', dir, '--prompts', file, '--new', String(NEW),
+    '--concurrency', LEVELS.join(','), '--modes', MODES], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 28 });
+  return out.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as TorchCase);
+}
+
+async function benchModel(dir: string): Promise<Record<string, unknown>> {
+  const maxSeqs = Math.max(...LEVELS);
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs });
+  const prompts = randomPrompts(REQUESTS, PROMPT, runner.shape.vocabSize, 11);
+  const ours: Record<number, { tokens_per_s: number; ttft_ms_p50: number; outputs: number[][] }> = {};
+  for (const c of LEVELS) {
+    const engine = engineFor(runner, c);
+    await closedLoop(engine, prompts.slice(0, c), c, 4); // warm-up
+    const run = await closedLoop(engine, prompts, c, NEW);
+    const t: number[] = [];
+    for (let i = 0; i + c <= prompts.length && t.length < 4; i += c) t.push(await ttft(engine, prompts.slice(i, i + c)));
+    ours[c] = { tokens_per_s: Math.round(run.tokensPerS), ttft_ms_p50: Number(median(t).toFixed(2)), outputs: run.outputs };
+    console.log(JSON.stringify({ model: path.basename(dir), engine: 'ragguard-cuda', dtype: runner.dtype, concurrency: c, tokens_per_s: ours[c]!.tokens_per_s, ttft_ms_p50: ours[c]!.ttft_ms_p50 }));
+  }
+  const memory = runner.memory();
+  runner.close();
+  const torch = torchBaseline(dir, prompts);
+  const rows = LEVELS.map((c) => {
+    const row: Record<string, unknown> = { concurrency: c, ragguard: { tokens_per_s: ours[c]!.tokens_per_s, ttft_ms_p50: ours[c]!.ttft_ms_p50 } };
+    for (const t of torch.filter((x) => x.concurrency === c)) {
+      const mode = t.engine.replace('torch-', '');
+      if (t.error || t.tokens_per_s === undefined) {
+        row[mode] = { error: t.error };
+        continue;
+      }
+      // The baseline's first timed batch: prompts 0..c-1.
+      const first = t.greedy_ids ?? [];
+      const same = first.filter((ids, r) => ids.join() === ours[c]!.outputs[r]?.join()).length;
+      row[mode] = { tokens_per_s: t.tokens_per_s, ttft_ms_p50: t.ttft_ms_p50, ratio: Number((ours[c]!.tokens_per_s / t.tokens_per_s).toFixed(2)), greedy_equal: `${same}/${first.length}` };
+    }
+    return row;
+  });
+  return { model: path.basename(dir), dtype: runner.dtype, device_memory: memory, rows };
+}
+
+/** Decode at batch 1 of a big model as a fraction of the memory bandwidth, and tokens/s at batch 64. */
+async function benchBig(dir: string): Promise<Record<string, unknown>> {
+  const nvml = nvmlReader();
+  const before = usedBytes(nvml.read());
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 2048, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs: 64 });
+  const nvmlDelta = usedBytes(nvml.read()) - before;
+  const prompts = randomPrompts(64, 128, runner.shape.vocabSize, 5);
+  const perToken = kvBytesPerToken(runner.checkpoint.config, runner.dtype);
+  const one = engineFor(runner, 1);
+  await closedLoop(one, prompts.slice(0, 1), 1, 8);
+  const n = 128;
+  const b1 = await closedLoop(one, prompts.slice(1, 2), 1, n);
+  // Per step: every weight once, and the KV of the context so far (128 prompt tokens + the outputs).
+  const avgContext = 128 + n / 2;
+  const bytesPerStep = runner.plan.weights + avgContext * perToken;
+  const stepS = b1.seconds / n; // includes the prefill: a slight under-estimate of the bandwidth
+  const b64engine = engineFor(runner, 64);
+  await closedLoop(b64engine, prompts.slice(0, 8), 8, 4);
+  const b64 = await closedLoop(b64engine, prompts, 64, n);
+  const memory = runner.memory();
+  runner.close();
+  return {
+    model: path.basename(dir), dtype: runner.dtype, weights_bytes: runner.plan.weights,
+    batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, fraction_of_4_3TBps: Number((bytesPerStep / stepS / BANDWIDTH).toFixed(3)) },
+    batch64: { tokens_per_s: Math.round(b64.tokensPerS) },
+    device_memory: memory, nvml_used_delta_at_load: nvmlDelta,
+    // NVML sees the accountant's bytes plus the CUDA context and cuBLAS's own handle state.
+    unaccounted_bytes: nvmlDelta - memory.total,
+  };
+}
+
+/** TTFT of a 2k-token prompt alone and with 32 requests decoding. */
+async function benchRag(dir: string): Promise<Record<string, unknown>> {
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 8192, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs: 40 });
+  const long = randomPrompts(3, 2048, runner.shape.vocabSize, 9);
+  const engine = engineFor(runner, 40);
+  await ttft(engine, [long[0]!]); // warm-up
+  const alone = await ttft(engine, [long[1]!]);
+  const background = randomPrompts(32, 24, runner.shape.vocabSize, 13).map((p) => engine.generate(p, { maxNewTokens: 256, temperature: 0, ignoreEos: true }));
+  await new Promise((r) => setTimeout(r, 100)); // the 32 are decoding
+  const busy = await ttft(engine, [long[2]!]);
+  await Promise.all(background);
+  runner.close();
+  return { model: path.basename(dir), prompt_tokens: 2048, ttft_ms_alone: Number(alone.toFixed(1)), ttft_ms_with_32_in_flight: Number(busy.toFixed(1)) };
+}
+
+const summary: Record<string, unknown> = { bench: 'gpu', requests: REQUESTS, new_tokens: NEW, prompt_tokens: PROMPT };
+const models = (process.env.BENCH_GPU_MODELS ?? '').split(',').filter(Boolean);
+summary.models = [];
+for (const dir of models) {
+  const r = await benchModel(dir);
+  console.log(JSON.stringify(r));
+  (summary.models as unknown[]).push(r);
+}
+if (process.env.BENCH_GPU_RAG && models[0]) {
+  const r = await benchRag(models[0]);
+  console.log(JSON.stringify(r));
+  summary.rag = r;
+}
+if (process.env.BENCH_GPU_BIG) {
+  const r = await benchBig(process.env.BENCH_GPU_BIG);
+  console.log(JSON.stringify(r));
+  summary.big = r;
+}
+console.log(JSON.stringify(summary));

@@ -1,0 +1,129 @@
+/**
+ * The CUDA backend checked against torch/transformers on the same weights (run on the GPU host through
+ * scripts/gpu/run-cuda.sh; the checkpoints and references come from scripts/gpu/hf_models.py):
+ *
+ *   node --import tsx scripts/check-cuda.ts DIR [DIR ...]
+ *
+ * For each checkpoint: the prompt's last-position logits against torch's (max |diff| relative to the
+ * largest logit, argmax equal), and greedy ids through the engine, the block manager and the scheduler:
+ * each prompt alone, all in one mixed batch, a prompt after another that shares its first 64 tokens (a
+ * prefix-cache hit: blocks reused, not recomputed), and all with a pool so small that the scheduler
+ * preempts. Greedy ids must equal torch's; where they part, torch's own top-1/top-2 margin at that step
+ * must be a near-tie (rounding, not a bug), and such cases are counted. Seeded sampling must repeat
+ * itself in any batch. Also: the accountant's device total against NVML's used bytes. Last line JSON;
+ * exit code 1 on any failure.
+ */
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
+import { BlockManager } from '../src/generate/block-manager.js';
+import { Engine } from '../src/generate/engine.js';
+import type { SamplingParams } from '../src/generate/sequence.js';
+import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
+
+interface Case { prompt_ids: number[]; greedy_ids: number[]; margins: number[]; logit_scale: number }
+interface Reference { max_new_tokens: number; cases: Case[] }
+
+const BLOCK = 16;
+/** A divergence where torch's own top-2 margin was below this fraction of the logit scale is a near-tie. */
+const NEAR_TIE = 0.02;
+/** Prefill logits: max |ours - torch| relative to torch's largest |logit|. */
+const LOGIT_TOL = 0.02;
+
+function compare(ours: number[], c: Case): 'equal' | 'near_tie' | 'differ' {
+  for (let i = 0; i < c.greedy_ids.length; i++) {
+    if (ours[i] === c.greedy_ids[i]) continue;
+    return c.margins[i]! < NEAR_TIE * c.logit_scale ? 'near_tie' : 'differ';
+  }
+  return ours.length === c.greedy_ids.length ? 'equal' : 'differ';
+}
+
+async function checkModel(dir: string): Promise<Record<string, unknown>> {
+  const ref = JSON.parse(readFileSync(path.join(dir, 'reference.json'), 'utf8')) as Reference;
+  const nvml = nvmlReader();
+  const before = usedBytes(nvml.read());
+  const numBlocks = 512;
+  const runner = await CudaModelRunner.load(dir, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 1024, maxSeqs: 16 });
+  const nvmlAfter = usedBytes(nvml.read());
+  const V = runner.shape.vocabSize;
+  const torchLogits = new Float32Array(readFileSync(path.join(dir, 'logits.f32')).buffer.slice(0));
+  const out: Record<string, unknown> = { model: path.basename(dir), dtype: runner.dtype, accountant: runner.memory(), nvml_used_delta: nvmlAfter - before };
+  const failures: string[] = [];
+  const greedy: SamplingParams = { maxNewTokens: ref.max_new_tokens, temperature: 0, ignoreEos: true };
+  const engineWith = (blocks: number, maxNumSeqs = 16) => {
+    const bm = new BlockManager({ numBlocks: blocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
+    return new Engine(runner, bm, { numBlocks: blocks, blockSize: BLOCK, maxNumSeqs, maxNumBatchedTokens: 1024 });
+  };
+
+  // 1. Logits of each prompt's prefill against torch's.
+  runner.keepLogits = true;
+  let worst = 0;
+  let argmaxEqual = 0;
+  for (const [i, c] of ref.cases.entries()) {
+    const e = engineWith(numBlocks);
+    await e.generate(c.prompt_ids, { ...greedy, maxNewTokens: 1 });
+    const ours = runner.lastLogits!;
+    const theirs = torchLogits.subarray(i * V, (i + 1) * V);
+    let diff = 0, am = 0, bm = 0;
+    for (let v = 0; v < V; v++) {
+      diff = Math.max(diff, Math.abs(ours[v]! - theirs[v]!));
+      if (ours[v]! > ours[am]!) am = v;
+      if (theirs[v]! > theirs[bm]!) bm = v;
+    }
+    worst = Math.max(worst, diff / c.logit_scale);
+    if (am === bm) argmaxEqual++;
+  }
+  runner.keepLogits = false;
+  out.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };
+  if (worst > LOGIT_TOL) failures.push(`prefill logits differ from torch's by ${worst} of the logit scale`);
+
+  // 2. Greedy ids: alone, mixed, prefix hit, preemption.
+  const tally = (name: string, results: number[][], cases: Case[]) => {
+    const verdicts = results.map((ids, i) => compare(ids, cases[i]!));
+    const t = { equal: verdicts.filter((v) => v === 'equal').length, near_tie: verdicts.filter((v) => v === 'near_tie').length, differ: verdicts.filter((v) => v === 'differ').length };
+    out[name] = t;
+    if (t.differ > 0) failures.push(`${name}: ${t.differ} sequences differ from torch's greedy ids away from a near-tie`);
+  };
+  const alone: number[][] = [];
+  for (const c of ref.cases) alone.push((await engineWith(numBlocks).generate(c.prompt_ids, greedy)).ids);
+  tally('alone', alone, ref.cases);
+  const mixedEngine = engineWith(numBlocks);
+  const mixed = await Promise.all(ref.cases.map((c) => mixedEngine.generate(c.prompt_ids, greedy)));
+  tally('mixed_batch', mixed.map((g) => g.ids), ref.cases);
+  // The last two prompts share their first 64 tokens (4 blocks): the second reuses the first's blocks.
+  const shared = engineWith(numBlocks);
+  const [a, b] = ref.cases.slice(-2) as [Case, Case];
+  const ga = await shared.generate(a.prompt_ids, greedy);
+  const gb = await shared.generate(b.prompt_ids, greedy);
+  out.prefix_hit = { cached_tokens: gb.cachedTokens, ...Object.fromEntries([['a', compare(ga.ids, a)], ['b', compare(gb.ids, b)]]) };
+  if ((gb.cachedTokens ?? 0) < 64) failures.push(`prefix hit: ${gb.cachedTokens} cached tokens, 64 expected`);
+  if (compare(gb.ids, b) === 'differ') failures.push('prefix hit: ids differ from torch');
+  // A pool that holds about two of the sequences at once: the scheduler must preempt and recompute.
+  const tight = engineWith(28);
+  const pre = await Promise.all(ref.cases.slice(0, 5).map((c) => tight.generate(c.prompt_ids, greedy)));
+  tally('preempted', pre.map((g) => g.ids), ref.cases.slice(0, 5));
+  (out.preempted as Record<string, number>).preemptions = tight.stats.preemptions;
+  if (tight.stats.preemptions === 0) failures.push('the tight pool did not preempt');
+
+  // 3. Seeded sampling repeats itself alone and in a batch.
+  const sampled: SamplingParams & { topP: number; topK: number } = { maxNewTokens: 16, temperature: 0.8, seed: 1234, ignoreEos: true, topP: 0.9, topK: 50 };
+  const s1 = await engineWith(numBlocks).generate(ref.cases[1]!.prompt_ids, sampled);
+  const batchEngine = engineWith(numBlocks);
+  const s2 = (await Promise.all([ref.cases[0]!, ref.cases[1]!, ref.cases[2]!].map((c) => batchEngine.generate(c.prompt_ids, sampled))))[1]!;
+  out.sampling = { repeatable: s1.ids.join() === s2.ids.join(), differs_from_greedy: s1.ids.join() !== alone[1]!.join() };
+  if (s1.ids.join() !== s2.ids.join()) failures.push('seeded sampling differs between alone and batched');
+  runner.close();
+  out.failures = failures;
+  return out;
+}
+
+const dirs = process.argv.slice(2);
+const results = [];
+for (const d of dirs) {
+  const r = await checkModel(d);
+  console.log(JSON.stringify(r));
+  results.push(r);
+}
+const failed = results.flatMap((r) => r.failures as string[]);
+console.log(JSON.stringify({ check: 'cuda', models: results.map((r) => r.model), ok: failed.length === 0, failures: failed }));
+process.exitCode = failed.length === 0 ? 0 : 1;

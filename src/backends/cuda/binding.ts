@@ -1,0 +1,142 @@
+/**
+ * The native CUDA decoder (ragguard_cuda.cu, built by `npm run setup` with nvcc where CUDA is present,
+ * into build/native/libragguard_cuda.so) bound through koffi, as NVML and ONNX Runtime's C API are.
+ * Loading is lazy and happens once; without the library or without a GPU, `cudaBackend()` says why
+ * instead of throwing, so that the CPU paths stay as they are.
+ */
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import koffi from 'koffi';
+
+export const CUDA_LIBRARY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../build/native/libragguard_cuda.so');
+
+/** rg_config of the C ABI. */
+export interface NativeConfig {
+  num_layers: number; hidden: number; num_heads: number; num_kv_heads: number; head_dim: number; intermediate: number; vocab: number;
+  dtype: number; tie_embeddings: number; qkv_bias: number; rms_eps: number;
+  num_blocks: number; block_size: number; max_batched_tokens: number; max_seqs: number; max_blocks_per_seq: number;
+  cublas_workspace_bytes: number; device: number; graph_max_batch: number;
+}
+
+/** rg_memory: the accountant's device figures and the device's own free/total. */
+export interface NativeMemory {
+  weights: number; kv_pool: number; workspace: number; cublas_workspace: number; graphs: number; host_pinned: number; total: number;
+  device_free: number; device_total: number;
+}
+
+export type EngineHandle = { readonly __brand: 'rg_engine' };
+
+export interface CudaBackend {
+  deviceCount(): number;
+  plan(cfg: NativeConfig): number[];
+  create(cfg: NativeConfig): EngineHandle;
+  destroy(h: EngineHandle): void;
+  setRope(h: EngineHandle, invFreq: Float32Array): void;
+  loadTensor(h: EngineHandle, kind: number, layer: number, dstOffset: number, file: string, fileOffset: number, count: number, srcDtype: number): void;
+  /** Returns the graphs' device bytes so far. */
+  captureGraphs(h: EngineHandle, buckets: readonly number[]): number;
+  /** One step on a worker thread (the event loop stays free); writes S token ids (and logits when given). */
+  step(h: EngineHandle, words: Int32Array, tokensOut: Int32Array, logitsOut: Float32Array | null): Promise<void>;
+  copyBlocks(h: EngineHandle, pairs: Int32Array): void;
+  memory(h: EngineHandle): NativeMemory;
+}
+
+let loaded: CudaBackend | null | undefined;
+let why = '';
+
+function numbers<T extends object>(o: T): T {
+  // koffi hands 64-bit integers back as number or bigint.
+  return Object.fromEntries(Object.entries(o).map(([k, v]) => [k, typeof v === 'bigint' ? Number(v) : v])) as T;
+}
+
+function bind(file: string): CudaBackend {
+  const lib = koffi.load(file);
+  koffi.struct('rg_config', {
+    num_layers: 'int32_t', hidden: 'int32_t', num_heads: 'int32_t', num_kv_heads: 'int32_t', head_dim: 'int32_t', intermediate: 'int32_t', vocab: 'int32_t',
+    dtype: 'int32_t', tie_embeddings: 'int32_t', qkv_bias: 'int32_t', rms_eps: 'float',
+    num_blocks: 'int32_t', block_size: 'int32_t', max_batched_tokens: 'int32_t', max_seqs: 'int32_t', max_blocks_per_seq: 'int32_t',
+    cublas_workspace_bytes: 'int64_t', device: 'int32_t', graph_max_batch: 'int32_t',
+  });
+  koffi.struct('rg_memory', {
+    weights: 'int64_t', kv_pool: 'int64_t', workspace: 'int64_t', cublas_workspace: 'int64_t', graphs: 'int64_t', host_pinned: 'int64_t',
+    total: 'int64_t', device_free: 'int64_t', device_total: 'int64_t',
+  });
+  const lastError = lib.func('const char *rg_last_error()');
+  const deviceCount = lib.func('int rg_device_count()');
+  const plan = lib.func('int rg_plan(const rg_config *cfg, _Out_ int64_t *out)');
+  const create = lib.func('void *rg_create(const rg_config *cfg)');
+  const destroy = lib.func('void rg_destroy(void *h)');
+  const setRope = lib.func('int rg_set_rope(void *h, const float *inv_freq)');
+  const loadTensor = lib.func('int rg_load_tensor(void *h, int kind, int layer, int64_t dst_offset, const char *path, int64_t file_offset, int64_t count, int src_dtype)');
+  const capture = lib.func('int rg_capture_graphs(void *h, const int32_t *buckets, int n)');
+  const step = lib.func('int rg_step(void *h, const int32_t *words, int32_t nwords, int32_t *tokens_out, float *logits_out)');
+  const copyBlocks = lib.func('int rg_copy_blocks(void *h, const int32_t *pairs, int n)');
+  const memory = lib.func('int rg_memory_info(void *h, _Out_ rg_memory *m)');
+  const check = (rc: unknown, what: string): number => {
+    const n = Number(rc);
+    if (n < 0) throw new Error(`CUDA backend: ${what}: ${String(lastError())}`);
+    return n;
+  };
+  return {
+    deviceCount: () => Number(deviceCount()),
+    plan(cfg) {
+      const out = new BigInt64Array(5);
+      check(plan(cfg, out), 'rg_plan');
+      return Array.from(out, Number);
+    },
+    create(cfg) {
+      const h = create(cfg) as EngineHandle | null;
+      if (!h) throw new Error(`CUDA backend: ${String(lastError())}`);
+      return h;
+    },
+    destroy: (h) => void destroy(h),
+    setRope: (h, inv) => void check(setRope(h, inv), 'rg_set_rope'),
+    loadTensor(h, kind, layer, dstOffset, file, fileOffset, count, srcDtype) {
+      check(loadTensor(h, kind, layer, dstOffset, file, fileOffset, count, srcDtype), `loading ${file}`);
+    },
+    captureGraphs(h, buckets) {
+      check(capture(h, Int32Array.from(buckets), buckets.length), 'capturing CUDA graphs');
+      return this.memory(h).graphs;
+    },
+    step(h, words, tokensOut, logitsOut) {
+      return new Promise((resolve, reject) => {
+        step.async(h, words, words.length, tokensOut, logitsOut, (err: unknown, rc: unknown) => {
+          if (err) reject(err instanceof Error ? err : new Error(String(err)));
+          else if (Number(rc) < 0) reject(new Error(`CUDA backend: step: ${String(lastError())}`));
+          else resolve();
+        });
+      });
+    },
+    copyBlocks: (h, pairs) => void check(copyBlocks(h, pairs, pairs.length / 2), 'rg_copy_blocks'),
+    memory(h) {
+      const m = {} as NativeMemory;
+      check(memory(h, m), 'rg_memory_info');
+      return numbers(m);
+    },
+  };
+}
+
+/** The bound backend, or null with `cudaUnavailable()` saying why (no library built, no GPU). */
+export function cudaBackend(file = CUDA_LIBRARY): CudaBackend | null {
+  if (loaded !== undefined) return loaded;
+  if (!existsSync(file)) {
+    why = `${file} is not built: npm run setup builds it with nvcc where CUDA is present`;
+    return (loaded = null);
+  }
+  try {
+    const b = bind(file);
+    if (b.deviceCount() < 1) {
+      why = 'no CUDA device is visible';
+      return (loaded = null);
+    }
+    return (loaded = b);
+  } catch (e) {
+    why = `cannot load ${file}: ${(e as Error).message}`;
+    return (loaded = null);
+  }
+}
+
+export function cudaUnavailable(): string {
+  return why;
+}

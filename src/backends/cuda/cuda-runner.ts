@@ -1,0 +1,212 @@
+/**
+ * The CUDA model runner: the engine's steps run by the native decoder (ragguard_cuda.cu) on a KV pool
+ * that is one device allocation laid out by block. The block manager's tables go to the kernels with
+ * each step (packed with the slot mapping: step-pack.ts), so prefix-cache hits read shared blocks with
+ * no recompute, copy-on-write copies blocks on the device and preemption only frees blocks. Sampling
+ * happens on the device; a step hands back the next token of each sequence and nothing else.
+ *
+ * Decode steps go first, all rows in one run (replayed from a CUDA graph of the smallest bucket that
+ * holds them), then prefills packed together into runs of at most max_batched_tokens tokens; a prompt
+ * longer than that is prefilled in chunks, only the last chunk's token sampled.
+ */
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import type { DecoderShape } from '../../generate/decoder-model.js';
+import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink, TokenDecoder } from '../../generate/model-runner.js';
+import type { BlockCopy } from '../../generate/scheduler.js';
+import type { SamplingParams, Sequence } from '../../generate/sequence.js';
+import { TextTokenizer } from '../../runtime/tokenizer.js';
+import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory } from './binding.js';
+import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
+import { graphBuckets, kvBytesPerToken, packStep, planDevice, type DeviceLimits, type DevicePlan, type DeviceSampling, type StepItem } from './step-pack.js';
+
+export interface CudaRunnerOptions {
+  /** KV pool blocks and their size in tokens (the block manager's). */
+  numBlocks: number;
+  blockSize: number;
+  maxBatchedTokens: number;
+  maxSeqs: number;
+  /** Model dtype on the device; default: the checkpoint's own when it is float16 or bfloat16, else float16. */
+  dtype?: ModelDtype;
+  /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
+  graphMaxBatch?: number;
+  cublasWorkspaceBytes?: number;
+  device?: number;
+}
+
+export class CudaUnavailableError extends Error {}
+
+const SRC_DTYPE = { F32: 0, F16: 1, BF16: 2 } as const;
+/** cuBLAS's recommended workspace on Hopper (32 MiB), set explicitly so it is counted and graph capture is safe. */
+export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
+
+/** The device sampling of a sequence's next token (plain fields of SamplingParams). */
+export function deviceSampling(params: SamplingParams, step: number): DeviceSampling {
+  const p = params as SamplingParams & { topK?: number; topP?: number };
+  return { temperature: params.temperature, topK: p.topK ?? 0, topP: p.topP ?? 1, seed: params.seed ?? 0x5eed, step };
+}
+
+/** Greedy-equivalent decoding by the empty tokenizer of a checkpoint that ships none (benchmarks). */
+const NO_TEXT: TokenDecoder = { decode: () => '' };
+
+export class CudaModelRunner implements ModelRunner {
+  readonly shape: DecoderShape;
+  readonly eosIds: ReadonlySet<number>;
+  readonly plan: DevicePlan;
+  /** Device bytes of the captured graphs (cudaMemGetInfo across the capture). */
+  graphBytes = 0;
+  readonly buckets: readonly number[];
+  private readonly tokensOut: Int32Array;
+  /** Logits of the last step's rows, when `keepLogits` (checks only: a device-to-host copy per step). */
+  lastLogits: Float32Array | null = null;
+  keepLogits = false;
+
+  private constructor(
+    private readonly native: CudaBackend,
+    private readonly handle: EngineHandle,
+    readonly checkpoint: Checkpoint,
+    readonly dtype: ModelDtype,
+    readonly limits: DeviceLimits,
+    readonly tokenizer: TokenDecoder,
+    buckets: readonly number[],
+  ) {
+    const c = checkpoint.config;
+    this.shape = {
+      numLayers: c.numLayers, hiddenSize: c.hiddenSize, numHeads: c.numHeads, intermediateSize: c.intermediateSize,
+      numKvHeads: c.numKvHeads, headDim: c.headDim, vocabSize: c.vocabSize, maxPositions: c.maxPositions, kvDtype: 'float16',
+    };
+    this.eosIds = new Set(c.eosIds);
+    this.plan = planDevice(c, dtype, limits);
+    this.buckets = buckets;
+    this.tokensOut = new Int32Array(limits.maxSeqs);
+  }
+
+  /** Opens a Hugging Face checkpoint, allocates the device memory, uploads the weights once, captures the decode graphs. */
+  static async load(dir: string, opts: CudaRunnerOptions): Promise<CudaModelRunner> {
+    const native = cudaBackend();
+    if (!native) throw new CudaUnavailableError(`the CUDA backend is unavailable: ${cudaUnavailable()}`);
+    const ckpt = await openCheckpoint(dir);
+    const c = ckpt.config;
+    const own = c.checkpointDtype;
+    const dtype: ModelDtype = opts.dtype ?? (own === 'bfloat16' ? 'bfloat16' : 'float16');
+    const maxPositions = Math.min(c.maxPositions, opts.numBlocks * opts.blockSize);
+    const limits: DeviceLimits = {
+      numBlocks: opts.numBlocks, blockSize: opts.blockSize, maxBatchedTokens: opts.maxBatchedTokens, maxSeqs: opts.maxSeqs,
+      // A block table never needs more entries than the longest sequence the model or the pool allows.
+      maxBlocksPerSeq: Math.ceil(maxPositions / opts.blockSize),
+      cublasWorkspaceBytes: opts.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE,
+    };
+    const graphMax = Math.min(opts.graphMaxBatch ?? opts.maxSeqs, opts.maxSeqs, opts.maxBatchedTokens);
+    const cfg: NativeConfig = {
+      num_layers: c.numLayers, hidden: c.hiddenSize, num_heads: c.numHeads, num_kv_heads: c.numKvHeads, head_dim: c.headDim,
+      intermediate: c.intermediateSize, vocab: c.vocabSize, dtype: dtype === 'bfloat16' ? 1 : 0, tie_embeddings: c.tieEmbeddings ? 1 : 0,
+      qkv_bias: c.qkvBias ? 1 : 0, rms_eps: c.rmsEps, num_blocks: limits.numBlocks, block_size: limits.blockSize,
+      max_batched_tokens: limits.maxBatchedTokens, max_seqs: limits.maxSeqs, max_blocks_per_seq: limits.maxBlocksPerSeq,
+      cublas_workspace_bytes: limits.cublasWorkspaceBytes, device: opts.device ?? 0, graph_max_batch: graphMax,
+    };
+    // The accountant's figures and the native allocator's must be the same numbers.
+    const nativePlan = native.plan(cfg);
+    const plan = planDevice(c, dtype, limits);
+    const mine = [plan.weights, plan.kvPool, plan.workspace, plan.cublasWorkspace, plan.hostPinned];
+    if (mine.some((v, i) => v !== nativePlan[i])) throw new Error(`device plan mismatch: ${mine.join(',')} vs native ${nativePlan.join(',')}`);
+    const h = native.create(cfg);
+    try {
+      native.setRope(h, ckpt.invFreq);
+      for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
+      const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
+      const tokenizer = existsSync(path.join(dir, 'tokenizer.json')) ? await TextTokenizer.load(dir) : NO_TEXT;
+      const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets);
+      if (buckets.length > 0) runner.graphBytes = native.captureGraphs(h, buckets);
+      return runner;
+    } catch (e) {
+      native.destroy(h);
+      throw e;
+    }
+  }
+
+  get pool(): KvPoolInfo {
+    const perSlot = kvBytesPerToken(this.checkpoint.config, this.dtype);
+    return { bytes: this.plan.kvPool, numBlocks: this.limits.numBlocks, blockSize: this.limits.blockSize, bytesPerSlot: perSlot, location: 'device' };
+  }
+
+  /** The accountant's device figures now (graphs included) and the device's free/total. */
+  memory(): NativeMemory {
+    return this.native.memory(this.handle);
+  }
+
+  /** Steps complete before execute() returns: nothing is in flight at the barrier. */
+  async barrier(): Promise<void> {}
+
+  /** The KV is always in the device pool: nothing to bring back. */
+  async syncPool(): Promise<void> {}
+
+  copyBlocks(copies: readonly BlockCopy[]): void {
+    if (copies.length === 0) return;
+    const pairs = new Int32Array(copies.length * 2);
+    copies.forEach((c, i) => {
+      pairs[2 * i] = c.src;
+      pairs[2 * i + 1] = c.dst;
+    });
+    this.native.copyBlocks(this.handle, pairs);
+  }
+
+  async execute(step: RunnerStep, sink: StepSink): Promise<void> {
+    if (step.decodes.length > 0) {
+      const items = step.decodes.map((s) => this.item(s, [s.lastToken], s.numComputed, step));
+      const next = await this.run(items);
+      const done = step.decodes.map((s, r) => sink.accept(s, 1, next[r]!));
+      step.decodes.forEach((s, r) => done[r] && sink.finish(s, done[r]));
+    }
+    // Prefills: whole prompts packed together up to the token limit; a longer one in chunks.
+    const Tm = this.limits.maxBatchedTokens, Sm = this.limits.maxSeqs;
+    let batch: { seq: Sequence; fed: number; item: StepItem }[] = [];
+    let tokens = 0;
+    const flush = async () => {
+      if (batch.length === 0) return;
+      const next = await this.run(batch.map((b) => b.item));
+      const done = batch.map((b, r) => sink.accept(b.seq, b.fed, next[r]!));
+      batch.forEach((b, r) => done[r] && sink.finish(b.seq, done[r]));
+      batch = [];
+      tokens = 0;
+    };
+    for (const seq of step.prefills) {
+      const pending = seq.pending;
+      let start = seq.numComputed;
+      let i = 0;
+      while (pending.length - i > Tm) {
+        // A chunk that leaves more to come: its sampled token is not used (the sequence has not computed it yet).
+        await flush();
+        await this.run([this.item(seq, pending.slice(i, i + Tm), start, step)]);
+        seq.numComputed += Tm;
+        start += Tm;
+        i += Tm;
+      }
+      const rest = pending.slice(i);
+      if (tokens + rest.length > Tm || batch.length === Sm) await flush();
+      batch.push({ seq, fed: rest.length, item: this.item(seq, rest, start, step) });
+      tokens += rest.length;
+    }
+    await flush();
+  }
+
+  abandon(): Sequence[] {
+    return [];
+  }
+
+  /** Frees the device memory; the runner is unusable after. */
+  close(): void {
+    this.native.destroy(this.handle);
+  }
+
+  private item(seq: Sequence, tokens: readonly number[], start: number, step: RunnerStep): StepItem {
+    return { tokens, start, blocks: step.blocks(seq), sampling: deviceSampling(seq.params, seq.outputIds.length) };
+  }
+
+  private async run(items: readonly StepItem[]): Promise<Int32Array> {
+    const words = packStep(items, this.limits.blockSize);
+    const logits = this.keepLogits ? new Float32Array(items.length * this.shape.vocabSize) : null;
+    await this.native.step(this.handle, words, this.tokensOut, logits);
+    this.lastLogits = logits;
+    return this.tokensOut.slice(0, items.length);
+  }
+}

@@ -1,0 +1,158 @@
+/**
+ * The pure parts of the CUDA backend, tested on the CPU: how a step is packed for the kernels, which
+ * CUDA graph bucket a decode step replays, and how many device bytes the backend allocates for a
+ * configuration (the accountant's figures, the same ones the native side carves: ragguard_cuda.cu
+ * rg_plan; the GPU check asserts they agree).
+ *
+ * A step is a list of items, each a sequence feeding `tokens` from position `start` over its block
+ * table. Packed layout (int32 words; StepView in ragguard_cuda.cu):
+ *   [T, S, W, 0]  token_ids[T] positions[T] slots[T] token_seq[T]
+ *   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S] temperature[S] top_p[S]
+ *   block_tables[S * W]
+ * A token's slot is block_table[pos / block_size] * block_size + pos % block_size: the paged KV
+ * cache's address of its key and value.
+ */
+import type { CudaModelConfig, ModelDtype } from './hf-checkpoint.js';
+import { WeightKind, weightElems, type WeightKindId } from './hf-checkpoint.js';
+
+export interface DeviceSampling {
+  /** 0: greedy. */
+  temperature: number;
+  /** 0 or >= vocab: no cut. */
+  topK: number;
+  /** 1: no cut. */
+  topP: number;
+  seed: number;
+  /** The output position the token is drawn for (the same draw after a preemption). */
+  step: number;
+}
+
+export interface StepItem {
+  tokens: readonly number[];
+  /** Position of tokens[0] (tokens already in the cache before it). */
+  start: number;
+  blocks: ArrayLike<number>;
+  sampling: DeviceSampling;
+}
+
+export const HEADER_WORDS = 4;
+export const SEQ_ARRAYS = 8;
+
+export function stepWords(T: number, S: number, W: number): number {
+  return HEADER_WORDS + 4 * T + SEQ_ARRAYS * S + S * W;
+}
+
+/** Packs items into the kernels' step layout; `blockSize` maps positions to slots. */
+export function packStep(items: readonly StepItem[], blockSize: number): Int32Array {
+  const S = items.length;
+  let T = 0;
+  let W = 1;
+  for (const it of items) {
+    if (it.tokens.length === 0) throw new Error('a step item feeds no token');
+    const end = it.start + it.tokens.length;
+    const need = Math.ceil(end / blockSize);
+    if (it.blocks.length < need) throw new Error(`block table of ${it.blocks.length} blocks cannot hold ${end} positions`);
+    T += it.tokens.length;
+    W = Math.max(W, need);
+  }
+  const words = new Int32Array(stepWords(T, S, W));
+  const f32 = new Float32Array(words.buffer);
+  words[0] = T;
+  words[1] = S;
+  words[2] = W;
+  const ids = HEADER_WORDS, pos = ids + T, slots = pos + T, tseq = slots + T;
+  const seqBase = tseq + T;
+  const arr = (k: number) => seqBase + k * S;
+  let t = 0;
+  items.forEach((it, s) => {
+    for (let i = 0; i < it.tokens.length; i++, t++) {
+      const p = it.start + i;
+      words[ids + t] = it.tokens[i]!;
+      words[pos + t] = p;
+      words[slots + t] = it.blocks[Math.floor(p / blockSize)]! * blockSize + (p % blockSize);
+      words[tseq + t] = s;
+    }
+    const sp = it.sampling;
+    words[arr(0) + s] = it.start + it.tokens.length;
+    words[arr(1) + s] = t - 1;
+    words[arr(2) + s] = Math.max(0, Math.floor(sp.topK));
+    words[arr(3) + s] = sp.seed | 0;
+    words[arr(4) + s] = Math.floor(sp.seed / 2 ** 32) | 0;
+    words[arr(5) + s] = sp.step;
+    f32[arr(6) + s] = sp.temperature;
+    f32[arr(7) + s] = sp.topP;
+    const table = arr(8) + s * W;
+    const used = Math.ceil((it.start + it.tokens.length) / blockSize);
+    for (let b = 0; b < used; b++) words[table + b] = it.blocks[b]!;
+  });
+  return words;
+}
+
+/**
+ * Batch sizes whose decode steps are captured as CUDA graphs, as vLLM's capture sizes: 1, 2, 4, then
+ * every multiple of 8, up to `max`.
+ */
+export function graphBuckets(max: number): number[] {
+  const out: number[] = [];
+  for (const b of [1, 2, 4]) if (b <= max) out.push(b);
+  for (let b = 8; b <= max; b += 8) out.push(b);
+  return out;
+}
+
+/** The bucket a decode of `rows` sequences replays (the smallest that holds it), or undefined. */
+export function bucketFor(buckets: readonly number[], rows: number): number | undefined {
+  return buckets.find((b) => b >= rows);
+}
+
+export interface DeviceLimits {
+  numBlocks: number;
+  blockSize: number;
+  maxBatchedTokens: number;
+  maxSeqs: number;
+  maxBlocksPerSeq: number;
+  cublasWorkspaceBytes: number;
+}
+
+export interface DevicePlan {
+  weights: number;
+  kvPool: number;
+  workspace: number;
+  cublasWorkspace: number;
+  hostPinned: number;
+  /** Device bytes before CUDA graphs (measured when captured) and the context. */
+  total: number;
+}
+
+const align256 = (n: number) => Math.ceil(n / 256) * 256;
+/** Context splits a decode's attention may use (ragguard_cuda.cu max_splits). */
+export const MAX_SPLITS = 16;
+
+export function dtypeBytes(_dtype: ModelDtype): number {
+  return 2;
+}
+
+/** KV bytes of one token (every layer's key and value). */
+export function kvBytesPerToken(c: CudaModelConfig, dtype: ModelDtype): number {
+  return 2 * c.numLayers * c.numKvHeads * c.headDim * dtypeBytes(dtype);
+}
+
+/** What the native side allocates for a model and limits (rg_plan), byte for byte. */
+export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimits): DevicePlan {
+  const e = dtypeBytes(dtype);
+  const w = (k: WeightKindId) => align256(weightElems(c, k) * e);
+  let weights = w(WeightKind.embed) + (c.tieEmbeddings ? 0 : w(WeightKind.lmHead)) + w(WeightKind.finalNorm);
+  const per = w(WeightKind.inputNorm) + w(WeightKind.qkv) + (c.qkvBias ? w(WeightKind.qkvBias) : 0) + w(WeightKind.o) +
+    w(WeightKind.postNorm) + w(WeightKind.gateUp) + w(WeightKind.down);
+  weights += per * c.numLayers;
+  const kvPool = l.numBlocks * l.blockSize * kvBytesPerToken(c, dtype);
+  const Tm = l.maxBatchedTokens, Sm = l.maxSeqs;
+  const qw = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
+  const words = stepWords(Tm, Sm, l.maxBlocksPerSeq);
+  const workspace = align256(words * 4) + align256(Tm * c.hiddenSize * 2) * 3 + align256(Tm * qw * 2) +
+    align256(Tm * c.numHeads * c.headDim * 2) + align256(Tm * 2 * c.intermediateSize * 2) + align256(Tm * c.intermediateSize * 2) +
+    align256(Sm * c.hiddenSize * 2) + align256(Sm * c.vocabSize * 4) + align256(Sm * c.numHeads * MAX_SPLITS * c.headDim * 4) +
+    align256(Sm * c.numHeads * MAX_SPLITS * 2 * 4) + align256(Sm * 4) + align256(2 * l.numBlocks * 4);
+  const hostPinned = (words + Sm) * 4;
+  const rope = (c.headDim / 2) * 4;
+  return { weights, kvPool, workspace, cublasWorkspace: l.cublasWorkspaceBytes, hostPinned, total: weights + kvPool + workspace + l.cublasWorkspaceBytes + rope };
+}
