@@ -37,7 +37,7 @@ import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js'
 import { DirectSession, directUnavailable, HostTensor, type SessionValueInfo } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
-import { kvArray, kvBytesPerToken, type KvArray, type KvDtype } from './kv-pool.js';
+import { kvArray, kvBytesPerToken, presentData, type KvArray, type KvDtype } from './kv-pool.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from './lora.js';
 import { LoraPool, type DecoderAdapter } from './lora-pool.js';
 
@@ -119,14 +119,6 @@ export interface ForwardOutput {
 /** Capacity of a genai past buffer: room for `tokens` and some steps to come, in 64-position steps. */
 export function bufferCapacity(tokens: number, maxPositions: number): number {
   return Math.min(Math.ceil((tokens + 16) / 64) * 64, Math.max(tokens, maxPositions));
-}
-
-/** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
-export function presentData(present: readonly KvTensor[]): KvArray[] {
-  return present.map((t) => {
-    if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
-    return t.data as KvArray;
-  });
 }
 
 /** A run's LoRA feeds and the tensors made for it alone (the row index). */

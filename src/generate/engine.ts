@@ -10,7 +10,7 @@
  * invisible here, to the scheduler, the block manager and the guards.
  */
 import { OrtModelRunner, type OrtRunnerOptions } from '../backends/ort/ort-runner.js';
-import { DecoderModel } from './decoder-model.js';
+import type { DecoderModel } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
 import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -30,6 +30,10 @@ export interface EngineBlockManager extends KvBlockSpace {
 export interface EngineOptions extends SchedulerLimits, OrtRunnerOptions {}
 
 export class PromptNeverFitsError extends Error {}
+
+function isRunner(m: DecoderModel | ModelRunner): m is ModelRunner {
+  return typeof (m as Partial<ModelRunner>).execute === 'function';
+}
 
 interface Pending {
   resolve(g: Generation): void;
@@ -64,7 +68,7 @@ export class Engine {
 
   /** An ONNX decoder gets the ONNX Runtime runner; any other backend comes as its runner. */
   constructor(model: DecoderModel | ModelRunner, readonly blocks: EngineBlockManager, opts: EngineOptions) {
-    this.runner = model instanceof DecoderModel ? new OrtModelRunner(model, opts) : model;
+    this.runner = isRunner(model) ? model : new OrtModelRunner(model, opts);
     this.scheduler = new Scheduler(blocks, opts);
     this.blocksOf = (seq) => this.blocks.blockTable(seq.id).ids();
   }

@@ -12,6 +12,8 @@
  * ONNX Runtime takes and gives for float16 tensors); gather and scatter only move them.
  */
 
+import type { KvTensor } from './decoder-model.js';
+
 export type KvDtype = 'float32' | 'float16';
 export type KvArray = Float32Array | Uint16Array;
 
@@ -133,4 +135,12 @@ export class KvCachePool {
   copyBlock(src: number, dst: number): void {
     for (const a of this.data) a.copyWithin(dst * this.blockStride, src * this.blockStride, (src + 1) * this.blockStride);
   }
+}
+
+/** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
+export function presentData(present: readonly KvTensor[]): KvArray[] {
+  return present.map((t) => {
+    if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
+    return t.data as KvArray;
+  });
 }

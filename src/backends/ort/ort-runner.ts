@@ -16,8 +16,8 @@
  * samples the next tokens on the host.
  */
 import { metered } from '../../runtime/run-meter.js';
-import { presentData, type DecoderModel, type KvTensor } from '../../generate/decoder-model.js';
-import { KvCachePool, type GatherRow } from '../../generate/kv-pool.js';
+import type { DecoderModel, KvTensor } from '../../generate/decoder-model.js';
+import { KvCachePool, presentData, type GatherRow } from '../../generate/kv-pool.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
 import { sampleToken } from '../../generate/sampler.js';
 import type { BlockCopy } from '../../generate/scheduler.js';
