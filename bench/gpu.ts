@@ -80,13 +80,17 @@ function torchBaseline(dir: string, prompts: number[][]): TorchCase[] {
   return out.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as TorchCase);
 }
 
+process.on('exit', (code) => console.error(`bench:gpu exits with ${code}`));
+
 async function benchModel(dir: string): Promise<Record<string, unknown>> {
   const maxSeqs = Math.max(...LEVELS);
+  console.error(`bench:gpu: loading ${dir}`);
   const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs });
   const prompts = randomPrompts(REQUESTS, PROMPT, runner.shape.vocabSize, 11);
   const ours: Record<number, { tokens_per_s: number; ttft_ms_p50: number; outputs: number[][] }> = {};
   for (const c of LEVELS) {
     const engine = engineFor(runner, c);
+    console.error(`bench:gpu: ${c} concurrent`);
     await closedLoop(engine, prompts.slice(0, c), c, 4); // warm-up
     const run = await closedLoop(engine, prompts, c, NEW);
     const t: number[] = [];

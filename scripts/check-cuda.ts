@@ -27,8 +27,11 @@ interface Reference { max_new_tokens: number; cases: Case[] }
 const BLOCK = 16;
 /** A divergence where torch's own top-2 margin was below this fraction of the logit scale is a near-tie. */
 const NEAR_TIE = 0.02;
-/** Prefill logits: max |ours - torch| relative to torch's largest |logit|. */
-const LOGIT_TOL = 0.02;
+/**
+ * Prefill logits: max |ours - torch| relative to torch's largest |logit|. bfloat16 keeps 8 bits of
+ * mantissa (float16 11): the two implementations' roundings part about 8 times further.
+ */
+const LOGIT_TOL = { float16: 0.01, bfloat16: 0.05 } as const;
 
 function compare(ours: number[], c: Case): 'equal' | 'near_tie' | 'differ' {
   for (let i = 0; i < c.greedy_ids.length; i++) {
@@ -75,7 +78,7 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   }
   runner.keepLogits = false;
   out.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };
-  if (worst > LOGIT_TOL) failures.push(`prefill logits differ from torch's by ${worst} of the logit scale`);
+  if (worst > LOGIT_TOL[runner.dtype]) failures.push(`prefill logits differ from torch's by ${worst} of the logit scale`);
 
   // 2. Greedy ids: alone, mixed, prefix hit, preemption.
   const tally = (name: string, results: number[][], cases: Case[]) => {
@@ -98,10 +101,11 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   out.prefix_hit = { cached_tokens: gb.cachedTokens, ...Object.fromEntries([['a', compare(ga.ids, a)], ['b', compare(gb.ids, b)]]) };
   if ((gb.cachedTokens ?? 0) < 64) failures.push(`prefix hit: ${gb.cachedTokens} cached tokens, 64 expected`);
   if (compare(gb.ids, b) === 'differ') failures.push('prefix hit: ids differ from torch');
-  // A pool that holds about two of the sequences at once: the scheduler must preempt and recompute.
-  const tight = engineWith(28);
-  const pre = await Promise.all(ref.cases.slice(0, 5).map((c) => tight.generate(c.prompt_ids, greedy)));
-  tally('preempted', pre.map((g) => g.ids), ref.cases.slice(0, 5));
+  // Prompts of 5, 17, 40 and 100 tokens take 13 blocks when admitted and 17 once generated: a pool of
+  // 14 admits them all, then the scheduler must preempt and recompute.
+  const tight = engineWith(14);
+  const pre = await Promise.all(ref.cases.slice(0, 4).map((c) => tight.generate(c.prompt_ids, greedy)));
+  tally('preempted', pre.map((g) => g.ids), ref.cases.slice(0, 4));
   (out.preempted as Record<string, number>).preemptions = tight.stats.preemptions;
   if (tight.stats.preemptions === 0) failures.push('the tight pool did not preempt');
 
