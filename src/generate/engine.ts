@@ -24,6 +24,7 @@ import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { sampleToken } from './sampler.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
+import type { EngineObserver } from './engine-observer.js';
 
 export interface BlockTableView {
   /** Physical block ids in logical order. */
@@ -91,6 +92,8 @@ export class Engine {
   private readonly outputs: KvTensor[] = [];
   private carry: Carry | undefined;
   private readonly lazy: boolean;
+  /** Told of every sampled token and every request's end (metrics.ts); none by default. */
+  observer: EngineObserver | undefined;
 
   constructor(
     readonly model: DecoderModel,
@@ -296,6 +299,7 @@ export class Engine {
     seq.numComputed += fed;
     const V = this.model.shape.vocabSize;
     const next = sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
+    this.observer?.token(seq, performance.now());
     if (this.model.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.model.shape.maxPositions) return 'length';
@@ -310,6 +314,7 @@ export class Engine {
   private settle(seq: Sequence, error?: Error): void {
     // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
     this.scheduler.finish(seq, { failed: error !== undefined });
+    this.observer?.finished(seq, performance.now(), error !== undefined);
     const p = this.pending.get(seq);
     this.pending.delete(seq);
     if (!p) return;
