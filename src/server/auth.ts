@@ -3,6 +3,7 @@
  *
  * Three classes of route:
  *   open    health and readiness (GET /healthz, /readyz): a load balancer probes them without a key;
+ *           and the memory page's shell (GET /debug/memory.html), which holds no data;
  *   admin   document writes (POST, PUT, DELETE under /documents) and everything under /debug/;
  *   api     everything else.
  * With RAGGUARD_API_KEY set, api routes need `Authorization: Bearer <key>` (the admin key also
@@ -32,6 +33,9 @@ const WRITES = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
 
 export function routeClass(method: string, path: string): RouteClass {
   if ((method === 'GET' || method === 'HEAD') && OPEN.has(path)) return 'open';
+  // The memory page's shell holds no data (it fetches /debug/memory with the key in its URL's
+  // fragment): a browser cannot send a bearer key when it navigates.
+  if ((method === 'GET' || method === 'HEAD') && path === '/debug/memory.html') return 'open';
   if (path === '/debug' || path.startsWith('/debug/')) return 'admin';
   if ((path === '/documents' || path.startsWith('/documents/')) && WRITES.has(method)) return 'admin';
   return 'api';

@@ -5,7 +5,8 @@
  * and always at `/debug/memory.html`; everything else gets the JSON snapshot as before.
  *
  * One self-contained page: inline SVG drawn by inline script, no CDN, no build. It polls the JSON
- * snapshot (every `?interval=` ms, default 1000) and keeps the last `?points=` samples (default 300).
+ * snapshot (every `?interval=` ms, default 1000) and keeps the last `?points=` samples (default 300),
+ * on a log scale (components span MiB to GiB; `?scale=linear` for a linear one).
  * Where the server has an admin or API key, the page sends the key given in its URL's fragment
  * (`/debug/memory.html#key=...`): a fragment never leaves the browser, so it is in no log.
  */
@@ -42,6 +43,9 @@ h1{font-size:16px;margin:0 0 8px}
   const params = new URLSearchParams(location.search);
   const interval = Math.max(50, Number(params.get('interval')) || 1000);
   const keep = Math.max(2, Number(params.get('points')) || 300);
+  // Log by default: components span from a few MiB (adapters, index) to the budget's GiB.
+  const log = params.get('scale') !== 'linear';
+  const FLOOR = 1048576;
   const key = new URLSearchParams(location.hash.slice(1)).get('key');
   const url = new URL('memory', location.href);
   const sum = (xs) => xs.reduce((a, b) => a + b, 0);
@@ -73,16 +77,20 @@ h1{font-size:16px;margin:0 0 8px}
   function draw() {
     svg.textContent = '';
     const t0 = samples[0].t, t1 = Math.max(samples[samples.length - 1].t, t0 + 1);
-    let max = 1;
+    let max = 2 * FLOOR;
     for (const s of samples) for (const v of s.v) if (v !== null && v > max) max = v;
     const x = (t) => L + (W - L - R) * (t - t0) / (t1 - t0);
-    const y = (v) => H - B - (H - T - B) * v / max;
-    for (let i = 0; i <= 4; i++) {
-      const v = max * i / 4;
+    // Log scale: values under 1 MiB (zeros included) sit on the floor line.
+    const f = log ? (v) => Math.log10(Math.max(v, FLOOR) / FLOOR) : (v) => v;
+    const y = (v) => H - B - (H - T - B) * f(v) / f(max);
+    const ticks = [];
+    if (log) for (let v = FLOOR; v <= max; v *= 10) ticks.push(v);
+    else for (let i = 0; i <= 4; i++) ticks.push(max * i / 4);
+    for (const v of ticks) {
       el('line', { class: 'grid', x1: L, x2: W - R, y1: y(v), y2: y(v) });
       el('text', { class: 'axis', x: 4, y: y(v) + 4 }, mib(v));
     }
-    el('text', { class: 'axis', x: L, y: H - 8 }, ((t1 - t0) / 1000).toFixed(0) + ' s shown, newest right');
+    el('text', { class: 'axis', x: L, y: H - 8 }, ((t1 - t0) / 1000).toFixed(0) + ' s shown, newest right; ' + (log ? 'log' : 'linear') + ' scale (?scale=' + (log ? 'linear' : 'log') + ')');
     SERIES.forEach(([name, color], i) => {
       const pts = samples.filter((s) => s.v[i] !== null).map((s) => x(s.t).toFixed(1) + ',' + y(s.v[i]).toFixed(1));
       el('polyline', { class: 'series', 'data-name': name, 'data-points': pts.length, fill: 'none', stroke: color, 'stroke-width': 2, points: pts.join(' ') });
