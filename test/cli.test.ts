@@ -132,6 +132,27 @@ describe('ragguard ingest', () => {
   });
 });
 
+describe('ragguard ingest --direct', () => {
+  test('into the index on disk without a server; a server started on it then serves the documents', async () => {
+    const dir = await tempDir();
+    const r = await ragguard(['ingest', tree, '--direct', '--json'], { RAGGUARD_INDEX_DIR: dir });
+    assert.equal(r.code, 0, r.stderr);
+    const report = JSON.parse(r.stdout) as { created: number; replaced: number; chunks: number; index_dir: string; skipped: unknown[] };
+    assert.equal(report.created, 3);
+    assert.equal(report.index_dir, dir);
+    assert.equal(report.skipped.length, 7);
+    assert.match(r.stderr, /3\/3 100%/);
+    const again = await ragguard(['ingest', tree, '--direct', '--json'], { RAGGUARD_INDEX_DIR: dir });
+    assert.equal((JSON.parse(again.stdout) as { replaced: number }).replaced, 3);
+    const s = await RagService.start(testConfig({ RAGGUARD_INDEX_DIR: dir, RAGGUARD_CORPUS_DIR: '', RAGGUARD_PROFILE_RUN: 'false' }), models);
+    assert.deepEqual(s.store.documents(0, 10).map((d) => d.docId).sort(), ['guide.deep.fog-signals', 'guide.tides', 'readme']);
+    assert.equal(s.store.chunkCount, report.chunks);
+    const v = await models.embedder.embed(['spring tides flood the quay']);
+    assert.equal(s.store.search(v, 1)[0]!.chunk.docId, 'guide.tides');
+    assert.equal((await ragguard(['ingest', tree, '--direct', '--url', url])).code, 2);
+  });
+});
+
 describe('ragguard query and usage', () => {
   test('query prints the answer and its citations; --json the whole reply', async () => {
     const r = await ragguard(['query', 'How often does the keeper wind the lens?', '--url', url, '--max-tokens', '6', '--rerank-top-n', '1']);
@@ -164,7 +185,7 @@ describe('ragguard serve', () => {
     const corpus = await smallCorpus(0, ['quotas']);
     const child = spawn(process.execPath, [BIN, 'serve'], {
       cwd: ROOT,
-      env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: corpus, RAGGUARD_PROFILE_RUN: 'false' },
+      env: { ...process.env, GLIBC_TUNABLES: '', PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: corpus, RAGGUARD_PROFILE_RUN: 'false' },
     });
     const logs: Record<string, unknown>[] = [];
     let buf = '';
@@ -193,6 +214,8 @@ describe('ragguard serve', () => {
       assert.ok(logs.some((l) => /maximum concurrency for \d+ tokens per request/.test(String(l['msg']))));
       assert.ok(logs.some((l) => /^ingesting 1 documents/.test(String(l['msg']))));
       assert.ok(logs.some((l) => /^models loaded/.test(String(l['msg']))));
+      // The shim started it with scripts/tuned.sh's allocator setting, as npm start does.
+      assert.ok(!logs.some((l) => /GLIBC_TUNABLES/.test(String(l['msg']))), 'no allocator warning');
     } finally {
       // Nothing left running: the server closes on SIGTERM.
       const exited = new Promise((resolve) => child.once('exit', resolve));

@@ -6,6 +6,8 @@
  *                                      HTTP (PUT /documents/:id per file: ingesting the tree again
  *                                      replaces what it ingested before); a progress bar on stderr,
  *                                      then what was created, replaced, failed and skipped, and why
+ *   ragguard ingest <folder> --direct  the same straight into the index on disk (RAGGUARD_INDEX_DIR), for
+ *                                      when no server runs on it (direct-ingest.ts): one snapshot write
  *   ragguard query "question" [opts]  asks a running server (POST /query): the answer and its citations
  *
  * Options: --url URL (else RAGGUARD_URL, else http://$HOST:$PORT with the server's defaults),
@@ -15,12 +17,14 @@
  */
 import { parseArgs } from 'node:util';
 import path from 'node:path';
+import { ingestDirect } from './direct-ingest.js';
 import { readFolder, type Skipped } from './folder.js';
 import { ProgressBar } from './progress.js';
 
 const USAGE = `usage:
   ragguard serve
   ragguard ingest <folder> [--url URL] [--key KEY] [--json]
+  ragguard ingest <folder> --direct [--json]      (into RAGGUARD_INDEX_DIR, no server running on it)
   ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]`;
 
 class UsageError extends Error {}
@@ -64,13 +68,28 @@ const errorText = (r: Reply) => {
 };
 
 async function ingest(args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { url: { type: 'string' }, key: { type: 'string' }, json: { type: 'boolean' } } });
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { url: { type: 'string' }, key: { type: 'string' }, json: { type: 'boolean' }, direct: { type: 'boolean' } } });
   if (positionals.length !== 1) throw new UsageError('ingest takes one folder');
+  if (values.direct && (values.url !== undefined || values.key !== undefined)) throw new UsageError('--direct writes the index on disk: no --url or --key');
   const folder = path.resolve(positionals[0]!);
   const url = baseUrl(values.url);
   const key = values.key ?? process.env['RAGGUARD_ADMIN_KEY'] ?? process.env['RAGGUARD_API_KEY'];
   const maxBytes = Number(process.env['RAGGUARD_MAX_DOCUMENT_BYTES'] ?? 2000000);
   const { documents, skipped } = await readFolder(folder, maxBytes);
+  if (values.direct) {
+    const bar = new ProgressBar(documents.length);
+    bar.update(0, `${documents.length} documents from ${folder}: embedding`);
+    const r = await ingestDirect(documents, (done, label) => bar.update(done, label));
+    bar.end();
+    const report = { folder, index_dir: r.indexDir, created: r.created.length, replaced: r.replaced.length, chunks: r.chunks, failed: [], skipped };
+    if (values.json) process.stdout.write(`${JSON.stringify(report)}\n`);
+    else {
+      const lines = [`ingested ${documents.length} documents from ${folder} into the index at ${r.indexDir}: ${r.created.length} new, ${r.replaced.length} replaced, ${r.chunks} chunks`];
+      if (skipped.length) lines.push(`skipped (${skipped.length}):`, ...skipped.map((s) => `  ${s.file}: ${s.reason}`));
+      process.stdout.write(`${lines.join('\n')}\n`);
+    }
+    return 0;
+  }
   const created: string[] = [];
   const replaced: string[] = [];
   const failed: Skipped[] = [];
