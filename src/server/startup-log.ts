@@ -66,8 +66,9 @@ export function logCapacity(log: Logger, service: RagService): void {
 }
 
 /**
- * Follows RagService.start's phases: says when the profile run starts and ends, and how far the first
- * ingest has got (every `everyMs`, from the store's document count). Returns the listener and a stop.
+ * Follows RagService.start's phases: says when the profile run starts and ends (and, every `everyMs`,
+ * that it is still going), and how far the first ingest has got (every `everyMs`, from the store's
+ * document count). Returns the listener and a stop.
  */
 export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: StartPhase, s: RagService) => void; stop: () => void } {
   let timer: NodeJS.Timeout | undefined;
@@ -89,7 +90,12 @@ export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: Start
       end(service);
       current = p.phase;
       phaseStart = performance.now();
-      if (p.phase === 'profile') log.info('profile run: measuring each model at the largest allowed shapes to calibrate the memory model');
+      if (p.phase === 'profile') {
+        log.info('profile run: measuring each model at the largest allowed shapes to calibrate the memory model');
+        // It reports nothing until it is done: a heartbeat says it is still going.
+        timer = setInterval(() => log.info({ elapsed_ms: Math.round(performance.now() - phaseStart) }, 'profile run: still measuring'), everyMs);
+        timer.unref();
+      }
       if (p.phase === 'ingest') {
         const base = service.store.documentCount;
         log.info({ documents: p.documents }, `ingesting ${p.documents} documents from RAGGUARD_CORPUS_DIR`);
