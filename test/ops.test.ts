@@ -51,7 +51,7 @@ before(async () => {
 
 describe('/metrics', () => {
   const VLLM = ['num_requests_running', 'num_requests_waiting', 'kv_cache_usage_perc', 'num_preemptions_total', 'prompt_tokens_total',
-    'generation_tokens_total', 'time_to_first_token_seconds', 'inter_token_latency_seconds', 'e2e_request_latency_seconds', 'request_success_total'];
+    'generation_tokens_total', 'time_to_first_token_seconds', 'inter_token_latency_seconds', 'time_per_output_token_seconds', 'e2e_request_latency_seconds', 'request_success_total'];
 
   test("vLLM's metric names after ragguard: (model_name label), and the guard's own", async () => {
     const res = await request(app).get('/metrics').expect(200);
@@ -79,6 +79,7 @@ describe('/metrics', () => {
     // One interval per sampled token after the first (the end-of-sequence token, when sampled, is one).
     const itl = delta('ragguard:inter_token_latency_seconds_count');
     assert.ok(itl === c - 1 || itl === c, `${itl} inter-token latencies for ${c} tokens`);
+    assert.equal(delta('ragguard:time_per_output_token_seconds_count'), itl);
     assert.equal(delta('ragguard:e2e_request_latency_seconds_count'), 1);
     assert.ok(delta('ragguard:e2e_request_latency_seconds_sum') > 0);
     assert.equal(delta('ragguard:request_success_total', `finished_reason="${q.body.finish_reason as string}"`), 1);

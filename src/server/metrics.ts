@@ -31,6 +31,7 @@ export class ServerMetrics {
   private readonly lastToken = new WeakMap<Sequence, number>();
   private readonly ttft: Histogram;
   private readonly itl: Histogram;
+  private readonly tpot: Histogram;
   private readonly e2e: Histogram;
   private readonly promptTokens: Counter;
   private readonly generationTokens: Counter;
@@ -63,6 +64,8 @@ export class ServerMetrics {
     this.success = new Counter({ name: name('request_success_total'), help: 'Count of successfully processed requests.', labelNames: ['finished_reason'], registers: [r] });
     this.ttft = new Histogram({ name: name('time_to_first_token_seconds'), help: 'Histogram of time to first token in seconds.', buckets: TTFT_BUCKETS, registers: [r] });
     this.itl = new Histogram({ name: name('inter_token_latency_seconds'), help: 'Histogram of inter-token latency in seconds.', buckets: ITL_BUCKETS, registers: [r] });
+    // vLLM's earlier name for the same intervals, which older dashboards still chart.
+    this.tpot = new Histogram({ name: name('time_per_output_token_seconds'), help: 'Histogram of time per output token in seconds (the inter-token latency under its earlier vLLM name).', buckets: ITL_BUCKETS, registers: [r] });
     this.e2e = new Histogram({ name: name('e2e_request_latency_seconds'), help: 'Histogram of e2e request latency in seconds.', buckets: E2E_BUCKETS, registers: [r] });
     this.failed = new Counter({ name: name('request_failed_total'), help: 'Requests whose generation failed in the engine.', registers: [r] });
 
@@ -136,7 +139,10 @@ export class ServerMetrics {
       token: (seq, now) => {
         const last = this.lastToken.get(seq);
         if (last === undefined) this.ttft.observe((now - seq.arrival) / 1000);
-        else this.itl.observe((now - last) / 1000);
+        else {
+          this.itl.observe((now - last) / 1000);
+          this.tpot.observe((now - last) / 1000);
+        }
         this.lastToken.set(seq, now);
       },
       finished: (seq, now, failed) => {
