@@ -119,6 +119,18 @@ describe('documents', () => {
     await request(app).post('/documents').send({ doc_id: 'apt-cache', text: 'apt-cache shows package metadata.' }).expect(201);
   });
 
+  test('a query that found chunks before their document was removed still resolves their titles', async () => {
+    await request(app).put('/documents/transient').send({ title: 'Transient', text: 'A short-lived note about glacier ice cores.' }).expect(201);
+    const v = await service.models.embedder.embed(['glacier ice cores']);
+    const hit = service.store.search(v, 1)[0]!;
+    assert.equal(hit.chunk.docId, 'transient');
+    await request(app).delete('/documents/transient').expect(200);
+    // What the query in flight looks up next (rag.ts: the title for its reranker pairs and citations).
+    assert.equal(service.store.document('transient')?.title, 'Transient');
+    assert.equal(service.store.stored('transient'), undefined);
+    assert.equal(service.store.has('transient'), false);
+  });
+
   test('a query after the writes answers from the current documents', async () => {
     const res = await request(app).post('/query').send({ query: 'Which balloon climbs above the Sahara?', max_new_tokens: 4 }).expect(200);
     assert.equal(res.body.citations[0].doc_id, 'vehicle');

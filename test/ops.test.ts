@@ -87,6 +87,7 @@ describe('/metrics', () => {
     assert.equal(delta('ragguard:guard_predicted_bytes_sum'), q.body.guard.predicted_bytes);
     assert.equal(delta('ragguard:http_requests_total', 'route="/query",status="200"'), 1);
     assert.equal(sample(after, 'ragguard:num_requests_running'), 0);
+    assert.equal(sample(after, 'ragguard:admission_queue_requests', 'state="waiting"'), 0);
   });
 });
 

@@ -22,6 +22,7 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
   const log = opts.logger ?? createLogger(cfg.logLevel);
   const metrics = metricsFor(service);
   const admission = new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
+  metrics.addQueue(admission);
   const app = express();
   app.disable('x-powered-by');
   app.use(requestLogger(log, (m, route, status, s) => metrics.httpRequest(m, route, status, s)));

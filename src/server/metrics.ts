@@ -15,6 +15,7 @@ import path from 'node:path';
 import type { NextFunction, Request, Response } from 'express';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Sequence } from '../generate/sequence.js';
+import type { Admission } from '../guards/admission.js';
 import type { RagService } from '../rag.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
 
@@ -29,6 +30,8 @@ const BYTES_BUCKETS = [1, 4, 16, 64, 256, 1024].flatMap((m) => [m * 2 ** 20, m *
 export class ServerMetrics {
   readonly registry = new Registry();
   private readonly lastToken = new WeakMap<Sequence, number>();
+  /** The admission queues of the apps over this service (one per app). */
+  private readonly queues = new Set<Admission>();
   private readonly ttft: Histogram;
   private readonly itl: Histogram;
   private readonly tpot: Histogram;
@@ -132,6 +135,17 @@ export class ServerMetrics {
         }
       } });
 
+    const queues = this.queues;
+    new Gauge({ name: name('admission_queue_requests'), help: 'Queries holding an admission slot (running) or waiting for one, before the guard and the engine.', labelNames: ['state'], registers: [r],
+      collect() {
+        let running = 0, waiting = 0;
+        for (const q of queues) {
+          running += q.running;
+          waiting += q.waiting;
+        }
+        this.labels('running').set(running);
+        this.labels('waiting').set(waiting);
+      } });
     this.httpRequests = new Counter({ name: name('http_requests_total'), help: 'HTTP requests by method, route and status.', labelNames: ['method', 'route', 'status'], registers: [r] });
     this.httpDuration = new Histogram({ name: name('http_request_duration_seconds'), help: 'HTTP request latency as the client sees it (retrieval included).', labelNames: ['method', 'route'], buckets: E2E_BUCKETS, registers: [r] });
 
@@ -162,6 +176,11 @@ export class ServerMetrics {
       this.predicted.observe(d.prediction.workspaceBytes + d.prediction.kvBytes);
       if (d.action !== 'reject') for (const s of d.reshaped) this.reshapes.labels(s.field).inc();
     };
+  }
+
+  /** Counts an app's admission queue in `admission_queue_requests`. */
+  addQueue(admission: Admission): void {
+    this.queues.add(admission);
   }
 
   /** Counts a finished HTTP request (called by the request logger). */
