@@ -189,12 +189,19 @@ export class RagService {
     };
   }
 
-  static async start(cfg: Config, models?: Models): Promise<RagService> {
+  /** `onPhase` hears each start-up phase as it begins (the start-up log's progress). */
+  static async start(cfg: Config, models?: Models, onPhase?: (phase: StartPhase, service: RagService) => void): Promise<RagService> {
     const m = models ?? (await loadModels(cfg));
     const store = await DocumentStore.open(cfg.indexDir, m.embedder.dimension);
     const service = new RagService(cfg, m, store);
+    if (cfg.profileRun) onPhase?.({ phase: 'profile' }, service);
     if (cfg.profileRun) await service.profileMemory();
-    if (store.documentCount === 0 && cfg.corpusDir) await service.ingest(await readCorpus(cfg.corpusDir));
+    if (store.documentCount === 0 && cfg.corpusDir) {
+      const docs = await readCorpus(cfg.corpusDir);
+      onPhase?.({ phase: 'ingest', documents: docs.length }, service);
+      await service.ingest(docs);
+    }
+    onPhase?.({ phase: 'ready' }, service);
     return service;
   }
 
@@ -230,6 +237,13 @@ export class RagService {
   /** Chunks, embeds and adds the documents, then persists one snapshot for the whole batch. */
   ingest(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
     const run = this.ingestTail.then(() => this.ingestNow(docs));
+    this.ingestTail = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Runs a write to the index after every earlier one (ingest, replacement, removal): one writer at a time. */
+  writeExclusive<T>(work: () => Promise<T>): Promise<T> {
+    const run = this.ingestTail.then(work);
     this.ingestTail = run.catch(() => undefined);
     return run;
   }
@@ -328,6 +342,8 @@ export class RagService {
     };
   }
 }
+
+export type StartPhase = { phase: 'profile' } | { phase: 'ingest'; documents: number } | { phase: 'ready' };
 
 export class DuplicateDocumentError extends Error {
   constructor(readonly docId: string) {

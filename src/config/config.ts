@@ -82,6 +82,12 @@ export interface Config {
   maxConcurrentQueries: number;
   maxQueueLength: number;
   queueTimeoutMs: number;
+  /** Bearer keys (auth.ts): '' = not required. */
+  apiKey: string;
+  adminKey: string;
+  /** Origins allowed by CORS; ['*'] = any; [] = CORS off. */
+  corsOrigins: string[];
+  logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
 interface Variable {
@@ -365,7 +371,36 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_QUEUE_TIMEOUT_MS', default: '30000', doc: 'Longest wait in the queue before 503.',
     apply: int(1, 3600000, (c, v) => (c.queueTimeoutMs = v)),
   },
+  {
+    name: 'RAGGUARD_API_KEY', default: '',
+    doc: "Bearer key every route but health and readiness needs (`Authorization: Bearer <key>`); '' = no key needed. At least 8 characters, no whitespace.",
+    apply: str((c, v) => (c.apiKey = apiKey(v)), true),
+  },
+  {
+    name: 'RAGGUARD_ADMIN_KEY', default: '',
+    doc: "Bearer key that document writes (POST, PUT, DELETE /documents) and /debug/* need (the API key there is 403); it opens every other route too. '' = those routes take the API key.",
+    apply: str((c, v) => (c.adminKey = apiKey(v)), true),
+  },
+  {
+    name: 'RAGGUARD_CORS_ORIGINS', default: '',
+    doc: "Comma-separated origins (e.g. 'https://app.example.com') allowed to call from a browser, or '*'; '' = CORS off (no CORS headers).",
+    apply: (c, raw) => {
+      const list = raw.split(',').map((x) => x.trim()).filter(Boolean);
+      const bad = list.filter((o) => o !== '*' && !/^https?:\/\/[A-Za-z0-9.-]+(:\d{1,5})?$/.test(o));
+      if (bad.length) throw new Error(`expected '*' or origins like https://host[:port], got '${bad.join("', '")}'`);
+      c.corsOrigins = list.includes('*') ? ['*'] : list;
+    },
+  },
+  {
+    name: 'RAGGUARD_LOG_LEVEL', default: 'info', doc: 'JSON log level (pino): fatal, error, warn, info, debug, trace or silent.',
+    apply: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, (c, v) => (c.logLevel = v)),
+  },
 ];
+
+function apiKey(v: string): string {
+  if (v !== '' && (v.length < 8 || /\s/.test(v))) throw new Error('expected at least 8 characters and no whitespace');
+  return v;
+}
 
 /** Reads and validates the configuration; throws ConfigError naming every bad variable. */
 export function loadConfig(env: Readonly<Record<string, string | undefined>> = process.env): Config {
@@ -386,6 +421,7 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
+    if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
     if (c.defaultMaxNewTokens > c.maxNewTokensLimit) {
       problems.push('RAGGUARD_MAX_NEW_TOKENS: must not exceed RAGGUARD_MAX_NEW_TOKENS_LIMIT');
     }

@@ -15,6 +15,7 @@ import type { FinishReason, Generation } from './generator.js';
 import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
+import type { EngineObserver } from './engine-observer.js';
 
 export interface BlockTableView {
   /** Physical block ids in logical order. */
@@ -65,6 +66,8 @@ export class Engine {
     finish: (seq, reason) => this.finishSeq(seq, reason),
   };
   private readonly blocksOf: RunnerStep['blocks'];
+  /** Told of every sampled token and every request's end (metrics.ts); none by default. */
+  observer: EngineObserver | undefined;
 
   /** An ONNX decoder gets the ONNX Runtime runner; any other backend comes as its runner. */
   constructor(model: DecoderModel | ModelRunner, readonly blocks: EngineBlockManager, opts: EngineOptions) {
@@ -140,6 +143,7 @@ export class Engine {
   private advance(seq: Sequence, fed: number, next: number): FinishReason | undefined {
     // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
     seq.numComputed += fed;
+    this.observer?.token(seq, performance.now());
     if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.runner.shape.maxPositions) return 'length';
@@ -154,6 +158,7 @@ export class Engine {
   private settle(seq: Sequence, error?: Error): void {
     // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
     this.scheduler.finish(seq, { failed: error !== undefined });
+    this.observer?.finished(seq, performance.now(), error !== undefined);
     const p = this.pending.get(seq);
     this.pending.delete(seq);
     if (!p) return;

@@ -25,6 +25,8 @@ interface Waiter {
 export class MemoryGuard {
   private reservedBytes = 0;
   private readonly waiters: Waiter[] = [];
+  /** Told of every decision (metrics: admissions by decision, reshapes); none by default. */
+  onDecision: ((d: Decision) => void) | undefined;
 
   constructor(
     readonly model: MemoryModel,
@@ -43,12 +45,14 @@ export class MemoryGuard {
 
   decide(shape: RequestShape): Decision {
     const c = this.capacity();
-    return decide(this.model, shape, {
+    const d = decide(this.model, shape, {
       workspaceTotal: c.workspaceTotal,
       workspaceFree: c.workspaceTotal - this.reservedBytes,
       kvFreeBlocks: c.kvFreeBlocks,
       kvTotalBlocks: c.kvTotalBlocks,
     }, this.order, this.floors);
+    this.onDecision?.(d);
+    return d;
   }
 
   /** Waits (FIFO) until `bytes` of workspace are free, reserves them, and returns their release. */

@@ -39,10 +39,16 @@ interface SnapshotMeta {
 }
 
 const SNAPSHOT = 'index.snapshot';
+const REMEMBERED = 1024;
 
 export class DocumentStore {
   private readonly docs = new Map<string, StoredDocument>();
   private readonly chunkList: StoredChunk[] = [];
+  /**
+   * Documents removed lately, by id: a query that found a chunk before its document was removed
+   * still resolves the document's title (document() falls back here). Bounded: the last REMEMBERED.
+   */
+  private readonly removed = new Map<string, StoredDocument>();
 
   private constructor(
     readonly dir: string,
@@ -85,7 +91,78 @@ export class DocumentStore {
   }
 
   document(docId: string): StoredDocument | undefined {
+    return this.docs.get(docId) ?? this.removed.get(docId);
+  }
+
+  /** A document in the store now (never a removed one). */
+  stored(docId: string): StoredDocument | undefined {
     return this.docs.get(docId);
+  }
+
+  /** A page of the documents, in the order they were added. */
+  documents(offset: number, limit: number): StoredDocument[] {
+    const out: StoredDocument[] = [];
+    let i = 0;
+    for (const d of this.docs.values()) {
+      if (i++ < offset) continue;
+      if (out.length === limit) break;
+      out.push(d);
+    }
+    return out;
+  }
+
+  /**
+   * Removes a document, its chunks and their vectors; in memory only. Faiss's flat index compacts on
+   * removal (remove_ids keeps the others in order), so the chunks after the removed ones move down:
+   * they are renumbered to stay at their labels (new objects: a query holding the old ones keeps them).
+   */
+  remove(docId: string): StoredDocument | undefined {
+    const doc = this.docs.get(docId);
+    if (!doc) return undefined;
+    const gone = new Set(doc.chunkIds);
+    if (gone.size > 0) {
+      const n = this.index.removeIds([...gone]);
+      if (n !== gone.size) throw new Error(`faiss removed ${n} vectors of document '${docId}' for its ${gone.size} chunks`);
+    }
+    this.docs.delete(docId);
+    const kept = this.chunkList.filter((c) => !gone.has(c.id));
+    const moved = new Map<number, number>();
+    this.chunkList.length = 0;
+    kept.forEach((c, id) => {
+      if (c.id !== id) moved.set(c.id, id);
+      this.chunkList.push(c.id === id ? c : { ...c, id });
+    });
+    if (moved.size > 0) {
+      for (const [id, d] of this.docs) {
+        if (d.chunkIds.some((c) => moved.has(c))) this.docs.set(id, { ...d, chunkIds: d.chunkIds.map((c) => moved.get(c) ?? c) });
+      }
+    }
+    this.removed.delete(docId);
+    this.removed.set(docId, doc);
+    if (this.removed.size > REMEMBERED) this.removed.delete(this.removed.keys().next().value!);
+    return doc;
+  }
+
+  /**
+   * Runs a change (add, remove) and persists the store; if the change or the write fails, the store
+   * is put back as it was, so memory never holds what the snapshot does not.
+   */
+  async transact<T>(change: () => T): Promise<T> {
+    const before = { index: this.index.toBuffer(), docs: new Map(this.docs), chunks: [...this.chunkList], removed: new Map(this.removed) };
+    try {
+      const out = change();
+      await this.persist();
+      return out;
+    } catch (e) {
+      this.index = faiss.IndexFlatIP.fromBuffer(before.index);
+      this.docs.clear();
+      for (const [k, v] of before.docs) this.docs.set(k, v);
+      this.chunkList.length = 0;
+      this.chunkList.push(...before.chunks);
+      this.removed.clear();
+      for (const [k, v] of before.removed) this.removed.set(k, v);
+      throw e;
+    }
   }
 
   chunk(id: number): StoredChunk {

@@ -8,15 +8,25 @@ import { PromptNeverFitsError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
 import { DuplicateDocumentError, type RagService } from '../rag.js';
+import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
+import { documentsRouter } from './documents.js';
+import { createLogger, noteError, requestLogger, type Logger } from './logging.js';
+import { dashboardIfHtml } from './memory-dashboard.js';
+import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { parseDocuments, parseQuery } from './validate.js';
 
-export function createApp(service: RagService): express.Express {
+export function createApp(service: RagService, opts: { logger?: Logger } = {}): express.Express {
   const { cfg } = service;
+  const log = opts.logger ?? createLogger(cfg.logLevel);
+  const metrics = metricsFor(service);
   const admission = new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
+  metrics.addQueue(admission);
   const app = express();
   app.disable('x-powered-by');
+  app.use(requestLogger(log, (m, route, status, s) => metrics.httpRequest(m, route, status, s)));
+  app.use(cors(cfg), authenticate(cfg));
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   app.get('/healthz', (_req, res) => {
@@ -33,6 +43,8 @@ export function createApp(service: RagService): express.Express {
     });
   });
 
+  app.get('/metrics', metricsHandler(metrics));
+  app.get(['/debug/memory', '/debug/memory.html'], dashboardIfHtml);
   app.get('/debug/memory', (_req, res) => {
     res.json(memorySnapshot(service, admission, service.gpu.latest()));
   });
@@ -94,11 +106,14 @@ export function createApp(service: RagService): express.Express {
     }
   });
 
+  app.use(documentsRouter(service));
+
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 
   app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
     const e = toHttpError(err);
-    if (!(err instanceof HttpError)) console.error('request failed:', err);
+    // On the request's one log line: code and message; the stack too for a 5xx.
+    noteError(res, e.status, e.body(), err);
     res.status(e.status).set(e.headers).json(e.body());
   });
   return app;

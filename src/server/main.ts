@@ -1,8 +1,10 @@
-/** Entry point: configuration, models, store (ingesting the sample corpus on first start), HTTP. */
+/** Entry point: configuration, models, store (ingesting the sample corpus on first start), HTTP. JSON logs (pino) throughout. */
 import { ConfigError, loadConfig, type Config } from '../config/config.js';
-import { RagService } from '../rag.js';
+import { loadModels, RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { createApp } from './app.js';
+import { createLogger } from './logging.js';
+import { logCapacity, logModels, startProgress } from './startup-log.js';
 
 async function main(): Promise<void> {
   let cfg: Config;
@@ -10,30 +12,39 @@ async function main(): Promise<void> {
     cfg = loadConfig();
   } catch (e) {
     if (e instanceof ConfigError) {
-      console.error(e.message);
+      createLogger().fatal({ problems: e.problems }, e.message);
       process.exit(2);
     }
     throw e;
   }
+  const log = createLogger(cfg.logLevel);
   if (!allocatorTuned()) {
-    console.warn('GLIBC_TUNABLES lacks the allocator settings of scripts/tuned.sh (npm start applies them): ' +
+    log.warn('GLIBC_TUNABLES lacks the allocator settings of scripts/tuned.sh (npm start applies them): ' +
       'freed run buffers will stay resident, so resident memory overstates what runs hold');
   }
+  if (!cfg.apiKey && !['127.0.0.1', 'localhost', '::1'].includes(cfg.host)) {
+    log.warn({ host: cfg.host }, 'listening beyond loopback without RAGGUARD_API_KEY: every route is open to whoever reaches the port');
+  }
   const t0 = performance.now();
-  const service = await RagService.start(cfg);
-  const { embedder, reranker, decoder } = service.models;
-  console.log(
-    `models: embedder ${embedder.provider}, reranker ${reranker.provider}, decoder ${decoder.provider}; ` +
-      `index: ${service.store.documentCount} documents, ${service.store.chunkCount} chunks ` +
-      `(${Math.round(performance.now() - t0)} ms to start)`,
-  );
-  const server = createApp(service).listen(cfg.port, cfg.host, () => {
+  log.info({ embedder: cfg.embedderPath, reranker: cfg.rerankerPath, decoder: cfg.decoderPath }, 'loading models');
+  const models = await loadModels(cfg);
+  logModels(log, cfg, models, performance.now() - t0);
+  const progress = startProgress(log);
+  let service: RagService;
+  try {
+    service = await RagService.start(cfg, models, progress.onPhase);
+  } finally {
+    progress.stop();
+  }
+  logCapacity(log, service);
+  const server = createApp(service, { logger: log }).listen(cfg.port, cfg.host, () => {
     const addr = server.address();
     const port = typeof addr === 'object' && addr ? addr.port : cfg.port;
-    console.log(`ragguard listening on http://${cfg.host}:${port}`);
+    log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
+      `ragguard listening on http://${cfg.host}:${port}`);
   });
   const stop = (sig: string) => {
-    console.log(`${sig}: closing`);
+    log.info({ signal: sig }, 'closing');
     server.close(() => process.exit(0));
     setTimeout(() => process.exit(0), 5000).unref();
   };
@@ -42,6 +53,6 @@ async function main(): Promise<void> {
 }
 
 main().catch((e: unknown) => {
-  console.error('ragguard failed to start:', e instanceof Error ? e.message : e);
+  createLogger().fatal({ err: e }, `ragguard failed to start: ${e instanceof Error ? e.message : String(e)}`);
   process.exit(1);
 });

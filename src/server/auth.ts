@@ -1,0 +1,101 @@
+/**
+ * Who may call what, and from which web origins.
+ *
+ * Three classes of route:
+ *   open    health and readiness (GET /healthz, /readyz): a load balancer probes them without a key;
+ *           and the memory page's shell (GET /debug/memory.html), which holds no data;
+ *   admin   document writes (POST, PUT, DELETE under /documents) and everything under /debug/;
+ *   api     everything else.
+ * With RAGGUARD_API_KEY set, api routes need `Authorization: Bearer <key>` (the admin key also
+ * passes). With RAGGUARD_ADMIN_KEY set, admin routes need the admin key: the API key there is 403
+ * (known, not allowed); without an admin key they take the API key. Neither set: all open (the
+ * default host is loopback). A missing or unknown key is 401 with `WWW-Authenticate: Bearer`.
+ *
+ * CORS is off (no CORS headers at all, so browsers keep other origins out) unless
+ * RAGGUARD_CORS_ORIGINS names origins (or `*`). A preflight is answered before authentication:
+ * browsers send it without credentials.
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { NextFunction, Request, Response } from 'express';
+import { HttpError } from './errors.js';
+
+export type RouteClass = 'open' | 'admin' | 'api';
+
+export interface AuthConfig {
+  apiKey: string;
+  adminKey: string;
+  /** Allowed origins; ['*'] = any; [] = CORS off. */
+  corsOrigins: readonly string[];
+}
+
+const OPEN = new Set(['/healthz', '/readyz', '/health', '/ready']);
+const WRITES = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
+
+export function routeClass(method: string, path: string): RouteClass {
+  if ((method === 'GET' || method === 'HEAD') && OPEN.has(path)) return 'open';
+  // The memory page's shell holds no data (it fetches /debug/memory with the key in its URL's
+  // fragment): a browser cannot send a bearer key when it navigates.
+  if ((method === 'GET' || method === 'HEAD') && path === '/debug/memory.html') return 'open';
+  if (path === '/debug' || path.startsWith('/debug/')) return 'admin';
+  if ((path === '/documents' || path.startsWith('/documents/')) && WRITES.has(method)) return 'admin';
+  return 'api';
+}
+
+const digest = (s: string): Buffer => createHash('sha256').update(s).digest();
+
+/** Constant-time comparison of a presented key with a configured one (through their digests: equal lengths). */
+function same(presented: Buffer, key: Buffer | undefined): boolean {
+  return key !== undefined && timingSafeEqual(presented, key);
+}
+
+function bearer(req: Request): string | undefined {
+  const h = req.get('authorization');
+  if (h === undefined) return undefined;
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
+  return m ? m[1] : '';
+}
+
+const unauthorized = (code: string, message: string) => new HttpError(401, code, message, {}, { 'WWW-Authenticate': 'Bearer realm="ragguard"' });
+
+export function authenticate(cfg: AuthConfig) {
+  const api = cfg.apiKey ? digest(cfg.apiKey) : undefined;
+  const admin = cfg.adminKey ? digest(cfg.adminKey) : undefined;
+  return (req: Request, _res: Response, next: NextFunction): void => {
+    const cls = routeClass(req.method, req.path);
+    if (cls === 'open') return next();
+    // The keys that open this class of route: the admin key opens everything.
+    const needed = cls === 'admin' && admin ? [admin] : [api, admin].filter((k): k is Buffer => k !== undefined);
+    if (needed.length === 0) return next();
+    const token = bearer(req);
+    if (token === undefined) {
+      return next(unauthorized('unauthorized', `${req.method} ${req.path} needs an API key: send 'Authorization: Bearer <key>'`));
+    }
+    const presented = digest(token);
+    if (needed.some((k) => same(presented, k))) return next();
+    if (cls === 'admin' && same(presented, api)) {
+      return next(new HttpError(403, 'forbidden', `${req.method} ${req.path} needs the admin key (RAGGUARD_ADMIN_KEY); the API key is not enough`));
+    }
+    next(unauthorized('invalid_api_key', 'the key sent is not a valid key for this server'));
+  };
+}
+
+export function cors(cfg: AuthConfig) {
+  const any = cfg.corsOrigins.includes('*');
+  const allowed = new Set(cfg.corsOrigins);
+  return (req: Request, res: Response, next: NextFunction): void => {
+    if (cfg.corsOrigins.length === 0) return next();
+    const origin = req.get('origin');
+    res.vary('Origin');
+    if (origin === undefined || !(any || allowed.has(origin))) return next();
+    res.setHeader('Access-Control-Allow-Origin', any ? '*' : origin);
+    res.setHeader('Access-Control-Expose-Headers', 'X-Request-Id, Retry-After');
+    if (req.method === 'OPTIONS' && req.get('access-control-request-method') !== undefined) {
+      res.setHeader('Access-Control-Allow-Methods', 'GET, HEAD, POST, PUT, DELETE, OPTIONS');
+      res.setHeader('Access-Control-Allow-Headers', 'Authorization, Content-Type, X-Request-Id, Accept');
+      res.setHeader('Access-Control-Max-Age', '600');
+      res.status(204).end();
+      return;
+    }
+    next();
+  };
+}

@@ -1,0 +1,74 @@
+/**
+ * JSON logs (pino): one line per request, and the server's own events (start-up, capacity, progress).
+ *
+ * Every request gets an id: the client's `X-Request-Id` when it sends a sane one (so that ids follow a
+ * request across proxies), else a new UUID; it is returned in the response's `X-Request-Id` header and
+ * is on the request's log line. A request ends in exactly one line: method, path, status, latency, and
+ * for an error its code and message. Client errors (4xx) are that one line with no stack: they are
+ * the client's to fix, and a stack would bury real failures. Server errors (5xx) carry the stack.
+ */
+import { randomUUID } from 'node:crypto';
+import type { NextFunction, Request, Response } from 'express';
+import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
+
+export type { Logger };
+
+export function createLogger(level: LevelWithSilent = 'info', destination?: DestinationStream): Logger {
+  return pino({ level, base: { name: 'ragguard' }, timestamp: pino.stdTimeFunctions.isoTime }, destination);
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._:\-]{1,128}$/;
+
+/** What the error middleware leaves for the request's log line. */
+interface RequestLogState {
+  requestId: string;
+  error?: { code: string; message: string };
+  /** The failure itself, logged with its stack: only for 5xx. */
+  cause?: unknown;
+}
+
+function state(res: Response): RequestLogState {
+  return res.locals as RequestLogState;
+}
+
+export function requestId(res: Response): string {
+  return state(res).requestId;
+}
+
+/** Called by the error middleware: the error goes on the request's one line (with its stack if 5xx). */
+export function noteError(res: Response, status: number, body: { error: Record<string, unknown> }, cause: unknown): void {
+  const s = state(res);
+  s.error = { code: String(body.error['code']), message: String(body.error['message']) };
+  if (status >= 500) s.cause = cause;
+}
+
+export function requestLogger(log: Logger, onDone?: (method: string, route: string, status: number, seconds: number) => void) {
+  return (req: Request, res: Response, next: NextFunction): void => {
+    const t0 = performance.now();
+    const given = req.get('x-request-id');
+    const id = given !== undefined && REQUEST_ID.test(given) ? given : randomUUID();
+    state(res).requestId = id;
+    res.setHeader('X-Request-Id', id);
+    let logged = false;
+    const done = (aborted: boolean) => {
+      if (logged) return;
+      logged = true;
+      const ms = Math.round((performance.now() - t0) * 100) / 100;
+      const s = state(res);
+      // The matched route's pattern (not the path: ids in paths would make every line its own series).
+      const route = req.route ? `${req.baseUrl}${String((req.route as { path: unknown }).path)}` : 'unmatched';
+      onDone?.(req.method, route, res.statusCode, ms / 1000);
+      const line: Record<string, unknown> = {
+        req_id: id, method: req.method, path: req.path, route, status: res.statusCode, latency_ms: ms,
+        ...(aborted ? { aborted: true } : {}),
+        ...(s.error ? { error: s.error } : {}),
+      };
+      if (s.cause !== undefined) log.error({ ...line, err: s.cause }, 'request failed');
+      else log.info(line, 'request');
+    };
+    res.on('finish', () => done(false));
+    // The client went away before the reply was written.
+    res.on('close', () => done(!res.writableFinished));
+    next();
+  };
+}

@@ -1,0 +1,112 @@
+/**
+ * What the server logs as it starts: the models and where they run, then progress through the
+ * profile run and the first ingest, then the capacity summary as vLLM logs it (the budget and its
+ * split, the KV blocks, and how many sequences fit at the prompt limit).
+ */
+import type { Config } from '../config/config.js';
+import type { Models, RagService, StartPhase } from '../rag.js';
+import type { Logger } from './logging.js';
+
+const MiB = (b: number) => Math.round((b / 2 ** 20) * 10) / 10;
+
+export function logModels(log: Logger, cfg: Config, models: Models, ms: number): void {
+  const { embedder, reranker, decoder, loads } = models;
+  log.info({
+    ms: Math.round(ms),
+    models: {
+      embedder: { path: cfg.embedderPath, provider: embedder.provider, bytes: loads.embedder.bytes },
+      reranker: { path: cfg.rerankerPath, provider: reranker.provider, bytes: loads.reranker.bytes },
+      decoder: { path: cfg.decoderPath, provider: decoder.provider, bytes: loads.decoder.bytes, layout: decoder.layout, run_path: decoder.runPath.path },
+    },
+  }, `models loaded: embedder on ${embedder.provider}, reranker on ${reranker.provider}, decoder on ${decoder.provider}`);
+}
+
+/** The capacity figures: budget split, KV blocks, sequences that fit. */
+export function capacity(service: RagService) {
+  const { cfg, engine, budget } = service;
+  const pool = engine.pool;
+  const maxPositions = service.models.decoder.shape.maxPositions;
+  const promptLimit = Math.min(cfg.promptBudgetTokens, maxPositions);
+  const fullLimit = Math.min(cfg.promptBudgetTokens + cfg.maxNewTokensLimit, maxPositions);
+  const blocksFor = (tokens: number) => Math.ceil(tokens / pool.blockSize);
+  return {
+    budget_bytes: budget.budgetBytes,
+    budget_source: budget.source,
+    weights_bytes: service.weightBytes,
+    adapter_slot_bytes: service.adapterSlotBytes,
+    index_bytes: service.store.indexBytes,
+    kv_pool_bytes: pool.bytes,
+    workspace_bytes: service.workspaceBytes,
+    kv_blocks: pool.numBlocks,
+    block_size: pool.blockSize,
+    kv_bytes_per_token: pool.bytesPerSlot,
+    kv_tokens: pool.numBlocks * pool.blockSize,
+    prompt_limit_tokens: promptLimit,
+    // vLLM's "maximum concurrency for N tokens per request": whole blocks per sequence, as they are taken.
+    seqs_at_prompt_limit: Math.floor(pool.numBlocks / blocksFor(promptLimit)),
+    seqs_at_prompt_and_new_tokens_limit: Math.floor(pool.numBlocks / blocksFor(fullLimit)),
+    prompt_and_new_tokens_limit: fullLimit,
+    max_num_seqs: cfg.maxNumSeqs,
+    guards: cfg.guards,
+    documents: service.store.documentCount,
+    chunks: service.store.chunkCount,
+  };
+}
+
+export function logCapacity(log: Logger, service: RagService): void {
+  const c = capacity(service);
+  log.info({ capacity: c },
+    `memory budget ${MiB(c.budget_bytes)} MiB (${c.budget_source}): weights ${MiB(c.weights_bytes)} MiB, adapter slots ${MiB(c.adapter_slot_bytes)} MiB, ` +
+    `index ${MiB(c.index_bytes)} MiB, KV pool ${MiB(c.kv_pool_bytes)} MiB, workspace ${MiB(c.workspace_bytes)} MiB`);
+  log.info({ kv_blocks: c.kv_blocks, block_size: c.block_size, kv_tokens: c.kv_tokens },
+    `# KV blocks: ${c.kv_blocks} of ${c.block_size} tokens (${c.kv_tokens} tokens, ${c.kv_bytes_per_token} bytes per token)`);
+  log.info({ seqs: c.seqs_at_prompt_limit, tokens: c.prompt_limit_tokens },
+    `maximum concurrency for ${c.prompt_limit_tokens} tokens per request (the prompt limit): ${c.seqs_at_prompt_limit} sequences ` +
+    `(${c.seqs_at_prompt_and_new_tokens_limit} at ${c.prompt_and_new_tokens_limit} tokens with the largest max_new_tokens; max_num_seqs ${c.max_num_seqs})`);
+}
+
+/**
+ * Follows RagService.start's phases: says when the profile run starts and ends (and, every `everyMs`,
+ * that it is still going), and how far the first ingest has got (every `everyMs`, from the store's
+ * document count). Returns the listener and a stop.
+ */
+export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: StartPhase, s: RagService) => void; stop: () => void } {
+  let timer: NodeJS.Timeout | undefined;
+  let phaseStart = performance.now();
+  let current: StartPhase['phase'] | undefined;
+  const end = (service: RagService) => {
+    if (timer) clearInterval(timer);
+    timer = undefined;
+    const ms = Math.round(performance.now() - phaseStart);
+    if (current === 'profile') {
+      const p = service.profile;
+      log.info({ ms, calibration: p.source, ...(p.source === 'profile' ? { runs: p.points.length, headroom: p.headroom } : { reason: p.reason }) },
+        `profile run done in ${ms} ms (${p.source})`);
+    }
+    if (current === 'ingest') log.info({ ms, documents: service.store.documentCount, chunks: service.store.chunkCount }, `ingest done in ${ms} ms`);
+  };
+  return {
+    onPhase: (p, service) => {
+      end(service);
+      current = p.phase;
+      phaseStart = performance.now();
+      if (p.phase === 'profile') {
+        log.info('profile run: measuring each model at the largest allowed shapes to calibrate the memory model');
+        // It reports nothing until it is done: a heartbeat says it is still going.
+        timer = setInterval(() => log.info({ elapsed_ms: Math.round(performance.now() - phaseStart) }, 'profile run: still measuring'), everyMs);
+        timer.unref();
+      }
+      if (p.phase === 'ingest') {
+        const base = service.store.documentCount;
+        log.info({ documents: p.documents }, `ingesting ${p.documents} documents from RAGGUARD_CORPUS_DIR`);
+        timer = setInterval(() => {
+          log.info({ done: service.store.documentCount - base, of: p.documents }, `ingesting: ${service.store.documentCount - base} of ${p.documents} documents`);
+        }, everyMs);
+        timer.unref();
+      }
+    },
+    stop: () => {
+      if (timer) clearInterval(timer);
+    },
+  };
+}
