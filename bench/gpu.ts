@@ -80,7 +80,12 @@ function torchBaseline(dir: string, prompts: number[][]): TorchCase[] {
   return out.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as TorchCase);
 }
 
-process.on('exit', (code) => console.error(`bench:gpu exits with ${code}`));
+let current: Engine | undefined;
+process.on('exit', (code) => {
+  // A generation that never settles empties the event loop (exit 13): say where the engine stood.
+  const s = current?.scheduler;
+  console.error(`bench:gpu exits with ${code}${s ? `; engine: ${s.waiting.length} waiting, ${s.running.length} running, stats ${JSON.stringify(current!.stats)}` : ''}`);
+});
 
 async function benchModel(dir: string): Promise<Record<string, unknown>> {
   const maxSeqs = Math.max(...LEVELS);
@@ -89,7 +94,7 @@ async function benchModel(dir: string): Promise<Record<string, unknown>> {
   const prompts = randomPrompts(REQUESTS, PROMPT, runner.shape.vocabSize, 11);
   const ours: Record<number, { tokens_per_s: number; ttft_ms_p50: number; outputs: number[][] }> = {};
   for (const c of LEVELS) {
-    const engine = engineFor(runner, c);
+    const engine = (current = engineFor(runner, c));
     console.error(`bench:gpu: ${c} concurrent`);
     await closedLoop(engine, prompts.slice(0, c), c, 4); // warm-up
     const run = await closedLoop(engine, prompts, c, NEW);

@@ -10,7 +10,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { cudaBackend, cudaUnavailable } from '../src/backends/cuda/binding.js';
+import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle } from '../src/backends/cuda/binding.js';
 import { CudaModelRunner, CudaUnavailableError, deviceSampling } from '../src/backends/cuda/cuda-runner.js';
 import { CheckpointError, openCheckpoint, parseConfig, placeTensor, WeightKind, weightElems } from '../src/backends/cuda/hf-checkpoint.js';
 import { ropeInvFreq, UnsupportedRopeError } from '../src/backends/cuda/rope.js';
@@ -254,4 +254,91 @@ test('the engine drives any ModelRunner: batches, limits, end of sequence, repli
   await engine.idle();
   assert.equal(blocks.stats().usedBlocks, 0, 'every block is back');
   assert.equal(engine.pool.location, 'device');
+});
+
+/**
+ * The CUDA runner's own logic (decodes then packed prefills, chunked long prompts, graph buckets, the
+ * plan check) on the CPU, over a stand-in for the native library whose "model" answers each sequence
+ * with (its last token + 1) mod vocab, read back from the packed step as the kernels read it.
+ */
+describe('the CUDA runner over a stand-in native library', () => {
+  let dir: string;
+  const steps: { T: number; S: number }[] = [];
+  const fake = (): CudaBackend => ({
+    deviceCount: () => 1,
+    plan: (cfg) => {
+      const p = planDevice(parseConfig(tiny), cfg.dtype === 1 ? 'bfloat16' : 'float16', {
+        numBlocks: cfg.num_blocks, blockSize: cfg.block_size, maxBatchedTokens: cfg.max_batched_tokens, maxSeqs: cfg.max_seqs,
+        maxBlocksPerSeq: cfg.max_blocks_per_seq, cublasWorkspaceBytes: cfg.cublas_workspace_bytes,
+      });
+      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned];
+    },
+    create: () => ({}) as EngineHandle,
+    destroy: () => {},
+    setRope: () => {},
+    loadTensor: () => {},
+    captureGraphs: () => 0,
+    step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
+      const T = words[0]!, S = words[1]!;
+      steps.push({ T, S });
+      const ids = words.subarray(4, 4 + T);
+      const last = words.subarray(4 + 4 * T + S, 4 + 4 * T + 2 * S);
+      for (let s = 0; s < S; s++) tokensOut[s] = (ids[last[s]!]! + 1) % 32;
+      resolve();
+    })),
+    copyBlocks: () => {},
+    memory: () => ({ weights: 0, kv_pool: 0, workspace: 0, cublas_workspace: 0, graphs: 0, host_pinned: 0, total: 0, device_free: 0, device_total: 0 }),
+  });
+
+  before(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 'ragguard-cudarun-'));
+    await writeFile(path.join(dir, 'config.json'), JSON.stringify(tiny));
+    const t = new Map<string, { shape: number[]; values: Float32Array }>();
+    const add = (name: string, shape: number[]) => t.set(name, { shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
+    add('model.embed_tokens.weight', [32, 8]);
+    add('model.norm.weight', [8]);
+    for (let l = 0; l < 2; l++) {
+      const p = `model.layers.${l}.`;
+      for (const n of ['input_layernorm.weight', 'post_attention_layernorm.weight']) add(p + n, [8]);
+      add(p + 'self_attn.q_proj.weight', [8, 8]); add(p + 'self_attn.k_proj.weight', [4, 8]); add(p + 'self_attn.v_proj.weight', [4, 8]);
+      add(p + 'self_attn.q_proj.bias', [8]); add(p + 'self_attn.k_proj.bias', [4]); add(p + 'self_attn.v_proj.bias', [4]);
+      add(p + 'self_attn.o_proj.weight', [8, 8]);
+      add(p + 'mlp.gate_proj.weight', [12, 8]); add(p + 'mlp.up_proj.weight', [12, 8]); add(p + 'mlp.down_proj.weight', [8, 12]);
+    }
+    await writeFile(path.join(dir, 'model.safetensors'), writeSafetensors(t));
+  });
+  after(() => rm(dir, { recursive: true, force: true }));
+
+  test('closed-loop requests at 1 and 8 concurrent all complete, decodes batched, long prompts chunked', async () => {
+    const runner = await CudaModelRunner.load(dir, { numBlocks: 64, blockSize: 4, maxBatchedTokens: 8, maxSeqs: 8 }, fake());
+    for (const c of [1, 8]) {
+      const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
+      const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: c, maxNumBatchedTokens: 8 });
+      const prompts = Array.from({ length: 12 }, (_, i) => [3 + (i % 5), 4, 5 + i].slice(0, 1 + (i % 3)));
+      const outs: number[][] = [];
+      let next = 0;
+      const worker = async () => {
+        while (next < prompts.length) {
+          const i = next++;
+          outs[i] = (await engine.generate(prompts[i]!, { maxNewTokens: 5, temperature: 0, ignoreEos: true })).ids;
+        }
+      };
+      await Promise.all(Array.from({ length: c }, worker));
+      outs.forEach((ids, i) => {
+        const last = prompts[i]!.at(-1)!;
+        assert.deepEqual(ids, [1, 2, 3, 4, 5].map((k) => (last + k) % 32));
+      });
+      await engine.idle();
+      assert.equal(blocks.stats().usedBlocks, 0);
+    }
+    // A prompt longer than max_batched_tokens (8) runs in chunks; only the last chunk's token counts.
+    steps.length = 0;
+    const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
+    const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: 2, maxNumBatchedTokens: 64 });
+    const long = Array.from({ length: 19 }, (_, i) => i + 1);
+    const g = await engine.generate(long, { maxNewTokens: 2, temperature: 0, ignoreEos: true });
+    assert.deepEqual(g.ids, [20, 21]);
+    assert.deepEqual(steps.slice(0, 3), [{ T: 8, S: 1 }, { T: 8, S: 1 }, { T: 3, S: 1 }]);
+    runner.close();
+  });
 });

@@ -81,9 +81,11 @@ export class CudaModelRunner implements ModelRunner {
     this.tokensOut = new Int32Array(limits.maxSeqs);
   }
 
-  /** Opens a Hugging Face checkpoint, allocates the device memory, uploads the weights once, captures the decode graphs. */
-  static async load(dir: string, opts: CudaRunnerOptions): Promise<CudaModelRunner> {
-    const native = cudaBackend();
+  /**
+   * Opens a Hugging Face checkpoint, allocates the device memory, uploads the weights once, captures the
+   * decode graphs. `native` is the bound library (tests on the CPU hand in a stand-in).
+   */
+  static async load(dir: string, opts: CudaRunnerOptions, native: CudaBackend | null = cudaBackend()): Promise<CudaModelRunner> {
     if (!native) throw new CudaUnavailableError(`the CUDA backend is unavailable: ${cudaUnavailable()}`);
     const ckpt = await openCheckpoint(dir);
     const c = ckpt.config;
