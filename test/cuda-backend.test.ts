@@ -277,6 +277,7 @@ describe('the CUDA runner over a stand-in native library', () => {
     destroy: () => {},
     setRope: () => {},
     loadTensor: () => {},
+    loadDone: () => {},
     captureGraphs: () => 0,
     step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
       const T = words[0]!, S = words[1]!;

@@ -34,6 +34,8 @@ export interface CudaBackend {
   destroy(h: EngineHandle): void;
   setRope(h: EngineHandle, invFreq: Float32Array): void;
   loadTensor(h: EngineHandle, kind: number, layer: number, dstOffset: number, file: string, fileOffset: number, count: number, srcDtype: number): void;
+  /** Every weight is in: frees the loading's staging buffers. */
+  loadDone(h: EngineHandle): void;
   /** Returns the graphs' device bytes so far. */
   captureGraphs(h: EngineHandle, buckets: readonly number[]): number;
   /** One step on a worker thread (the event loop stays free); writes S token ids (and logits when given). */
@@ -69,6 +71,7 @@ function bind(file: string): CudaBackend {
   const destroy = lib.func('void rg_destroy(void *h)');
   const setRope = lib.func('int rg_set_rope(void *h, const float *inv_freq)');
   const loadTensor = lib.func('int rg_load_tensor(void *h, int kind, int layer, int64_t dst_offset, const char *path, int64_t file_offset, int64_t count, int src_dtype)');
+  const loadDone = lib.func('int rg_load_done(void *h)');
   const capture = lib.func('int rg_capture_graphs(void *h, const int32_t *buckets, int n)');
   const step = lib.func('int rg_step(void *h, const int32_t *words, int32_t nwords, int32_t *tokens_out, float *logits_out)');
   const copyBlocks = lib.func('int rg_copy_blocks(void *h, const int32_t *pairs, int n)');
@@ -95,6 +98,7 @@ function bind(file: string): CudaBackend {
     loadTensor(h, kind, layer, dstOffset, file, fileOffset, count, srcDtype) {
       check(loadTensor(h, kind, layer, dstOffset, file, fileOffset, count, srcDtype), `loading ${file}`);
     },
+    loadDone: (h) => void check(loadDone(h), 'rg_load_done'),
     captureGraphs(h, buckets) {
       check(capture(h, Int32Array.from(buckets), buckets.length), 'capturing CUDA graphs');
       return this.memory(h).graphs;

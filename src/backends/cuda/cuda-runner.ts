@@ -115,6 +115,7 @@ export class CudaModelRunner implements ModelRunner {
     try {
       native.setRope(h, ckpt.invFreq);
       for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
+      native.loadDone(h);
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
       const tokenizer = existsSync(path.join(dir, 'tokenizer.json')) ? await TextTokenizer.load(dir) : NO_TEXT;
       const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets);

@@ -603,6 +603,10 @@ struct Engine {
   int* h_step = nullptr;
   int* h_tokens = nullptr;
   size_t pinned_bytes = 0;
+  // Weight loading's staging (a bounded pinned buffer and a device scratch), freed by rg_load_done.
+  void* stage_h = nullptr;
+  void* stage_d = nullptr;
+  int sms = 132;
   // Graphs by batch bucket.
   std::vector<Graph> graphs;
   size_t graph_bytes = 0;
@@ -644,8 +648,7 @@ int gemm(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int 
 
 // Context splits for a decode of `rows` sequences: enough CTAs to fill the GPU's multiprocessors.
 int decode_splits(const Engine& e, int rows) {
-  int sms = 132;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, e.cfg.device);
+  const int sms = e.sms;
   const int ctas = rows * e.cfg.num_kv_heads;
   int s = (2 * sms + ctas - 1) / ctas;
   return s < 1 ? 1 : (s > e.max_splits ? e.max_splits : s);
@@ -744,6 +747,7 @@ void* rg_create(const rg_config* cfg) {
   if (c.num_heads / c.num_kv_heads > MAX_G) return bail("more than 16 query heads per kv head");
   if (c.head_dim > MAX_HD || c.head_dim % 2) return bail("head_dim must be even and at most 256");
   if (cudaSetDevice(c.device) != cudaSuccess) return bail("cudaSetDevice failed: no CUDA device?");
+  cudaDeviceGetAttribute(&e->sms, cudaDevAttrMultiProcessorCount, c.device);
   if (cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking) != cudaSuccess) return bail("stream create failed");
   if (cublasCreate(&e->blas) != CUBLAS_STATUS_SUCCESS) return bail("cublasCreate failed");
   cublasSetStream(e->blas, e->stream);
@@ -843,6 +847,8 @@ void rg_destroy(void* h) {
   for (auto& g : e->graphs) if (g.exec) cudaGraphExecDestroy(g.exec);
   cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
   cudaFreeHost(e->h_step);
+  cudaFreeHost(e->stage_h);
+  cudaFree(e->stage_d);
   cublasDestroy(e->blas);
   cudaStreamDestroy(e->stream);
   delete e;
@@ -880,17 +886,15 @@ int rg_load_tensor(void* h, int kind, int layer, int64_t dst_offset, const char*
   if (dst_offset < 0 || (size_t)(dst_offset + count) > weight_elems(c, kind)) return fail("tensor does not fit its weight");
   const size_t src_elt = src_dtype == 0 ? 4 : 2;
   const size_t bytes = (size_t)count * src_elt;
+  // Staged through a bounded pinned buffer and a device scratch (kept across tensors until
+  // rg_load_done), so a 7B shard does not need its size twice.
+  const size_t chunk = 64ull << 20;
+  if (!e->stage_h && cudaMallocHost(&e->stage_h, chunk) != cudaSuccess) { e->stage_h = nullptr; return fail("staging allocation failed"); }
+  if (!e->stage_d && cudaMalloc(&e->stage_d, chunk) != cudaSuccess) { e->stage_d = nullptr; return fail("staging allocation failed"); }
+  void* hbuf = e->stage_h;
+  void* dbuf = e->stage_d;
   const int fd = open(path, O_RDONLY);
   if (fd < 0) return fail(std::string("cannot open ") + path);
-  // Staged through a bounded pinned buffer and a device scratch, so a 7B shard does not need its size twice.
-  const size_t chunk = 64ull << 20;
-  void* hbuf = nullptr;
-  void* dbuf = nullptr;
-  if (cudaMallocHost(&hbuf, chunk) != cudaSuccess || cudaMalloc(&dbuf, chunk) != cudaSuccess) {
-    close(fd);
-    cudaFreeHost(hbuf);
-    return fail("staging allocation failed");
-  }
   int rc = 0;
   const bool same = (src_dtype == 1 && c.dtype == 0) || (src_dtype == 2 && c.dtype == 1);
   char* dst = static_cast<char*>(base) + dst_offset * 2;
@@ -916,9 +920,18 @@ int rg_load_tensor(void* h, int kind, int layer, int64_t dst_offset, const char*
     done += n;
   }
   close(fd);
-  cudaFreeHost(hbuf);
-  cudaFree(dbuf);
   return rc;
+}
+
+// Weights are in: the loading's staging buffers go back.
+int rg_load_done(void* h) {
+  auto* e = static_cast<Engine*>(h);
+  CUDA_TRY(cudaDeviceSynchronize());
+  cudaFreeHost(e->stage_h);
+  cudaFree(e->stage_d);
+  e->stage_h = nullptr;
+  e->stage_d = nullptr;
+  return 0;
 }
 
 // Builds the CUDA graphs of decode steps for batch buckets (ascending, each at most max_seqs and
