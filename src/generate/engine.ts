@@ -21,7 +21,8 @@ import { metered } from '../runtime/run-meter.js';
 import { presentData, type DecoderModel, type KvTensor } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
-import { sampleToken } from './sampler.js';
+import { OutputText } from './output-text.js';
+import { sampleNext } from './sampler.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
 
@@ -51,6 +52,20 @@ export class PromptNeverFitsError extends Error {}
 interface Pending {
   resolve(g: Generation): void;
   reject(e: Error): void;
+  hooks: GenerateHooks;
+}
+
+/** One generated token as it comes: `text` is what it makes final (often empty); tokenId null for the last flush. */
+export interface TokenEvent {
+  tokenId: number | null;
+  text: string;
+}
+
+export interface GenerateHooks {
+  /** Called in the step loop for each token (it must not throw, nor block). */
+  onToken?: (e: TokenEvent) => void;
+  /** Aborted: the sequence is finished at the next step barrier, its blocks freed, and the promise rejects with the signal's reason. */
+  signal?: AbortSignal;
 }
 
 export interface EngineStats {
@@ -102,9 +117,11 @@ export class Engine {
     this.scheduler = new Scheduler(blocks, opts);
   }
 
-  generate(promptIds: readonly number[], params: SamplingParams): Promise<Generation> {
+  generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {
+    if (hooks.signal?.aborted) return Promise.reject(abortReason(hooks.signal));
     const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
-    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject }));
+    seq.text = new OutputText(this.model.tokenizer, params.stop);
+    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject, hooks }));
     this.scheduler.add(seq);
     this.loop ??= this.run().finally(() => (this.loop = undefined));
     return done;
@@ -121,6 +138,8 @@ export class Engine {
   private async run(): Promise<void> {
     while (this.scheduler.hasWork) {
       await this.streamSync();
+      await this.dropAborted();
+      if (!this.scheduler.hasWork) break;
       // Admission may hit blocks the carried batch filled, preemption frees them: the pool first.
       if (this.scheduler.mayMoveBlocks) {
         try {
@@ -153,6 +172,23 @@ export class Engine {
     }
     await this.streamSync();
     this.dropCarry();
+  }
+
+  /** At the barrier: sequences whose signal fired are finished (blocks freed) and their promises rejected. */
+  private async dropAborted(): Promise<void> {
+    const aborted = [...this.pending].filter(([, p]) => p.hooks.signal?.aborted).map(([seq]) => seq);
+    if (aborted.length === 0) return;
+    // The carried batch's newest KV goes to the pool before any of its rows' blocks are freed.
+    try {
+      await this.writeBack();
+    } catch (e) {
+      const lost = this.carry?.seqs.filter((s) => s.status === 'running') ?? [];
+      this.dropCarry();
+      for (const seq of lost) if (!aborted.includes(seq)) this.settle(seq, e as Error);
+      for (const seq of aborted) this.settle(seq, abortReason(this.pending.get(seq)!.hooks.signal!));
+      return;
+    }
+    for (const seq of aborted) this.settle(seq, abortReason(this.pending.get(seq)!.hooks.signal!), true);
   }
 
   /** The step barrier: every in-flight run has completed and its buffers are released. */
@@ -295,9 +331,12 @@ export class Engine {
     // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
     seq.numComputed += fed;
     const V = this.model.shape.vocabSize;
-    const next = sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
+    const next = sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds);
     if (this.model.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
+    const text = seq.text?.push(next) ?? '';
+    this.pending.get(seq)?.hooks.onToken?.({ tokenId: next, text });
+    if (seq.text?.stopped !== undefined) return 'stop';
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.model.shape.maxPositions) return 'length';
     return undefined;
   }
@@ -307,18 +346,24 @@ export class Engine {
     this.settle(seq);
   }
 
-  private settle(seq: Sequence, error?: Error): void {
+  private settle(seq: Sequence, error?: Error, aborted = false): void {
     // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
-    this.scheduler.finish(seq, { failed: error !== undefined });
+    this.scheduler.finish(seq, { failed: error !== undefined && !aborted });
     const p = this.pending.get(seq);
     this.pending.delete(seq);
     if (!p) return;
     if (error) p.reject(error);
     else {
+      const tail = seq.text?.finish() ?? '';
+      if (tail) p.hooks.onToken?.({ tokenId: null, text: tail });
       p.resolve({
-        ids: seq.outputIds, text: this.model.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
+        ids: seq.outputIds, text: seq.text?.text ?? this.model.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
       });
     }
   }
+}
+
+function abortReason(signal: AbortSignal): Error {
+  return signal.reason instanceof Error ? signal.reason : new DOMException('the request was aborted', 'AbortError');
 }
