@@ -11,6 +11,8 @@ import { DuplicateDocumentError, type RagService } from '../rag.js';
 import { memorySnapshot } from './debug-memory.js';
 import { HttpError } from './errors.js';
 import { parseDocuments, parseQuery } from './validate.js';
+import { streamQuery } from './query-stream.js';
+import { openaiRoutes } from './openai-routes.js';
 
 export function createApp(service: RagService): express.Express {
   const { cfg } = service;
@@ -42,6 +44,7 @@ export function createApp(service: RagService): express.Express {
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
+    if (q.stream) return streamQuery(service, admission, q, res);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
       const { shape: _shape, ...result } = await admission.run(() => service.query(q));
@@ -94,6 +97,8 @@ export function createApp(service: RagService): express.Express {
     }
   });
 
+  app.use(openaiRoutes(service, admission));
+
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 
   app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
@@ -115,7 +120,7 @@ async function inspectAdapter(service: RagService, name: string): Promise<void> 
 }
 
 /** body-parser's errors carry a status and a type; anything else unknown is a 500. */
-function toHttpError(err: unknown): HttpError {
+export function toHttpError(err: unknown): HttpError {
   if (err instanceof HttpError) return err;
   if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
   if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });
