@@ -146,6 +146,23 @@ describe('OpenAI routes through the official client', () => {
     assert.equal(finish, whole.choices[0]!.finish_reason);
   });
 
+  test('sampling fields reach the sampler: stop cuts, seed replays, top_k 1 is greedy', async () => {
+    const body = { model: MODEL, prompt: 'Context:\n[1] apt: a package tool\n\nQuestion: What is apt?\nAnswer:', max_tokens: 30 };
+    const greedy = (await client.completions.create({ ...body, temperature: 0 })).choices[0]!;
+    const words = greedy.text.split(' ');
+    assert.ok(words.length > 5, greedy.text);
+    const stopped = (await client.completions.create({ ...body, temperature: 0, stop: [` ${words[3]}`] })).choices[0]!;
+    assert.equal(stopped.text, words.slice(0, 3).join(' '));
+    assert.equal(stopped.finish_reason, 'stop');
+    const seeded = { ...body, temperature: 1, top_p: 0.9, seed: 5, presence_penalty: 0.5 };
+    const a = await client.completions.create(seeded);
+    const b = await client.completions.create(seeded);
+    assert.equal(a.choices[0]!.text, b.choices[0]!.text);
+    // @ts-expect-error: vLLM's top_k extension
+    const k1 = await client.completions.create({ ...body, temperature: 1, seed: 5, top_k: 1 });
+    assert.equal(k1.choices[0]!.text, greedy.text);
+  });
+
   test('embeddings: the embedder\'s vectors, for a string and for an array (base64 and float)', async () => {
     const inputs = ['the sticky bit on /tmp', 'apt-cache search'];
     const want = await service.models.embedder.embed(inputs);
