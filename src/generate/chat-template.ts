@@ -28,9 +28,10 @@ export interface ChatMessage {
  * plain lines; each user turn is a Question, each assistant turn an Answer.
  */
 export const FALLBACK_CHAT_TEMPLATE =
-  "{% for m in messages %}{% if m.role == 'system' or m.role == 'developer' %}{{ m.content }}\n" +
-  "{% elif m.role == 'user' %}\nQuestion: {{ m.content }}\n{% else %}Answer: {{ m.content }}\n{% endif %}{% endfor %}" +
-  '{% if add_generation_prompt %}Answer:{% endif %}';
+  // Newlines as string literals: the renderer trims one after a block tag (as transformers' trim_blocks).
+  "{% for m in messages %}{% if m.role == 'system' or m.role == 'developer' %}{{ m.content + '\\n' }}" +
+  "{% elif m.role == 'user' %}{{ '\\nQuestion: ' + m.content + '\\n' }}{% else %}{{ 'Answer: ' + m.content + '\\n' }}{% endif %}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ 'Answer:' }}{% endif %}";
 
 export interface ChatTemplateSource {
   template: string;
