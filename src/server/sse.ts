@@ -57,7 +57,12 @@ export class SseStream {
       });
       this.res.flushHeaders();
     }
-    this.res.write(text);
+    try {
+      this.res.write(text);
+    } catch {
+      // A socket that failed under us: the same as the client leaving (this runs inside the engine's step loop, which must not see it).
+      this.controller.abort(new ClientGoneError());
+    }
   }
 }
 
