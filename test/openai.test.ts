@@ -234,6 +234,18 @@ describe('POST /query validation and streaming', () => {
     assert.ok(['admit', 'queue'].includes(done.guard.decision));
   });
 
+  test('sampling fields on /query: stop cuts the answer, sample_top_k 1 is greedy', async () => {
+    const q = { query: 'Where are the system logs kept?', max_new_tokens: 30 };
+    const greedy = (await (await post('/query', q)).json()) as { answer: string };
+    const words = greedy.answer.split(' ');
+    assert.ok(words.length > 5, greedy.answer);
+    const stopped = (await (await post('/query', { ...q, stop: ` ${words[2]}` })).json()) as { answer: string; finish_reason: string };
+    assert.equal(stopped.answer, words.slice(0, 2).join(' '));
+    assert.equal(stopped.finish_reason, 'stop');
+    const k1 = (await (await post('/query', { ...q, temperature: 1.5, seed: 3, sample_top_k: 1 })).json()) as { answer: string };
+    assert.equal(k1.answer, greedy.answer);
+  });
+
   test('a streamed request that fails validation is an ordinary JSON 400', async () => {
     const res = await post('/query', { query: 'x', stream: 'yes' });
     assert.equal(res.status, 400);
