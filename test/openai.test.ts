@@ -53,10 +53,23 @@ const post = (path: string, body: unknown, signal?: AbortSignal) =>
   fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal });
 
 describe('OpenAI routes through the official client', () => {
-  test('GET /v1/models lists the decoder and the embedder', async () => {
-    const ids = [];
-    for await (const m of client.models.list()) ids.push(m.id);
-    assert.deepEqual(ids, [MODEL, 'embedder']);
+  test('GET /v1/models lists the decoder, the embedder and the LoRA adapters (parent: the decoder)', async () => {
+    const models: { id: string; parent?: string | null }[] = [];
+    for await (const m of client.models.list()) models.push(m as { id: string; parent?: string | null });
+    assert.deepEqual(models.map((m) => m.id), [MODEL, 'embedder', 'demo-qv-r4', 'demo-r8']);
+    assert.deepEqual(models.map((m) => m.parent), [null, null, MODEL, MODEL]);
+  });
+
+  test('a LoRA adapter as the model: generated with it, deterministic, unloaded after', async () => {
+    const body = { prompt: 'Context:\n[1] apt: a package tool\n\nQuestion: What is apt?\nAnswer:', max_tokens: 16, temperature: 0 };
+    const base = await client.completions.create({ ...body, model: MODEL });
+    const lora = await client.completions.create({ ...body, model: 'demo-r8' });
+    assert.equal(lora.model, 'demo-r8');
+    assert.notEqual(lora.choices[0]!.text, base.choices[0]!.text, 'the adapter changes the answer');
+    const again = await client.chat.completions.create({ model: 'demo-r8', messages: [{ role: 'user', content: 'What is apt?' }], max_tokens: 8, temperature: 0 });
+    const twice = await client.chat.completions.create({ model: 'demo-r8', messages: [{ role: 'user', content: 'What is apt?' }], max_tokens: 8, temperature: 0 });
+    assert.equal(again.choices[0]!.message.content, twice.choices[0]!.message.content);
+    assert.deepEqual(service.adapters.stats().loaded, [], 'nothing stays loaded');
   });
 
   test('chat completion: a reply with id, created, usage and finish_reason', async () => {

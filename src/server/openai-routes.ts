@@ -1,7 +1,9 @@
 /**
  * OpenAI-compatible routes, for the clients and SDKs that speak OpenAI's API:
  *
- *   GET  /v1/models             the decoder and the embedder, by their directory names
+ *   GET  /v1/models             the decoder and the embedder, by their directory names, and the LoRA
+ *                               adapters under RAGGUARD_ADAPTER_DIR (as vLLM lists its LoRA modules:
+ *                               `model: <adapter>` generates with it, `parent` names the base)
  *   POST /v1/chat/completions   messages through the model's chat template (chat-template.ts); the
  *                               `rag` extension grounds the answer on the index and adds `citations`
  *   POST /v1/completions        a text prompt, continued
@@ -15,6 +17,7 @@
  * fields its clients read.
  */
 import { randomBytes } from 'node:crypto';
+import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { ChatTemplate, type ChatMessage } from '../generate/chat-template.js';
@@ -31,6 +34,7 @@ import { samplingOptions, schemasFor } from './validate.js';
 import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
 import { checkQueryShape } from '../guards/request-shape.js';
+import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
 
 /** OpenAI's error `type` for a status. */
 function errorType(status: number): string {
@@ -73,6 +77,29 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     }
   };
 
+  /** The base decoder (undefined) or a LoRA adapter's name, checked against its files before anything runs. */
+  const generationModel = async (model: string): Promise<string | undefined> => {
+    if (model === decoderId) return undefined;
+    try {
+      await service.adapters.inspect(model);
+      return model;
+    } catch (e) {
+      if (e instanceof AdapterNotFoundError) {
+        throw new HttpError(404, 'model_not_found', `the model '${model}' does not exist here: neither the decoder '${decoderId}' nor an adapter (${e.message})`, { param: 'model' });
+      }
+      if (e instanceof AdapterInvalidError) throw new HttpError(422, 'adapter_invalid', e.message, { param: 'model' });
+      throw e;
+    }
+  };
+
+  /** Adapter directories (a PEFT adapter_config.json in each) under RAGGUARD_ADAPTER_DIR; none where adapters cannot run. */
+  const adapterNames = async (): Promise<string[]> => {
+    if (service.adapters.unavailable) return [];
+    const names = await readdir(service.adapters.dir).catch(() => [] as string[]);
+    const ok = await Promise.all(names.map((n) => stat(path.join(service.adapters.dir, n, 'adapter_config.json')).then(() => true, () => false)));
+    return names.filter((_, i) => ok[i]).sort();
+  };
+
   /** The prompt and its answer's room must fit the decoder's positions. */
   const checkContext = (promptTokens: number, maxTokens: number) => {
     if (promptTokens + maxTokens > maxPositions) {
@@ -90,10 +117,14 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     res.json(openapiDocument(schemasFor(cfg)));
   });
 
-  router.get('/v1/models', (_req, res) => {
+  router.get('/v1/models', async (_req, res) => {
+    const adapters = await adapterNames();
     res.json({
       object: 'list',
-      data: [decoderId, embedderId].map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard' })),
+      data: [
+        ...[decoderId, embedderId].map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: id, parent: null })),
+        ...adapters.map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: path.join(service.adapters.dir, id), parent: decoderId })),
+      ],
     });
   });
 
@@ -123,15 +154,15 @@ export function openaiRoutes(service: RagService, admission: Admission): express
 
   router.post('/v1/completions', async (req, res) => {
     const b = parseBody(schemasFor(cfg).completion, req.body);
-    checkModel(b.model, decoderId);
+    const adapter = await generationModel(b.model);
     const maxTokens = b.max_tokens ?? 16; // OpenAI's default for completions
     const text = typeof b.prompt === 'string' ? b.prompt : b.prompt[0]!;
     const ids = chat.encodeText(text);
     checkContext(ids.length, maxTokens);
     const id = newId('cmpl');
     const created = now();
-    const base = { id, object: 'text_completion', created, model: decoderId };
-    await generateReply(res, ids, params(b, maxTokens), b.stream ?? false, b.stream_options?.include_usage ?? false, {
+    const base = { id, object: 'text_completion', created, model: b.model };
+    await generateReply(res, ids, params(b, maxTokens), adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
       chunk: (text) => ({ ...base, choices: [{ index: 0, text, logprobs: null, finish_reason: null }] }),
       last: (reason) => ({ ...base, choices: [{ index: 0, text: '', logprobs: null, finish_reason: reason }] }),
       usageChunk: (u) => ({ ...base, choices: [], usage: u }),
@@ -141,12 +172,12 @@ export function openaiRoutes(service: RagService, admission: Admission): express
 
   router.post('/v1/chat/completions', async (req, res) => {
     const b = parseBody(schemasFor(cfg).chatCompletion, req.body);
-    checkModel(b.model, decoderId);
+    const adapter = await generationModel(b.model);
     const maxTokens = b.max_completion_tokens ?? b.max_tokens ?? cfg.defaultMaxNewTokens;
     const messages: ChatMessage[] = b.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
     const id = newId('chatcmpl');
     const created = now();
-    const base = { id, object: 'chat.completion.chunk', created, model: decoderId };
+    const base = { id, object: 'chat.completion.chunk', created, model: b.model };
     const shapes = {
       chunk: (content: string, first: boolean) => ({
         ...base, choices: [{ index: 0, delta: first ? { role: 'assistant', content } : { content }, logprobs: null, finish_reason: null }],
@@ -166,7 +197,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     if (!b.rag) {
       const ids = chat.encode(messages);
       checkContext(ids.length, maxTokens);
-      await generateReply(res, ids, params(b, maxTokens), stream, includeUsage, shapes);
+      await generateReply(res, ids, params(b, maxTokens), adapter, stream, includeUsage, shapes);
       return;
     }
     // Grounded: retrieve on the last user message; the ranked chunks go into a system message ahead
@@ -193,7 +224,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     };
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
-      temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor,
+      temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
       // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
     };
@@ -239,21 +270,30 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   }
 
   /** A generation without retrieval, guarded, as one reply or as a stream of chunks. */
-  async function generateReply(res: Response, ids: number[], p: SamplingParams, stream: boolean, includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
+  async function generateReply(res: Response, ids: number[], p: SamplingParams, adapter: string | undefined, stream: boolean,
+    includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
     const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens), { fixedPrompt: true });
     const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
     const sse = stream ? new SseStream(res) : undefined;
     let first = true;
     try {
-      const g = await runGuarded(service, admission, decision, () => service.engine.generate(ids, { ...p, maxNewTokens }, {
-        signal: sse?.signal,
-        onToken: (t) => {
-          if (sse && t.text) {
-            sse.send(shapes.chunk(t.text, first));
-            first = false;
-          }
-        },
-      }), { signal: sse?.signal });
+      const g = await runGuarded(service, admission, decision, async () => {
+        // The adapter loads for this generation (or shares a running one's slot) and is released after.
+        const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter);
+        try {
+          return await service.engine.generate(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, {
+            signal: sse?.signal,
+            onToken: (t) => {
+              if (sse && t.text) {
+                sse.send(shapes.chunk(t.text, first));
+                first = false;
+              }
+            },
+          });
+        } finally {
+          lease?.release();
+        }
+      }, { signal: sse?.signal });
       const u = usage(ids.length, g.ids.length);
       if (!sse) {
         res.json(shapes.reply(g, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens), cachedTokens: g.cachedTokens ?? 0 })));
