@@ -45,7 +45,9 @@ export class Sequence {
     readonly arrival: number,
   ) {
     if (promptIds.length === 0) throw new Error('empty prompt');
-    this.random = seededRandom(params.seed ?? 0x5eed);
+    // Without a seed, a request's own (as OpenAI and vLLM do): a fixed default would give every
+    // unseeded request at the same temperature the same "sample".
+    this.random = seededRandom(params.seed ?? Math.floor(Math.random() * 2 ** 32));
   }
 
   /** The adapter's key: the KV depends on it, so prefix-cache entries are per adapter (block-manager.ts). */
