@@ -158,6 +158,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const maxTokens = b.max_tokens ?? 16; // OpenAI's default for completions
     const text = typeof b.prompt === 'string' ? b.prompt : b.prompt[0]!;
     const ids = chat.encodeText(text);
+    if (ids.length === 0) throw new HttpError(400, 'invalid_body', 'prompt is empty (and this tokenizer adds no BOS)', { param: 'prompt' });
     checkContext(ids.length, maxTokens);
     const id = newId('cmpl');
     const created = now();
