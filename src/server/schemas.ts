@@ -21,16 +21,16 @@ const stop = z.union([z.string().min(1).max(256), z.array(z.string().min(1).max(
 /** Sampling fields shared by /query and the /v1 routes (the token top-k's name differs: see each route). */
 function sampling(cfg: Config) {
   return {
-    temperature: z.number().min(0).max(5).optional().describe('0 (the default) is greedy.'),
+    temperature: z.number().min(0).max(5).optional().describe('0 is greedy; the default is 0 on /query, 1 (OpenAI\'s) on /v1.'),
     top_p: z.number().gt(0).max(1).optional().describe('Nucleus sampling: the smallest set of tokens whose probability reaches top_p.'),
     seed: z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER).optional()
-      .describe('Seeds the sampler: the same request gives the same output.'),
+      .describe('Seeds the sampler: the same request gives the same output (without one, each request draws its own).'),
     stop: stop.optional(),
     repetition_penalty: z.number().gt(0).max(10).optional().describe('vLLM\'s: >1 discourages tokens already in the prompt or output; 1 is off.'),
     presence_penalty: z.number().min(-2).max(2).optional().describe('OpenAI\'s: subtracted from the logit of every token already generated.'),
     frequency_penalty: z.number().min(-2).max(2).optional().describe('OpenAI\'s: subtracted once per occurrence in the output so far.'),
     stream: z.boolean().optional().describe('Server-sent events instead of one JSON reply.'),
-    _maxTokens: z.number().int().min(1).max(cfg.maxNewTokensLimit),
+    _maxTokens: z.number().int().min(1).max(cfg.maxNewTokensLimit).describe('New tokens at most (RAGGUARD_MAX_NEW_TOKENS_LIMIT).'),
   };
 }
 
