@@ -213,8 +213,9 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       const included: number[] = [];
       let ids = chat.encode(messages);
       for (let c = 0; c < chunks.length; c++) {
-        const context = t.head + [...included, c].map((k, i) => t.marker.replace('{i}', String(i + 1)) +
-          t.body.replace('{title}', chunks[k]!.title).replace('{text}', chunks[k]!.text)).join('');
+        // Replacement functions: a chunk's own text may hold `$&` and the like.
+        const context = t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
+          t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
         const tried = chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
         if (tried.length <= budget) {
           included.push(c);
@@ -231,6 +232,11 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     };
     checkQueryShape(q, service);
     const decision = decideOrReject(service, service.requestShape(q));
+    if (decision && decision.shape.promptTokens < baseTokens) {
+      // A reshape may drop context, not the conversation itself.
+      throw new HttpError(413, 'request_too_large', `a conversation of ${baseTokens} tokens with ${maxTokens} new tokens can never fit the memory budget`,
+        { predicted_bytes: decision.prediction.workspaceBytes + decision.prediction.kvBytes, budget_bytes: service.budget.budgetBytes });
+    }
     const shaped = decision ? { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens, rerankBatch: decision.shape.rerankBatch } : q;
     const sse = stream ? new SseStream(res) : undefined;
     try {
