@@ -120,7 +120,9 @@ export class Engine {
   generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {
     if (hooks.signal?.aborted) return Promise.reject(abortReason(hooks.signal));
     const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
-    seq.text = new OutputText(this.model.tokenizer, params.stop);
+    // Text as generated costs two small decodes per token: only where a stop sequence or a listener needs it
+    // (otherwise the whole output is decoded once at the end, to the same text).
+    if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.model.tokenizer, params.stop);
     const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject, hooks }));
     this.scheduler.add(seq);
     this.loop ??= this.run().finally(() => (this.loop = undefined));
