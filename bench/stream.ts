@@ -10,9 +10,9 @@
  * event carries the text a token makes final: a token inside a character or a held-back stop prefix
  * adds its time to the next gap). Not streamed: the reply's end-to-end latency. Each concurrency runs
  * BENCH_STREAM_REQUESTS requests (default 32) with that many in flight, the streamed pass then the
- * non-streamed one. The two passes ask different questions (alternate ones of the shipped set) and the
- * prefix cache is off (RAGGUARD_PREFIX_CACHING=false): otherwise the second pass would find the first
- * one's prompts cached and look faster for it.
+ * non-streamed one, on the same questions (and so the same greedy answers), with the prefix cache off
+ * (RAGGUARD_PREFIX_CACHING=false): otherwise the second pass would find the first one's prompts cached
+ * and look faster for it.
  *
  * Last line of stdout: JSON with ttft/itl/e2e p50 and p95 in milliseconds per concurrency.
  */
@@ -115,7 +115,7 @@ console.log('streams  ttft_p50  ttft_p95  itl_p50  itl_p95  stream_e2e_p50  whol
 for (const c of LEVELS) {
   const s = await pool(REQUESTS, c, (i) => streamed(questions[(2 * i) % questions.length]!));
   const t0 = performance.now();
-  const w = await pool(REQUESTS, c, (i) => whole(questions[(2 * i + 1) % questions.length]!));
+  const w = await pool(REQUESTS, c, (i) => whole(questions[(2 * i) % questions.length]!));
   const wholeSeconds = (performance.now() - t0) / 1000;
   const tokens = w.reduce((a, x) => a + x.tokens, 0);
   const ttft = s.map((x) => x.ttft);
