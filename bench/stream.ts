@@ -9,16 +9,18 @@
  * request to the first `token` event; ITL the gaps between a stream's successive `token` events (an
  * event carries the text a token makes final: a token inside a character or a held-back stop prefix
  * adds its time to the next gap). Not streamed: the reply's end-to-end latency. Each concurrency runs
- * BENCH_STREAM_REQUESTS requests (default 32) with that many in flight, the streamed pass then the
- * non-streamed one, on the same questions (and so the same greedy answers), with the prefix cache off
+ * BENCH_STREAM_REQUESTS requests (default 32) with that many in flight, a streamed pass and a
+ * non-streamed one, BENCH_ROUNDS times (default 2; the order alternates, so that a machine whose speed
+ * drifts favours neither; the percentiles pool every round's samples), on the same questions (and so the same greedy answers), with the prefix cache off
  * (RAGGUARD_PREFIX_CACHING=false): otherwise the second pass would find the first one's prompts cached
  * and look faster for it.
  *
- * Last line of stdout: JSON with ttft/itl/e2e p50 and p95 in milliseconds per concurrency.
+ * Last line of stdout: JSON with ttft/itl/e2e p50 and p95 in milliseconds per concurrency, and the
+ * machine's load average (1 min) before and after: on a shared machine it says how far to trust them.
  */
 import type { AddressInfo } from 'node:net';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/config.js';
 import { RagService } from '../src/rag.js';
@@ -28,6 +30,7 @@ const ROOT = path.resolve(import.meta.dirname, '..');
 const REQUESTS = Number(process.env['BENCH_STREAM_REQUESTS'] ?? 32);
 const NEW_TOKENS = Number(process.env['BENCH_NEW_TOKENS'] ?? 32);
 const LEVELS = [1, 16];
+const ROUNDS = Number(process.env['BENCH_ROUNDS'] ?? 2);
 
 const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-stream-'));
 const cfg = loadConfig({ ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_MAX_CONCURRENT: '64', RAGGUARD_QUEUE_LENGTH: '256',
@@ -109,14 +112,29 @@ const r1 = (x: number) => Math.round(x * 10) / 10;
 // Warm-up: the first runs of each shape are slower (allocations, caches).
 await pool(4, 4, (i) => streamed(questions[i % questions.length]!));
 
-const result: Record<string, number | string> = { requests_per_level: REQUESTS, max_new_tokens: NEW_TOKENS };
-console.log(`POST /query, ${REQUESTS} requests per level, max_new_tokens ${NEW_TOKENS}, greedy; milliseconds`);
+const result: Record<string, number | string> = { requests_per_level: REQUESTS, rounds: ROUNDS, max_new_tokens: NEW_TOKENS, load_avg_before: loadavg()[0]! };
+console.log(`POST /query, ${REQUESTS} requests per level and pass, ${ROUNDS} rounds, max_new_tokens ${NEW_TOKENS}, greedy; milliseconds`);
 console.log('streams  ttft_p50  ttft_p95  itl_p50  itl_p95  stream_e2e_p50  whole_e2e_p50  whole_e2e_p95  tokens/s(whole)');
 for (const c of LEVELS) {
-  const s = await pool(REQUESTS, c, (i) => streamed(questions[(2 * i) % questions.length]!));
-  const t0 = performance.now();
-  const w = await pool(REQUESTS, c, (i) => whole(questions[(2 * i) % questions.length]!));
-  const wholeSeconds = (performance.now() - t0) / 1000;
+  const s: StreamTiming[] = [];
+  const w: { e2e: number; tokens: number }[] = [];
+  let wholeSeconds = 0;
+  const q = (i: number) => questions[(2 * i) % questions.length]!;
+  for (let r = 0; r < ROUNDS; r++) {
+    const streamPass = async () => s.push(...(await pool(REQUESTS, c, (i) => streamed(q(i)))));
+    const wholePass = async () => {
+      const t0 = performance.now();
+      w.push(...(await pool(REQUESTS, c, (i) => whole(q(i)))));
+      wholeSeconds += (performance.now() - t0) / 1000;
+    };
+    if (r % 2 === 0) {
+      await streamPass();
+      await wholePass();
+    } else {
+      await wholePass();
+      await streamPass();
+    }
+  }
   const tokens = w.reduce((a, x) => a + x.tokens, 0);
   const ttft = s.map((x) => x.ttft);
   const itl = s.flatMap((x) => x.gaps);
@@ -131,6 +149,7 @@ for (const c of LEVELS) {
   result[`whole_tokens_per_s_at_${c}`] = r1(rate);
 }
 
+result['load_avg_after'] = loadavg()[0]!;
 server.closeAllConnections();
 await new Promise((r) => server.close(r));
 await rm(indexDir, { recursive: true, force: true });
