@@ -12,9 +12,10 @@ import type { Config } from './config/config.js';
 import { AdapterRegistry } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
 import { DecoderModel } from './generate/decoder-model.js';
-import { Engine } from './generate/engine.js';
+import { Engine, type GenerateHooks } from './generate/engine.js';
+import type { SamplingParams } from './generate/sequence.js';
 import type { FinishReason, Generation } from './generate/generator.js';
-import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
+import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from './generate/prompt.js';
 import { planBudget, type BudgetPlan } from './guards/budget.js';
 import { GrowthTracker } from './guards/growth.js';
 import { MemoryGuard } from './guards/guard.js';
@@ -42,6 +43,14 @@ export interface IngestResult {
   chunks: number;
 }
 
+/** The sampler's per-request fields beyond temperature and seed (sequence.ts). */
+export type SamplingOptions = Partial<Pick<SamplingParams, 'topP' | 'topK' | 'repetitionPenalty' | 'presencePenalty' | 'frequencyPenalty' | 'stop'>>;
+
+/** Streaming and cancellation: citations once the prompt is assembled, each token as generated, an abort signal. */
+export interface QueryHooks extends GenerateHooks {
+  onCitations?: (citations: Citation[]) => void;
+}
+
 export interface QueryInput {
   query: string;
   topK: number;
@@ -55,6 +64,10 @@ export interface QueryInput {
   rerankBatch?: number;
   /** LoRA adapter to generate with (a name under RAGGUARD_ADAPTER_DIR). */
   adapter?: string;
+  sampling?: SamplingOptions;
+  hooks?: QueryHooks;
+  /** Builds the prompt from the ranked chunks instead of the RAG template (a chat's messages: openai-routes.ts). */
+  promptFor?: (chunks: readonly ContextChunk[], budget: number) => AssembledPrompt;
 }
 
 export interface Citation {
@@ -297,16 +310,25 @@ export class RagService {
 
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
-    const prompt = assemblePrompt(
-      decoder.tokenizer, this.template, decoder.bosId, q.query,
-      ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text })),
-      budget,
-    );
+    const chunks = ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text }));
+    const prompt = q.promptFor ? q.promptFor(chunks, budget) : assemblePrompt(decoder.tokenizer, this.template, decoder.bosId, q.query, chunks, budget);
+    const citations = prompt.included.map((i) => {
+      const { hit, score } = ranked[i]!;
+      return {
+        doc_id: hit.chunk.docId,
+        title: this.store.document(hit.chunk.docId)!.title,
+        chunk_id: hit.chunk.id,
+        score,
+        retrieval_score: hit.score,
+        text: hit.chunk.text,
+      };
+    });
+    q.hooks?.onCitations?.(citations);
     // The adapter loads for generation only (nothing before it uses it) and is released right after.
     const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter);
     let gen: Generation;
     try {
-      gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter });
+      gen = await this.engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, q.hooks);
     } finally {
       lease?.release();
     }
@@ -315,17 +337,7 @@ export class RagService {
 
     return {
       answer: gen.text,
-      citations: prompt.included.map((i) => {
-        const { hit, score } = ranked[i]!;
-        return {
-          doc_id: hit.chunk.docId,
-          title: this.store.document(hit.chunk.docId)!.title,
-          chunk_id: hit.chunk.id,
-          score,
-          retrieval_score: hit.score,
-          text: hit.chunk.text,
-        };
-      }),
+      citations,
       finish_reason: gen.finishReason,
       usage: { prompt_tokens: prompt.ids.length, completion_tokens: gen.ids.length },
       retrieval: {

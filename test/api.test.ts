@@ -214,8 +214,16 @@ describe('errors are a status plus {error: {code, message}}', () => {
   ];
   for (const [name, body, status, code] of cases) {
     test(`POST /query: ${name} -> ${status} ${code}`, async () => {
-      assertError(await request(app).post('/query').send(body as object), status, code);
+      assertBodyError(await request(app).post('/query').send(body as object), status, code);
     });
+  }
+
+  /** Validation problems come all at once: 400 invalid_body listing each one with its own code (schemas.ts). */
+  function assertBodyError(res: request.Response, status: number, code: string): void {
+    if (code !== 'invalid_field' && code !== 'unknown_field') return assertError(res, status, code);
+    assertError(res, 400, 'invalid_body');
+    const errors = (res.body as { error: { errors: { code: string }[] } }).error.errors;
+    assert.ok(errors.some((e) => e.code === code), JSON.stringify(errors));
   }
 
   test('malformed JSON -> 400 invalid_json', async () => {
@@ -223,9 +231,9 @@ describe('errors are a status plus {error: {code, message}}', () => {
   });
 
   test('POST /documents validation', async () => {
-    assertError(await request(app).post('/documents').send({ text: '' }), 400, 'invalid_field');
-    assertError(await request(app).post('/documents').send({ doc_id: '../etc/passwd', text: 'x' }), 400, 'invalid_field');
-    assertError(await request(app).post('/documents').send({ documents: [] }), 400, 'invalid_field');
+    assertBodyError(await request(app).post('/documents').send({ text: '' }), 400, 'invalid_field');
+    assertBodyError(await request(app).post('/documents').send({ doc_id: '../etc/passwd', text: 'x' }), 400, 'invalid_field');
+    assertBodyError(await request(app).post('/documents').send({ documents: [] }), 400, 'invalid_field');
   });
 
   test('unknown route -> 404 not_found', async () => {

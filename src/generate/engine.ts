@@ -13,6 +13,7 @@ import { OrtModelRunner, type OrtRunnerOptions } from '../backends/ort/ort-runne
 import type { DecoderModel } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
 import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
+import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
 import type { EngineObserver } from './engine-observer.js';
@@ -31,6 +32,8 @@ export interface EngineBlockManager extends KvBlockSpace {
 export interface EngineOptions extends SchedulerLimits, OrtRunnerOptions {}
 
 export class PromptNeverFitsError extends Error {}
+/** The runner cannot generate as the request asks (rather than generating something else). */
+export class UnsupportedSamplingError extends Error {}
 
 function isRunner(m: DecoderModel | ModelRunner): m is ModelRunner {
   return typeof (m as Partial<ModelRunner>).execute === 'function';
@@ -39,6 +42,20 @@ function isRunner(m: DecoderModel | ModelRunner): m is ModelRunner {
 interface Pending {
   resolve(g: Generation): void;
   reject(e: Error): void;
+  hooks: GenerateHooks;
+}
+
+/** One generated token as it comes: `text` is what it makes final (often empty); tokenId null for the last flush. */
+export interface TokenEvent {
+  tokenId: number | null;
+  text: string;
+}
+
+export interface GenerateHooks {
+  /** Called in the step loop for each token (it must not throw, nor block). */
+  onToken?: (e: TokenEvent) => void;
+  /** Aborted: the sequence is finished at the next step barrier, its blocks freed, and the promise rejects with the signal's reason. */
+  signal?: AbortSignal;
 }
 
 export interface EngineStats {
@@ -86,9 +103,15 @@ export class Engine {
     return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0 };
   }
 
-  generate(promptIds: readonly number[], params: SamplingParams): Promise<Generation> {
+  generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {
+    if (hooks.signal?.aborted) return Promise.reject(abortReason(hooks.signal));
+    const refused = this.runner.refuse?.(params);
+    if (refused) return Promise.reject(new UnsupportedSamplingError(refused));
     const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
-    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject }));
+    // Text as generated costs two small decodes per token: only where a stop sequence or a listener needs it
+    // (otherwise the whole output is decoded once at the end, to the same text).
+    if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.runner.tokenizer, params.stop);
+    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject, hooks }));
     this.scheduler.add(seq);
     this.loop ??= this.run().finally(() => (this.loop = undefined));
     return done;
@@ -105,6 +128,8 @@ export class Engine {
   private async run(): Promise<void> {
     while (this.scheduler.hasWork) {
       await this.runner.barrier();
+      await this.dropAborted();
+      if (!this.scheduler.hasWork) break;
       // Admission may hit blocks the runner's side filled, preemption frees them: the pool first.
       if (this.scheduler.mayMoveBlocks) {
         try {
@@ -139,6 +164,21 @@ export class Engine {
     this.runner.abandon();
   }
 
+  /** At the barrier: sequences whose signal fired are finished (blocks freed) and their promises rejected. */
+  private async dropAborted(): Promise<void> {
+    const aborted = [...this.pending].filter(([, p]) => p.hooks.signal?.aborted).map(([seq]) => seq);
+    if (aborted.length === 0) return;
+    // The runner's newest KV goes to the pool before any of its rows' blocks are freed.
+    try {
+      await this.runner.syncPool(this.blocksOf);
+    } catch (e) {
+      for (const seq of this.runner.abandon()) if (!aborted.includes(seq)) this.settle(seq, e as Error);
+      for (const seq of aborted) this.settle(seq, abortReason(this.pending.get(seq)!.hooks.signal!));
+      return;
+    }
+    for (const seq of aborted) this.settle(seq, abortReason(this.pending.get(seq)!.hooks.signal!), true);
+  }
+
   /** After a run: the fed tokens are computed and `next` was sampled; says why the sequence ends, if it does. */
   private advance(seq: Sequence, fed: number, next: number): FinishReason | undefined {
     // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
@@ -146,6 +186,9 @@ export class Engine {
     this.observer?.token(seq, performance.now());
     if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
+    const text = seq.text?.push(next) ?? '';
+    this.pending.get(seq)?.hooks.onToken?.({ tokenId: next, text });
+    if (seq.text?.stopped !== undefined) return 'stop';
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.runner.shape.maxPositions) return 'length';
     return undefined;
   }
@@ -155,19 +198,25 @@ export class Engine {
     this.settle(seq);
   }
 
-  private settle(seq: Sequence, error?: Error): void {
+  private settle(seq: Sequence, error?: Error, aborted = false): void {
     // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
-    this.scheduler.finish(seq, { failed: error !== undefined });
+    this.scheduler.finish(seq, { failed: error !== undefined && !aborted });
     this.observer?.finished(seq, performance.now(), error !== undefined);
     const p = this.pending.get(seq);
     this.pending.delete(seq);
     if (!p) return;
     if (error) p.reject(error);
     else {
+      const tail = seq.text?.finish() ?? '';
+      if (tail) p.hooks.onToken?.({ tokenId: null, text: tail });
       p.resolve({
-        ids: seq.outputIds, text: this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
+        ids: seq.outputIds, text: seq.text?.text ?? this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
       });
     }
   }
+}
+
+function abortReason(signal: AbortSignal): Error {
+  return signal.reason instanceof Error ? signal.reason : new DOMException('the request was aborted', 'AbortError');
 }

@@ -11,7 +11,7 @@
 import type { DecoderShape } from './decoder-model.js';
 import type { FinishReason } from './generator.js';
 import type { BlockCopy } from './scheduler.js';
-import type { Sequence } from './sequence.js';
+import type { SamplingParams, Sequence } from './sequence.js';
 
 /** Text out of token ids (the decoder's tokenizer). */
 export interface TokenDecoder {
@@ -53,6 +53,8 @@ export interface ModelRunner {
   readonly eosIds: ReadonlySet<number>;
   readonly tokenizer: TokenDecoder;
   readonly pool: KvPoolInfo;
+  /** Why this runner cannot generate as asked (a sampling feature it lacks), or undefined: refused up front, never approximated. */
+  refuse?(params: SamplingParams): string | undefined;
   /**
    * The step barrier: every run of the last step has completed and its buffers are released. The batch
    * shape changes only after it.

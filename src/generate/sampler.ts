@@ -39,3 +39,93 @@ export function sampleToken(logits: Float32Array, temperature: number, random: (
   }
   return p.length - 1;
 }
+
+/**
+ * Per-request sampling settings, as OpenAI's and vLLM's requests name them. Plain numbers, so that a
+ * device-side sampler can take the same fields. Absent = off.
+ */
+export interface SamplerSettings {
+  /** 0 = greedy (after penalties). */
+  temperature: number;
+  /** Nucleus: keep the smallest set of most likely tokens whose probability sums to at least topP (0 < topP <= 1). */
+  topP?: number;
+  /** Keep the topK most likely tokens (0 or absent: all). topK = 1 is greedy. */
+  topK?: number;
+  /** HF/vLLM's: logits of tokens seen in the prompt or the output are divided (positive) or multiplied (negative) by it; 1 = off. */
+  repetitionPenalty?: number;
+  /** OpenAI's: subtracted from the logit of every token already generated. */
+  presencePenalty?: number;
+  /** OpenAI's: subtracted once per occurrence in the output so far. */
+  frequencyPenalty?: number;
+}
+
+/** Whether any penalty would change the logits. */
+function penalized(s: SamplerSettings): boolean {
+  return (s.repetitionPenalty !== undefined && s.repetitionPenalty !== 1) || !!s.presencePenalty || !!s.frequencyPenalty;
+}
+
+/**
+ * The penalties applied to a copy of the logits (the model's buffer is left as it was): repetition
+ * over prompt and output tokens (as vLLM applies it), presence and frequency over the output only
+ * (as OpenAI defines them).
+ */
+export function applyPenalties(logits: Float32Array, s: SamplerSettings, promptIds: readonly number[], outputIds: readonly number[]): Float32Array {
+  if (!penalized(s)) return logits;
+  const out = new Float32Array(logits);
+  const rep = s.repetitionPenalty ?? 1;
+  if (rep !== 1) {
+    const seen = new Set<number>(promptIds);
+    for (const t of outputIds) seen.add(t);
+    for (const t of seen) {
+      if (t < 0 || t >= out.length) continue;
+      const x = out[t]!;
+      out[t] = x > 0 ? x / rep : x * rep;
+    }
+  }
+  if (s.presencePenalty || s.frequencyPenalty) {
+    const counts = new Map<number, number>();
+    for (const t of outputIds) counts.set(t, (counts.get(t) ?? 0) + 1);
+    for (const [t, n] of counts) {
+      if (t < 0 || t >= out.length) continue;
+      out[t] = out[t]! - (s.presencePenalty ?? 0) - (s.frequencyPenalty ?? 0) * n;
+    }
+  }
+  return out;
+}
+
+/**
+ * The next token under the request's settings: penalties, then greedy at temperature 0, else
+ * temperature, top-k and top-p filtering and one draw from `random` (exactly one per token, so a
+ * seeded stream replays the same way, preempted or not).
+ */
+export function sampleNext(logits: Float32Array, s: SamplerSettings, random: () => number,
+  promptIds: readonly number[], outputIds: readonly number[]): number {
+  const l = applyPenalties(logits, s, promptIds, outputIds);
+  if (s.temperature <= 0 || s.topK === 1) return argmax(l);
+  const topK = s.topK && s.topK > 0 ? Math.min(s.topK, l.length) : l.length;
+  const topP = s.topP ?? 1;
+  if (topK === l.length && topP >= 1) return sampleToken(l, s.temperature, random);
+  // Candidates by descending logit (ties: lower id first, so the order is deterministic).
+  const order = Array.from({ length: l.length }, (_, i) => i).sort((a, b) => l[b]! - l[a]! || a - b).slice(0, topK);
+  const max = l[order[0]!]!;
+  const p = order.map((i) => Math.exp((l[i]! - max) / s.temperature));
+  let sum = p.reduce((a, b) => a + b, 0);
+  let keep = p.length;
+  if (topP < 1) {
+    let acc = 0;
+    for (let i = 0; i < p.length; i++) {
+      acc += p[i]! / sum;
+      if (acc >= topP) {
+        keep = i + 1;
+        break;
+      }
+    }
+    sum = p.slice(0, keep).reduce((a, b) => a + b, 0);
+  }
+  let r = random() * sum;
+  for (let i = 0; i < keep; i++) {
+    r -= p[i]!;
+    if (r <= 0) return order[i]!;
+  }
+  return order[keep - 1]!;
+}

@@ -74,6 +74,9 @@ export class Scheduler {
   finish(seq: Sequence, opts: { failed?: boolean } = {}): void {
     const i = this.running.indexOf(seq);
     if (i >= 0) this.running.splice(i, 1);
+    // A cancelled request may still wait (never admitted, or preempted).
+    const w = this.waiting.indexOf(seq);
+    if (w >= 0) this.waiting.splice(w, 1);
     this.blocks.free(seq.id, { discardPrefix: opts.failed });
     seq.status = 'finished';
   }

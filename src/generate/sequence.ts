@@ -1,15 +1,22 @@
 /** One request's generation state, as the scheduler and the engine see it. */
-import { seededRandom } from './sampler.js';
+import { seededRandom, type SamplerSettings } from './sampler.js';
 import type { DecoderAdapter } from './decoder-model.js';
 import type { FinishReason } from './generator.js';
+import type { OutputText } from './output-text.js';
 
 export type SequenceStatus = 'waiting' | 'running' | 'finished';
 
-export interface SamplingParams {
+/**
+ * Plain numbers and arrays (sampler.ts documents each): a device-side sampler takes the same fields.
+ * Stop sequences are matched on the host, in the output's text (output-text.ts).
+ */
+export interface SamplingParams extends SamplerSettings {
   maxNewTokens: number;
   /** 0 = greedy. */
   temperature: number;
   seed?: number;
+  /** The output ends before the first of these texts (finish reason 'stop'). */
+  stop?: readonly string[];
   /** LoRA adapter the row runs with (loaded by the caller, who releases it after the generation). */
   adapter?: DecoderAdapter;
   /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks of decode throughput). */
@@ -28,6 +35,8 @@ export class Sequence {
   preemptions = 0;
   /** The sampler's state survives preemption, so a preempted sample continues the same stream. */
   readonly random: () => number;
+  /** The output as text, detokenized as generated (stop sequences, streaming): engine.ts sets it. */
+  text: OutputText | undefined;
 
   constructor(
     readonly id: number,
@@ -36,7 +45,9 @@ export class Sequence {
     readonly arrival: number,
   ) {
     if (promptIds.length === 0) throw new Error('empty prompt');
-    this.random = seededRandom(params.seed ?? 0x5eed);
+    // Without a seed, a request's own (as OpenAI and vLLM do): a fixed default would give every
+    // unseeded request at the same temperature the same "sample".
+    this.random = seededRandom(params.seed ?? Math.floor(Math.random() * 2 ** 32));
   }
 
   /** The adapter's key: the KV depends on it, so prefix-cache entries are per adapter (block-manager.ts). */

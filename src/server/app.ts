@@ -4,7 +4,7 @@
  */
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
-import { PromptNeverFitsError } from '../generate/engine.js';
+import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
 import { DuplicateDocumentError, type RagService } from '../rag.js';
@@ -16,6 +16,8 @@ import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { parseDocuments, parseQuery } from './validate.js';
+import { streamQuery } from './query-stream.js';
+import { openaiRoutes } from './openai-routes.js';
 
 export function createApp(service: RagService, opts: { logger?: Logger } = {}): express.Express {
   const { cfg } = service;
@@ -54,6 +56,7 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
+    if (q.stream) return streamQuery(service, admission, q, res);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
       const { shape: _shape, ...result } = await admission.run(() => service.query(q));
@@ -107,6 +110,7 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
   });
 
   app.use(documentsRouter(service));
+  app.use(openaiRoutes(service, admission));
 
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 
@@ -130,9 +134,10 @@ async function inspectAdapter(service: RagService, name: string): Promise<void> 
 }
 
 /** body-parser's errors carry a status and a type; anything else unknown is a 500. */
-function toHttpError(err: unknown): HttpError {
+export function toHttpError(err: unknown): HttpError {
   if (err instanceof HttpError) return err;
   if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
+  if (err instanceof UnsupportedSamplingError) return new HttpError(422, 'unsupported_sampling', err.message);
   if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });
   if (err instanceof AdapterInvalidError) return new HttpError(422, 'adapter_invalid', err.message);
   const e = err as { status?: number; type?: string; message?: string };

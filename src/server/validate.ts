@@ -1,73 +1,60 @@
-/** Request body validation: typed inputs out, 400s with the offending field named. */
+/** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
 import type { DocumentInput, QueryInput } from '../rag.js';
-import { badRequest } from './errors.js';
+import { bodySchemas, documentsSchema, parseBody } from './schemas.js';
+import type { SamplingOptions } from '../rag.js';
 
-type Json = Record<string, unknown>;
+type Schemas = ReturnType<typeof bodySchemas>;
+const built = new WeakMap<Config, Schemas>();
 
-function object(body: unknown): Json {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw badRequest('invalid_body', 'body must be a JSON object');
-  return body as Json;
+/** The schemas for this configuration (its limits), built once. */
+export function schemasFor(cfg: Config): Schemas {
+  let s = built.get(cfg);
+  if (!s) built.set(cfg, (s = bodySchemas(cfg)));
+  return s;
 }
 
-function intField(b: Json, name: string, dflt: number, min: number, max: number): number {
-  const v = b[name];
-  if (v === undefined || v === null) return dflt;
-  if (typeof v !== 'number' || !Number.isInteger(v)) throw badRequest('invalid_field', `${name} must be an integer`);
-  if (v < min || v > max) throw badRequest('invalid_field', `${name} must be between ${min} and ${max}`);
-  return v;
+/** Stop sequences as a list (a single string is one). */
+export const stopList = (stop: string | string[] | undefined): string[] | undefined =>
+  stop === undefined ? undefined : typeof stop === 'string' ? [stop] : stop;
+
+/** The sampler's fields of a body (shared by /query and the /v1 routes), absent ones left out. */
+export function samplingOptions(b: {
+  top_p?: number | undefined; stop?: string | string[] | undefined; repetition_penalty?: number | undefined;
+  presence_penalty?: number | undefined; frequency_penalty?: number | undefined;
+}, topK: number | undefined): SamplingOptions {
+  const o: SamplingOptions = {};
+  if (b.top_p !== undefined) o.topP = b.top_p;
+  if (topK !== undefined && topK > 0) o.topK = topK;
+  const stop = stopList(b.stop);
+  if (stop && stop.length > 0) o.stop = stop;
+  if (b.repetition_penalty !== undefined) o.repetitionPenalty = b.repetition_penalty;
+  if (b.presence_penalty !== undefined) o.presencePenalty = b.presence_penalty;
+  if (b.frequency_penalty !== undefined) o.frequencyPenalty = b.frequency_penalty;
+  return o;
 }
 
-const KNOWN_QUERY_FIELDS = new Set(['query', 'top_k', 'rerank_top_n', 'max_new_tokens', 'temperature', 'seed', 'adapter']);
-
-export function parseQuery(body: unknown, cfg: Config): QueryInput {
-  const b = object(body);
-  for (const k of Object.keys(b)) if (!KNOWN_QUERY_FIELDS.has(k)) throw badRequest('unknown_field', `unknown field '${k}'`);
-  const query = b['query'];
-  if (typeof query !== 'string' || query.trim() === '') throw badRequest('invalid_field', 'query must be a non-empty string');
-  const temperature = b['temperature'] ?? 0;
-  if (typeof temperature !== 'number' || !Number.isFinite(temperature) || temperature < 0 || temperature > 5) {
-    throw badRequest('invalid_field', 'temperature must be a number between 0 and 5');
-  }
-  const adapter = b['adapter'];
-  if (adapter !== undefined && typeof adapter !== 'string') throw badRequest('invalid_field', 'adapter must be a string');
-  const seed = b['seed'];
-  if (seed !== undefined && (typeof seed !== 'number' || !Number.isInteger(seed))) throw badRequest('invalid_field', 'seed must be an integer');
+export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: boolean } {
+  const b = parseBody(schemasFor(cfg).query, body);
   return {
-    query: query.trim(),
-    topK: intField(b, 'top_k', cfg.defaultTopK, 1, cfg.maxTopK),
-    rerankTopN: intField(b, 'rerank_top_n', cfg.defaultRerankTopN, 1, cfg.maxRerankTopN),
-    maxNewTokens: intField(b, 'max_new_tokens', cfg.defaultMaxNewTokens, 1, cfg.maxNewTokensLimit),
-    temperature,
-    seed,
-    adapter,
+    query: b.query,
+    topK: b.top_k,
+    rerankTopN: b.rerank_top_n,
+    maxNewTokens: b.max_new_tokens,
+    temperature: b.temperature ?? 0,
+    seed: b.seed,
+    adapter: b.adapter,
+    sampling: samplingOptions(b, b.sample_top_k),
+    stream: b.stream ?? false,
   };
-}
-
-const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-
-function parseDocument(v: unknown, where: string): DocumentInput {
-  const d = object(v);
-  const text = d['text'];
-  if (typeof text !== 'string' || text.trim() === '') throw badRequest('invalid_field', `${where}text must be a non-empty string`);
-  const docId = d['doc_id'];
-  if (docId !== undefined && (typeof docId !== 'string' || !DOC_ID.test(docId))) {
-    throw badRequest('invalid_field', `${where}doc_id must match ${DOC_ID.source}`);
-  }
-  const title = d['title'];
-  if (title !== undefined && (typeof title !== 'string' || title.length > 512)) {
-    throw badRequest('invalid_field', `${where}title must be a string of at most 512 characters`);
-  }
-  return { text, docId, title: title?.trim() || undefined };
 }
 
 /** `{doc_id?, title?, text}` or `{documents: [...]}`. */
 export function parseDocuments(body: unknown): DocumentInput[] {
-  const b = object(body);
-  if (!('documents' in b)) return [parseDocument(b, '')];
-  const docs = b['documents'];
-  if (!Array.isArray(docs) || docs.length === 0 || docs.length > 1000) {
-    throw badRequest('invalid_field', 'documents must be an array of 1 to 1000 documents');
-  }
-  return docs.map((d, i) => parseDocument(d, `documents[${i}].`));
+  // The branch is chosen by the `documents` key, so that its errors are reported rather than a union's.
+  const batch = typeof body === 'object' && body !== null && !Array.isArray(body) && 'documents' in body;
+  const schema = batch ? documentsSchema.options[1] : documentsSchema.options[0];
+  const b = parseBody(schema, body);
+  const docs = 'documents' in b ? b.documents : [b];
+  return docs.map((d) => ({ text: d.text, docId: d.doc_id, title: d.title?.trim() || undefined }));
 }

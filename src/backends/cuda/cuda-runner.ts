@@ -42,8 +42,7 @@ export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
 
 /** The device sampling of a sequence's next token (plain fields of SamplingParams). */
 export function deviceSampling(params: SamplingParams, step: number): DeviceSampling {
-  const p = params as SamplingParams & { topK?: number; topP?: number };
-  return { temperature: params.temperature, topK: p.topK ?? 0, topP: p.topP ?? 1, seed: params.seed ?? 0x5eed, step };
+  return { temperature: params.temperature, topK: params.topK ?? 0, topP: params.topP ?? 1, seed: params.seed ?? 0x5eed, step };
 }
 
 /** Greedy-equivalent decoding by the empty tokenizer of a checkpoint that ships none (benchmarks). */
@@ -135,6 +134,14 @@ export class CudaModelRunner implements ModelRunner {
   /** The accountant's device figures now (graphs included) and the device's free/total. */
   memory(): NativeMemory {
     return this.native.memory(this.handle);
+  }
+
+  /** The device sampler applies no penalties yet: a request asking for them is refused, not sampled without them. */
+  refuse(params: SamplingParams): string | undefined {
+    const penalized = (params.repetitionPenalty !== undefined && params.repetitionPenalty !== 1) || !!params.presencePenalty || !!params.frequencyPenalty;
+    if (penalized) return 'repetition, presence and frequency penalties are not applied by the CUDA backend yet';
+    if (params.adapter) return 'LoRA adapters do not run on the CUDA backend yet';
+    return undefined;
   }
 
   /** Steps complete before execute() returns: nothing is in flight at the barrier. */

@@ -19,7 +19,7 @@ import { metered } from '../../runtime/run-meter.js';
 import type { DecoderModel, KvTensor } from '../../generate/decoder-model.js';
 import { KvCachePool, presentData, type GatherRow } from '../../generate/kv-pool.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
-import { sampleToken } from '../../generate/sampler.js';
+import { sampleNext } from '../../generate/sampler.js';
 import type { BlockCopy } from '../../generate/scheduler.js';
 import type { Sequence } from '../../generate/sequence.js';
 
@@ -246,6 +246,6 @@ export class OrtModelRunner implements ModelRunner {
   /** The next token of row `row` of a run's last logits. */
   private sample(seq: Sequence, logits: Float32Array, row: number): number {
     const V = this.model.shape.vocabSize;
-    return sampleToken(logits.subarray(row * V, (row + 1) * V), seq.params.temperature, seq.random);
+    return sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds);
   }
 }

@@ -1,0 +1,337 @@
+/**
+ * OpenAI-compatible routes, for the clients and SDKs that speak OpenAI's API:
+ *
+ *   GET  /v1/models             the decoder and the embedder, by their directory names, and the LoRA
+ *                               adapters under RAGGUARD_ADAPTER_DIR (as vLLM lists its LoRA modules:
+ *                               `model: <adapter>` generates with it, `parent` names the base)
+ *   POST /v1/chat/completions   messages through the model's chat template (chat-template.ts); the
+ *                               `rag` extension grounds the answer on the index and adds `citations`
+ *   POST /v1/completions        a text prompt, continued
+ *   POST /v1/embeddings         the embedder's vectors (float or base64, as the official client asks)
+ *   GET  /openapi.json          every route's body schema (openapi.ts)
+ *
+ * Every generation runs as /query's does: admission queue, memory guard (guarded.ts), the engine's
+ * continuous batching. `stream: true` gives OpenAI's chunks as server-sent events, ending with
+ * `data: [DONE]`; a client that closes the stream cancels its sequence. Errors are our
+ * `{error: {code, message}}` with OpenAI's `type` (and `param` where a field is at fault) added, the
+ * fields its clients read.
+ */
+import { randomBytes } from 'node:crypto';
+import { readdir, stat } from 'node:fs/promises';
+import path from 'node:path';
+import express, { type NextFunction, type Request, type Response } from 'express';
+import { ChatTemplate, type ChatMessage } from '../generate/chat-template.js';
+import type { Generation } from '../generate/generator.js';
+import type { AssembledPrompt, ContextChunk } from '../generate/prompt.js';
+import type { Admission } from '../guards/admission.js';
+import type { Citation, RagService } from '../rag.js';
+import { toHttpError } from './app.js';
+import { HttpError } from './errors.js';
+import { decideOrReject, generationShape, guardReport, runGuarded, type Admitted } from './guarded.js';
+import { openapiDocument } from './openapi.js';
+import { parseBody, type ChatCompletionBody, type CompletionBody } from './schemas.js';
+import { samplingOptions, schemasFor } from './validate.js';
+import { SseStream } from './sse.js';
+import type { SamplingParams } from '../generate/sequence.js';
+import { checkQueryShape } from '../guards/request-shape.js';
+import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
+
+/** OpenAI's error `type` for a status. */
+function errorType(status: number): string {
+  if (status === 401) return 'authentication_error';
+  if (status === 403) return 'permission_error';
+  if (status === 404) return 'not_found_error';
+  if (status === 429 || status === 503) return 'server_overloaded';
+  if (status >= 500) return 'server_error';
+  return 'invalid_request_error';
+}
+
+/** Our error body with OpenAI's fields (message, type, code, param) present. */
+export function openaiErrorBody(e: HttpError): { error: Record<string, unknown> } {
+  const b = e.body().error;
+  return { error: { ...b, type: errorType(e.status), param: b['param'] ?? null } };
+}
+
+const newId = (prefix: string) => `${prefix}-${randomBytes(12).toString('hex')}`;
+const now = () => Math.floor(Date.now() / 1000);
+
+type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+const usage = (prompt: number, completion: number): Usage => ({ prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion });
+
+/** A message's text: a string, or its text parts joined. */
+const messageText = (c: string | { text: string }[]) => (typeof c === 'string' ? c : c.map((p) => p.text).join(''));
+
+export function openaiRoutes(service: RagService, admission: Admission): express.Router {
+  const { cfg } = service;
+  const { decoder, embedder } = service.models;
+  const router = express.Router();
+  const chat = ChatTemplate.forModel(decoder.tokenizer, decoder.bosId);
+  const decoderId = path.basename(cfg.decoderPath);
+  const embedderId = path.basename(cfg.embedderPath);
+  const started = now();
+  const maxPositions = decoder.shape.maxPositions;
+
+  const checkModel = (model: string, want: string) => {
+    if (model !== want) {
+      throw new HttpError(404, 'model_not_found', `the model '${model}' does not exist here; this route serves '${want}' (GET /v1/models)`, { param: 'model' });
+    }
+  };
+
+  /** The base decoder (undefined) or a LoRA adapter's name, checked against its files before anything runs. */
+  const generationModel = async (model: string): Promise<string | undefined> => {
+    if (model === decoderId) return undefined;
+    try {
+      await service.adapters.inspect(model);
+      return model;
+    } catch (e) {
+      if (e instanceof AdapterNotFoundError) {
+        throw new HttpError(404, 'model_not_found', `the model '${model}' does not exist here: neither the decoder '${decoderId}' nor an adapter (${e.message})`, { param: 'model' });
+      }
+      if (e instanceof AdapterInvalidError) throw new HttpError(422, 'adapter_invalid', e.message, { param: 'model' });
+      throw e;
+    }
+  };
+
+  /** Adapter directories (a PEFT adapter_config.json in each) under RAGGUARD_ADAPTER_DIR; none where adapters cannot run. */
+  const adapterNames = async (): Promise<string[]> => {
+    if (service.adapters.unavailable) return [];
+    const names = await readdir(service.adapters.dir).catch(() => [] as string[]);
+    const ok = await Promise.all(names.map((n) => stat(path.join(service.adapters.dir, n, 'adapter_config.json')).then(() => true, () => false)));
+    return names.filter((_, i) => ok[i]).sort();
+  };
+
+  /** The prompt and its answer's room must fit the decoder's positions. */
+  const checkContext = (promptTokens: number, maxTokens: number) => {
+    if (promptTokens + maxTokens > maxPositions) {
+      throw new HttpError(413, 'context_too_long',
+        `the prompt's ${promptTokens} tokens plus max_tokens ${maxTokens} exceed the decoder's ${maxPositions} positions`,
+        { prompt_tokens: promptTokens, param: 'max_tokens' });
+    }
+  };
+
+  const params = (b: ChatCompletionBody | CompletionBody, maxTokens: number): SamplingParams => ({
+    ...samplingOptions(b, b.top_k), maxNewTokens: maxTokens, temperature: b.temperature ?? 1, seed: b.seed,
+  });
+
+  router.get('/openapi.json', (_req, res) => {
+    res.json(openapiDocument(schemasFor(cfg)));
+  });
+
+  router.get('/v1/models', async (_req, res) => {
+    const adapters = await adapterNames();
+    res.json({
+      object: 'list',
+      data: [
+        ...[decoderId, embedderId].map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: id, parent: null })),
+        ...adapters.map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: path.join(service.adapters.dir, id), parent: decoderId })),
+      ],
+    });
+  });
+
+  router.post('/v1/embeddings', async (req, res) => {
+    const b = parseBody(schemasFor(cfg).embedding, req.body);
+    checkModel(b.model, embedderId);
+    const texts = typeof b.input === 'string' ? [b.input] : b.input;
+    // The embedder would cut a longer input at its limit: say so instead of embedding part of it.
+    const counts = texts.map((t) => embedder.inputIds(t).length);
+    const over = texts.findIndex((t) => embedder.tokenizer.encode(t, true).length > embedder.maxTokens);
+    if (over >= 0) {
+      throw new HttpError(413, 'input_too_long', `input[${over}] has more than the embedder's ${embedder.maxTokens} tokens`, { param: 'input' });
+    }
+    const vectors = await admission.run(() => embedder.embed(texts));
+    const d = embedder.dimension;
+    res.json({
+      object: 'list',
+      model: embedderId,
+      data: texts.map((_, i) => {
+        const v = vectors.subarray(i * d, (i + 1) * d);
+        const embedding = b.encoding_format === 'base64' ? Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString('base64') : Array.from(v);
+        return { object: 'embedding', index: i, embedding };
+      }),
+      usage: { prompt_tokens: counts.reduce((a, n) => a + n, 0), total_tokens: counts.reduce((a, n) => a + n, 0) },
+    });
+  });
+
+  router.post('/v1/completions', async (req, res) => {
+    const b = parseBody(schemasFor(cfg).completion, req.body);
+    const adapter = await generationModel(b.model);
+    const maxTokens = b.max_tokens ?? 16; // OpenAI's default for completions
+    const text = typeof b.prompt === 'string' ? b.prompt : b.prompt[0]!;
+    const ids = chat.encodeText(text);
+    if (ids.length === 0) throw new HttpError(400, 'invalid_body', 'prompt is empty (and this tokenizer adds no BOS)', { param: 'prompt' });
+    checkContext(ids.length, maxTokens);
+    const id = newId('cmpl');
+    const created = now();
+    const base = { id, object: 'text_completion', created, model: b.model };
+    await generateReply(res, ids, params(b, maxTokens), adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
+      chunk: (text) => ({ ...base, choices: [{ index: 0, text, logprobs: null, finish_reason: null }] }),
+      last: (reason) => ({ ...base, choices: [{ index: 0, text: '', logprobs: null, finish_reason: reason }] }),
+      usageChunk: (u) => ({ ...base, choices: [], usage: u }),
+      reply: (g, u, guard) => ({ ...base, choices: [{ index: 0, text: g.text, logprobs: null, finish_reason: g.finishReason }], usage: u, ragguard: { guard } }),
+    });
+  });
+
+  router.post('/v1/chat/completions', async (req, res) => {
+    const b = parseBody(schemasFor(cfg).chatCompletion, req.body);
+    const adapter = await generationModel(b.model);
+    const maxTokens = b.max_completion_tokens ?? b.max_tokens ?? cfg.defaultMaxNewTokens;
+    const messages: ChatMessage[] = b.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
+    const id = newId('chatcmpl');
+    const created = now();
+    const base = { id, object: 'chat.completion.chunk', created, model: b.model };
+    const shapes = {
+      chunk: (content: string, first: boolean) => ({
+        ...base, choices: [{ index: 0, delta: first ? { role: 'assistant', content } : { content }, logprobs: null, finish_reason: null }],
+      }),
+      last: (reason: string) => ({ ...base, choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }] }),
+      usageChunk: (u: Usage) => ({ ...base, choices: [], usage: u }),
+      reply: (g: Generation, u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => ({
+        ...base, object: 'chat.completion',
+        choices: [{ index: 0, message: { role: 'assistant', content: g.text, refusal: null }, logprobs: null, finish_reason: g.finishReason }],
+        usage: u,
+        ...(citations ? { citations } : {}),
+        ragguard: { guard },
+      }),
+    };
+    const stream = b.stream ?? false;
+    const includeUsage = b.stream_options?.include_usage ?? false;
+    if (!b.rag) {
+      const ids = chat.encode(messages);
+      checkContext(ids.length, maxTokens);
+      await generateReply(res, ids, params(b, maxTokens), adapter, stream, includeUsage, shapes);
+      return;
+    }
+    // Grounded: retrieve on the last user message; the ranked chunks go into a system message ahead
+    // of the conversation, as many as the context budget holds (rank order, a chunk that does not fit
+    // giving way to a smaller one).
+    const question = [...messages].reverse().find((m) => m.role === 'user')?.content.trim();
+    if (!question) throw new HttpError(400, 'invalid_body', 'rag needs a user message with text to retrieve on', { param: 'messages' });
+    const baseTokens = chat.encode(messages).length;
+    checkContext(baseTokens, maxTokens);
+    const promptFor = (chunks: readonly ContextChunk[], budget: number): AssembledPrompt => {
+      const t = service.template;
+      const included: number[] = [];
+      let ids = chat.encode(messages);
+      for (let c = 0; c < chunks.length; c++) {
+        // Replacement functions: a chunk's own text may hold `$&` and the like.
+        const context = t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
+          t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
+        const tried = chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
+        if (tried.length <= budget) {
+          included.push(c);
+          ids = tried;
+        }
+      }
+      return { ids, included, truncated: [] };
+    };
+    const q = {
+      query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
+      temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
+      // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
+      promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
+    };
+    checkQueryShape(q, service);
+    const decision = decideOrReject(service, service.requestShape(q));
+    if (decision && decision.shape.promptTokens < baseTokens) {
+      // A reshape may drop context, not the conversation itself.
+      throw new HttpError(413, 'request_too_large', `a conversation of ${baseTokens} tokens with ${maxTokens} new tokens can never fit the memory budget`,
+        { predicted_bytes: decision.prediction.workspaceBytes + decision.prediction.kvBytes, budget_bytes: service.budget.budgetBytes });
+    }
+    const shaped = decision ? { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens, rerankBatch: decision.shape.rerankBatch } : q;
+    const sse = stream ? new SseStream(res) : undefined;
+    try {
+      const r = await runGuarded(service, admission, decision, () => service.query({
+        ...shaped,
+        hooks: {
+          signal: sse?.signal,
+          // The citations ride on the first chunk (a field OpenAI's clients ignore).
+          onCitations: (citations) => sse?.send({ ...shapes.chunk('', true), citations }),
+          onToken: (t) => {
+            if (sse && t.text) sse.send(shapes.chunk(t.text, false));
+          },
+        },
+      }), { signal: sse?.signal });
+      const u = usage(r.usage.prompt_tokens, r.usage.completion_tokens);
+      const guard = guardReport(service, decision, r.shape);
+      const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason };
+      if (!sse) {
+        res.json(shapes.reply(g, u, guard, r.citations));
+        return;
+      }
+      sse.send(shapes.last(r.finish_reason));
+      if (includeUsage) sse.send(shapes.usageChunk(u));
+      sse.sendRaw('[DONE]');
+    } catch (e) {
+      if (!sse || !sse.started) throw e;
+      streamError(sse, e);
+    } finally {
+      sse?.end();
+    }
+  });
+
+  interface ReplyShapes {
+    chunk(text: string, first: boolean): object;
+    last(reason: string): object;
+    usageChunk(u: Usage): object;
+    reply(g: Generation, u: Usage, guard: Record<string, unknown>): object;
+  }
+
+  /** A generation without retrieval, guarded, as one reply or as a stream of chunks. */
+  async function generateReply(res: Response, ids: number[], p: SamplingParams, adapter: string | undefined, stream: boolean,
+    includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
+    const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens), { fixedPrompt: true });
+    const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
+    const sse = stream ? new SseStream(res) : undefined;
+    let first = true;
+    try {
+      const g = await runGuarded(service, admission, decision, async () => {
+        // The adapter loads for this generation (or shares a running one's slot) and is released after.
+        const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter);
+        try {
+          return await service.engine.generate(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, {
+            signal: sse?.signal,
+            onToken: (t) => {
+              if (sse && t.text) {
+                sse.send(shapes.chunk(t.text, first));
+                first = false;
+              }
+            },
+          });
+        } finally {
+          lease?.release();
+        }
+      }, { signal: sse?.signal });
+      const u = usage(ids.length, g.ids.length);
+      if (!sse) {
+        res.json(shapes.reply(g, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens), cachedTokens: g.cachedTokens ?? 0 })));
+        return;
+      }
+      if (first) sse.send(shapes.chunk('', true)); // an empty answer still announces the role
+      sse.send(shapes.last(g.finishReason));
+      if (includeUsage) sse.send(shapes.usageChunk(u));
+      sse.sendRaw('[DONE]');
+    } catch (e) {
+      if (!sse || !sse.started) throw e;
+      streamError(sse, e);
+    } finally {
+      sse?.end();
+    }
+  }
+
+  // OpenAI's clients read error.type (and param): added to our {code, message}.
+  router.use((err: unknown, req: Request, res: Response, next: NextFunction) => {
+    if (!req.path.startsWith('/v1/')) return next(err);
+    const e = toHttpError(err);
+    if (!(err instanceof HttpError) && e.status >= 500) console.error('request failed:', err);
+    res.status(e.status).set(e.headers).json(openaiErrorBody(e));
+  });
+  return router;
+}
+
+/** A failure after the stream started: one `data: {"error": ...}` event (as OpenAI sends it), unless the client left. */
+function streamError(sse: SseStream, e: unknown): void {
+  if (sse.closed) return;
+  const err = toHttpError(e);
+  if (err.status >= 500) console.error('stream failed:', e);
+  sse.send(openaiErrorBody(err));
+}

@@ -1,0 +1,68 @@
+/**
+ * GET /openapi.json: an OpenAPI 3.1 document generated from the zod schemas that validate the bodies
+ * (schemas.ts), so that the document cannot drift from what the server accepts. Replies are described
+ * in words (README's API table has their fields).
+ */
+import { z } from 'zod';
+import type { bodySchemas } from './schemas.js';
+
+type Schemas = ReturnType<typeof bodySchemas>;
+
+const errorSchema = {
+  type: 'object',
+  properties: {
+    error: {
+      type: 'object',
+      required: ['code', 'message'],
+      properties: {
+        code: { type: 'string' },
+        message: { type: 'string' },
+        type: { type: 'string', description: 'OpenAI\'s error type (on /v1 routes)' },
+        param: { type: ['string', 'null'] },
+        errors: {
+          type: 'array', description: 'invalid_body: every problem of the body',
+          items: { type: 'object', properties: { field: { type: 'string' }, code: { type: 'string' }, message: { type: 'string' } } },
+        },
+      },
+    },
+  },
+} as const;
+
+const json = (s: z.ZodType) => z.toJSONSchema(s, { io: 'input', unrepresentable: 'any', target: 'draft-2020-12' });
+
+export function openapiDocument(s: Schemas): Record<string, unknown> {
+  const body = (name: keyof Schemas) => ({ required: true, content: { 'application/json': { schema: { $ref: `#/components/schemas/${name}` } } } });
+  const ok = (description: string, stream = false) => ({
+    description,
+    content: {
+      'application/json': { schema: { type: 'object' } },
+      ...(stream ? { 'text/event-stream': { schema: { type: 'string', description: 'with stream: true' } } } : {}),
+    },
+  });
+  const errors = { '4XX': { description: 'a client error', content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } },
+    '5XX': { description: 'busy (503, Retry-After) or a bug (500)', content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } } };
+  const post = (summary: string, name: keyof Schemas, reply: string, stream = false) =>
+    ({ post: { summary, requestBody: body(name), responses: { 200: ok(reply, stream), ...errors } } });
+  const get = (summary: string) => ({ get: { summary, responses: { 200: ok(summary), ...errors } } });
+  const components: Record<string, unknown> = { Error: errorSchema };
+  for (const [name, schema] of Object.entries(s)) {
+    const { $schema: _drop, ...rest } = json(schema as z.ZodType) as Record<string, unknown>;
+    components[name] = rest;
+  }
+  return {
+    openapi: '3.1.0',
+    info: { title: 'ragguard', version: '0.1.0', description: 'Retrieval-augmented generation server with memory guards; OpenAI-compatible routes under /v1.' },
+    paths: {
+      '/query': post('Answer a question from the index, with citations', 'query', '{answer, citations, finish_reason, usage, retrieval, timings_ms, guard}', true),
+      '/documents': { post: { summary: 'Ingest documents', requestBody: body('documents'), responses: { 201: ok('{documents: [{doc_id, title, chunks}]}'), ...errors } } },
+      '/v1/chat/completions': post('OpenAI chat completion (rag: grounded on the index)', 'chatCompletion', 'chat.completion', true),
+      '/v1/completions': post('OpenAI text completion', 'completion', 'text_completion', true),
+      '/v1/embeddings': post('OpenAI embeddings (the embedder)', 'embedding', '{object: list, data: [{embedding, index}], usage}'),
+      '/v1/models': get('The served models'),
+      '/healthz': get('Liveness and index counts'),
+      '/debug/memory': get('Memory by component'),
+      '/openapi.json': get('This document'),
+    },
+    components: { schemas: components },
+  };
+}

@@ -1,0 +1,166 @@
+/**
+ * Request bodies as zod schemas: one definition gives the typed input, every problem of a body at
+ * once (400 invalid_body with `errors: [{field, code, message}]`), and the OpenAPI document
+ * (openapi.ts). Unknown fields are refused (strict objects): a misspelt knob must not be silently
+ * ignored. Limits come from the configuration, so the schemas are built per app.
+ */
+import { z } from 'zod';
+import type { Config } from '../config/config.js';
+import { HttpError } from './errors.js';
+
+/** One problem of a request body: the field's path (dots and [i]), unknown_field or invalid_field, and why. */
+export interface FieldError {
+  field: string;
+  code: 'unknown_field' | 'invalid_field' | 'invalid_body';
+  message: string;
+}
+
+const stop = z.union([z.string().min(1).max(256), z.array(z.string().min(1).max(256)).max(8)])
+  .describe('Generation ends before the first of these texts (finish_reason "stop"); the text is not part of the output.');
+
+/** Sampling fields shared by /query and the /v1 routes (the token top-k's name differs: see each route). */
+function sampling(cfg: Config) {
+  return {
+    temperature: z.number().min(0).max(5).optional().describe('0 is greedy; the default is 0 on /query, 1 (OpenAI\'s) on /v1.'),
+    top_p: z.number().gt(0).max(1).optional().describe('Nucleus sampling: the smallest set of tokens whose probability reaches top_p.'),
+    seed: z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER).optional()
+      .describe('Seeds the sampler: the same request gives the same output (without one, each request draws its own).'),
+    stop: stop.optional(),
+    repetition_penalty: z.number().gt(0).max(10).optional().describe('vLLM\'s: >1 discourages tokens already in the prompt or output; 1 is off.'),
+    presence_penalty: z.number().min(-2).max(2).optional().describe('OpenAI\'s: subtracted from the logit of every token already generated.'),
+    frequency_penalty: z.number().min(-2).max(2).optional().describe('OpenAI\'s: subtracted once per occurrence in the output so far.'),
+    stream: z.boolean().optional().describe('Server-sent events instead of one JSON reply.'),
+    _maxTokens: z.number().int().min(1).max(cfg.maxNewTokensLimit).describe('New tokens at most (RAGGUARD_MAX_NEW_TOKENS_LIMIT).'),
+  };
+}
+
+const tokenTopK = z.number().int().min(-1).max(100000).optional().describe('Sample from the top_k most likely tokens; 0 or -1: all; 1: greedy.');
+
+export function querySchema(cfg: Config) {
+  const { _maxTokens, ...s } = sampling(cfg);
+  return z.strictObject({
+    query: z.string().trim().min(1, 'query must be a non-empty string').describe('The question.'),
+    top_k: z.number().int().min(1).max(cfg.maxTopK).default(cfg.defaultTopK).describe('Hits retrieved from the index.'),
+    rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking.'),
+    max_new_tokens: _maxTokens.default(cfg.defaultMaxNewTokens),
+    adapter: z.string().optional().describe('A LoRA adapter under RAGGUARD_ADAPTER_DIR.'),
+    sample_top_k: tokenTopK.describe('The sampler\'s top-k (top_k here is retrieval\'s): 0 or -1 all tokens, 1 greedy.'),
+    ...s,
+  });
+}
+
+const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+const documentSchema = z.strictObject({
+  doc_id: z.string().regex(DOC_ID, `doc_id must match ${DOC_ID.source}`).optional(),
+  title: z.string().max(512).optional(),
+  text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string'),
+});
+
+export const documentsSchema = z.union([
+  documentSchema,
+  z.strictObject({ documents: z.array(documentSchema).min(1).max(1000) }),
+]);
+
+const messageContent = z.union([
+  z.string(),
+  z.array(z.strictObject({ type: z.literal('text'), text: z.string() })).min(1)
+    .describe('Text parts only: they are joined.'),
+]);
+
+const message = z.strictObject({
+  role: z.enum(['system', 'developer', 'user', 'assistant']),
+  content: messageContent,
+  name: z.string().optional().describe('Accepted, not used.'),
+});
+
+/** The grounding extension of /v1/chat/completions: retrieve on the last user message, answer from the hits. */
+function ragExtension(cfg: Config) {
+  return z.strictObject({
+    top_k: z.number().int().min(1).max(cfg.maxTopK).default(cfg.defaultTopK).describe('Hits retrieved from the index.'),
+    rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking, placed in the prompt.'),
+  }).describe('ragguard extension: ground the answer on the index; the reply carries `citations`.');
+}
+
+function openaiCommon(cfg: Config) {
+  const { _maxTokens, ...s } = sampling(cfg);
+  return {
+    model: z.string().min(1).describe('A model id from GET /v1/models.'),
+    max_tokens: _maxTokens.optional(),
+    top_k: tokenTopK,
+    n: z.literal(1).optional().describe('One choice per request.'),
+    user: z.string().optional().describe('Accepted, not used.'),
+    stream_options: z.strictObject({ include_usage: z.boolean().optional() }).optional()
+      .describe('include_usage: a last chunk with the usage (and no choices) before [DONE].'),
+    ...s,
+  };
+}
+
+export function chatCompletionSchema(cfg: Config) {
+  return z.strictObject({
+    messages: z.array(message).min(1),
+    max_completion_tokens: z.number().int().min(1).max(cfg.maxNewTokensLimit).optional().describe('The same as max_tokens (OpenAI\'s newer name).'),
+    rag: ragExtension(cfg).optional(),
+    ...openaiCommon(cfg),
+  });
+}
+
+export function completionSchema(cfg: Config) {
+  return z.strictObject({
+    prompt: z.union([z.string(), z.array(z.string()).length(1)]).describe('A text (or a list of one).'),
+    ...openaiCommon(cfg),
+  });
+}
+
+export const embeddingSchema = z.strictObject({
+  model: z.string().min(1),
+  input: z.union([z.string(), z.array(z.string()).min(1).max(2048)]),
+  encoding_format: z.enum(['float', 'base64']).optional(),
+  user: z.string().optional().describe('Accepted, not used.'),
+});
+
+/** Every route's body schema, built for this configuration (openapi.ts documents them). */
+export function bodySchemas(cfg: Config) {
+  return {
+    query: querySchema(cfg),
+    documents: documentsSchema,
+    chatCompletion: chatCompletionSchema(cfg),
+    completion: completionSchema(cfg),
+    embedding: embeddingSchema,
+  };
+}
+
+export type QueryBody = z.output<ReturnType<typeof querySchema>>;
+export type ChatCompletionBody = z.output<ReturnType<typeof chatCompletionSchema>>;
+export type CompletionBody = z.output<ReturnType<typeof completionSchema>>;
+export type EmbeddingBody = z.output<typeof embeddingSchema>;
+
+const fieldPath = (path: readonly PropertyKey[]) =>
+  path.reduce<string>((s, k) => (typeof k === 'number' ? `${s}[${k}]` : s ? `${s}.${String(k)}` : String(k)), '');
+
+/** A zod error as our field errors: one per unknown key, one per invalid field. */
+export function fieldErrors(error: z.ZodError): FieldError[] {
+  const out: FieldError[] = [];
+  for (const issue of error.issues) {
+    const at = fieldPath(issue.path);
+    if (issue.code === 'unrecognized_keys') {
+      for (const k of issue.keys) out.push({ field: at ? `${at}.${k}` : k, code: 'unknown_field', message: `unknown field '${k}'` });
+    } else if (issue.code === 'invalid_union') {
+      // A union's branches each failed: name the field once, with the first branch's reason.
+      const first = issue.errors[0]?.[0];
+      out.push({ field: at, code: at ? 'invalid_field' : 'invalid_body', message: first ? `${at || 'body'}: ${first.message}` : issue.message });
+    } else {
+      out.push({ field: at, code: at ? 'invalid_field' : 'invalid_body', message: `${at || 'body'}: ${issue.message}` });
+    }
+  }
+  return out;
+}
+
+/** The parsed body, or a 400 invalid_body listing every problem. */
+export function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.output<S> {
+  const r = schema.safeParse(body);
+  if (r.success) return r.data;
+  const errors = fieldErrors(r.error);
+  const message = errors.length === 1 ? errors[0]!.message : `${errors.length} problems: ${errors.map((e) => e.message).join('; ')}`;
+  throw new HttpError(400, 'invalid_body', message, { errors, ...(errors[0]?.field ? { param: errors[0].field } : {}) });
+}
