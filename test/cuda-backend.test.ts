@@ -343,3 +343,18 @@ describe('the CUDA runner over a stand-in native library', () => {
     runner.close();
   });
 });
+
+test('a request made as the last one settles is served (no request stranded between the loop\'s last check and its end)', async () => {
+  // However many microtask turns after a reply the next request comes, it is served.
+  for (let hops = 0; hops < 12; hops++) {
+    const runner = new CountingRunner();
+    const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
+    const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: 1, maxNumBatchedTokens: 64 });
+    await engine.generate([10], { maxNewTokens: 2, temperature: 0, ignoreEos: true });
+    for (let h = 0; h < hops; h++) await Promise.resolve();
+    const next = engine.generate([20], { maxNewTokens: 2, temperature: 0, ignoreEos: true });
+    const served = await Promise.race([next.then((g) => g.ids), engine.idle().then(() => next).then((g) => g.ids)]);
+    assert.deepEqual(served, [21, 22], `after ${hops} turns`);
+    assert.equal(engine.scheduler.waiting.length, 0);
+  }
+});

@@ -113,7 +113,7 @@ export class Engine {
     if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.runner.tokenizer, params.stop);
     const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject, hooks }));
     this.scheduler.add(seq);
-    this.loop ??= this.run().finally(() => (this.loop = undefined));
+    this.loop ??= this.run();
     return done;
   }
 
@@ -125,7 +125,25 @@ export class Engine {
     return this.loop ?? Promise.resolve();
   }
 
+  /**
+   * The step loop, while any sequence waits or runs. It decides to stop in the same synchronous stretch
+   * that clears `loop`, so a request added by a reply's continuation (a microtask after the last step)
+   * either is seen here or starts a new loop: never stranded in the queue.
+   */
   private async run(): Promise<void> {
+    try {
+      for (;;) {
+        await this.steps();
+        await this.runner.barrier();
+        this.runner.abandon();
+        if (!this.scheduler.hasWork) return;
+      }
+    } finally {
+      this.loop = undefined;
+    }
+  }
+
+  private async steps(): Promise<void> {
     while (this.scheduler.hasWork) {
       await this.runner.barrier();
       await this.dropAborted();
@@ -160,8 +178,6 @@ export class Engine {
         for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
       }
     }
-    await this.runner.barrier();
-    this.runner.abandon();
   }
 
   /** At the barrier: sequences whose signal fired are finished (blocks freed) and their promises rejected. */
