@@ -28,7 +28,7 @@ import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe, prune } from './retrieval/prune.js';
-import { DocumentStore, type Hit } from './retrieval/store.js';
+import { DocumentStore, type Hit, type NewDocument } from './retrieval/store.js';
 
 export interface DocumentInput {
   docId?: string;
@@ -227,7 +227,7 @@ export class RagService {
     return this.profile;
   }
 
-  /** Chunks, embeds and adds the documents, then persists one snapshot for the whole batch. */
+  /** Chunks, embeds and adds the documents, visible once one snapshot for the whole batch is durable. */
   ingest(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
     const run = this.ingestTail.then(() => this.ingestNow(docs));
     this.ingestTail = run.catch(() => undefined);
@@ -246,6 +246,7 @@ export class RagService {
       seen.add(d.docId);
     }
     const results: IngestResult[] = [];
+    const batch: NewDocument[] = [];
     for (const d of prepared) {
       const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
         chunkTokens: this.cfg.chunkTokens,
@@ -253,10 +254,11 @@ export class RagService {
       });
       // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-      this.store.add({ docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, spans, vectors);
+      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
     }
-    await this.store.persist();
+    // Atomic: queries, /healthz and later snapshots see the batch only once its own snapshot is durable.
+    await this.store.addDurably(batch);
     return results;
   }
 
