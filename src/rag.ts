@@ -228,13 +228,18 @@ export class RagService {
   }
 
   /** Chunks, embeds and adds the documents, visible once one snapshot for the whole batch is durable. */
-  ingest(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
-    const run = this.ingestTail.then(() => this.ingestNow(docs));
+  ingest(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
+    const run = this.ingestTail.then(() => this.ingestNow(docs, signal));
     this.ingestTail = run.catch(() => undefined);
     return run;
   }
 
-  private async ingestNow(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
+  /** Resolves when every ingest begun so far has settled (its snapshot durable, or nothing of it kept). */
+  async settled(): Promise<void> {
+    await this.ingestTail;
+  }
+
+  private async ingestNow(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
     const { embedder } = this.models;
     const prepared = docs.map((d) => {
       const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
@@ -248,6 +253,7 @@ export class RagService {
     const results: IngestResult[] = [];
     const batch: NewDocument[] = [];
     for (const d of prepared) {
+      signal?.throwIfAborted(); // abandoned (or stopped by shutdown): nothing of the batch is kept
       const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
@@ -257,13 +263,16 @@ export class RagService {
       batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
     }
+    signal?.throwIfAborted();
     // Atomic: queries, /healthz and later snapshots see the batch only once its own snapshot is durable.
     await this.store.addDurably(batch);
     return results;
   }
 
-  async query(q: QueryInput): Promise<QueryResult> {
+  /** Answers the query; an abort of `signal` (client gone, shutdown) stops it between stages or at the engine's next step. */
+  async query(q: QueryInput, signal?: AbortSignal): Promise<QueryResult> {
     const { embedder, reranker, decoder } = this.models;
+    signal?.throwIfAborted();
     let t = performance.now();
     const qv = await embedder.embed([q.query]);
     const embedMs = ms(t);
@@ -274,6 +283,7 @@ export class RagService {
     const unique = dedupe(pruned, this.cfg.dedupeJaccard);
     const searchMs = ms(t);
 
+    signal?.throwIfAborted();
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
     const { scores, pairTokens, runs: rerankRuns } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
@@ -283,6 +293,7 @@ export class RagService {
       .slice(0, q.rerankTopN);
     const rerankMs = ms(t);
 
+    signal?.throwIfAborted();
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
     const prompt = assemblePrompt(
@@ -294,7 +305,7 @@ export class RagService {
     const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter);
     let gen: Generation;
     try {
-      gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter });
+      gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, signal);
     } finally {
       lease?.release();
     }

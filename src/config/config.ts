@@ -82,6 +82,8 @@ export interface Config {
   maxConcurrentQueries: number;
   maxQueueLength: number;
   queueTimeoutMs: number;
+  /** On SIGTERM/SIGINT: how long requests in flight may take to finish before they are stopped. */
+  shutdownGraceMs: number;
 }
 
 interface Variable {
@@ -364,6 +366,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_QUEUE_TIMEOUT_MS', default: '30000', doc: 'Longest wait in the queue before 503.',
     apply: int(1, 3600000, (c, v) => (c.queueTimeoutMs = v)),
+  },
+  {
+    name: 'RAGGUARD_SHUTDOWN_GRACE_MS', default: '10000',
+    doc: 'On SIGTERM or SIGINT the server stops admitting (503 shutting_down with Retry-After, GET /readyz 503) and gives requests in flight this long to finish; the rest are stopped at their next step and answered 503 shutting_down. Exit code 0 only when none was stopped (3 otherwise).',
+    apply: int(0, 3600000, (c, v) => (c.shutdownGraceMs = v)),
   },
 ];
 

@@ -64,6 +64,8 @@ export interface EngineStats {
   writeBacks: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
+  /** Sequences dropped because their requests were abandoned. */
+  cancelled: number;
 }
 
 /**
@@ -81,7 +83,7 @@ interface Carry {
 export class Engine {
   readonly pool: KvCachePool;
   readonly scheduler: Scheduler;
-  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, pastReused: 0, writeBacks: 0, schedulerMicros: 0 };
+  readonly stats: EngineStats = { steps: 0, prefills: 0, decodeRows: 0, preemptions: 0, pastReused: 0, writeBacks: 0, schedulerMicros: 0, cancelled: 0 };
   private readonly pending = new Map<Sequence, Pending>();
   private nextId = 0;
   private loop: Promise<void> | undefined;
@@ -91,6 +93,9 @@ export class Engine {
   private readonly outputs: KvTensor[] = [];
   private carry: Carry | undefined;
   private readonly lazy: boolean;
+  /** Sequences whose requests were abandoned (their signal aborted): dropped at the next step barrier. */
+  private readonly cancelled = new Set<Sequence>();
+  private readonly reasons = new WeakMap<Sequence, Error>();
 
   constructor(
     readonly model: DecoderModel,
@@ -102,10 +107,24 @@ export class Engine {
     this.scheduler = new Scheduler(blocks, opts);
   }
 
-  generate(promptIds: readonly number[], params: SamplingParams): Promise<Generation> {
+  /**
+   * Generates for the prompt. An abort of `signal` (the client went away) takes the sequence out at
+   * the next step barrier, waiting or running, its blocks freed; the promise rejects with the signal's reason.
+   */
+  generate(promptIds: readonly number[], params: SamplingParams, signal?: AbortSignal): Promise<Generation> {
+    if (signal?.aborted) return Promise.reject(signal.reason as Error);
     const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
     const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject }));
     this.scheduler.add(seq);
+    if (signal) {
+      const abandon = () => {
+        this.cancelled.add(seq);
+        this.reasons.set(seq, signal.reason as Error);
+      };
+      signal.addEventListener('abort', abandon, { once: true });
+      const forget = () => signal.removeEventListener('abort', abandon);
+      done.then(forget, forget);
+    }
     this.loop ??= this.run().finally(() => (this.loop = undefined));
     return done;
   }
@@ -121,6 +140,7 @@ export class Engine {
   private async run(): Promise<void> {
     while (this.scheduler.hasWork) {
       await this.streamSync();
+      if (this.cancelled.size > 0) await this.dropCancelled();
       // Admission may hit blocks the carried batch filled, preemption frees them: the pool first.
       if (this.scheduler.mayMoveBlocks) {
         try {
@@ -161,6 +181,29 @@ export class Engine {
     // A run that writes in place returns its past tensors as its present: the carry may hold them still.
     const kept = new Set<KvTensor>(this.carry?.present ?? []);
     for (const t of this.outputs.splice(0)) if (!kept.has(t)) t.dispose();
+  }
+
+  /**
+   * At the barrier: abandoned sequences leave the queue or the batch and their blocks go back. The
+   * carried batch's newest KV reaches the pool first, as before any change of hands.
+   */
+  private async dropCancelled(): Promise<void> {
+    const seqs = [...this.cancelled].filter((s) => this.pending.has(s));
+    this.cancelled.clear();
+    if (seqs.length === 0) return;
+    try {
+      await this.writeBack();
+    } catch (e) {
+      const lost = this.carry?.seqs.filter((s) => s.status === 'running') ?? [];
+      this.dropCarry();
+      for (const seq of lost) if (!seqs.includes(seq)) this.settle(seq, e as Error);
+    }
+    for (const seq of seqs) {
+      const w = this.scheduler.waiting.indexOf(seq);
+      if (w >= 0) this.scheduler.waiting.splice(w, 1);
+      this.stats.cancelled++;
+      this.settle(seq, this.reasons.get(seq) ?? new Error('generation abandoned'));
+    }
   }
 
   private track<T>(p: Promise<T>): Promise<T> {

@@ -29,7 +29,13 @@ export class Admission {
     return this.queue.size;
   }
 
-  async run<T>(work: () => Promise<T>): Promise<T> {
+  /**
+   * Runs `work` when a slot is free. An abort of `signal` while waiting (the client went away) takes
+   * the request out of the queue at once and rejects with the signal's reason; once running, the
+   * work itself is given the signal (it stops at its next step), its slot held until it returns.
+   */
+  async run<T>(work: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    signal?.throwIfAborted();
     const retryAfter = String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
     if (this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue) {
       throw new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
@@ -40,9 +46,12 @@ export class Admission {
     // moment the task starts: once admitted, a query runs to completion.
     const waiting = new AbortController();
     const timer = setTimeout(() => waiting.abort(new QueueTimeout()), this.opts.timeoutMs);
+    const gone = () => waiting.abort(signal!.reason);
+    signal?.addEventListener('abort', gone, { once: true });
     try {
       return await this.queue.add(() => {
         clearTimeout(timer);
+        signal?.removeEventListener('abort', gone); // from here the work itself stops on the signal
         return work();
       }, { signal: waiting.signal });
     } catch (e) {
@@ -53,6 +62,7 @@ export class Admission {
       throw e;
     } finally {
       clearTimeout(timer);
+      signal?.removeEventListener('abort', gone);
     }
   }
 

@@ -8,6 +8,7 @@ import type { EncoderDims } from '../guards/memory-model.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
 import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { metered } from '../runtime/run-meter.js';
+import { gatedRun } from '../runtime/run-gate.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -82,7 +83,7 @@ export class Reranker {
   private async scoreBatch(pairs: PairEncoding[]): Promise<number[]> {
     const { session } = this.loaded;
     const feeds = encoderFeeds(session, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds));
-    const result = await metered('rerank', () => session.run(feeds));
+    const result = await gatedRun(() => metered('rerank', () => session.run(feeds)));
     const logits = (result['logits'] ?? result[session.outputNames[0]!]!).data as Float32Array;
     const labels = logits.length / pairs.length;
     const out = pairs.map((_, i) => logits[i * labels]!);

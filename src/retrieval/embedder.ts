@@ -8,6 +8,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { metered } from '../runtime/run-meter.js';
+import { gatedRun } from '../runtime/run-gate.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -84,7 +85,7 @@ export class Embedder {
     const { session } = this.loaded;
     const feeds = encoderFeeds(session, rows, this.padId);
     const width = feeds['input_ids']!.dims[1]!;
-    const result = await metered('embed', () => session.run(feeds));
+    const result = await gatedRun(() => metered('embed', () => session.run(feeds)));
     const hidden = result['last_hidden_state'] ?? result[session.outputNames[0]!]!;
     const h = hidden.data as Float32Array;
     const d = this.dimension;

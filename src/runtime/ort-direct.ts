@@ -15,6 +15,7 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import koffi from 'koffi';
+import { gatedRun } from './run-gate.js';
 
 export type HostTensorType = 'float32' | 'float16' | 'int64' | 'int32';
 
@@ -315,7 +316,8 @@ export class DirectSession {
     const inNames = Object.keys(inputs);
     const outNames = Object.keys(outputs);
     const outValues = outNames.map((n) => outputs[n]?.handle ?? null);
-    await this.a.run(this.handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues);
+    const handle = this.handle;
+    await gatedRun(() => this.a.run(handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues));
     const result: Record<string, HostTensor> = {};
     outNames.forEach((n, i) => {
       const given = outputs[n];

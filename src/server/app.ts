@@ -10,13 +10,16 @@ import { checkQueryShape } from '../guards/request-shape.js';
 import { DuplicateDocumentError, type RagService } from '../rag.js';
 import { memorySnapshot } from './debug-memory.js';
 import { HttpError } from './errors.js';
+import { Lifecycle, requestSignal } from './shutdown.js';
 import { parseDocuments, parseQuery } from './validate.js';
 
-export function createApp(service: RagService): express.Express {
+/** `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM). */
+export function createApp(service: RagService, lifecycle = new Lifecycle()): express.Express {
   const { cfg } = service;
   const admission = new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
   const app = express();
   app.disable('x-powered-by');
+  app.use(lifecycle.router());
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   app.get('/healthz', (_req, res) => {
@@ -38,13 +41,15 @@ export function createApp(service: RagService): express.Express {
   });
 
   app.post('/query', async (req, res) => {
+    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next step.
+    const signal = requestSignal(res);
     const q = parseQuery(req.body, cfg);
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
-      const { shape: _shape, ...result } = await admission.run(() => service.query(q));
+      const { shape: _shape, ...result } = await admission.run(() => service.query(q, signal), signal);
       res.json({ ...result, guard: { decision: 'off' } });
       return;
     }
@@ -60,13 +65,13 @@ export function createApp(service: RagService): express.Express {
       rerankBatch: decision.shape.rerankBatch,
     };
     const { shape, ...result } = await admission.run(async () => {
-      const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs);
+      const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs, signal);
       try {
-        return await service.query(shaped);
+        return await service.query(shaped, signal);
       } finally {
         release();
       }
-    });
+    }, signal);
     const asRun = service.guard.model.predict(shape);
     res.json({
       ...result,
@@ -87,7 +92,7 @@ export function createApp(service: RagService): express.Express {
   app.post('/documents', async (req, res) => {
     const docs = parseDocuments(req.body);
     try {
-      res.status(201).json({ documents: await service.ingest(docs) });
+      res.status(201).json({ documents: await service.ingest(docs, requestSignal(res)) });
     } catch (e) {
       if (e instanceof DuplicateDocumentError) throw new HttpError(409, 'document_exists', e.message, { doc_id: e.docId });
       throw e;

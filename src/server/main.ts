@@ -3,6 +3,7 @@ import { ConfigError, loadConfig, type Config } from '../config/config.js';
 import { RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { createApp } from './app.js';
+import { Lifecycle } from './shutdown.js';
 
 async function main(): Promise<void> {
   let cfg: Config;
@@ -27,18 +28,40 @@ async function main(): Promise<void> {
       `index: ${service.store.documentCount} documents, ${service.store.chunkCount} chunks ` +
       `(${Math.round(performance.now() - t0)} ms to start)`,
   );
-  const server = createApp(service).listen(cfg.port, cfg.host, () => {
+  const lifecycle = new Lifecycle();
+  const server = createApp(service, lifecycle).listen(cfg.port, cfg.host, () => {
     const addr = server.address();
     const port = typeof addr === 'object' && addr ? addr.port : cfg.port;
     console.log(`ragguard listening on http://${cfg.host}:${port}`);
   });
-  const stop = (sig: string) => {
-    console.log(`${sig}: closing`);
-    server.close(() => process.exit(0));
-    setTimeout(() => process.exit(0), 5000).unref();
+  let stopping = false;
+  const stop = async (sig: string) => {
+    if (stopping) {
+      console.log(`${sig} again: exiting now, ${lifecycle.inFlight} requests still in flight`);
+      process.exit(1);
+    }
+    stopping = true;
+    console.log(`${sig}: draining: no new requests (503 shutting_down, /readyz 503); ${lifecycle.inFlight} in flight get ` +
+      `${cfg.shutdownGraceMs} ms (RAGGUARD_SHUTDOWN_GRACE_MS)`);
+    const report = await lifecycle.drain(cfg.shutdownGraceMs);
+    let code = report.dropped === 0 ? 0 : 3;
+    try {
+      // Every ingest is durable before its reply; one still writing finishes (or leaves nothing) here.
+      await service.settled();
+    } catch (e) {
+      console.error(`persisting failed: ${(e as Error).message}`);
+      code = 4;
+    }
+    console.log(`drained in ${report.ms} ms: ${report.finished} of ${report.inFlight} in-flight requests finished, ` +
+      `${report.dropped} stopped at the grace deadline (answered 503 shutting_down), ${report.refused} new ones refused; ` +
+      `index: ${service.store.documentCount} documents durable; exit ${code}`);
+    server.close();
+    server.closeAllConnections();
+    service.gpu.stop();
+    process.exit(code);
   };
-  process.on('SIGINT', () => stop('SIGINT'));
-  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
 }
 
 main().catch((e: unknown) => {
