@@ -456,7 +456,7 @@ export class DecoderModel {
       fetches[name] = hostPast[i]!; // written in place
     });
     try {
-      const out = await session.run(feeds, fetches);
+      const out = await gatedRun(() => session.run(feeds, fetches));
       const logits = out['logits']!;
       return {
         logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast, reused: step,

@@ -34,13 +34,25 @@ export class Admission {
    * the request out of the queue at once and rejects with the signal's reason; once running, the
    * work itself is given the signal (it stops at its next step), its slot held until it returns.
    */
+  /** Whether a query arriving now would be shed (every slot running, the queue at its limit). */
+  get full(): boolean {
+    return this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue;
+  }
+
+  /** The 503 a query gets when the server is full. */
+  queueFull(): HttpError {
+    return new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
+      {}, { 'Retry-After': this.retryAfter });
+  }
+
+  private get retryAfter(): string {
+    return String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
+  }
+
   async run<T>(work: () => Promise<T>, signal?: AbortSignal): Promise<T> {
     signal?.throwIfAborted();
-    const retryAfter = String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
-    if (this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue) {
-      throw new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
-        {}, { 'Retry-After': retryAfter });
-    }
+    const retryAfter = this.retryAfter;
+    if (this.full) throw this.queueFull();
     // The wait deadline: a timer that aborts the queued task. p-queue would also reject a *running*
     // task on abort while its work went on (and its slot were reused), so the timer is cleared the
     // moment the task starts: once admitted, a query runs to completion.

@@ -15,7 +15,6 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import koffi from 'koffi';
-import { gatedRun } from './run-gate.js';
 
 export type HostTensorType = 'float32' | 'float16' | 'int64' | 'int32';
 
@@ -206,19 +205,23 @@ function bind(): Api | null {
         }
       },
       run(session, inNames, inValues, outNames, outValues) {
-        // On the main thread, as onnxruntime-node runs: model runs stay serialised (the guards' per-run
-        // accounting assumes no two overlap) and allocate from the main thread's heap. A koffi async
-        // call (a worker thread) let a decoder run overlap the encoders' and fragmented memory across
-        // malloc arenas: bursts went 3-43 % over a budget their reservations fit.
+        // On a worker thread (koffi's async call), so that the event loop answers probes, new requests
+        // and load-shedding 503s while a model runs. Runs stay serialised all the same (run-gate.ts: the
+        // guards' per-run accounting assumes no two overlap); an earlier version that let a decoder run
+        // overlap the encoders' spread memory across malloc arenas and bursts went 3-43 % over budget.
         return new Promise((resolve, reject) => {
-          setImmediate(() => {
-            try {
-              check(runFn(session, null, inNames, inValues, inNames.length, outNames, outNames.length, outValues));
-              resolve();
-            } catch (e) {
-              reject(e as Error);
-            }
-          });
+          (runFn as unknown as { async(...args: unknown[]): void }).async(
+            session, null, inNames, inValues, inNames.length, outNames, outNames.length, outValues,
+            (err: unknown, status: unknown) => {
+              try {
+                if (err) throw err;
+                check(status);
+                resolve();
+              } catch (e) {
+                reject(e as Error);
+              }
+            },
+          );
         });
       },
       registerCpuAllocator(allocator) {
@@ -307,7 +310,7 @@ export class DirectSession {
   }
 
   /**
-   * One run. An output given a tensor is written into it (it may be an input too: the operator then
+   * One run (callers pass the run gate, run-gate.ts: the C call itself runs on a worker thread). An output given a tensor is written into it (it may be an input too: the operator then
    * works in place, as GroupQueryAttention does with its KV buffer); one given null is allocated by
    * ONNX Runtime and returned (the caller disposes it).
    */
@@ -316,8 +319,7 @@ export class DirectSession {
     const inNames = Object.keys(inputs);
     const outNames = Object.keys(outputs);
     const outValues = outNames.map((n) => outputs[n]?.handle ?? null);
-    const handle = this.handle;
-    await gatedRun(() => this.a.run(handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues));
+    await this.a.run(this.handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues);
     const result: Record<string, HostTensor> = {};
     outNames.forEach((n, i) => {
       const given = outputs[n];

@@ -20,6 +20,8 @@ export function createApp(service: RagService, lifecycle = new Lifecycle()): exp
   const app = express();
   app.disable('x-powered-by');
   app.use(lifecycle.router());
+  // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
+  app.post('/query', (_req, _res, next) => next(admission.full ? admission.queueFull() : undefined));
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   app.get('/healthz', (_req, res) => {

@@ -22,6 +22,8 @@ export class ClientClosedError extends HttpError {
 }
 
 const retryAfter = { 'Retry-After': '1' };
+/** How long stopped requests get to reach their next step and reply, when the grace period is shorter. */
+const STOP_MS = 2000;
 
 export const shuttingDown = (why: string) => new HttpError(503, 'shutting_down', `the server is shutting down: ${why}`, {}, retryAfter);
 
@@ -90,8 +92,8 @@ export class Lifecycle {
 
   /**
    * Stops admitting, waits up to `graceMs` for the requests in flight, then aborts the rest (answered
-   * 503 shutting_down) and waits for their replies (up to `graceMs` again: their work stops at its next
-   * step). Resolves with what happened.
+   * 503 shutting_down) and waits for their replies (up to `graceMs` again, at least STOP_MS: their work
+   * stops at its next step); one still unanswered then is answered 503 here. Resolves with what happened.
    */
   async drain(graceMs: number): Promise<DrainReport> {
     const t0 = performance.now();
@@ -102,7 +104,13 @@ export class Lifecycle {
     for (const t of late) {
       t.controller.abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
     }
-    if (late.length > 0) await this.idle(graceMs);
+    if (late.length > 0) await this.idle(Math.max(graceMs, STOP_MS));
+    // A request whose handler never saw its signal (its body still arriving) still gets its answer.
+    for (const [res, t] of this.inflight) {
+      if (res.headersSent) continue;
+      const e = shuttingDown(`${t.req.method} ${t.req.path} was still unanswered when the drain ended`);
+      res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
+    }
     return { inFlight, finished: inFlight - late.length, dropped: late.length, refused: this.refused, ms: Math.round(performance.now() - t0) };
   }
 
