@@ -43,7 +43,9 @@ const QUESTIONS = [
   'How does apt-cache search for a package?',
 ];
 
-const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-overload-'));
+// BENCH_OVERLOAD_INDEX_DIR: an index to reuse (kept), instead of a fresh one ingested at start-up.
+const keptIndex = process.env['BENCH_OVERLOAD_INDEX_DIR'];
+const indexDir = keptIndex ?? await mkdtemp(path.join(tmpdir(), 'ragguard-bench-overload-'));
 const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
 let port = 0;
 
@@ -118,7 +120,7 @@ let serverLog = '';
 server.stderr.on('data', (c: Buffer) => (serverLog += c.toString()));
 const cleanup = async () => {
   if (server.exitCode === null) server.kill('SIGKILL');
-  await rm(indexDir, { recursive: true, force: true });
+  if (!keptIndex) await rm(indexDir, { recursive: true, force: true });
 };
 try {
   const t0 = performance.now();
@@ -136,16 +138,19 @@ try {
   const query = (i: number) => ({ query: `${QUESTIONS[i % QUESTIONS.length]} (${i})`, max_new_tokens: NEW_TOKENS });
 
   // --- burst ---
+  const tb = performance.now();
   const healthMs: number[] = [];
+  const slow: string[] = [];
   let burstDone = false;
   const prober = (async () => {
     while (!burstDone) {
+      const at = performance.now() - tb;
       const r = await send('GET', '/healthz');
       healthMs.push(r.ms);
+      if (r.ms > 100) slow.push(`${(at / 1000).toFixed(2)} s: ${Math.round(r.ms)} ms`);
       await new Promise((res) => setTimeout(res, 10));
     }
   })();
-  const tb = performance.now();
   const deadline = new Promise<'deadline'>((res) => setTimeout(() => res('deadline'), PHASE_LIMIT_MS).unref());
   const replies = await Promise.all(Array.from({ length: BURST }, (_, i) =>
     Promise.race([send('POST', '/query', query(i)).catch((e: Error) => e), deadline])));
@@ -175,6 +180,7 @@ try {
   console.log(`burst of ${BURST}: ${burstS.toFixed(1)} s; statuses ${JSON.stringify(statuses)}, codes ${JSON.stringify(codes)}`);
   console.log(`  /healthz during the burst (ms): ${JSON.stringify(summary(healthMs))}`);
   console.log(`  send -> 503 queue_full (ms): ${JSON.stringify(summary(queueFullMs))}`);
+  if (slow.length) console.log(`  /healthz probes over 100 ms (sent at, latency): ${slow.slice(0, 12).join(', ')}${slow.length > 12 ? ', ...' : ''}`);
   if (unclearWhy.length) console.log(`  unclear: ${unclearWhy.slice(0, 5).join('; ')}`);
 
   // Idle before the next phase.
