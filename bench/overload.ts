@@ -211,6 +211,8 @@ try {
 
   console.log(JSON.stringify({
     bench: 'overload', cpu: os.cpus()[0]?.model, cores: os.cpus().length, new_tokens: NEW_TOKENS,
+    // The machine's load average when the bench ended: on a shared machine, other processes' share of the cores.
+    loadavg: os.loadavg().map(r1),
     burst: {
       queries: BURST, seconds: r1(burstS), statuses, codes, unclear: unclearWhy.length,
       healthz_ms: summary(healthMs), queue_full_ms: summary(queueFullMs),

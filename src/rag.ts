@@ -302,7 +302,7 @@ export class RagService {
       budget,
     );
     // The adapter loads for generation only (nothing before it uses it) and is released right after.
-    const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter);
+    const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter, signal);
     let gen: Generation;
     try {
       gen = await this.engine.generate(prompt.ids, { maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, signal);

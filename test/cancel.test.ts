@@ -9,6 +9,8 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { cp } from 'node:fs/promises';
+import { AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
@@ -56,6 +58,21 @@ describe('with the shipped decoder', () => {
   let model: DecoderModel;
   before(async () => {
     model = await DecoderModel.load(path.join(ROOT, 'models', 'decoder-gqa'), 'cpu');
+  });
+
+  test('a request waiting for an adapter slot leaves the line when its client goes away', async () => {
+    const dir = await tempDir('ragguard-adapters-');
+    for (const n of ['a1', 'a2', 'a3', 'a4', 'a5']) await cp(path.join(ROOT, 'models', 'adapters', 'demo-qv-r4'), path.join(dir, n), { recursive: true });
+    const r = new AdapterRegistry(dir, model, { maxLoras: 4, maxRank: 16, waitMs: 600_000 });
+    const held = await Promise.all(['a1', 'a2', 'a3', 'a4'].map((n) => r.acquire(n)));
+    const ac = new AbortController();
+    const fifth = r.acquire('a5', ac.signal);
+    while (r.stats().waiting === 0) await turn();
+    ac.abort(new Gone('client left'));
+    await assert.rejects(fifth, Gone);
+    assert.equal(r.stats().waiting, 0);
+    for (const l of held) l.release();
+    assert.equal(r.stats().slots.free, 4);
   });
 
   test('the engine drops an abandoned sequence at the next step barrier, waiting or running, and frees its blocks', async () => {

@@ -39,6 +39,27 @@ export class Admission {
     return this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue;
   }
 
+  /** Queries let in by ticket() that have not reached run() yet (their bodies are read and checked). */
+  private incoming = 0;
+
+  /**
+   * A place for a query that just arrived, taken before its body is read: null when running, waiting
+   * and arriving queries already fill every slot and the queue (shed it now: a burst's later queries
+   * get their 503 without waiting for the earlier ones' parsing and checks). run() takes the ticket
+   * over; release() gives it back where the query ends before (an invalid body, a 413).
+   */
+  ticket(): { release(): void } | null {
+    if (this.queue.pending + this.queue.size + this.incoming >= this.opts.concurrency + this.opts.maxQueue) return null;
+    this.incoming++;
+    let held = true;
+    return {
+      release: () => {
+        if (held) this.incoming--;
+        held = false;
+      },
+    };
+  }
+
   /** The 503 a query gets when the server is full. */
   queueFull(): HttpError {
     return new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
@@ -49,7 +70,8 @@ export class Admission {
     return String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
   }
 
-  async run<T>(work: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+  async run<T>(work: () => Promise<T>, signal?: AbortSignal, ticket?: { release(): void }): Promise<T> {
+    ticket?.release(); // counted as running or waiting from here
     signal?.throwIfAborted();
     const retryAfter = this.retryAfter;
     if (this.full) throw this.queueFull();

@@ -150,6 +150,9 @@ function bind(): Api | null {
           check(disableArena(opts[0])); // as every CPU session here: run buffers go back to malloc
           check(disablePattern(opts[0])); // and no per-shape planned block (session.ts says why)
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
+          // Idle intra-op threads sleep instead of spinning: a spinning pool thread takes a core from
+          // the event loop, which answers probes and 503s while a model runs on its worker thread.
+          check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', '0'));
           if (envAllocator) check(addConfigEntry(opts[0], 'session.use_env_allocators', '1'));
           const s = out();
           check(createSession(env[0], file, opts[0], s));

@@ -21,7 +21,13 @@ export function createApp(service: RagService, lifecycle = new Lifecycle()): exp
   app.disable('x-powered-by');
   app.use(lifecycle.router());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
-  app.post('/query', (_req, _res, next) => next(admission.full ? admission.queueFull() : undefined));
+  app.post('/query', (_req, res, next) => {
+    const ticket = admission.ticket();
+    if (!ticket) return next(admission.queueFull());
+    res.locals['admission'] = ticket;
+    res.once('close', ticket.release);
+    next();
+  });
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   app.get('/healthz', (_req, res) => {
@@ -51,7 +57,7 @@ export function createApp(service: RagService, lifecycle = new Lifecycle()): exp
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
-      const { shape: _shape, ...result } = await admission.run(() => service.query(q, signal), signal);
+      const { shape: _shape, ...result } = await admission.run(() => service.query(q, signal), signal, res.locals['admission']);
       res.json({ ...result, guard: { decision: 'off' } });
       return;
     }
@@ -73,7 +79,7 @@ export function createApp(service: RagService, lifecycle = new Lifecycle()): exp
       } finally {
         release();
       }
-    }, signal);
+    }, signal, res.locals['admission']);
     const asRun = service.guard.model.predict(shape);
     res.json({
       ...result,
