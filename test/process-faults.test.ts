@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import path from 'node:path';
 import { describe, test } from 'node:test';
@@ -170,10 +170,24 @@ describe('crash and damage', () => {
       assert.ok(docs === before || docs === before + batch.length, `${docs} documents: the old index (${before}) or all of the batch`);
       if (!(reply instanceof Error) && reply.status === 201) assert.equal(docs, before + batch.length, 'a 201 means durable');
       assert.deepEqual((await readdir(indexDir)).filter((f) => f.endsWith('.tmp')), [], 'no temporary file left');
+
+      // A snapshot write that fails (a directory where its temporary file goes, as a full disk would
+      // fail it): 500, nothing of the batch visible; the same batch retried then succeeds.
+      const tmp = `${path.join(indexDir, 'index.snapshot')}.${restarted.proc.pid}.tmp`;
+      await mkdir(tmp);
+      const extra = { doc_id: 'extra', title: 'Extra', text: 'The sticky bit on /tmp keeps users from deleting each other\'s files.' };
+      const failed = await request(restarted.port, 'POST', '/documents', extra);
+      assert.equal(failed.status, 500, JSON.stringify(failed.body));
+      assert.equal(failed.body.error!.code, 'internal');
+      assert.equal((await request(restarted.port, 'GET', '/healthz')).body.documents, docs, 'nothing of the failed batch is visible');
+      await rm(tmp, { recursive: true });
+      assert.equal((await request(restarted.port, 'POST', '/documents', extra)).status, 201, 'the retry is no duplicate');
+      assert.equal((await request(restarted.port, 'GET', '/healthz')).body.documents, docs + 1);
+
       const retry = await request(restarted.port, 'POST', '/documents', { documents: batch });
       if (docs === before) assert.equal(retry.status, 201, JSON.stringify(retry.body));
       else assert.equal(retry.body.error!.code, 'document_exists');
-      assert.equal((await request(restarted.port, 'GET', '/healthz')).body['documents'], before + batch.length);
+      assert.equal((await request(restarted.port, 'GET', '/healthz')).body.documents, before + batch.length + 1);
     } finally {
       restarted.proc.kill('SIGKILL');
       await restarted.exited;
