@@ -44,14 +44,9 @@ async function main(): Promise<void> {
     console.log(`${sig}: draining: no new requests (503 shutting_down, /readyz 503); ${lifecycle.inFlight} in flight get ` +
       `${cfg.shutdownGraceMs} ms (RAGGUARD_SHUTDOWN_GRACE_MS)`);
     const report = await lifecycle.drain(cfg.shutdownGraceMs);
-    let code = report.dropped === 0 ? 0 : 3;
-    try {
-      // Every ingest is durable before its reply; one still writing finishes (or leaves nothing) here.
-      await service.settled();
-    } catch (e) {
-      console.error(`persisting failed: ${(e as Error).message}`);
-      code = 4;
-    }
+    const code = report.dropped === 0 ? 0 : 3;
+    // Ingest is atomic (durable before its reply): one still writing settles here, kept whole or not at all.
+    await service.settled();
     console.log(`drained in ${report.ms} ms: ${report.finished} of ${report.inFlight} in-flight requests finished, ` +
       `${report.dropped} stopped at the grace deadline (answered 503 shutting_down), ${report.refused} new ones refused; ` +
       `index: ${service.store.documentCount} documents durable; exit ${code}`);
