@@ -11,6 +11,7 @@ import { DuplicateDocumentError, type RagService } from '../rag.js';
 import { memorySnapshot } from './debug-memory.js';
 import { HttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
+import { nextTurn } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 
 /** `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM). */
@@ -51,6 +52,7 @@ export function createApp(service: RagService, lifecycle = new Lifecycle()): exp
   app.post('/query', async (req, res) => {
     // Aborted when the client goes away or a shutdown stops the request: the work stops at its next step.
     const signal = requestSignal(res);
+    await nextTurn(); // one request's preparation per turn of the event loop (turns.ts)
     const q = parseQuery(req.body, cfg);
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
