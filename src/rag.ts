@@ -29,7 +29,7 @@ import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe, prune } from './retrieval/prune.js';
-import { DocumentStore, type Hit } from './retrieval/store.js';
+import { DocumentStore, type Hit, type NewDocument } from './retrieval/store.js';
 
 export interface DocumentInput {
   docId?: string;
@@ -247,9 +247,9 @@ export class RagService {
     return this.profile;
   }
 
-  /** Chunks, embeds and adds the documents, then persists one snapshot for the whole batch. */
-  ingest(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
-    const run = this.ingestTail.then(() => this.ingestNow(docs));
+  /** Chunks, embeds and adds the documents, visible once one snapshot for the whole batch is durable. */
+  ingest(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
+    const run = this.ingestTail.then(() => this.ingestNow(docs, signal));
     this.ingestTail = run.catch(() => undefined);
     return run;
   }
@@ -261,7 +261,12 @@ export class RagService {
     return run;
   }
 
-  private async ingestNow(docs: readonly DocumentInput[]): Promise<IngestResult[]> {
+  /** Resolves when every write begun so far has settled (its snapshot durable, or nothing of it kept). */
+  async settled(): Promise<void> {
+    await this.ingestTail;
+  }
+
+  private async ingestNow(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
     const { embedder } = this.models;
     const prepared = docs.map((d) => {
       const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
@@ -273,22 +278,28 @@ export class RagService {
       seen.add(d.docId);
     }
     const results: IngestResult[] = [];
+    const batch: NewDocument[] = [];
     for (const d of prepared) {
+      signal?.throwIfAborted(); // abandoned (or stopped by shutdown): nothing of the batch is kept
       const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
       });
       // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-      this.store.add({ docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, spans, vectors);
+      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
     }
-    await this.store.persist();
+    signal?.throwIfAborted();
+    // Atomic: queries, /healthz and later snapshots see the batch only once its own snapshot is durable.
+    await this.store.addDurably(batch);
     return results;
   }
 
-  async query(q: QueryInput): Promise<QueryResult> {
+  /** Answers the query; an abort of `signal` (client gone, shutdown) stops it between stages or at the engine's next step. */
+  async query(q: QueryInput, signal?: AbortSignal): Promise<QueryResult> {
     const { embedder, reranker, decoder } = this.models;
+    signal?.throwIfAborted();
     let t = performance.now();
     const qv = await embedder.embed([q.query]);
     const embedMs = ms(t);
@@ -299,6 +310,7 @@ export class RagService {
     const unique = dedupe(pruned, this.cfg.dedupeJaccard);
     const searchMs = ms(t);
 
+    signal?.throwIfAborted();
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
     const { scores, pairTokens, runs: rerankRuns } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
@@ -308,6 +320,7 @@ export class RagService {
       .slice(0, q.rerankTopN);
     const rerankMs = ms(t);
 
+    signal?.throwIfAborted();
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
     const chunks = ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text }));
@@ -325,10 +338,13 @@ export class RagService {
     });
     q.hooks?.onCitations?.(citations);
     // The adapter loads for generation only (nothing before it uses it) and is released right after.
-    const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter);
+    const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter, signal);
     let gen: Generation;
     try {
-      gen = await this.engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, q.hooks);
+      // The request's signal (a hang-up, shutdown) and a stream's own (a closed stream) both stop it.
+      const abort = [signal, q.hooks?.signal].filter((x): x is AbortSignal => x !== undefined);
+      const hooks = { ...q.hooks, signal: abort.length > 1 ? AbortSignal.any(abort) : abort[0] };
+      gen = await this.engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, hooks);
     } finally {
       lease?.release();
     }

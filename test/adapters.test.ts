@@ -276,24 +276,38 @@ describe('the decoder with adapters', () => {
   test('with every slot held, a request for another adapter waits for a release, in order, and past the deadline is refused', async () => {
     const dir = await tempDir('ragguard-adapters-');
     for (const n of ['a1', 'a2', 'a3', 'a4', 'a5', 'a6']) await cp(path.join(ADAPTERS, 'demo-qv-r4'), path.join(dir, n), { recursive: true });
-    const r = new AdapterRegistry(dir, model, { ...LIMITS, waitMs: 1500 });
+    // The order is checked with a deadline no run can reach (10 min), so a loaded machine cannot time a
+    // waiter out; the deadline itself, on a second registry, with nothing ever released.
+    const r = new AdapterRegistry(dir, model, { ...LIMITS, waitMs: 600_000 });
     const held = await Promise.all(['a1', 'a2', 'a3', 'a4'].map((n) => r.acquire(n)));
     assert.equal(r.stats().slots.free, 0);
     let got5 = false;
+    let got6 = false;
     const fifth = r.acquire('a5').then((l) => ((got5 = true), l));
-    const sixth = r.acquire('a6');
-    await new Promise((res) => setTimeout(res, 50));
-    assert.equal(got5, false, 'waits');
-    assert.equal(r.stats().waiting, 2);
+    const sixth = r.acquire('a6').then((l) => ((got6 = true), l));
+    // Both reach the slot queue after reading their files; no clock decides when.
+    while (r.stats().waiting < 2) await new Promise((res) => setImmediate(res));
+    assert.deepEqual([got5, got6], [false, false], 'both wait');
     held[0]!.release();
     const l5 = await fifth;
     assert.equal(l5.info.name, 'a5', 'the first in line gets the freed slot');
-    await assert.rejects(sixth, (e: Error) => e instanceof AdapterBusyError && /RAGGUARD_MAX_LORAS/.test(e.message));
-    const again = await r.acquire('a2'); // loaded: shared, no slot needed
-    assert.equal(again.adapter, held[1]!.adapter);
-    for (const l of [...held, l5, again]) l.release();
+    assert.equal(got6, false, 'the second still waits');
+    assert.equal(r.stats().waiting, 1);
+    held[1]!.release();
+    const l6 = await sixth;
+    assert.equal(l6.info.name, 'a6', 'the next release goes to the next in line');
+    const again = await r.acquire('a3'); // loaded: shared, no slot needed
+    assert.equal(again.adapter, held[2]!.adapter);
+    for (const l of [...held, l5, l6, again]) l.release();
     assert.equal(r.stats().slots.free, 4);
     assert.deepEqual([r.stats().loaded.length, r.stats().waiting], [0, 0]);
+
+    const short = new AdapterRegistry(dir, model, { ...LIMITS, waitMs: 50 });
+    const full = await Promise.all(['a1', 'a2', 'a3', 'a4'].map((n) => short.acquire(n)));
+    await assert.rejects(short.acquire('a5'), (e: Error) => e instanceof AdapterBusyError && /RAGGUARD_MAX_LORAS/.test(e.message));
+    assert.equal(short.stats().waiting, 0, 'the refused waiter left the queue');
+    for (const l of full) l.release();
+    assert.equal(short.stats().slots.free, 4);
   });
 
   test('inspect knows an adapter\'s bytes before it loads; unknown, malformed and misfit adapters are refused', async () => {

@@ -40,3 +40,24 @@ test('errors of the work itself pass through unchanged', async () => {
   const a = new Admission({ concurrency: 2, maxQueue: 0, timeoutMs: 1000 });
   await assert.rejects(a.run(async () => { throw new Error('boom'); }), /boom/);
 });
+
+test('tickets count queries still being read, so a burst past the limits is shed before any body is parsed', async () => {
+  const a = new Admission({ concurrency: 1, maxQueue: 1, timeoutMs: 600_000 });
+  const t1 = a.ticket();
+  const t2 = a.ticket();
+  assert.ok(t1 && t2);
+  assert.equal(a.ticket(), null, 'two arriving queries fill one slot and one queue place');
+  t2.release();
+  t2.release(); // idempotent
+  const t3 = a.ticket();
+  assert.ok(t3);
+  let open!: () => void;
+  const first = a.run(() => new Promise<number>((r) => (open = () => r(1))), undefined, t1);
+  assert.equal(a.ticket(), null, 'one running, one arriving');
+  t3.release();
+  const t4 = a.ticket();
+  assert.ok(t4, 'a released ticket frees its place');
+  t4.release();
+  open();
+  assert.equal(await first, 1);
+});

@@ -88,6 +88,8 @@ export interface Config {
   /** Origins allowed by CORS; ['*'] = any; [] = CORS off. */
   corsOrigins: string[];
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  /** On SIGTERM/SIGINT: how long requests in flight may take to finish before they are stopped. */
+  shutdownGraceMs: number;
 }
 
 interface Variable {
@@ -394,6 +396,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_LOG_LEVEL', default: 'info', doc: 'JSON log level (pino): fatal, error, warn, info, debug, trace or silent.',
     apply: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, (c, v) => (c.logLevel = v)),
+  },
+  {
+    name: 'RAGGUARD_SHUTDOWN_GRACE_MS', default: '10000',
+    doc: 'On SIGTERM or SIGINT the server stops admitting (503 shutting_down with Retry-After, GET /readyz 503) and gives requests in flight this long to finish; the rest are stopped at their next step and answered 503 shutting_down. Exit code 0 only when none was stopped (3 otherwise).',
+    apply: int(0, 3600000, (c, v) => (c.shutdownGraceMs = v)),
   },
 ];
 

@@ -142,13 +142,13 @@ export class AdapterRegistry {
   }
 
   /** A lease on the adapter: shared where a running request loaded it, else loaded into a free slot (waiting for one). */
-  async acquire(name: string): Promise<AdapterLease> {
+  async acquire(name: string, signal?: AbortSignal): Promise<AdapterLease> {
     let entry = this.loaded.get(name);
     if (!entry) {
       const info = await this.inspect(name);
       entry = this.loaded.get(name); // another request may have started loading it meanwhile
       if (!entry) {
-        await this.slot(name); // holds a slot from here
+        await this.slot(name, signal); // holds a slot from here
         entry = this.loaded.get(name); // ... another request may have loaded it while this one waited
         if (entry) {
           this.loading--;
@@ -194,8 +194,9 @@ export class AdapterRegistry {
   }
 
   /** Resolves holding a free slot for a new adapter (FIFO: `loading` counts it), or rejects at the deadline. */
-  private slot(name: string): Promise<void> {
+  private slot(name: string, signal?: AbortSignal): Promise<void> {
     const pool = this.pool!;
+    if (signal?.aborted) return Promise.reject(signal.reason as Error);
     if (this.waiters.length === 0 && pool.available - this.loading > 0) {
       this.loading++;
       return Promise.resolve();
@@ -203,8 +204,18 @@ export class AdapterRegistry {
     return new Promise<void>((resolve, reject) => {
       const waiter = () => {
         clearTimeout(timer);
+        signal?.removeEventListener('abort', leave);
         resolve();
       };
+      // Abandoned (the client went away): out of the line at once.
+      const leave = () => {
+        const i = this.waiters.indexOf(waiter);
+        if (i < 0) return;
+        this.waiters.splice(i, 1);
+        clearTimeout(timer);
+        reject(signal!.reason as Error);
+      };
+      signal?.addEventListener('abort', leave, { once: true });
       const timer = setTimeout(() => {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);

@@ -36,6 +36,7 @@ import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
 import { DirectSession, directUnavailable, HostTensor, type SessionValueInfo } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
+import { gatedRun } from '../runtime/run-gate.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, presentData, type KvArray, type KvDtype } from './kv-pool.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from './lora.js';
@@ -317,7 +318,7 @@ export class DecoderModel {
       if (t instanceof HostTensor) throw new Error('kvTail reads device tensors; host ones are read in place');
       feeds[`x${i}`] = t;
     });
-    const out = await session.run(feeds);
+    const out = await gatedRun(() => session.run(feeds));
     return present.map((_, i) => {
       const t = out[`y${i}`]!;
       const data = t.data as KvArray;
@@ -447,7 +448,7 @@ export class DecoderModel {
       fetches[name] = hostPast[i]!; // written in place
     });
     try {
-      const out = await session.run(feeds, fetches);
+      const out = await gatedRun(() => session.run(feeds, fetches));
       const logits = out['logits']!;
       return {
         logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast, reused: step,
@@ -480,7 +481,7 @@ export class DecoderModel {
       // genai: the past buffer is also the present output, written in place (and handed back as a copy).
       fetches[name] = this.layout === 'genai' ? t : null;
     });
-    const result = await session.run(feeds, fetches);
+    const result = await gatedRun(() => session.run(feeds, fetches));
     const logits = result['logits']!;
     return {
       logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!,

@@ -69,12 +69,14 @@ export interface EngineStats {
   writeBacks: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
+  /** Sequences dropped because their requests were abandoned. */
+  cancelled: number;
 }
 
 export class Engine {
   readonly runner: ModelRunner;
   readonly scheduler: Scheduler;
-  private readonly counters = { steps: 0, preemptions: 0, schedulerMicros: 0, prefills: 0, decodeRows: 0 };
+  private readonly counters = { steps: 0, preemptions: 0, schedulerMicros: 0, prefills: 0, decodeRows: 0, cancelled: 0 };
   private readonly pending = new Map<Sequence, Pending>();
   private nextId = 0;
   private loop: Promise<void> | undefined;
@@ -184,6 +186,7 @@ export class Engine {
   private async dropAborted(): Promise<void> {
     const aborted = [...this.pending].filter(([, p]) => p.hooks.signal?.aborted).map(([seq]) => seq);
     if (aborted.length === 0) return;
+    this.counters.cancelled += aborted.length;
     // The runner's newest KV goes to the pool before any of its rows' blocks are freed.
     try {
       await this.runner.syncPool(this.blocksOf);

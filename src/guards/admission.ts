@@ -29,20 +29,63 @@ export class Admission {
     return this.queue.size;
   }
 
-  async run<T>(work: () => Promise<T>): Promise<T> {
-    const retryAfter = String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
-    if (this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue) {
-      throw new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
-        {}, { 'Retry-After': retryAfter });
-    }
+  /**
+   * Runs `work` when a slot is free. An abort of `signal` while waiting (the client went away) takes
+   * the request out of the queue at once and rejects with the signal's reason; once running, the
+   * work itself is given the signal (it stops at its next step), its slot held until it returns.
+   */
+  /** Whether a query arriving now would be shed (every slot running, the queue at its limit). */
+  get full(): boolean {
+    return this.queue.pending >= this.opts.concurrency && this.queue.size >= this.opts.maxQueue;
+  }
+
+  /** Queries let in by ticket() that have not reached run() yet (their bodies are read and checked). */
+  private incoming = 0;
+
+  /**
+   * A place for a query that just arrived, taken before its body is read: null when running, waiting
+   * and arriving queries already fill every slot and the queue (shed it now: a burst's later queries
+   * get their 503 without waiting for the earlier ones' parsing and checks). run() takes the ticket
+   * over; release() gives it back where the query ends before (an invalid body, a 413).
+   */
+  ticket(): { release(): void } | null {
+    if (this.queue.pending + this.queue.size + this.incoming >= this.opts.concurrency + this.opts.maxQueue) return null;
+    this.incoming++;
+    let held = true;
+    return {
+      release: () => {
+        if (held) this.incoming--;
+        held = false;
+      },
+    };
+  }
+
+  /** The 503 a query gets when the server is full. */
+  queueFull(): HttpError {
+    return new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
+      {}, { 'Retry-After': this.retryAfter });
+  }
+
+  private get retryAfter(): string {
+    return String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
+  }
+
+  async run<T>(work: () => Promise<T>, signal?: AbortSignal, ticket?: { release(): void }): Promise<T> {
+    ticket?.release(); // counted as running or waiting from here
+    signal?.throwIfAborted();
+    const retryAfter = this.retryAfter;
+    if (this.full) throw this.queueFull();
     // The wait deadline: a timer that aborts the queued task. p-queue would also reject a *running*
     // task on abort while its work went on (and its slot were reused), so the timer is cleared the
     // moment the task starts: once admitted, a query runs to completion.
     const waiting = new AbortController();
     const timer = setTimeout(() => waiting.abort(new QueueTimeout()), this.opts.timeoutMs);
+    const gone = () => waiting.abort(signal!.reason);
+    signal?.addEventListener('abort', gone, { once: true });
     try {
       return await this.queue.add(() => {
         clearTimeout(timer);
+        signal?.removeEventListener('abort', gone); // from here the work itself stops on the signal
         return work();
       }, { signal: waiting.signal });
     } catch (e) {
@@ -53,6 +96,7 @@ export class Admission {
       throw e;
     } finally {
       clearTimeout(timer);
+      signal?.removeEventListener('abort', gone);
     }
   }
 

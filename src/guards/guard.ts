@@ -55,9 +55,22 @@ export class MemoryGuard {
     return d;
   }
 
-  /** Waits (FIFO) until `bytes` of workspace are free, reserves them, and returns their release. */
-  async reserve(bytes: number, timeoutMs: number): Promise<() => void> {
+  /**
+   * Waits (FIFO) until `bytes` of workspace are free, reserves them, and returns their release. An
+   * abort of `signal` while waiting leaves the line at once (rejecting with its reason).
+   */
+  async reserve(bytes: number, timeoutMs: number, signal?: AbortSignal): Promise<() => void> {
+    signal?.throwIfAborted();
     await new Promise<void>((resolve, reject) => {
+      const leave = () => {
+        const i = this.waiters.indexOf(waiter);
+        if (i < 0) return; // already holds its bytes: the caller releases them
+        this.waiters.splice(i, 1);
+        clearTimeout(timer);
+        reject(signal!.reason as Error);
+        this.pump();
+      };
+      signal?.addEventListener('abort', leave, { once: true });
       const timer = setTimeout(() => {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
@@ -66,7 +79,13 @@ export class MemoryGuard {
           { 'Retry-After': String(Math.max(1, Math.ceil(timeoutMs / 1000))) }));
         this.pump();
       }, timeoutMs);
-      const waiter: Waiter = { bytes, resolve, reject, timer };
+      const waiter: Waiter = {
+        bytes, timer, reject,
+        resolve: () => {
+          signal?.removeEventListener('abort', leave);
+          resolve();
+        },
+      };
       this.waiters.push(waiter);
       this.pump();
     });

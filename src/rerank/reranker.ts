@@ -6,8 +6,8 @@ import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import type { EncoderDims } from '../guards/memory-model.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
-import { metered } from '../runtime/run-meter.js';
+import { EncoderSession } from '../runtime/encoder-session.js';
+import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -25,7 +25,7 @@ export const RERANK_BATCH = 16;
 export class Reranker {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly loaded: LoadedSession,
+    private readonly session: EncoderSession,
     readonly files: ModelFiles,
     /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
     readonly maxTokens: number,
@@ -38,13 +38,13 @@ export class Reranker {
     const files = await modelFiles(dir);
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const loaded = await createSession(files.onnx, ep, extras);
+    const session = await EncoderSession.create(files.onnx, ep, extras);
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
-    return new Reranker(tokenizer, loaded, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
+    return new Reranker(tokenizer, session, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
   }
 
   get provider(): ConcreteProvider {
-    return this.loaded.provider;
+    return this.session.provider;
   }
 
   /** The pair as the model sees it: over-long pairs keep their head and their closing [SEP]. */
@@ -76,17 +76,15 @@ export class Reranker {
 
   /** One run over `pairs` dummy pairs of `tokens` tokens: the start-up profile's rerank stage. */
   async profileRun(pairs: number, tokens: number): Promise<void> {
-    await runDummyEncoder(this.loaded.session, pairs, tokens, this.padId);
+    await this.session.dummyRun(pairs, tokens, this.padId);
   }
 
   private async scoreBatch(pairs: PairEncoding[]): Promise<number[]> {
-    const { session } = this.loaded;
-    const feeds = encoderFeeds(session, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds));
-    const result = await metered('rerank', () => session.run(feeds));
-    const logits = (result['logits'] ?? result[session.outputNames[0]!]!).data as Float32Array;
+    const { session } = this;
+    const name = session.outputNames.includes('logits') ? 'logits' : session.outputNames[0]!;
+    const logits = (await session.run('rerank', name, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds))).data;
     const labels = logits.length / pairs.length;
     const out = pairs.map((_, i) => logits[i * labels]!);
-    for (const t of Object.values(result)) t.dispose();
     return out;
   }
 }

@@ -6,8 +6,8 @@
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { createSession, encoderFeeds, runDummyEncoder, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
-import { metered } from '../runtime/run-meter.js';
+import { EncoderSession } from '../runtime/encoder-session.js';
+import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -32,7 +32,7 @@ export function truncateSpecial(ids: number[], maxTokens: number): number[] {
 export class Embedder {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly loaded: LoadedSession,
+    private readonly session: EncoderSession,
     readonly files: ModelFiles,
     readonly dimension: number,
     readonly maxTokens: number,
@@ -45,15 +45,15 @@ export class Embedder {
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const pool = await readJsonIfExists<PoolingConfig>(path.join(dir, '1_Pooling', 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const loaded = await createSession(files.onnx, ep, extras);
+    const session = await EncoderSession.create(files.onnx, ep, extras);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
     const pooling: Pooling = pool?.pooling_mode_cls_token ? 'cls' : 'mean';
-    return new Embedder(tokenizer, loaded, files, cfg.hidden_size, maxTokens, pooling, cfg.pad_token_id ?? 0);
+    return new Embedder(tokenizer, session, files, cfg.hidden_size, maxTokens, pooling, cfg.pad_token_id ?? 0);
   }
 
   get provider(): ConcreteProvider {
-    return this.loaded.provider;
+    return this.session.provider;
   }
 
   /** Token ids fed to the model for `text` (special tokens added, truncated to maxTokens). */
@@ -77,16 +77,15 @@ export class Embedder {
 
   /** One run over [batch, tokens] dummy ids: the start-up profile's embed stage. */
   async profileRun(batch: number, tokens: number): Promise<void> {
-    await runDummyEncoder(this.loaded.session, batch, tokens, this.padId);
+    await this.session.dummyRun(batch, tokens, this.padId);
   }
 
   private async embedBatch(rows: number[][]): Promise<Float32Array> {
-    const { session } = this.loaded;
-    const feeds = encoderFeeds(session, rows, this.padId);
-    const width = feeds['input_ids']!.dims[1]!;
-    const result = await metered('embed', () => session.run(feeds));
-    const hidden = result['last_hidden_state'] ?? result[session.outputNames[0]!]!;
-    const h = hidden.data as Float32Array;
+    const { session } = this;
+    const name = session.outputNames.includes('last_hidden_state') ? 'last_hidden_state' : session.outputNames[0]!;
+    const hidden = await session.run('embed', name, rows, this.padId);
+    const width = hidden.dims[1]!;
+    const h = hidden.data;
     const d = this.dimension;
     const out = new Float32Array(rows.length * d);
     for (let r = 0; r < rows.length; r++) {
@@ -103,7 +102,6 @@ export class Embedder {
       }
       normalize(v);
     }
-    for (const t of Object.values(result)) t.dispose();
     return out;
   }
 }

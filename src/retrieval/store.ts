@@ -6,7 +6,7 @@
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import faiss from 'faiss-node';
-import { decodeSnapshot, encodeSnapshot, readSnapshotFile, writeFileAtomic, CorruptSnapshotError } from './snapshot.js';
+import { decodeSections, decodeSnapshot, encodeSections, readSnapshotFile, writeFileAtomic, CorruptSnapshotError } from './snapshot.js';
 
 export interface StoredDocument {
   docId: string;
@@ -38,12 +38,28 @@ interface SnapshotMeta {
   chunks: StoredChunk[];
 }
 
+/** Version 2's metadata section: the chunks without their texts (those are the text section). */
+interface SectionMeta {
+  version: 2;
+  dimension: number;
+  documents: StoredDocument[];
+  chunks: Omit<StoredChunk, 'text'>[];
+}
+
+/** One document of a batch: its chunks and their unit embeddings (row-major, one row per chunk). */
+export interface NewDocument {
+  doc: { docId: string; title: string; bytes: number };
+  chunks: readonly { text: string; tokens: number }[];
+  vectors: Float32Array;
+}
+
 const SNAPSHOT = 'index.snapshot';
 const REMEMBERED = 1024;
 
 export class DocumentStore {
-  private readonly docs = new Map<string, StoredDocument>();
-  private readonly chunkList: StoredChunk[] = [];
+  // Replaced whole when a batch commits (addDurably), so a search sees one state or the other.
+  private docs = new Map<string, StoredDocument>();
+  private chunkList: StoredChunk[] = [];
   /**
    * Documents removed lately, by id: a query that found a chunk before its document was removed
    * still resolves the document's title (document() falls back here). Bounded: the last REMEMBERED.
@@ -56,25 +72,32 @@ export class DocumentStore {
     private index: faiss.IndexFlatIP,
   ) {}
 
-  /** Opens the snapshot in `dir`, or an empty store when there is none. A corrupt snapshot throws. */
+  /**
+   * Opens the snapshot in `dir`, or an empty store when there is none. A damaged or truncated snapshot
+   * throws CorruptSnapshotError naming the file and the section.
+   */
   static async open(dir: string, dimension: number): Promise<DocumentStore> {
     await mkdir(dir, { recursive: true });
     const file = path.join(dir, SNAPSHOT);
     const buf = await readSnapshotFile(file);
     if (!buf) return new DocumentStore(dir, dimension, new faiss.IndexFlatIP(dimension));
-    const { meta, payload } = decodeSnapshot<SnapshotMeta>(buf, file);
-    if (meta.version !== 1) throw new CorruptSnapshotError(`${file}: unknown snapshot version ${String(meta.version)}`);
-    if (meta.dimension !== dimension) {
-      throw new Error(`${file} holds ${meta.dimension}-dimensional vectors but the embedder makes ${dimension}: ` +
+    const { documents, chunks, vectors } = readState(buf, file);
+    if (documents.dimension !== dimension) {
+      throw new Error(`${file} holds ${documents.dimension}-dimensional vectors but the embedder makes ${dimension}: ` +
         'point RAGGUARD_INDEX_DIR elsewhere or remove the snapshot to re-ingest');
     }
-    const index = faiss.IndexFlatIP.fromBuffer(payload);
-    if (index.ntotal() !== meta.chunks.length) {
-      throw new CorruptSnapshotError(`${file}: index holds ${index.ntotal()} vectors for ${meta.chunks.length} chunks`);
+    let index: faiss.IndexFlatIP;
+    try {
+      index = faiss.IndexFlatIP.fromBuffer(vectors);
+    } catch (e) {
+      throw new CorruptSnapshotError(`${file}: section 'vectors' is not a faiss index (${(e as Error).message})`, file, 'vectors');
+    }
+    if (index.getDimension() !== dimension || index.ntotal() !== chunks.length) {
+      throw new CorruptSnapshotError(`${file}: section 'vectors' holds ${index.ntotal()} vectors of ${index.getDimension()} for ${chunks.length} chunks of ${dimension}`, file, 'vectors');
     }
     const store = new DocumentStore(dir, dimension, index);
-    for (const d of meta.documents) store.docs.set(d.docId, d);
-    store.chunkList.push(...meta.chunks);
+    for (const d of documents.list) store.docs.set(d.docId, d);
+    store.chunkList.push(...chunks);
     return store;
   }
 
@@ -200,9 +223,85 @@ export class DocumentStore {
     return hits;
   }
 
+  /**
+   * Adds a batch of documents and writes the snapshot that holds it; the batch becomes visible (to
+   * search, counts, later snapshots) only once that snapshot is durable. A failed write leaves the
+   * store as it was, so a retry of the same batch is not a duplicate. Callers serialise batches.
+   */
+  async addDurably(batch: readonly NewDocument[]): Promise<StoredDocument[]> {
+    const docs = new Map(this.docs);
+    const chunkList = [...this.chunkList];
+    const added: StoredDocument[] = [];
+    const rows: number[] = [];
+    for (const { doc, chunks, vectors } of batch) {
+      if (docs.has(doc.docId)) throw new Error(`document '${doc.docId}' exists`);
+      if (vectors.length !== chunks.length * this.dimension) throw new Error('one embedding per chunk expected');
+      const first = chunkList.length;
+      const stored: StoredDocument = { ...doc, chunkIds: chunks.map((_, i) => first + i) };
+      chunks.forEach((c, ord) => chunkList.push({ id: first + ord, docId: doc.docId, ord, text: c.text, tokens: c.tokens }));
+      for (const v of vectors) rows.push(v);
+      docs.set(doc.docId, stored);
+      added.push(stored);
+    }
+    // The live index stays as it is until the write is durable: the batch goes into a copy.
+    const index = this.index.ntotal() > 0 ? faiss.IndexFlatIP.fromBuffer(this.index.toBuffer()) : new faiss.IndexFlatIP(this.dimension);
+    if (rows.length > 0) index.add(rows);
+    await writeFileAtomic(path.join(this.dir, SNAPSHOT), encodeState(this.dimension, docs, chunkList, index));
+    this.index = index;
+    this.docs = docs;
+    this.chunkList = chunkList;
+    return added;
+  }
+
   /** Writes the whole store as one crash-safe snapshot. */
   async persist(): Promise<void> {
-    const meta: SnapshotMeta = { version: 1, dimension: this.dimension, documents: [...this.docs.values()], chunks: this.chunkList };
-    await writeFileAtomic(path.join(this.dir, SNAPSHOT), encodeSnapshot(meta, this.index.toBuffer()));
+    await writeFileAtomic(path.join(this.dir, SNAPSHOT), encodeState(this.dimension, this.docs, this.chunkList, this.index));
   }
+}
+
+/** Sections: metadata (documents, chunks without texts), text (the chunks' texts), vectors (faiss's bytes). */
+function encodeState(dimension: number, docs: ReadonlyMap<string, StoredDocument>, chunks: readonly StoredChunk[], index: faiss.IndexFlatIP): Buffer {
+  const meta: SectionMeta = {
+    version: 2, dimension, documents: [...docs.values()],
+    chunks: chunks.map(({ text: _text, ...c }) => c),
+  };
+  return encodeSections([
+    ['metadata', Buffer.from(JSON.stringify(meta))],
+    ['text', Buffer.from(JSON.stringify(chunks.map((c) => c.text)))],
+    ['vectors', index.toBuffer()],
+  ]);
+}
+
+function readState(buf: Buffer, file: string): { documents: { dimension: number; list: StoredDocument[] }; chunks: StoredChunk[]; vectors: Buffer } {
+  const sections = decodeSections(buf, file);
+  if (!sections) {
+    // Version 1: no checksums to verify (written before they existed).
+    const { meta, payload } = decodeSnapshot<SnapshotMeta>(buf, file);
+    if (meta.version !== 1) throw new CorruptSnapshotError(`${file}: unknown snapshot version ${String(meta.version)}`, file, 'metadata');
+    return { documents: { dimension: meta.dimension, list: meta.documents }, chunks: meta.chunks, vectors: payload };
+  }
+  const need = (name: string) => {
+    const b = sections.get(name);
+    if (!b) throw new CorruptSnapshotError(`${file} has no '${name}' section`, file, name);
+    return b;
+  };
+  const json = <T>(name: string): T => {
+    try {
+      return JSON.parse(need(name).toString('utf8')) as T;
+    } catch (e) {
+      if (e instanceof CorruptSnapshotError) throw e;
+      throw new CorruptSnapshotError(`${file}: section '${name}' is not readable JSON`, file, name);
+    }
+  };
+  const meta = json<SectionMeta>('metadata');
+  if (meta.version !== 2) throw new CorruptSnapshotError(`${file}: unknown snapshot version ${String(meta.version)}`, file, 'metadata');
+  const texts = json<string[]>('text');
+  if (!Array.isArray(texts) || texts.length !== meta.chunks.length) {
+    throw new CorruptSnapshotError(`${file}: section 'text' holds ${texts?.length} texts for ${meta.chunks.length} chunks`, file, 'text');
+  }
+  return {
+    documents: { dimension: meta.dimension, list: meta.documents },
+    chunks: meta.chunks.map((c, i) => ({ ...c, text: texts[i]! })),
+    vectors: need('vectors'),
+  };
 }

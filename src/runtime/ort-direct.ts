@@ -150,6 +150,9 @@ function bind(): Api | null {
           check(disableArena(opts[0])); // as every CPU session here: run buffers go back to malloc
           check(disablePattern(opts[0])); // and no per-shape planned block (session.ts says why)
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
+          // Idle intra-op threads sleep instead of spinning: a spinning pool thread takes a core from
+          // the event loop, which answers probes and 503s while a model runs on its worker thread.
+          check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', '0'));
           if (envAllocator) check(addConfigEntry(opts[0], 'session.use_env_allocators', '1'));
           const s = out();
           check(createSession(env[0], file, opts[0], s));
@@ -205,19 +208,23 @@ function bind(): Api | null {
         }
       },
       run(session, inNames, inValues, outNames, outValues) {
-        // On the main thread, as onnxruntime-node runs: model runs stay serialised (the guards' per-run
-        // accounting assumes no two overlap) and allocate from the main thread's heap. A koffi async
-        // call (a worker thread) let a decoder run overlap the encoders' and fragmented memory across
-        // malloc arenas: bursts went 3-43 % over a budget their reservations fit.
+        // On a worker thread (koffi's async call), so that the event loop answers probes, new requests
+        // and load-shedding 503s while a model runs. Runs stay serialised all the same (run-gate.ts: the
+        // guards' per-run accounting assumes no two overlap); an earlier version that let a decoder run
+        // overlap the encoders' spread memory across malloc arenas and bursts went 3-43 % over budget.
         return new Promise((resolve, reject) => {
-          setImmediate(() => {
-            try {
-              check(runFn(session, null, inNames, inValues, inNames.length, outNames, outNames.length, outValues));
-              resolve();
-            } catch (e) {
-              reject(e as Error);
-            }
-          });
+          (runFn as unknown as { async(...args: unknown[]): void }).async(
+            session, null, inNames, inValues, inNames.length, outNames, outNames.length, outValues,
+            (err: unknown, status: unknown) => {
+              try {
+                if (err) throw err;
+                check(status);
+                resolve();
+              } catch (e) {
+                reject(e as Error);
+              }
+            },
+          );
         });
       },
       registerCpuAllocator(allocator) {
@@ -306,7 +313,7 @@ export class DirectSession {
   }
 
   /**
-   * One run. An output given a tensor is written into it (it may be an input too: the operator then
+   * One run (callers pass the run gate, run-gate.ts: the C call itself runs on a worker thread). An output given a tensor is written into it (it may be an input too: the operator then
    * works in place, as GroupQueryAttention does with its KV buffer); one given null is allocated by
    * ONNX Runtime and returned (the caller disposes it).
    */

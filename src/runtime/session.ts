@@ -12,6 +12,7 @@ import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../config/config.js';
 import { padRows } from './model-dir.js';
 import { countingAllocator } from './ort-allocator.js';
+import { gatedRun } from './run-gate.js';
 
 export type ConcreteProvider = Exclude<ExecutionProvider, 'auto'>;
 
@@ -102,6 +103,6 @@ export function encoderFeeds(session: ort.InferenceSession, rows: readonly (read
 /** One run of an encoder over [batch, tokens] dummy ids (profiling: the shape is what matters). */
 export async function runDummyEncoder(session: ort.InferenceSession, batch: number, tokens: number, padId: number): Promise<void> {
   const row = Array.from({ length: tokens }, (_, i) => (i === 0 ? padId + 1 : padId + 2));
-  const result = await session.run(encoderFeeds(session, Array.from({ length: batch }, () => row), padId));
+  const result = await gatedRun(() => session.run(encoderFeeds(session, Array.from({ length: batch }, () => row), padId)));
   for (const t of Object.values(result)) t.dispose();
 }

@@ -15,11 +15,18 @@ import { createLogger, noteError, requestLogger, type Logger } from './logging.j
 import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
+import { Lifecycle, requestSignal } from './shutdown.js';
+import { nextTurn } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
 
-export function createApp(service: RagService, opts: { logger?: Logger } = {}): express.Express {
+/**
+ * `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM);
+ * `logger`: where request lines go (JSON on stdout by default).
+ */
+export function createApp(service: RagService, opts: { logger?: Logger; lifecycle?: Lifecycle } = {}): express.Express {
+  const lifecycle = opts.lifecycle ?? new Lifecycle();
   const { cfg } = service;
   const log = opts.logger ?? createLogger(cfg.logLevel);
   const metrics = metricsFor(service);
@@ -29,6 +36,15 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
   app.disable('x-powered-by');
   app.use(requestLogger(log, (m, route, status, s) => metrics.httpRequest(m, route, status, s)));
   app.use(cors(cfg), authenticate(cfg));
+  app.use(lifecycle.router());
+  // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
+  app.post('/query', (_req, res, next) => {
+    const ticket = admission.ticket();
+    if (!ticket) return next(admission.queueFull());
+    res.locals['admission'] = ticket;
+    res.once('close', ticket.release);
+    next();
+  });
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   app.get('/healthz', (_req, res) => {
@@ -52,6 +68,9 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
   });
 
   app.post('/query', async (req, res) => {
+    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next step.
+    const signal = requestSignal(res);
+    await nextTurn(); // one request's preparation per turn of the event loop (turns.ts)
     const q = parseQuery(req.body, cfg);
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
@@ -59,7 +78,7 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
     if (q.stream) return streamQuery(service, admission, q, res);
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
-      const { shape: _shape, ...result } = await admission.run(() => service.query(q));
+      const { shape: _shape, ...result } = await admission.run(() => service.query(q, signal), signal, res.locals['admission']);
       res.json({ ...result, guard: { decision: 'off' } });
       return;
     }
@@ -75,13 +94,13 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
       rerankBatch: decision.shape.rerankBatch,
     };
     const { shape, ...result } = await admission.run(async () => {
-      const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs);
+      const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs, signal);
       try {
-        return await service.query(shaped);
+        return await service.query(shaped, signal);
       } finally {
         release();
       }
-    });
+    }, signal, res.locals['admission']);
     const asRun = service.guard.model.predict(shape);
     res.json({
       ...result,
@@ -102,7 +121,7 @@ export function createApp(service: RagService, opts: { logger?: Logger } = {}): 
   app.post('/documents', async (req, res) => {
     const docs = parseDocuments(req.body);
     try {
-      res.status(201).json({ documents: await service.ingest(docs) });
+      res.status(201).json({ documents: await service.ingest(docs, requestSignal(res)) });
     } catch (e) {
       if (e instanceof DuplicateDocumentError) throw new HttpError(409, 'document_exists', e.message, { doc_id: e.docId });
       throw e;

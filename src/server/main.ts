@@ -4,6 +4,7 @@ import { loadModels, RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { createApp } from './app.js';
 import { createLogger } from './logging.js';
+import { Lifecycle } from './shutdown.js';
 import { logCapacity, logModels, startProgress } from './startup-log.js';
 
 async function main(): Promise<void> {
@@ -37,19 +38,38 @@ async function main(): Promise<void> {
     progress.stop();
   }
   logCapacity(log, service);
-  const server = createApp(service, { logger: log }).listen(cfg.port, cfg.host, () => {
+  const lifecycle = new Lifecycle();
+  const server = createApp(service, { logger: log, lifecycle }).listen(cfg.port, cfg.host, () => {
     const addr = server.address();
     const port = typeof addr === 'object' && addr ? addr.port : cfg.port;
     log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
       `ragguard listening on http://${cfg.host}:${port}`);
   });
-  const stop = (sig: string) => {
-    log.info({ signal: sig }, 'closing');
-    server.close(() => process.exit(0));
-    setTimeout(() => process.exit(0), 5000).unref();
+  let stopping = false;
+  const stop = async (sig: string) => {
+    if (stopping) {
+      log.warn({ signal: sig, in_flight: lifecycle.inFlight }, `${sig} again: exiting now`);
+      process.exit(1);
+    }
+    stopping = true;
+    log.info({ signal: sig, in_flight: lifecycle.inFlight, grace_ms: cfg.shutdownGraceMs },
+      `${sig}: draining: no new requests (503 shutting_down, /readyz 503); requests in flight get RAGGUARD_SHUTDOWN_GRACE_MS`);
+    const report = await lifecycle.drain(cfg.shutdownGraceMs);
+    const code = report.dropped === 0 ? 0 : 3;
+    // Ingest is atomic (durable before its reply): one still writing settles here, kept whole or not at all.
+    await service.settled();
+    log.info({ ms: report.ms, in_flight: report.inFlight, finished: report.finished, dropped: report.dropped, refused: report.refused,
+      documents: service.store.documentCount, exit: code },
+    `drained in ${report.ms} ms: ${report.finished} of ${report.inFlight} in-flight requests finished, ` +
+      `${report.dropped} stopped at the grace deadline (answered 503 shutting_down), ${report.refused} new ones refused; ` +
+      `index: ${service.store.documentCount} documents durable; exit ${code}`);
+    server.close();
+    server.closeAllConnections();
+    service.gpu.stop();
+    process.exit(code);
   };
-  process.on('SIGINT', () => stop('SIGINT'));
-  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
 }
 
 main().catch((e: unknown) => {

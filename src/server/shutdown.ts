@@ -1,0 +1,134 @@
+/**
+ * The server's life between its first request and its exit: which requests are in flight, each one's
+ * AbortSignal (aborted when its client goes away, or when a shutdown's grace period ends), readiness,
+ * and the drain on SIGTERM.
+ *
+ * Drain: stop admitting (every new request but the probes gets 503 shutting_down with Retry-After;
+ * GET /readyz says 503), let the requests in flight finish within the grace period, then stop the
+ * rest (their work ends at its next step and they are answered 503 shutting_down), and report what
+ * happened, so that the caller exits 0 only when nothing was dropped.
+ */
+import express, { type NextFunction, type Request, type Response } from 'express';
+import { HttpError } from './errors.js';
+
+/** Requests that never count as work: probes and read-only views, answered while draining too. */
+const PROBES = new Set(['/healthz', '/readyz', '/metrics', '/debug/memory']);
+
+/** Why a request's signal was aborted: its client closed the connection (nobody to answer). */
+export class ClientClosedError extends HttpError {
+  constructor(method: string, route: string) {
+    super(499, 'client_closed_request', `the client closed the connection before the reply to ${method} ${route}`);
+  }
+}
+
+const retryAfter = { 'Retry-After': '1' };
+/** How long stopped requests get to reach their next step and reply, when the grace period is shorter. */
+const STOP_MS = 2000;
+
+export const shuttingDown = (why: string) => new HttpError(503, 'shutting_down', `the server is shutting down: ${why}`, {}, retryAfter);
+
+export interface DrainReport {
+  /** Requests in flight when the drain began. */
+  inFlight: number;
+  /** Of those, ended within the grace period. */
+  finished: number;
+  /** Stopped at the end of the grace period (answered 503 shutting_down, their work dropped). */
+  dropped: number;
+  /** New requests refused while draining. */
+  refused: number;
+  ms: number;
+}
+
+interface Tracked {
+  req: Request;
+  controller: AbortController;
+}
+
+export class Lifecycle {
+  private drainingSince: number | undefined;
+  private readonly inflight = new Map<Response, Tracked>();
+  private refused = 0;
+  private idleWaiters: (() => void)[] = [];
+
+  get draining(): boolean {
+    return this.drainingSince !== undefined;
+  }
+
+  get inFlight(): number {
+    return this.inflight.size;
+  }
+
+  /** The router to mount first: readiness, refusal while draining, and each request's signal. */
+  router(): express.Router {
+    const r = express.Router();
+    r.get('/readyz', (_req, res) => {
+      if (this.draining) {
+        res.status(503).set(retryAfter).json(shuttingDown('not ready (draining)').body());
+        return;
+      }
+      res.json({ status: 'ready' });
+    });
+    r.use((req: Request, res: Response, next: NextFunction) => {
+      if (PROBES.has(req.path)) return next();
+      if (this.draining) {
+        this.refused++;
+        const e = shuttingDown('no new requests are admitted');
+        res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
+        return;
+      }
+      const controller = new AbortController();
+      this.inflight.set(res, { req, controller });
+      res.locals['signal'] = controller.signal;
+      res.on('close', () => {
+        // 'close' before the reply was written: the client went away; its work stops.
+        if (!res.writableFinished && !controller.signal.aborted) controller.abort(new ClientClosedError(req.method, req.path));
+        this.inflight.delete(res);
+        if (this.inflight.size === 0) for (const w of this.idleWaiters.splice(0)) w();
+      });
+      next();
+    });
+    return r;
+  }
+
+  /**
+   * Stops admitting, waits up to `graceMs` for the requests in flight, then aborts the rest (answered
+   * 503 shutting_down) and waits for their replies (up to `graceMs` again, at least STOP_MS: their work
+   * stops at its next step); one still unanswered then is answered 503 here. Resolves with what happened.
+   */
+  async drain(graceMs: number): Promise<DrainReport> {
+    const t0 = performance.now();
+    this.drainingSince ??= t0;
+    const inFlight = this.inflight.size;
+    await this.idle(graceMs);
+    const late = [...this.inflight.values()];
+    for (const t of late) {
+      t.controller.abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
+    }
+    if (late.length > 0) await this.idle(Math.max(graceMs, STOP_MS));
+    // A request whose handler never saw its signal (its body still arriving) still gets its answer.
+    for (const [res, t] of this.inflight) {
+      if (res.headersSent) continue;
+      const e = shuttingDown(`${t.req.method} ${t.req.path} was still unanswered when the drain ended`);
+      res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
+    }
+    return { inFlight, finished: inFlight - late.length, dropped: late.length, refused: this.refused, ms: Math.round(performance.now() - t0) };
+  }
+
+  private idle(ms: number): Promise<void> {
+    if (this.inflight.size === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      function done() {
+        clearTimeout(timer);
+        resolve();
+      }
+      this.idleWaiters.push(done);
+    });
+  }
+}
+
+/** The request's signal (aborted when its client leaves or a drain stops it); never aborted outside a Lifecycle. */
+export function requestSignal(res: Response): AbortSignal {
+  const s: unknown = res.locals['signal'];
+  return s instanceof AbortSignal ? s : new AbortController().signal;
+}
