@@ -73,6 +73,7 @@ async function ttft(engine: Engine, prompts: number[][]): Promise<number> {
 interface TorchCase { engine: string; dtype: string; concurrency: number; tokens_per_s?: number; ttft_ms_p50?: number; greedy_ids?: number[][]; error?: string }
 
 function torchBaseline(dir: string, prompts: number[][]): TorchCase[] {
+  if (!MODES) return []; // BENCH_GPU_TORCH_MODES='' : this backend alone
   const file = path.join(mkdtempSync(path.join(tmpdir(), 'bench-gpu-')), 'prompts.json');
   writeFileSync(file, JSON.stringify(prompts));
   const out = execFileSync('python3', ['scripts/gpu/torch_decode.py', '--model', dir, '--prompts', file, '--new', String(NEW),
