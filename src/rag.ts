@@ -27,7 +27,8 @@ import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
-import { dedupe, prune } from './retrieval/prune.js';
+import { dedupe } from './retrieval/prune.js';
+import { Retriever } from './retrieval/retriever.js';
 import { DocumentStore, type Hit } from './retrieval/store.js';
 
 export interface DocumentInput {
@@ -61,9 +62,9 @@ export interface Citation {
   doc_id: string;
   title: string;
   chunk_id: number;
-  /** Cross-encoder logit (higher is more relevant). */
+  /** Cross-encoder logit (higher is more relevant); with RAGGUARD_RERANK=false, the first-stage score. */
   score: number;
-  /** Cosine similarity from the first-stage search. */
+  /** First-stage score: cosine (dense), BM25 (lexical) or the reciprocal-rank fusion sum (hybrid). */
   retrieval_score: number;
   text: string;
 }
@@ -120,6 +121,8 @@ export class RagService {
   readonly guard: MemoryGuard;
   /** How the memory model was calibrated (the start-up profile run, or analytic figures and why). */
   profile: ProfileReport = { source: 'analytic', reason: 'no profile run yet' };
+  /** First stage: dense, BM25, or both fused (RAGGUARD_RETRIEVAL); its BM25 index is rebuilt from the stored chunks. */
+  readonly retriever: Retriever;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -129,6 +132,7 @@ export class RagService {
     readonly store: DocumentStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
+    this.retriever = new Retriever(store, cfg);
     this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder, { maxLoras: cfg.maxLoras, maxRank: cfg.maxLoraRank, waitMs: cfg.queueTimeoutMs });
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
@@ -180,7 +184,7 @@ export class RagService {
     const { embedder, reranker, decoder } = this.models;
     return {
       queryTokens: embedder.inputIds(q.query).length,
-      topK: q.topK,
+      topK: this.cfg.rerank ? q.topK : 0, // pairs the reranker may score
       rerankTopN: q.rerankTopN,
       pairTokens: reranker.maxTokens,
       rerankBatch: q.rerankBatch ?? RERANK_BATCH,
@@ -267,14 +271,16 @@ export class RagService {
     const embedMs = ms(t);
 
     t = performance.now();
-    const hits = this.store.search(qv, q.topK);
-    const pruned = prune(hits, this.cfg.pruneMargin);
+    const { hits, pruned } = this.retriever.search(qv, q.query, q.topK);
     const unique = dedupe(pruned, this.cfg.dedupeJaccard);
     const searchMs = ms(t);
 
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
-    const { scores, pairTokens, runs: rerankRuns } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
+    // Rerank off: the first stage's order and scores stand, and no pair is scored.
+    const { scores, pairTokens, runs: rerankRuns } = this.cfg.rerank
+      ? await reranker.score(q.query, unique.map(titled), q.rerankBatch)
+      : { scores: unique.map((h) => h.score), pairTokens: 0, runs: [] };
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
       .sort((a, b) => b.score - a.score)
@@ -320,7 +326,7 @@ export class RagService {
       },
       timings_ms: { embed: embedMs, search: searchMs, rerank: rerankMs, generate: generateMs },
       shape: {
-        queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
+        queryTokens: embedder.inputIds(q.query).length, topK: this.cfg.rerank ? unique.length : 0, rerankTopN: q.rerankTopN, pairTokens,
         rerankBatch: q.rerankBatch ?? RERANK_BATCH, rerankRuns,
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
       },
