@@ -1,5 +1,6 @@
 /** Entry point: configuration, models, store (ingesting the sample corpus on first start), HTTP. */
 import { ConfigError, loadConfig, type Config } from '../config/config.js';
+import { describeKvPool } from '../guards/budget.js';
 import { RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { createApp } from './app.js';
@@ -27,6 +28,7 @@ async function main(): Promise<void> {
       `index: ${service.store.documentCount} documents, ${service.store.chunkCount} chunks ` +
       `(${Math.round(performance.now() - t0)} ms to start)`,
   );
+  console.log(describeKvPool(service.budget, cfg.maxNumSeqs));
   const server = createApp(service).listen(cfg.port, cfg.host, () => {
     const addr = server.address();
     const port = typeof addr === 'object' && addr ? addr.port : cfg.port;
