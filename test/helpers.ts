@@ -29,5 +29,6 @@ export async function smallCorpus(n: number, names?: string[]): Promise<string> 
 }
 
 export function testConfig(env: Record<string, string> = {}): Config {
-  return loadConfig({ PORT: '0', ...env });
+  // The small self-trained embedder: fast, and in git (the default pretrained one comes with setup).
+  return loadConfig({ PORT: '0', RAGGUARD_EMBEDDER: 'models/embedder', ...env });
 }

