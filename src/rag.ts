@@ -184,7 +184,9 @@ export class RagService {
     const { embedder, reranker, decoder } = this.models;
     return {
       queryTokens: embedder.inputIds(q.query).length,
-      topK: this.cfg.rerank ? q.topK : 0, // pairs the reranker may score
+      // Also the query's top_k once admitted (a reshape may halve it): kept as asked when rerank is off,
+      // where the memory model's rerank stage is then an overestimate.
+      topK: q.topK,
       rerankTopN: q.rerankTopN,
       pairTokens: reranker.maxTokens,
       rerankBatch: q.rerankBatch ?? RERANK_BATCH,
