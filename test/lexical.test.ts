@@ -80,6 +80,18 @@ test('the index follows the store: appended chunks are found, a shrunken store r
   lex.sync(smaller);
   assert.equal(lex.size, smaller.chunkCount);
   assert.deepEqual(lex.search('xylophonic quasar', 3), []);
+  // Rolled back and grown again to the same size with other texts: rebuilt, not trusted by count.
+  const other = await source(1);
+  const n = other.chunkCount;
+  lex.sync(other);
+  const again = await source(1);
+  again.add('late', 'Late', 'a xylophonic quasar again');
+  const regrown = await source(1);
+  regrown.add('other', 'Other', 'nothing to see');
+  lex.sync(again);
+  assert.equal(lex.search('xylophonic quasar', 3)[0]?.chunkId, n);
+  lex.sync(regrown);
+  assert.deepEqual(lex.search('xylophonic quasar', 3), [], 'same count, other text: rebuilt');
 });
 
 test('reciprocal-rank fusion: weights, ranks, absent items, deterministic ties', () => {

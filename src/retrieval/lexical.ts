@@ -50,6 +50,8 @@ export interface ChunkSource {
 export class LexicalIndex {
   private index: MiniSearch<Entry>;
   private count = 0;
+  /** Text of the last chunk indexed: a cheap check that the store's ids still mean the same chunks. */
+  private lastText = '';
 
   constructor(readonly params: Bm25Params) {
     this.index = this.fresh();
@@ -62,10 +64,11 @@ export class LexicalIndex {
 
   /**
    * Brings the index level with the store: appends the chunks it has not seen; rebuilds when the store
-   * holds fewer chunks than the index (an ingest that was rolled back, a store reopened).
+   * is no longer what the index was built from (fewer chunks, or another text at the last indexed id: an
+   * ingest rolled back, perhaps followed by others).
    */
   sync(store: ChunkSource): void {
-    if (store.chunkCount < this.count) {
+    if (this.count > 0 && (store.chunkCount < this.count || store.chunk(this.count - 1).text !== this.lastText)) {
       this.index = this.fresh();
       this.count = 0;
     }
@@ -77,6 +80,7 @@ export class LexicalIndex {
     }
     this.index.addAll(entries);
     this.count = store.chunkCount;
+    this.lastText = store.chunk(this.count - 1).text;
   }
 
   /** The k best chunks by BM25, best first (ties: lower id first); chunks sharing no term are left out. */
