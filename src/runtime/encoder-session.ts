@@ -49,6 +49,25 @@ export class EncoderSession {
     return new EncoderSession('cpu', null, d, d.inputs.map((i) => i.name), d.outputs.map((o) => o.name), fallbackReason);
   }
 
+  /**
+   * An output's element type ('float32', ...) and rank, from the model's type info (the C API's, or
+   * onnxruntime-node's metadata); undefined fields where the graph does not say or it is not a tensor.
+   */
+  outputInfo(name: string): { type?: string; rank?: number } {
+    if (this.direct) {
+      const o = this.direct.outputs.find((x) => x.name === name);
+      return { type: o?.type, rank: o?.rank };
+    }
+    const m = this.node!.outputMetadata.find((x) => x.name === name);
+    return m?.isTensor ? { type: m.type, rank: m.shape.length } : {};
+  }
+
+  /** Releases the model (the session is unusable afterwards). */
+  async release(): Promise<void> {
+    if (this.direct) this.direct.dispose();
+    else await this.node!.release();
+  }
+
   /** How runs reach ONNX Runtime: 'direct' (C API, off the main thread) or 'onnxruntime-node'. */
   get runPath(): 'direct' | 'onnxruntime-node' {
     return this.direct ? 'direct' : 'onnxruntime-node';

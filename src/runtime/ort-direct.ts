@@ -67,6 +67,8 @@ export interface SessionValueInfo {
   name: string;
   /** A tensor's element type ('float32', ...; 'onnx element type N' for those not handled here); undefined where not a tensor. */
   type: string | undefined;
+  /** A tensor's rank (its number of dimensions, symbolic ones included); undefined where not a tensor. */
+  rank?: number;
 }
 
 let api: Api | null | undefined;
@@ -178,7 +180,9 @@ function bind(): Api | null {
             if (t[0] === null) return { name, type: undefined };
             const e = [0];
             check(elementType(t[0], e));
-            return { name, type: BY_ONNX.get(e[0]!) ?? `onnx element type ${e[0]}` };
+            const r = [0];
+            check(dimsCount(t[0], r));
+            return { name, type: BY_ONNX.get(e[0]!) ?? `onnx element type ${e[0]}`, rank: r[0]! };
           } finally {
             releaseTypeInfo(info[0]);
           }

@@ -1,5 +1,6 @@
 /** Entry point: configuration, models, store (ingesting the sample corpus on first start), HTTP. JSON logs (pino) throughout. */
 import { ConfigError, loadConfig, type Config } from '../config/config.js';
+import { describeKvPool } from '../guards/budget.js';
 import { loadModels, RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { createApp } from './app.js';
@@ -38,6 +39,7 @@ async function main(): Promise<void> {
     progress.stop();
   }
   logCapacity(log, service);
+  log.info({ kv_pool_bytes: service.budget.kvPoolBytes }, describeKvPool(service.budget, cfg.maxNumSeqs));
   const lifecycle = new Lifecycle();
   const server = createApp(service, { logger: log, lifecycle }).listen(cfg.port, cfg.host, () => {
     const addr = server.address();

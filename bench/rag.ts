@@ -1,0 +1,189 @@
+/**
+ * RAG benchmark: retrieval and answers on data/questions.json over data/corpus, with the models the
+ * configuration names (the defaults, or RAGGUARD_EMBEDDER / RAGGUARD_RERANKER / RAGGUARD_DECODER), in one
+ * run on a fresh temporary index.
+ *
+ * Retrieval, every question, by split (tune, heldout) and overall; a question is found at rank r when
+ * the r-th chunk hit is the first one from its document (R@1: r = 1; R@5: r <= 5):
+ *   dense          embedder + faiss
+ *   bm25           the server's lexical index (MiniSearch BM25)
+ *   bm25_baseline  bench/bm25.ts (the project's own BM25, lengths in terms)
+ *   fused          dense and BM25 by reciprocal-rank fusion, as configured (RAGGUARD_RRF_*)
+ *   fused_rerank   the fused top_k, deduplicated, reranked by the cross-encoder (as the server does)
+ * Answers, held-out split only: each question through POST /query on a real HTTP server on loopback
+ * (the server's defaults: top_k, rerank_top_n, max_new_tokens, greedy), one at a time: the fraction
+ * whose answer contains the gold fact (bench/answers.ts: normalised token match of the gold answer or
+ * an accepted variant), the fraction unreadable, and the latency of /query (p50, p95).
+ *
+ * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only). Prints tables; the last line is JSON.
+ */
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { loadConfig } from '../src/config/config.js';
+import { RagService, readCorpus } from '../src/rag.js';
+import { dedupe } from '../src/retrieval/prune.js';
+import { Retriever } from '../src/retrieval/retriever.js';
+import type { Hit } from '../src/retrieval/store.js';
+import { createApp } from '../src/server/app.js';
+import { isCorrect, isUnreadable, words } from './answers.js';
+import { Bm25 } from './bm25.js';
+import { parseQuestions, type Question } from './questions.js';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+const K = 5;
+const GOAL_R5 = 0.97;
+const METHODS = ['dense', 'bm25', 'bm25_baseline', 'fused', 'fused_rerank'] as const;
+type Method = (typeof METHODS)[number];
+
+const round = (x: number, d = 4) => Math.round(x * 10 ** d) / 10 ** d;
+const quantile = (xs: readonly number[], q: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)]! : NaN;
+};
+
+interface Recall { r1: number; r5: number; n: number }
+
+function recall(ranks: readonly number[]): Recall {
+  return { r1: ranks.filter((r) => r === 1).length / ranks.length, r5: ranks.filter((r) => r >= 1 && r <= K).length / ranks.length, n: ranks.length };
+}
+
+const rankOf = (docIds: readonly string[], want: string) => docIds.indexOf(want) + 1;
+
+async function main(): Promise<void> {
+  const questions = parseQuestions(JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')));
+  const withAnswers = process.env['BENCH_RAG_ANSWERS'] !== '0';
+  const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-rag-'));
+  try {
+    const cfg = loadConfig({ ...process.env, RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_CORPUS_DIR: 'data/corpus' });
+    let t = performance.now();
+    const service = await RagService.start(cfg);
+    const startS = (performance.now() - t) / 1000;
+    const { store, models } = service;
+    const { embedder, reranker } = models;
+    const missing = questions.filter((q) => !store.has(q.doc_id));
+    if (missing.length) throw new Error(`questions name unknown documents: ${missing.map((q) => `${q.id}:${q.doc_id}`).join(', ')}`);
+
+    const depth = Math.max(cfg.defaultTopK, cfg.retrievalDepth);
+    const dense = new Retriever(store, { ...cfg, retrieval: 'dense', pruneMargin: 2 });
+    const lexical = new Retriever(store, { ...cfg, retrieval: 'lexical' });
+    const hybrid = new Retriever(store, { ...cfg, retrieval: 'hybrid' });
+    const chunkDoc: string[] = [];
+    const texts: string[] = [];
+    for (let id = 0; id < store.chunkCount; id++) {
+      const c = store.chunk(id);
+      chunkDoc.push(c.docId);
+      texts.push(`${store.document(c.docId)!.title}\n${c.text}`);
+    }
+    const baseline = new Bm25(texts, { k1: cfg.bm25K1, b: cfg.bm25B });
+    const titled = (h: Hit) => `${store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
+    const docsOf = (hits: readonly Hit[]) => hits.map((h) => h.chunk.docId);
+
+    const ranks: Record<Method, Map<string, number>> = Object.fromEntries(METHODS.map((m) => [m, new Map()])) as Record<Method, Map<string, number>>;
+    let rerankFixed = 0;
+    let rerankBroke = 0;
+    t = performance.now();
+    for (const q of questions) {
+      const qv = await embedder.embed([q.question]);
+      ranks.dense.set(q.id, rankOf(docsOf(dense.search(qv, q.question, cfg.defaultTopK).hits), q.doc_id));
+      ranks.bm25.set(q.id, rankOf(docsOf(lexical.search(qv, q.question, cfg.defaultTopK).hits), q.doc_id));
+      ranks.bm25_baseline.set(q.id, rankOf(baseline.search(q.question, cfg.defaultTopK).map((h) => chunkDoc[h.index]!), q.doc_id));
+      const fused = hybrid.search(qv, q.question, cfg.defaultTopK).hits;
+      const fusedRank = rankOf(docsOf(fused), q.doc_id);
+      ranks.fused.set(q.id, fusedRank);
+      const unique = dedupe(fused, cfg.dedupeJaccard);
+      const { scores } = await reranker.score(q.question, unique.map(titled));
+      const reranked = unique.map((hit, i) => ({ hit, score: scores[i]! })).sort((a, b) => b.score - a.score).map((r) => r.hit);
+      const rr = rankOf(docsOf(reranked), q.doc_id);
+      ranks.fused_rerank.set(q.id, rr);
+      if (fusedRank !== 1 && rr === 1) rerankFixed++;
+      if (fusedRank === 1 && rr !== 1) rerankBroke++;
+    }
+    const retrievalS = (performance.now() - t) / 1000;
+
+    const splits = { all: questions, tune: questions.filter((q) => q.split === 'tune'), heldout: questions.filter((q) => q.split === 'heldout') };
+    const table: Record<string, Record<Method, Recall>> = {};
+    for (const [name, qs] of Object.entries(splits)) {
+      table[name] = Object.fromEntries(METHODS.map((m) => [m, recall(qs.map((q) => ranks[m].get(q.id)!))])) as Record<Method, Recall>;
+    }
+
+    console.log(`rag benchmark: ${questions.length} questions (${splits.tune.length} tune, ${splits.heldout.length} held out), ` +
+      `${store.documentCount} documents, ${store.chunkCount} chunks; embedder ${path.relative(ROOT, cfg.embedderPath)}, ` +
+      `reranker ${path.relative(ROOT, cfg.rerankerPath)}, decoder ${path.relative(ROOT, cfg.decoderPath)}; provider ${embedder.provider}`);
+    console.log(`start + ingest ${startS.toFixed(1)} s; retrieval over every question ${retrievalS.toFixed(1)} s; ` +
+      `top_k ${cfg.defaultTopK}, fusion depth ${depth}, rrf k ${cfg.rrfK}, weights dense ${cfg.rrfDenseWeight} / bm25 ${cfg.rrfLexicalWeight}`);
+    console.log('');
+    console.log(`${'method'.padEnd(14)}  ${Object.keys(splits).map((s) => `${s} R@1  ${s} R@5`.padStart(22)).join('  ')}`);
+    for (const m of METHODS) {
+      console.log(`${m.padEnd(14)}  ${Object.keys(splits).map((s) => `${table[s]![m].r1.toFixed(3)}  ${table[s]![m].r5.toFixed(3)}`.padStart(22)).join('  ')}`);
+    }
+    console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
+
+    let answers: Record<string, number> | null = null;
+    if (withAnswers) {
+      const vocabulary = new Set<string>();
+      for (const d of await readCorpus(cfg.corpusDir)) for (const w of words(`${d.title}\n${d.text}`)) vocabulary.add(w);
+      const server = createApp(service).listen(0, '127.0.0.1');
+      await new Promise<void>((resolve) => server.once('listening', () => resolve()));
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/query`;
+      const ask = async (q: Question) => {
+        const t0 = performance.now();
+        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question }) });
+        const body = (await res.json()) as { answer?: string; citations?: { doc_id: string }[]; error?: { code: string } };
+        if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
+        return { ms: performance.now() - t0, answer: body.answer ?? '', cited: (body.citations ?? []).some((c) => c.doc_id === q.doc_id) };
+      };
+      try {
+        await ask(splits.heldout[0]!); // warm-up, not counted
+        const lat: number[] = [];
+        let correct = 0;
+        let unreadable = 0;
+        let cited = 0;
+        const samples: string[] = [];
+        for (const q of splits.heldout) {
+          const r = await ask(q);
+          lat.push(r.ms);
+          const ok = isCorrect(r.answer, q.answer, q.accept);
+          if (ok) correct++;
+          if (isUnreadable(r.answer, vocabulary)) unreadable++;
+          if (r.cited) cited++;
+          if (samples.length < 5) samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+        }
+        const n = splits.heldout.length;
+        answers = {
+          correct: round(correct / n), unreadable: round(unreadable / n), gold_doc_cited: round(cited / n),
+          p50_ms: round(quantile(lat, 0.5), 1), p95_ms: round(quantile(lat, 0.95), 1),
+        };
+        console.log('');
+        console.log(`answers (held out, ${n}): correct ${answers['correct']}, unreadable ${answers['unreadable']}, ` +
+          `gold document cited ${answers['gold_doc_cited']}; /query latency p50 ${answers['p50_ms']} ms, p95 ${answers['p95_ms']} ms`);
+        console.log(samples.join('\n'));
+      } finally {
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+      }
+    }
+
+    const h = table['heldout']!;
+    const a = table['all']!;
+    const best = cfg.rerank ? a.fused_rerank : a.fused;
+    console.log('');
+    console.log(`goal R@5 >= ${GOAL_R5} and >= bm25's (all questions, the served first stage ${cfg.rerank ? 'fused + rerank' : 'fused'}): ` +
+      `${best.r5 >= GOAL_R5 && best.r5 >= a.bm25.r5 ? 'met' : 'NOT met'} (${best.r5.toFixed(3)} vs bm25 ${a.bm25.r5.toFixed(3)})`);
+    const flat = (s: Record<Method, Recall>) => Object.fromEntries(METHODS.flatMap((m) => [[`${m}_r1`, round(s[m].r1)], [`${m}_r5`, round(s[m].r5)]]));
+    console.log(JSON.stringify({
+      questions: questions.length, heldout_questions: splits.heldout.length, documents: store.documentCount, chunks: store.chunkCount,
+      embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
+      retrieval: cfg.retrieval, rerank: cfg.rerank,
+      all: flat(a), heldout: flat(h), tune: flat(table['tune']!),
+      rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke,
+      answers,
+      start_s: round(startS, 1),
+      where: embedder.provider,
+    }));
+  } finally {
+    await rm(indexDir, { recursive: true, force: true });
+  }
+}
+
+await main();

@@ -1,0 +1,47 @@
+/** The question set is well formed and its gold facts are in the documents; the answer checks score as documented. */
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { test } from 'node:test';
+import { containsFact, isCorrect, isUnreadable, normalizeTokens, words } from '../bench/answers.js';
+import { parseQuestions } from '../bench/questions.js';
+import { readCorpus } from '../src/rag.js';
+import { CORPUS, ROOT } from './helpers.js';
+
+test('data/questions.json: 150+ questions, unique ids, known documents, a held-out split, a gold fact in every document', async () => {
+  const qs = parseQuestions(JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')));
+  assert.ok(qs.length >= 150, `${qs.length} questions`);
+  assert.equal(new Set(qs.map((q) => q.id)).size, qs.length, 'ids are unique');
+  assert.equal(new Set(qs.map((q) => q.question)).size, qs.length, 'questions are unique');
+  assert.ok(qs.filter((q) => q.split === 'heldout').length >= 50);
+  const docs = new Map((await readCorpus(CORPUS)).map((d) => [d.docId, `${d.title}\n${d.text}`]));
+  for (const q of qs) {
+    const text = docs.get(q.doc_id);
+    assert.ok(text !== undefined, `${q.id}: unknown document ${q.doc_id}`);
+    // The gold fact is in the document: at least one accepted variant occurs there as written (others
+    // may be the usual ways of saying it, e.g. "journalctl -f" where the text says "the flag is -f").
+    assert.ok(q.accept.some((v) => containsFact(text, v)), `${q.id}: no variant of its gold fact in ${q.doc_id}`);
+  }
+});
+
+test('gold facts match as whole token runs, after normalisation', () => {
+  assert.deepEqual(normalizeTokens('Edit /etc/exports. Then run exportfs -ra!'), ['edit', '/etc/exports', 'then', 'run', 'exportfs', '-ra']);
+  assert.ok(containsFact('Use the command ATRM 3.', 'atrm'));
+  assert.ok(!containsFact('use atrmx', 'atrm'), 'no partial tokens');
+  assert.ok(containsFact('see /etc/munin/munin.conf', 'munin.conf'), 'a path matches its tail');
+  assert.ok(!containsFact('see /etc/munin/xmunin.conf', 'munin.conf'));
+  assert.ok(containsFact('run dpkg-reconfigure  tzdata as root', 'dpkg-reconfigure tzdata'));
+  assert.ok(!containsFact('tzdata then dpkg-reconfigure', 'dpkg-reconfigure tzdata'), 'order counts');
+  assert.ok(isCorrect('It is slapd.', 'slapd; run dpkg-reconfigure slapd', ['slapd']));
+  assert.ok(!isCorrect('It is openldap.', 'slapd', ['slapd']));
+});
+
+test('unreadable: empty, looping or gibberish; a bare command is readable', () => {
+  const vocab = new Set(words('the package manager installs packages with apt and removes them'));
+  assert.ok(isUnreadable('   ', vocab));
+  assert.ok(isUnreadable('apt apt apt apt', vocab));
+  assert.ok(isUnreadable('the package manager the package manager the package manager', vocab));
+  assert.ok(isUnreadable('qzx vlorp dwimble the', vocab));
+  assert.ok(!isUnreadable('The package manager installs packages.', vocab));
+  assert.ok(!isUnreadable('/etc/cron.deny', vocab));
+});

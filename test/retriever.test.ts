@@ -1,0 +1,54 @@
+/** The first stage through the service: dense, lexical and hybrid retrieval; rerank off keeps the fused order. */
+import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
+import request from 'supertest';
+import { loadModels, RagService, type Models } from '../src/rag.js';
+import { Retriever } from '../src/retrieval/retriever.js';
+import { createApp } from '../src/server/app.js';
+import { smallCorpus, tempDir, testConfig } from './helpers.js';
+
+const DOCS = ['apt-cache', 'quotas', 'ipv6', 'task-scheduling-cron-atd', 'rights-management'];
+let models: Models;
+let service: RagService;
+
+before(async () => {
+  const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, DOCS), RAGGUARD_PROFILE_RUN: 'false', RAGGUARD_RERANK: 'false' });
+  models = await loadModels(cfg);
+  service = await RagService.start(cfg, models);
+});
+
+test('every mode finds the document of a keyword question; hybrid scores are reciprocal-rank sums', async () => {
+  const q = 'Which command changes the disk quota limits of a user? edquota';
+  const qv = await models.embedder.embed([q]);
+  for (const mode of ['dense', 'lexical', 'hybrid'] as const) {
+    const r = new Retriever(service.store, { ...service.cfg, retrieval: mode });
+    const { hits, pruned } = r.search(qv, q, 5);
+    assert.ok(hits.length > 0 && hits.length <= 5, mode);
+    assert.equal(hits[0]!.chunk.docId, 'quotas', mode);
+    assert.ok(pruned.length <= hits.length);
+    for (let i = 1; i < hits.length; i++) assert.ok(hits[i - 1]!.score >= hits[i]!.score, `${mode}: best first`);
+    if (mode === 'hybrid') {
+      const { rrfK, rrfDenseWeight, rrfLexicalWeight } = service.cfg;
+      assert.ok(hits[0]!.score <= (rrfDenseWeight + rrfLexicalWeight) / (rrfK + 1) + 1e-12);
+    }
+  }
+});
+
+test('a chunk ingested after start-up is found by BM25 at once', async () => {
+  await service.ingest([{ docId: 'zorblax', title: 'The zorblaxd daemon', text: 'zorblaxd listens on port 7411 and reads /etc/zorblax.conf.' }]);
+  const q = 'zorblaxd port';
+  const r = new Retriever(service.store, { ...service.cfg, retrieval: 'lexical' });
+  assert.equal(r.search(await models.embedder.embed([q]), q, 3).hits[0]?.chunk.docId, 'zorblax');
+  assert.equal(service.retriever.search(await models.embedder.embed([q]), q, 3).hits[0]?.chunk.docId, 'zorblax');
+});
+
+test('rerank off: no pair is scored, citations keep the fused order and score', async () => {
+  const res = await request(createApp(service)).post('/query').send({ query: 'How do I cancel an at job? atrm', max_new_tokens: 4, rerank_top_n: 3 }).expect(200);
+  const b = res.body;
+  assert.equal(b.guard.as_run.reranked_pairs, 0);
+  assert.deepEqual(b.guard.as_run.rerank_runs, []);
+  assert.ok(b.citations.length >= 1);
+  for (const c of b.citations) assert.equal(c.score, c.retrieval_score);
+  for (let i = 1; i < b.citations.length; i++) assert.ok(b.citations[i - 1].score >= b.citations[i].score);
+  assert.equal(b.citations[0].doc_id, 'task-scheduling-cron-atd');
+});
