@@ -13,7 +13,7 @@ import { loadModels, RagService, type Models } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { htmlToText, markdownTitle } from '../src/cli/html-text.js';
-import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
+import { ROOT, smallCorpus, tempDir, TEST_ENV, testConfig } from './helpers.js';
 
 const BIN = path.join(ROOT, 'bin', 'ragguard.js');
 const ADMIN = 'admin-key-for-cli-tests';
@@ -32,7 +32,7 @@ interface Run {
 
 function ragguard(args: string[], env: Record<string, string> = {}): Promise<Run> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, ...env } });
+    const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, ...TEST_ENV, ...env } });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -185,7 +185,7 @@ describe('ragguard serve', () => {
     const corpus = await smallCorpus(0, ['quotas']);
     const child = spawn(process.execPath, [BIN, 'serve'], {
       cwd: ROOT,
-      env: { ...process.env, GLIBC_TUNABLES: '', PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: corpus, RAGGUARD_PROFILE_RUN: 'false' },
+      env: { ...process.env, ...TEST_ENV, GLIBC_TUNABLES: '', PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: corpus, RAGGUARD_PROFILE_RUN: 'false' },
     });
     const logs: Record<string, unknown>[] = [];
     let buf = '';

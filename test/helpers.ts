@@ -28,8 +28,13 @@ export async function smallCorpus(n: number, names?: string[]): Promise<string> 
   return dir;
 }
 
+/**
+ * The tests' models, for in-process services and spawned servers alike: the small self-trained
+ * embedder (fast, and in git; the default pretrained one comes with setup) and the reranker on (off by
+ * default), so that the tests cover the whole pipeline and its memory guard.
+ */
+export const TEST_ENV: Readonly<Record<string, string>> = { RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_RERANK: 'true' };
+
 export function testConfig(env: Record<string, string> = {}): Config {
-  // The small self-trained embedder: fast, and in git (the default pretrained one comes with setup).
-  // The reranker on (off by default): the tests cover the whole pipeline and its memory guard.
-  return loadConfig({ PORT: '0', RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_RERANK: 'true', ...env });
+  return loadConfig({ PORT: '0', ...TEST_ENV, ...env });
 }

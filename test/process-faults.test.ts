@@ -12,7 +12,7 @@ import http from 'node:http';
 import path from 'node:path';
 import { describe, test } from 'node:test';
 import { readCorpus } from '../src/rag.js';
-import { CORPUS, ROOT, smallCorpus, tempDir } from './helpers.js';
+import { CORPUS, ROOT, smallCorpus, tempDir, TEST_ENV } from './helpers.js';
 
 interface Server {
   proc: ChildProcess;
@@ -31,7 +31,7 @@ interface Reply {
 const SMALL = ['task-scheduling-cron-atd', 'quotas', 'syslog'];
 
 async function startServer(env: Record<string, string>, npm = false): Promise<Server> {
-  const fullEnv = { ...process.env, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env };
+  const fullEnv = { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env };
   const proc = npm
     ? spawn('npm', ['start', '--silent'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] })
     : spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -53,7 +53,7 @@ async function startServer(env: Record<string, string>, npm = false): Promise<Se
 /** Starts the server and expects it to fail start-up; resolves with its exit code and output. */
 async function failedStart(env: Record<string, string>): Promise<{ code: number | null; log: string }> {
   const proc = spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], {
-    cwd: ROOT, env: { ...process.env, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env }, stdio: ['ignore', 'pipe', 'pipe'],
+    cwd: ROOT, env: { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
   proc.stdout.on('data', (c: Buffer) => (out += c.toString()));
