@@ -168,7 +168,7 @@ describe('ragguard query and usage', () => {
   test('errors: a server error reply is exit 1 with its code; usage errors are exit 2; no server is a clear message', async () => {
     const bad = await ragguard(['query', 'x', '--url', url, '--top-k', '100000']);
     assert.equal(bad.code, 1);
-    assert.match(bad.stderr, /400 invalid_field/);
+    assert.match(bad.stderr, /400 invalid_body: top_k/);
     for (const args of [[], ['frobnicate'], ['query'], ['ingest'], ['query', 'q', '--top-k', 'many'], ['query', 'q', '--nope']]) {
       const r = await ragguard(args);
       assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`);

@@ -164,7 +164,7 @@ describe('auth', () => {
     await request(keyed).get('/metrics').set('Authorization', `Bearer ${API}`).expect(200);
     await request(keyed).get('/documents').set('Authorization', `Bearer ${ADMIN}`).expect(200);
     // Authorized, then validated as usual.
-    errorIs(await request(keyed).post('/query').set('Authorization', `Bearer ${API}`).send({}), 400, 'invalid_field');
+    errorIs(await request(keyed).post('/query').set('Authorization', `Bearer ${API}`).send({}), 400, 'invalid_body');
   });
 
   test('admin routes (document writes, /debug/*): the API key is 403, the admin key passes', async () => {

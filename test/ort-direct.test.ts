@@ -28,9 +28,9 @@ before(() => {
   direct = DirectSession.create(FILE)!;
 });
 
-test('a direct session reads its inputs\' names and element types (what the decoder loads by)', () => {
+test('a direct session reads its inputs\' names, element types and ranks (what the decoder loads by)', () => {
   assert.deepEqual(direct.inputs.slice(0, 3), [
-    { name: 'input_ids', type: 'int64' }, { name: 'attention_mask', type: 'int64' }, { name: 'past_key_values.0.key', type: 'float32' },
+    { name: 'input_ids', type: 'int64', rank: 2 }, { name: 'attention_mask', type: 'int64', rank: 2 }, { name: 'past_key_values.0.key', type: 'float32', rank: 4 },
   ]);
   assert.equal(direct.inputs.length, 2 + 2 * L + 1 + 2 * 5 * L, 'ids, mask, KV, the rows\' adapter entries, and A and B for 5 projections a layer');
   assert.deepEqual(direct.inputs.slice(2 + 2 * L, 5 + 2 * L).map((i) => i.name), ['lora_index', lora[0]!.name, lora[1]!.name]);
