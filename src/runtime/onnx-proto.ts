@@ -11,6 +11,7 @@
 
 /** ONNX TensorProto.DataType values used here. */
 export const ONNX_FLOAT = 1;
+export const ONNX_UINT8 = 2;
 export const ONNX_INT32 = 6;
 export const ONNX_INT64 = 7;
 export const ONNX_FLOAT16 = 10;
@@ -145,7 +146,7 @@ export interface Initializer {
   data: Uint8Array;
 }
 
-const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2 };
+const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_UINT8]: 1, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2 };
 
 function readTensor(buf: Uint8Array): Initializer {
   let name = '';
