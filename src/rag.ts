@@ -12,6 +12,7 @@ import type { Config } from './config/config.js';
 import { AdapterRegistry } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
 import { DecoderModel } from './generate/decoder-model.js';
+import { ggufDecoderDir, isGguf } from './generate/gguf-decoder.js';
 import { Engine } from './generate/engine.js';
 import type { FinishReason, Generation } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type PromptTemplate } from './generate/prompt.js';
@@ -98,7 +99,9 @@ export async function loadModels(cfg: Config): Promise<Models> {
   const gpu = nvmlReader();
   const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
   const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
-  const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras), gpu);
+  // A GGUF file is converted (or found converted) before its load is measured.
+  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) }) : cfg.decoderPath;
+  const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 

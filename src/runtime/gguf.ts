@@ -58,6 +58,8 @@ export class GgufFile {
     private readonly fd: number,
     readonly version: number,
     readonly metadata: ReadonlyMap<string, GgufValue>,
+    /** Each key's GGUF value type, and an array's element type (what a writer needs to copy it). */
+    readonly metadataTypes: ReadonlyMap<string, GgufValueType>,
     readonly tensors: ReadonlyMap<string, GgufTensorInfo>,
     readonly alignment: number,
     readonly dataOffset: number,
@@ -74,7 +76,7 @@ export class GgufFile {
         readSync(fd, buf, 0, prefix, 0);
         try {
           const h = parseHeader(buf, size, path);
-          return new GgufFile(path, fd, h.version, h.metadata, h.tensors, h.alignment, h.dataOffset);
+          return new GgufFile(path, fd, h.version, h.metadata, h.metadataTypes, h.tensors, h.alignment, h.dataOffset);
         } catch (e) {
           if (!(e instanceof Truncated) || prefix >= size) throw e instanceof Truncated ? new Error(`${path}: truncated GGUF file`) : e;
         }
@@ -147,8 +149,15 @@ export function elementCount(dims: readonly number[]): number {
 
 class Truncated extends Error {}
 
+export interface GgufValueType {
+  type: number;
+  elemType?: number;
+}
+
 /** GGUF value types (gguf_type). */
-const T = { U8: 0, I8: 1, U16: 2, I16: 3, U32: 4, I32: 5, F32: 6, BOOL: 7, STRING: 8, ARRAY: 9, U64: 10, I64: 11, F64: 12 } as const;
+export const GGUF_TYPE = { U8: 0, I8: 1, U16: 2, I16: 3, U32: 4, I32: 5, F32: 6, BOOL: 7, STRING: 8, ARRAY: 9, U64: 10, I64: 11, F64: 12 } as const;
+
+const T = GGUF_TYPE;
 
 function parseHeader(buf: Buffer, fileSize: number, path: string) {
   let at = 0;
@@ -195,9 +204,12 @@ function parseHeader(buf: Buffer, fileSize: number, path: string) {
   const tensorCount = Number(u64());
   const kvCount = Number(u64());
   const metadata = new Map<string, GgufValue>();
+  const metadataTypes = new Map<string, GgufValueType>();
   for (let i = 0; i < kvCount; i++) {
     const key = str();
-    metadata.set(key, value(u32()));
+    const type = u32();
+    metadataTypes.set(key, type === T.ARRAY ? { type, elemType: buf.readUInt32LE(at) } : { type });
+    metadata.set(key, value(type));
   }
   const alignment = typeof metadata.get('general.alignment') === 'number' ? metadata.get('general.alignment') as number : 32;
   if (alignment <= 0 || (alignment & (alignment - 1)) !== 0) throw new Error(`${path}: general.alignment ${alignment} is not a power of two`);
@@ -223,7 +235,7 @@ function parseHeader(buf: Buffer, fileSize: number, path: string) {
     if (offset + bytes > fileSize) throw new Error(`${path}: tensor ${t.name} runs past the end of the file`);
     tensors.set(t.name, { name: t.name, dims: t.dims, type: t.type, offset, bytes });
   }
-  return { version, metadata, tensors, alignment, dataOffset };
+  return { version, metadata, metadataTypes, tensors, alignment, dataOffset };
 }
 
 /** IEEE half to float. */
@@ -345,4 +357,76 @@ export function rowBytes(type: number, rowLength: number): number {
   const b = BLOCKS[type];
   if (!b) throw new Error(`ggml type ${ggmlTypeName(type)} is not supported`);
   return (rowLength / b.elems) * b.bytes;
+}
+
+export interface GgufTensorOut {
+  name: string;
+  /** ggml order (dims[0] the row length). */
+  dims: number[];
+  type: number;
+  data: Uint8Array;
+}
+
+/**
+ * A GGUF file (version 3) as bytes: metadata with their value types, tensors aligned to
+ * `general.alignment` (32 where absent). For tests and reference files (an F32 copy of a quantized
+ * model), not for models of GiBs.
+ */
+export function writeGguf(metadata: readonly [string, GgufValueType, GgufValue][], tensors: readonly GgufTensorOut[]): Uint8Array {
+  const parts: Buffer[] = [];
+  const u32 = (v: number) => { const b = Buffer.alloc(4); b.writeUInt32LE(v); parts.push(b); };
+  const u64 = (v: number | bigint) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); parts.push(b); };
+  const str = (s: string) => { const b = Buffer.from(s, 'utf8'); u64(b.length); parts.push(b); };
+  const value = (type: number, v: GgufValue, elemType?: number) => {
+    const b = Buffer.alloc(8);
+    switch (type) {
+      case T.U8: b.writeUInt8(Number(v)); parts.push(b.subarray(0, 1)); return;
+      case T.I8: b.writeInt8(Number(v)); parts.push(b.subarray(0, 1)); return;
+      case T.U16: b.writeUInt16LE(Number(v)); parts.push(b.subarray(0, 2)); return;
+      case T.I16: b.writeInt16LE(Number(v)); parts.push(b.subarray(0, 2)); return;
+      case T.U32: b.writeUInt32LE(Number(v)); parts.push(b.subarray(0, 4)); return;
+      case T.I32: b.writeInt32LE(Number(v)); parts.push(b.subarray(0, 4)); return;
+      case T.F32: b.writeFloatLE(Number(v)); parts.push(b.subarray(0, 4)); return;
+      case T.BOOL: b.writeUInt8(v ? 1 : 0); parts.push(b.subarray(0, 1)); return;
+      case T.STRING: str(String(v)); return;
+      case T.U64: b.writeBigUInt64LE(BigInt(v as number | bigint)); parts.push(b); return;
+      case T.I64: b.writeBigInt64LE(BigInt(v as number | bigint)); parts.push(b); return;
+      case T.F64: b.writeDoubleLE(Number(v)); parts.push(b); return;
+      case T.ARRAY: {
+        if (elemType === undefined || !Array.isArray(v)) throw new Error('a GGUF array needs its element type and an array');
+        u32(elemType);
+        u64(v.length);
+        for (const x of v) value(elemType, x);
+        return;
+      }
+      default: throw new Error(`GGUF value type ${type} cannot be written`);
+    }
+  };
+  const alignment = Number(metadata.find(([k]) => k === 'general.alignment')?.[2] ?? 32);
+  parts.push(Buffer.from('GGUF', 'latin1'));
+  u32(3);
+  u64(tensors.length);
+  u64(metadata.length);
+  for (const [key, t, v] of metadata) {
+    str(key);
+    u32(t.type);
+    value(t.type, v, t.elemType);
+  }
+  let offset = 0;
+  const offsets: number[] = [];
+  for (const t of tensors) {
+    str(t.name);
+    u32(t.dims.length);
+    for (const d of t.dims) u64(d);
+    u32(t.type);
+    offsets.push(offset);
+    u64(offset);
+    offset += Math.ceil(t.data.length / alignment) * alignment;
+  }
+  const head = Buffer.concat(parts);
+  const start = Math.ceil(head.length / alignment) * alignment;
+  const out = new Uint8Array(start + offset);
+  out.set(head, 0);
+  tensors.forEach((t, i) => out.set(t.data, start + offsets[i]!));
+  return out;
 }
