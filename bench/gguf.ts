@@ -19,9 +19,11 @@
  * quarter of it at 1), BENCH_ROUNDS (2: the sides interleaved, each reporting its best round).
  *
  * Last line of stdout: one JSON object (tokens/s per side and concurrency, ratios engine / llama.cpp,
+ * CPU milliseconds a token per side (the process's CPU time over the run: on a machine shared with
+ * other work the wall clock says as much about the neighbours), the 1-minute load average at the end,
  * and how many greedy tokens the two sides share on the first prompt).
  */
-import { availableParallelism } from 'node:os';
+import { availableParallelism, loadavg } from 'node:os';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { getLlama, type LlamaContextSequence, type Token } from 'node-llama-cpp';
@@ -54,14 +56,19 @@ const peer = await llama.loadModel({ modelPath: GGUF });
 interface Run {
   outputs: number[][];
   seconds: number;
+  /** The process's CPU seconds (user + system) over the run: what a step costs whatever else the machine runs. */
+  cpuSeconds: number;
 }
 
-const tokensPerS = (r: Run) => +(r.outputs.reduce((s, o) => s + o.length, 0) / r.seconds).toFixed(1);
+const count = (r: Run) => r.outputs.reduce((s, o) => s + o.length, 0);
+const tokensPerS = (r: Run) => +(count(r) / r.seconds).toFixed(1);
+const cpuMsPerToken = (r: Run) => +((r.cpuSeconds * 1000) / count(r)).toFixed(2);
 
 /** `concurrency` clients over `requests` prompts, each sending its next when the last is answered. */
 async function clients(concurrency: number, requests: number, one: (client: number, ids: number[]) => Promise<number[]>): Promise<Run> {
   const outputs: number[][] = new Array(requests);
   let next = 0;
+  const c0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(Array.from({ length: concurrency }, async (_, c) => {
     while (next < requests) {
@@ -69,7 +76,8 @@ async function clients(concurrency: number, requests: number, one: (client: numb
       outputs[i] = await one(c, prompts[i]!);
     }
   }));
-  return { outputs, seconds: (performance.now() - t0) / 1000 };
+  const c = process.cpuUsage(c0);
+  return { outputs, seconds: (performance.now() - t0) / 1000, cpuSeconds: (c.user + c.system) / 1e6 };
 }
 
 async function engineRun(concurrency: number, requests: number, newTokens = NEW_TOKENS): Promise<Run> {
@@ -111,7 +119,7 @@ for (let round = 0; round < ROUNDS; round++) {
       const r = await run(c, requests);
       const key = `${side}_${c}`;
       if (!best[key] || tokensPerS(r) > tokensPerS(best[key])) best[key] = r;
-      console.log(`[bench:gguf] round ${round + 1} ${side} at ${c}: ${tokensPerS(r)} tokens/s (${requests} x ${NEW_TOKENS})`);
+      console.log(`[bench:gguf] round ${round + 1} ${side} at ${c}: ${tokensPerS(r)} tokens/s, ${cpuMsPerToken(r)} CPU ms a token (${requests} x ${NEW_TOKENS})`);
     }
   }
 }
@@ -124,6 +132,9 @@ const result = {
   engine_tokens_per_s_at_8: tokensPerS(best['engine_8']!), llama_cpp_tokens_per_s_at_8: tokensPerS(best['llama_8']!),
   ratio_at_1: +(tokensPerS(best['engine_1']!) / tokensPerS(best['llama_1']!)).toFixed(2),
   ratio_at_8: +(tokensPerS(best['engine_8']!) / tokensPerS(best['llama_8']!)).toFixed(2),
+  engine_cpu_ms_per_token_at_1: cpuMsPerToken(best['engine_1']!), llama_cpp_cpu_ms_per_token_at_1: cpuMsPerToken(best['llama_1']!),
+  engine_cpu_ms_per_token_at_8: cpuMsPerToken(best['engine_8']!), llama_cpp_cpu_ms_per_token_at_8: cpuMsPerToken(best['llama_8']!),
+  load_average: +(loadavg()[0]!).toFixed(1),
   first_prompt_shared_greedy_tokens: shared,
 };
 await peer.dispose();
