@@ -373,9 +373,11 @@ describe('SmolLM2-135M-Instruct Q4_1 against llama.cpp (node-llama-cpp 3.21.1)',
       const dir = await ggufDecoderDir(PRETRAINED, { cacheDir: path.join(ROOT, 'models', 'gguf-cache'), weights });
       const m = await DecoderModel.load(dir, 'cpu');
       const fixtures = path.join(ROOT, 'test', 'fixtures', 'gguf');
-      // llama.cpp on an F32 copy of the same weights: its f16 KV cache is the only difference left.
-      // On the Q4_1 file as stored, its products quantize the activations to 8 bits too (Q8_1), up to about a nat.
-      for (const [fixture, tolerance] of [['smollm2-135m-q4_1-f32copy.json', 0.05], ['smollm2-135m-q4_1.json', 1.5]] as const) {
+      // llama.cpp on an F32 copy of the same weights: its f16 KV cache is the only difference left (measured
+      // 0.023 at most, dequant); nbits quantizes the activations of its 8-bit head (Q8_0) to int8 (0.24).
+      // On the Q4_1 file as stored, llama.cpp's products quantize the activations to 8 bits too (Q8_1): 1.07.
+      const exact = weights === 'dequant' ? 0.05 : 0.35;
+      for (const [fixture, tolerance] of [['smollm2-135m-q4_1-f32copy.json', exact], ['smollm2-135m-q4_1.json', 1.5]] as const) {
         const ref = JSON.parse(await readFile(path.join(fixtures, fixture), 'utf8')) as Reference;
         assert.ok(ref.cases.length >= 5);
         let worst = 0;
