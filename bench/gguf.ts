@@ -10,9 +10,10 @@
  *
  * Both sides get the same token ids (chat-formatted questions from data/questions.json, tokenized by
  * the converted tokenizer, which matches llama.cpp's: test/gguf.test.ts) and generate exactly
- * BENCH_GGUF_NEW_TOKENS greedy tokens each, EOS ignored. llama.cpp gets as many threads as this
- * machine has cores (its default spins a worker per core; more than the cores stalls it), ONNX Runtime
- * its default (one per core).
+ * BENCH_GGUF_NEW_TOKENS greedy tokens each, EOS ignored. ONNX Runtime runs with its default threads
+ * (one per core). llama.cpp runs with each thread count of BENCH_GGUF_LLAMA_THREADS (default 1 and the
+ * core count) and its best is the peer's figure: its workers spin-wait for each other, and on this
+ * shared 2-core machine two threads measured 3-12 tokens/s where one made 23-28.
  *
  * Env: BENCH_GGUF (default models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf), RAGGUARD_GGUF_WEIGHTS
  * (nbits|dequant, as the server), BENCH_GGUF_NEW_TOKENS (64), BENCH_REQUESTS (16 at 8 concurrent; a
@@ -41,6 +42,7 @@ const ROUNDS = Number(process.env['BENCH_ROUNDS'] ?? 2);
 const CONCURRENCY = [1, 8] as const;
 const BLOCK = 16;
 const THREADS = availableParallelism();
+const LLAMA_THREADS = (process.env['BENCH_GGUF_LLAMA_THREADS'] ?? `1,${THREADS}`).split(',').map(Number).filter((n, i, a) => n > 0 && a.indexOf(n) === i);
 
 const cfg = loadConfig(process.env);
 const dir = await ggufDecoderDir(GGUF, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) });
@@ -87,8 +89,8 @@ async function engineRun(concurrency: number, requests: number, newTokens = NEW_
   return clients(concurrency, requests, async (_c, ids) => (await engine.generate(ids, { maxNewTokens: newTokens, temperature: 0, ignoreEos: true })).ids);
 }
 
-async function llamaRun(concurrency: number, requests: number, newTokens = NEW_TOKENS): Promise<Run> {
-  const context = await peer.createContext({ contextSize: concurrency * (maxPrompt + newTokens + 16), sequences: concurrency, threads: THREADS });
+async function llamaRun(concurrency: number, requests: number, threads: number, newTokens = NEW_TOKENS): Promise<Run> {
+  const context = await peer.createContext({ contextSize: concurrency * (maxPrompt + newTokens + 16), sequences: concurrency, threads });
   const seqs: LlamaContextSequence[] = Array.from({ length: concurrency }, () => context.getSequence());
   try {
     return await clients(concurrency, requests, async (c, ids) => {
@@ -109,16 +111,21 @@ async function llamaRun(concurrency: number, requests: number, newTokens = NEW_T
 
 // Warm-up: first runs pay for graph optimisation and allocator growth on both sides.
 await engineRun(1, 1, 4);
-await llamaRun(1, 1, 4);
+await llamaRun(1, 1, 1, 4);
 
 const best: Record<string, Run> = {};
+const llamaBestThreads: Record<number, number> = {};
 for (let round = 0; round < ROUNDS; round++) {
   for (const c of CONCURRENCY) {
     const requests = c === 1 ? Math.max(1, REQUESTS >> 2) : REQUESTS;
-    for (const [side, run] of [['engine', engineRun], ['llama', llamaRun]] as const) {
-      const r = await run(c, requests);
-      const key = `${side}_${c}`;
-      if (!best[key] || tokensPerS(r) > tokensPerS(best[key])) best[key] = r;
+    const sides: [string, () => Promise<Run>][] = [['engine', () => engineRun(c, requests)], ...LLAMA_THREADS.map((t) => [`llama(${t} threads)`, () => llamaRun(c, requests, t)] as [string, () => Promise<Run>])];
+    for (const [side, run] of sides) {
+      const r = await run();
+      const key = `${side.startsWith('llama') ? 'llama' : 'engine'}_${c}`;
+      if (!best[key] || tokensPerS(r) > tokensPerS(best[key])) {
+        best[key] = r;
+        if (side.startsWith('llama')) llamaBestThreads[c] = Number(/\d+/.exec(side)![0]);
+      }
       console.log(`[bench:gguf] round ${round + 1} ${side} at ${c}: ${tokensPerS(r)} tokens/s, ${cpuMsPerToken(r)} CPU ms a token (${requests} x ${NEW_TOKENS})`);
     }
   }
@@ -134,6 +141,7 @@ const result = {
   ratio_at_8: +(tokensPerS(best['engine_8']!) / tokensPerS(best['llama_8']!)).toFixed(2),
   engine_cpu_ms_per_token_at_1: cpuMsPerToken(best['engine_1']!), llama_cpp_cpu_ms_per_token_at_1: cpuMsPerToken(best['llama_1']!),
   engine_cpu_ms_per_token_at_8: cpuMsPerToken(best['engine_8']!), llama_cpp_cpu_ms_per_token_at_8: cpuMsPerToken(best['llama_8']!),
+  llama_cpp_best_threads_at_1: llamaBestThreads[1], llama_cpp_best_threads_at_8: llamaBestThreads[8],
   load_average: +(loadavg()[0]!).toFixed(1),
   first_prompt_shared_greedy_tokens: shared,
 };
