@@ -26,6 +26,7 @@
 import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
 import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
 import { LORA_INDEX, loraSlots } from './lora.js';
+import { rotaryFromConfig } from './rope-scaling.js';
 
 export interface GqaSourceConfig {
   model_type?: string;
@@ -38,6 +39,9 @@ export interface GqaSourceConfig {
   head_dim?: number;
   rms_norm_eps?: number;
   rope_theta?: number;
+  /** transformers' rotary scaling (rope-scaling.ts reads it; what it cannot represent is refused). */
+  rope_scaling?: unknown;
+  rope_parameters?: unknown;
   max_position_embeddings?: number;
   tie_word_embeddings?: boolean;
   bos_token_id?: number | null;
@@ -312,9 +316,12 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   add('Cast', ['total_64'], ['total_sequence_length'], { attrs: { to: { int: ONNX_INT32 } } });
 
   // Rotary tables: cos/sin of position x inverse frequency, [positions, head_dim / 2], float32 as torch computes them.
-  const theta = cfg.rope_theta ?? 10000;
-  const linearFactor = opts.rotary?.linearFactor ?? 1;
-  const freqFactors = opts.rotary?.freqFactors;
+  // The caller's rotary scaling (a GGUF's), else config.json's: never dropped silently.
+  const fromConfig = opts.rotary ? undefined : rotaryFromConfig(cfg, D);
+  const rotary = opts.rotary ?? fromConfig!.rotary;
+  const theta = fromConfig?.theta ?? cfg.rope_theta ?? 10000;
+  const linearFactor = rotary.linearFactor ?? 1;
+  const freqFactors = rotary.freqFactors;
   if (freqFactors && freqFactors.length !== D / 2) throw new Error(`${freqFactors.length} rotary frequency factors for head_dim ${D}`);
   const invFreq = Float32Array.from({ length: D / 2 }, (_, i) => 1 / theta ** ((2 * i) / D) / (freqFactors?.[i] ?? 1) / linearFactor);
   const cos = new Float32Array(maxPos * (D / 2));
