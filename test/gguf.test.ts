@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { copyFile, mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readdir, readFile, utimes, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, test } from 'node:test';
 import * as ort from 'onnxruntime-node';
@@ -326,6 +326,13 @@ describe('GGUF decoders, small synthetic models', () => {
       assert.equal(m.tokenizer.decode([258, 259]), ' the');
       assert.equal(m.bosId, 256);
       assert.deepEqual([...m.eosIds], [257]);
+      // Another mode is another directory; a changed file reconverts and its older conversion goes.
+      const cache = path.join(dir, 'cache');
+      const nbits = await ggufDecoderDir(file, { cacheDir: cache, weights: 'nbits' });
+      await utimes(file, new Date(), new Date(Date.now() + 10_000));
+      const again = await ggufDecoderDir(file, { cacheDir: cache, weights: 'dequant' });
+      assert.notEqual(again, converted);
+      assert.deepEqual((await readdir(cache)).sort(), [path.basename(again), path.basename(nbits)].sort());
     });
   }
 

@@ -12,10 +12,11 @@
  * The cache key is the GGUF file's path, size and modification time, the weights mode, LoRA, and the
  * converter's own sources: another file, mode or converter gets its own directory; the same ones
  * reuse it. A conversion is written to a temporary directory and renamed into place, so that a crash
- * leaves no half-written model that a later start would take for a whole one.
+ * leaves no half-written model that a later start would take for a whole one. A new conversion removes
+ * the older ones of the same file name and mode.
  */
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -98,6 +99,12 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     await writeFile(path.join(tmp, 'tokenizer_config.json'), `${JSON.stringify(tok.config, null, 2)}\n`);
     await rm(dir, { recursive: true, force: true });
     await rename(tmp, dir);
+    // Older conversions of this file in this mode (another converter, an older copy of the file) go:
+    // each is the model's size again, and nothing would ever ask for them.
+    const prefix = `${path.basename(abs, path.extname(abs))}-${opts.weights}-`;
+    for (const d of await readdir(opts.cacheDir)) {
+      if (d.startsWith(prefix) && d !== path.basename(dir) && !d.includes('.tmp-')) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
+    }
     opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     return dir;
   } catch (e) {
