@@ -9,6 +9,7 @@ import { copyFile, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { buildGqaDecoder, type GqaDtype, type GqaSourceConfig } from '../src/generate/gqa-builder.js';
+import { externalDataReader } from '../src/runtime/model-dir.js';
 import { readInitializers, writeModel } from '../src/runtime/onnx-proto.js';
 
 const [src, out, dtypeArg] = process.argv.slice(2);
@@ -20,7 +21,10 @@ const dtype = (dtypeArg ?? 'float32') as GqaDtype;
 if (dtype !== 'float32' && dtype !== 'float16') throw new Error(`dtype ${dtype}: float32 or float16`);
 const t0 = performance.now();
 const cfg = JSON.parse(await readFile(path.join(src, 'config.json'), 'utf8')) as GqaSourceConfig;
-const weights = readInitializers(await readFile(path.join(src, 'onnx', 'model.onnx')));
+// Weights kept outside the graph file (external data, as exports over 2 GiB keep them) are read too.
+const external = externalDataReader(path.join(src, 'onnx'));
+const weights = readInitializers(await readFile(path.join(src, 'onnx', 'model.onnx')), external.read);
+external.close();
 const g = buildGqaDecoder(cfg, weights, { dtype, lora: process.env['RAGGUARD_GQA_LORA'] !== 'false' });
 await mkdir(out, { recursive: true });
 const model = writeModel({ name: 'decoder_gqa', ...g, opsets: { '': 17, 'com.microsoft': 1 } });

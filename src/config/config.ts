@@ -21,6 +21,9 @@ export interface Config {
   embedderPath: string;
   rerankerPath: string;
   decoderPath: string;
+  /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
+  ggufWeights: 'nbits' | 'dequant';
+  ggufCacheDir: string;
   /** Directory of LoRA adapters (one PEFT directory each); '' = adapters off. */
   adapterDir: string;
   /** Adapter slots: resident at once, and the largest rank of one module. */
@@ -185,8 +188,18 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_DECODER', default: 'models/decoder-gqa',
-    doc: 'Decoder model directory with a KV cache: an Optimum export (onnx/model.onnx, past_key_values.N.* in, present.N.* out) or onnxruntime-genai\'s layout (genai_config.json, GroupQueryAttention). The default is the shipped models/decoder converted to the genai layout by setup.',
+    doc: 'Decoder: a .gguf file (llama or qwen2, converted once into RAGGUARD_GGUF_CACHE), or a model directory with a KV cache: an Optimum export (onnx/model.onnx, past_key_values.N.* in, present.N.* out) or onnxruntime-genai\'s layout (genai_config.json, GroupQueryAttention). The default is the shipped models/decoder converted to the genai layout by setup.',
     apply: str((c, v) => (c.decoderPath = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_GGUF_WEIGHTS', default: 'nbits',
+    doc: "A .gguf RAGGUARD_DECODER's weights in the converted graph: nbits (quantized projections stay quantized, ONNX Runtime's MatMulNBits: 4 bits a weight for Q4_0/Q4_1/Q4_K, 8 for Q8_0/Q6_K, plus a scale per block) or dequant (float32 everywhere).",
+    apply: oneOf(['nbits', 'dequant'] as const, (c, v) => (c.ggufWeights = v)),
+  },
+  {
+    name: 'RAGGUARD_GGUF_CACHE', default: 'models/gguf-cache',
+    doc: 'Where a .gguf decoder is converted to (once per file, mode and converter version; later starts reuse it).',
+    apply: str((c, v) => (c.ggufCacheDir = rel(v))),
   },
   {
     name: 'RAGGUARD_ADAPTER_DIR', default: 'models/adapters',

@@ -17,12 +17,16 @@
  * seqlens_k (= len_r - 1) and total_sequence_length (= t) come from the mask, as in genai's graphs;
  * positions (for the rotary embedding) from seqlens_k inside the operator.
  *
- * Weights are found by their module names (model.layers.N.self_attn.q_proj.weight, ...; a '_fp16'
- * suffix and a wrapper prefix are allowed), so any export that keeps names converts.
+ * Weights come from a WeightSource by their module names (model.layers.N.self_attn.q_proj.weight, ...):
+ * an exported graph's initializers (a '_fp16' suffix and a wrapper prefix are allowed), or a GGUF file
+ * (gguf-weights.ts). A source that holds block-quantized projections may hand them over as they are
+ * (`weights: 'nbits'`): they become ONNX Runtime's MatMulNBits (com.microsoft), which reads 4 or 8 bits
+ * a weight and a scale per block instead of 32 bits a weight.
  */
 import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
-import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
+import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
 import { LORA_INDEX, loraSlots } from './lora.js';
+import { rotaryFromConfig } from './rope-scaling.js';
 
 export interface GqaSourceConfig {
   model_type?: string;
@@ -35,6 +39,9 @@ export interface GqaSourceConfig {
   head_dim?: number;
   rms_norm_eps?: number;
   rope_theta?: number;
+  /** transformers' rotary scaling (rope-scaling.ts reads it; what it cannot represent is refused). */
+  rope_scaling?: unknown;
+  rope_parameters?: unknown;
   max_position_embeddings?: number;
   tie_word_embeddings?: boolean;
   bos_token_id?: number | null;
@@ -53,8 +60,39 @@ export interface GqaGraph {
   genaiConfig: Record<string, unknown>;
 }
 
+/**
+ * A projection's weight block-quantized along its input (K) dimension, in MatMulNBits' layout: w[n][k] =
+ * (q - zero_point) * scale + min for the block of k. `min` is not MatMulNBits' (it has no offset term):
+ * the graph adds sum_k-in-block(x) * min per block beside it (Q4_1 and Q4_K store w = q * d + m).
+ */
+export interface BlockWeight {
+  bits: 4 | 8;
+  blockSize: number;
+  /** Output rows and input width. */
+  n: number;
+  k: number;
+  /** [n, k / blockSize, blockSize * bits / 8], element 2i in the low nibble of byte i at 4 bits. */
+  data: Uint8Array;
+  /** [n, k / blockSize]. */
+  scales: Float32Array;
+  /** Packed as MatMulNBits takes them, [n, ceil(blocks * bits / 8)]; absent: 2^(bits - 1). */
+  zeroPoints?: Uint8Array;
+  /** [n, k / blockSize], added to every weight of the block. */
+  mins?: Float32Array;
+}
+
+/** Where the builder takes weights from, by Hugging Face module name. */
+export interface WeightSource {
+  /** float32 values in torch's layout ([out, in] for a projection), or undefined where the model lacks it. */
+  floats(name: string): Float32Array | undefined;
+  /** The weight block-quantized (losslessly, as stored), where the source stores it so. */
+  blocks?(name: string): BlockWeight | undefined;
+  /** Row count of a projection weight (its out dimension), without converting it. */
+  rows?(name: string): number | undefined;
+}
+
 /** Finds weights by module name, whatever prefix or '_fp16' suffix the export gave them. */
-class Weights {
+class Weights implements WeightSource {
   private readonly byName = new Map<string, Initializer>();
 
   constructor(all: ReadonlyMap<string, Initializer>) {
@@ -69,10 +107,9 @@ class Weights {
     return this.byName.get(name);
   }
 
-  need(name: string): Initializer {
+  floats(name: string): Float32Array | undefined {
     const t = this.get(name);
-    if (!t) throw new Error(`weight ${name} not found among the model's initializers`);
-    return t;
+    return t && Weights.floats(t);
   }
 
   /** float32 values of a float32 or float16 initializer. */
@@ -111,12 +148,68 @@ export interface GqaOptions {
    * rank-0 tensors.
    */
   lora?: boolean;
+  /**
+   * 'nbits': projections the source stores block-quantized become MatMulNBits (float32 graphs only);
+   * 'dequant' (default): every weight a float MatMul's.
+   */
+  weights?: 'nbits' | 'dequant';
+  /**
+   * Rotary scaling, computed into the cos/sin tables: positions divided by `linearFactor`, each
+   * frequency i divided by `freqFactors[i]` (Llama 3's, as GGUF stores them in rope_freqs.weight).
+   */
+  rotary?: { linearFactor?: number; freqFactors?: Float32Array };
 }
 
-export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer>, opts: GqaOptions = {}): GqaGraph {
+/**
+ * MatMulNBits' accuracy level by bit width. 4 bits: 0, A stays float32 (ONNX Runtime's 4-bit kernels
+ * are fast with it). 8 bits: 4, A quantized to int8 per block as llama.cpp does for its 8-bit types:
+ * at level 0 ONNX Runtime 1.30 has no 8-bit kernel on this CPU and dequantizes the whole weight every
+ * run (measured: 457 ms for a 49152 x 576 head, against 7 ms at level 4). Level 4 at 4 bits too cut a
+ * 1536 x 576 product's CPU time 2-3.5 times, but moved SmolLM2-135M's log-probabilities by up to 1.6
+ * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken.
+ */
+const NBITS_ACCURACY: Record<4 | 8, number> = { 4: 0, 8: 4 };
+
+/** Whether block weights can share one MatMulNBits (stacked along N). */
+function sameBlockForm(a: BlockWeight, b: BlockWeight): boolean {
+  return a.bits === b.bits && a.blockSize === b.blockSize && a.k === b.k && !a.zeroPoints === !b.zeroPoints && !a.mins === !b.mins;
+}
+
+/** Block weights of one form stacked along N (fused q/k/v). */
+function stackBlocks(parts: readonly BlockWeight[]): BlockWeight {
+  if (parts.length === 1) return parts[0]!;
+  const cat = <A extends Uint8Array | Float32Array>(get: (p: BlockWeight) => A | undefined, make: (n: number) => A): A | undefined => {
+    const xs = parts.map(get);
+    if (xs.some((x) => x === undefined)) return undefined;
+    const out = make(xs.reduce((sum, x) => sum + x!.length, 0));
+    let at = 0;
+    for (const x of xs) {
+      out.set(x!, at);
+      at += x!.length;
+    }
+    return out;
+  };
+  const p0 = parts[0]!;
+  return {
+    bits: p0.bits, blockSize: p0.blockSize, k: p0.k, n: parts.reduce((sum, p) => sum + p.n, 0),
+    data: cat((p) => p.data, (n) => new Uint8Array(n))!,
+    scales: cat((p) => p.scales, (n) => new Float32Array(n))!,
+    zeroPoints: cat((p) => p.zeroPoints, (n) => new Uint8Array(n)),
+    mins: cat((p) => p.mins, (n) => new Float32Array(n)),
+  };
+}
+
+export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer> | WeightSource, opts: GqaOptions = {}): GqaGraph {
   const dtype = opts.dtype ?? 'float32';
   const lora = opts.lora ?? true;
-  const w = new Weights(all);
+  const w: WeightSource = all instanceof Map ? new Weights(all) : all as WeightSource;
+  const nbits = opts.weights === 'nbits' && w.blocks !== undefined;
+  if (nbits && dtype !== 'float32') throw new Error('MatMulNBits weights are built into float32 graphs only');
+  const need = (name: string): Float32Array => {
+    const v = w.floats(name);
+    if (!v) throw new Error(`weight ${name} not found among the model's initializers`);
+    return v;
+  };
   const H = cfg.hidden_size;
   const nh = cfg.num_attention_heads;
   const kvh = cfg.num_key_value_heads ?? nh;
@@ -132,24 +225,72 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   const add = (op: string, inputs: string[], outputs: string[], extra: Partial<NodeSpec> = {}) => nodes.push({ op, inputs, outputs, ...extra });
   // The input width of each projection: the hidden size, or the MLP's intermediate size for down_proj.
   const inDimOf = (p: string) => (p.endsWith('down_proj') ? cfg.intermediate_size : H);
-  const linear = (name: string, x: string, out: string, parts: string[]) => {
-    const ws = parts.map((p) => Weights.floats(w.need(`${p}.weight`)));
+  /** MatMulNBits of `x` by `b` into `out` (plus the blocks' min term where they have one). */
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight) => {
+    const blocks = b.k / b.blockSize;
+    inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [b.n, blocks, (b.blockSize * b.bits) / 8], data: b.data });
+    inits.push(tensor(`${name}.scales`, dtype, [b.n, blocks], b.scales));
+    const ins = [x, `${name}.qweight`, `${name}.scales`];
+    // Zero points always given (the default 2^(bits-1) where the blocks have none): measured, ONNX
+    // Runtime's 4-bit kernel took 0.58 ms for a 1536 x 576 product without them and 0.11 ms with.
+    const zpBytes = b.n * Math.ceil((blocks * b.bits) / 8);
+    const mid = b.bits === 4 ? 0x88 : 0x80;
+    inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [b.n, zpBytes / b.n], data: b.zeroPoints ?? new Uint8Array(zpBytes).fill(mid) });
+    ins.push(`${name}.zero_points`);
+    const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY[b.bits] } };
+    if (!b.mins) {
+      add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
+      return;
+    }
+    add('MatMulNBits', ins, [`${out}_q`], { domain: 'com.microsoft', attrs });
+    // sum_k w[n][k] x[k] = sum_blocks (scale * sum (q - zp) x + min * sum_block x): the block sums of x,
+    // [.., blocks], times the mins transposed, [blocks, n].
+    const minsT = new Float32Array(blocks * b.n);
+    for (let r = 0; r < b.n; r++) for (let j = 0; j < blocks; j++) minsT[j * b.n + r] = b.mins[r * blocks + j]!;
+    inits.push(tensor(`${name}.mins`, dtype, [blocks, b.n], minsT));
+    if (!inits.some((t) => t.name === `block_shape_${b.k}_${b.blockSize}`)) inits.push(int64s(`block_shape_${b.k}_${b.blockSize}`, [0n, 0n, BigInt(blocks), BigInt(b.blockSize)]));
+    add('Reshape', [x, `block_shape_${b.k}_${b.blockSize}`], [`${name}.x_blocks`]);
+    add('ReduceSum', [`${name}.x_blocks`, 'last'], [`${name}.x_block_sums`], { attrs: { keepdims: { int: 0 } } });
+    add('MatMul', [`${name}.x_block_sums`, `${name}.mins`], [`${out}_min`]);
+    add('Add', [`${out}_q`, `${out}_min`], [out]);
+  };
+  /** x times the parts' weights side by side: one MatMulNBits where they share a block form, else one node each and a Concat. */
+  const projection = (name: string, x: string, out: string, parts: string[]): number => {
+    const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
+    if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
+      const b = stackBlocks(qs as BlockWeight[]);
+      nbitsMatMul(name, x, out, b);
+      return b.n;
+    }
+    if (nbits && qs.some((q) => q !== undefined)) {
+      let total = 0;
+      parts.forEach((p, i) => {
+        total += projection(`${name}.${i}`, x, `${out}.${i}`, [p]);
+      });
+      add('Concat', parts.map((_p, i) => `${out}.${i}`), [out], { attrs: { axis: { int: -1 } } });
+      return total;
+    }
     const inDim = inDimOf(parts[0]!);
-    const { values, outDim } = stackTransposed(ws, inDim);
+    const { values, outDim } = stackTransposed(parts.map((p) => need(`${p}.weight`)), inDim);
     inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
-    const bs = parts.map((p) => w.get(`${p}.bias`));
-    if (bs.some((b) => b !== undefined)) {
+    add('MatMul', [x, `${name}.weight`], [out]);
+    return outDim;
+  };
+  const linear = (name: string, x: string, out: string, parts: string[]) => {
+    const bs = parts.map((p) => w.floats(`${p}.bias`));
+    const hasBias = bs.some((b) => b !== undefined);
+    const outDim = projection(name, x, hasBias ? `${out}_nobias` : lora ? `${out}_base` : out, parts);
+    if (hasBias) {
       const bias = new Float32Array(outDim);
       let at = 0;
-      parts.forEach((_p, i) => {
-        const rows = ws[i]!.length / inDim;
-        if (bs[i]) bias.set(Weights.floats(bs[i]), at);
+      parts.forEach((p, i) => {
+        const rows = w.rows?.(`${p}.weight`) ?? need(`${p}.weight`).length / inDimOf(p);
+        if (bs[i]) bias.set(bs[i], at);
         at += rows;
       });
       inits.push(tensor(`${name}.bias`, dtype, [outDim], bias));
-      add('MatMul', [x, `${name}.weight`], [`${out}_nobias`]);
       add('Add', [`${out}_nobias`, `${name}.bias`], [lora ? `${out}_base` : out]);
-    } else add('MatMul', [x, `${name}.weight`], [lora ? `${out}_base` : out]);
+    }
     if (lora) {
       // The low-rank path: each row's entry of A and B ([b, in, r], [b, r, out], alive only for this
       // projection), then [b, s, in] x [b, in, r] -> [b, s, r] x [b, r, out]; zeros at rank 0.
@@ -161,7 +302,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     }
   };
   const norm = (weight: string, x: string, out: string) => {
-    inits.push(tensor(weight, dtype, [H], Weights.floats(w.need(weight))));
+    inits.push(tensor(weight, dtype, [H], need(weight)));
     add('SimplifiedLayerNormalization', [x, weight], [out], { attrs: { axis: { int: -1 }, epsilon: { float: eps }, stash_type: { int: 1 } } });
   };
 
@@ -175,8 +316,14 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   add('Cast', ['total_64'], ['total_sequence_length'], { attrs: { to: { int: ONNX_INT32 } } });
 
   // Rotary tables: cos/sin of position x inverse frequency, [positions, head_dim / 2], float32 as torch computes them.
-  const theta = cfg.rope_theta ?? 10000;
-  const invFreq = Float32Array.from({ length: D / 2 }, (_, i) => 1 / theta ** ((2 * i) / D));
+  // The caller's rotary scaling (a GGUF's), else config.json's: never dropped silently.
+  const fromConfig = opts.rotary ? undefined : rotaryFromConfig(cfg, D);
+  const rotary = opts.rotary ?? fromConfig!.rotary;
+  const theta = fromConfig?.theta ?? cfg.rope_theta ?? 10000;
+  const linearFactor = rotary.linearFactor ?? 1;
+  const freqFactors = rotary.freqFactors;
+  if (freqFactors && freqFactors.length !== D / 2) throw new Error(`${freqFactors.length} rotary frequency factors for head_dim ${D}`);
+  const invFreq = Float32Array.from({ length: D / 2 }, (_, i) => 1 / theta ** ((2 * i) / D) / (freqFactors?.[i] ?? 1) / linearFactor);
   const cos = new Float32Array(maxPos * (D / 2));
   const sin = new Float32Array(maxPos * (D / 2));
   for (let p = 0; p < maxPos; p++) {
@@ -188,7 +335,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   }
   inits.push(tensor('cos_cache', dtype, [maxPos, D / 2], cos), tensor('sin_cache', dtype, [maxPos, D / 2], sin));
 
-  const embed = Weights.floats(w.need('model.embed_tokens.weight'));
+  const embed = need('model.embed_tokens.weight');
   inits.push(tensor('model.embed_tokens.weight', dtype, [V, H], embed));
   add('Gather', ['model.embed_tokens.weight', 'input_ids'], ['h0'], { attrs: { axis: { int: 0 } } });
   let h = 'h0';
@@ -216,10 +363,15 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   // were most of a prefill's head cost (tokens x vocab x hidden).
   add('Slice', [h, 'last', 'end', 'axis1'], ['h_last']);
   norm('model.norm.weight', 'h_last', 'h_normed');
-  const head = w.get('lm_head.weight');
-  const headT = stackTransposed([head ? Weights.floats(head) : embed], H);
-  inits.push(tensor('lm_head.weight', dtype, [H, V], headT.values));
-  add('MatMul', ['h_normed', 'lm_head.weight'], ['logits']);
+  // The head: lm_head, or the embedding where the model ties them.
+  const headName = (w.rows?.('lm_head.weight') ?? w.floats('lm_head.weight')) !== undefined ? 'lm_head' : 'model.embed_tokens';
+  const headBlocks = nbits ? w.blocks!(`${headName}.weight`) : undefined;
+  if (headBlocks) nbitsMatMul('lm_head', 'h_normed', 'logits', headBlocks);
+  else {
+    const headT = stackTransposed([headName === 'lm_head' ? need('lm_head.weight') : embed], H);
+    inits.push(tensor('lm_head.weight', dtype, [H, V], headT.values));
+    add('MatMul', ['h_normed', 'lm_head.weight'], ['logits']);
+  }
 
   const inputs: ValueSpec[] = [
     { name: 'input_ids', elemType: 7, dims: ['batch_size', 'sequence_length'] },

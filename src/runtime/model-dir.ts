@@ -2,6 +2,7 @@
  * Model directories: the Hugging Face / Optimum export layout (config.json, tokenizer.json,
  * onnx/model.onnx), or onnxruntime-genai's (genai_config.json naming the decoder's file, model.onnx).
  */
+import { closeSync, fstatSync, openSync, readSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { externalDataFiles } from './onnx-proto.js';
@@ -66,4 +67,36 @@ export function padRows(rows: readonly (readonly number[])[], pad: number): { id
     }
   });
   return { ids, mask, width };
+}
+
+/**
+ * Reads external data files next to an ONNX graph (readInitializers' ExternalDataReader), each file
+ * opened once. A location must stay inside the graph's directory: an absolute path or '..' is refused.
+ */
+export function externalDataReader(graphDir: string): { read: (location: string, offset: number, length: number | undefined) => Uint8Array; close: () => void } {
+  const fds = new Map<string, number>();
+  return {
+    read(location, offset, length) {
+      const file = path.resolve(graphDir, location);
+      if (path.isAbsolute(location) || path.relative(graphDir, file).startsWith('..')) throw new Error(`external data location ${location} leaves ${graphDir}`);
+      let fd = fds.get(file);
+      if (fd === undefined) {
+        fd = openSync(file, 'r');
+        fds.set(file, fd);
+      }
+      const n = length ?? fstatSync(fd).size - offset;
+      const buf = Buffer.alloc(n);
+      let at = 0;
+      while (at < n) {
+        const got = readSync(fd, buf, at, n - at, offset + at);
+        if (got <= 0) throw new Error(`external data ${location}: ${n} bytes at ${offset} run past its end`);
+        at += got;
+      }
+      return new Uint8Array(buf.buffer, buf.byteOffset, n);
+    },
+    close() {
+      for (const fd of fds.values()) closeSync(fd);
+      fds.clear();
+    },
+  };
 }

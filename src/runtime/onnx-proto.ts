@@ -11,6 +11,7 @@
 
 /** ONNX TensorProto.DataType values used here. */
 export const ONNX_FLOAT = 1;
+export const ONNX_UINT8 = 2;
 export const ONNX_INT32 = 6;
 export const ONNX_INT64 = 7;
 export const ONNX_FLOAT16 = 10;
@@ -145,16 +146,23 @@ export interface Initializer {
   data: Uint8Array;
 }
 
-const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2 };
+const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_UINT8]: 1, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2 };
 
-function readTensor(buf: Uint8Array): Initializer {
+/**
+ * Reads `length` bytes (all to the end where undefined) at `offset` of an external data file named by
+ * a tensor's `location` (relative to the model's directory).
+ */
+export type ExternalDataReader = (location: string, offset: number, length: number | undefined) => Uint8Array;
+
+function readTensor(buf: Uint8Array, external?: ExternalDataReader): Initializer {
   let name = '';
   let dataType = 0;
   const dims: number[] = [];
   let raw: Uint8Array | undefined;
   const floats: Uint8Array[] = [];
   const int32s: bigint[] = [];
-  let external = false;
+  let isExternal = false;
+  const ext: Record<string, string> = {};
   for (const f of fields(buf)) {
     if (f.no === 1) dims.push(...varints(f).map(Number));
     else if (f.no === 2) dataType = Number(f.value);
@@ -162,9 +170,22 @@ function readTensor(buf: Uint8Array): Initializer {
     else if (f.no === 9) raw = f.bytes;
     else if (f.no === 4) floats.push(f.bytes);
     else if (f.no === 5) int32s.push(...varints(f));
-    else if (f.no === 14) external = f.value === 1n;
+    else if (f.no === 14) isExternal = f.value === 1n;
+    else if (f.no === 13) {
+      let key = '';
+      let value = '';
+      for (const e of fields(f.bytes)) {
+        if (e.no === 1) key = new TextDecoder().decode(e.bytes);
+        else if (e.no === 2) value = new TextDecoder().decode(e.bytes);
+      }
+      ext[key] = value;
+    }
   }
-  if (external) throw new Error(`initializer ${name}: external data is not supported here`);
+  if (isExternal) {
+    if (!external) throw new Error(`initializer ${name}: external data is not supported here (no directory to read it from)`);
+    if (!ext['location']) throw new Error(`initializer ${name}: external data without a location`);
+    raw = external(ext['location'], Number(ext['offset'] ?? 0), ext['length'] === undefined ? undefined : Number(ext['length']));
+  }
   const count = dims.reduce((a, b) => a * b, 1);
   let data = raw;
   if (!data && dataType === ONNX_FLOAT) data = concat(floats); // packed fixed32, already little-endian
@@ -208,14 +229,14 @@ export function externalDataFiles(model: Uint8Array): string[] {
   return [...files];
 }
 
-/** Every initializer of a serialized ModelProto's graph, by name. */
-export function readInitializers(model: Uint8Array): Map<string, Initializer> {
+/** Every initializer of a serialized ModelProto's graph, by name; external data through `external`. */
+export function readInitializers(model: Uint8Array, external?: ExternalDataReader): Map<string, Initializer> {
   const out = new Map<string, Initializer>();
   for (const f of fields(model)) {
     if (f.no !== 7) continue;
     for (const g of fields(f.bytes)) {
       if (g.no !== 5) continue;
-      const t = readTensor(g.bytes);
+      const t = readTensor(g.bytes, external);
       out.set(t.name, t);
     }
   }

@@ -1,0 +1,116 @@
+/**
+ * A GGUF decoder converted once into onnxruntime-genai's layout (the server's fast path, LoRA slots
+ * included) and cached: `RAGGUARD_DECODER=some/model.gguf` resolves to a directory under
+ * `RAGGUARD_GGUF_CACHE` that DecoderModel loads like any genai export:
+ *
+ *   model.onnx             gqa-builder.ts's graph on the GGUF's weights (MatMulNBits or float32)
+ *   genai_config.json      the graph's facts
+ *   config.json            the shape in transformers' names (DecoderModel reads it)
+ *   tokenizer.json         built from the GGUF's vocabulary (gguf-tokenizer.ts)
+ *   tokenizer_config.json  bos/eos, add_bos_token and the GGUF's chat_template
+ *
+ * The cache key is the GGUF file's path, size and modification time, the weights mode, LoRA, and the
+ * converter's own sources: another file, mode or converter gets its own directory; the same ones
+ * reuse it. A conversion is written to a temporary directory and renamed into place, so that a crash
+ * leaves no half-written model that a later start would take for a whole one. A new conversion removes
+ * the older ones of the same file name and mode.
+ */
+import { createHash } from 'node:crypto';
+import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { GgufFile } from '../runtime/gguf.js';
+import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
+import { writeModel } from '../runtime/onnx-proto.js';
+import { buildGqaDecoder } from './gqa-builder.js';
+import { ggufModel } from './gguf-weights.js';
+
+export type GgufWeightsMode = 'nbits' | 'dequant';
+
+export interface GgufConvertOptions {
+  /** Where converted models live (a directory per model and mode). */
+  cacheDir: string;
+  /** 'nbits': quantized projections stay quantized (MatMulNBits); 'dequant': float32 everywhere. */
+  weights: GgufWeightsMode;
+  /** LoRA paths in every projection (default true; see gqa-builder.ts). */
+  lora?: boolean;
+  log?: (msg: string) => void;
+}
+
+export function isGguf(p: string): boolean {
+  return p.toLowerCase().endsWith('.gguf');
+}
+
+/** The sources whose code decides the converted bytes: a change to any of them reconverts. */
+const CONVERTER_SOURCES = [
+  '../runtime/gguf.ts', '../runtime/gguf-tokenizer.ts', '../runtime/onnx-proto.ts', './gguf-weights.ts', './gqa-builder.ts', './lora.ts', './rope-scaling.ts', './gguf-decoder.ts',
+];
+
+async function converterHash(): Promise<string> {
+  const h = createHash('sha256');
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  for (const f of CONVERTER_SOURCES) {
+    const file = path.join(here, f);
+    // Built (.js) or run from source (.ts) alike.
+    const js = file.replace(/\.ts$/, '.js');
+    h.update(await readFile(existsSync(file) ? file : js));
+  }
+  return h.digest('hex').slice(0, 12);
+}
+
+/** The genai directory for `ggufPath`, converted now unless the cache holds it. */
+export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions): Promise<string> {
+  const abs = path.resolve(ggufPath);
+  let st;
+  try {
+    st = await stat(abs);
+  } catch {
+    throw new Error(`decoder ${ggufPath}: no such GGUF file`);
+  }
+  const lora = opts.lora ?? true;
+  const key = createHash('sha256').update(JSON.stringify([abs, st.size, st.mtimeMs, opts.weights, lora, await converterHash()])).digest('hex').slice(0, 16);
+  const dir = path.join(opts.cacheDir, `${path.basename(abs, path.extname(abs))}-${opts.weights}-${key}`);
+  if (existsSync(path.join(dir, 'genai_config.json'))) return dir;
+
+  const t0 = performance.now();
+  const tmp = `${dir}.tmp-${process.pid}`;
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp, { recursive: true });
+  const file = GgufFile.open(abs);
+  try {
+    const m = ggufModel(file);
+    const tok = ggufTokenizer(file, m.config.max_position_embeddings ?? 2048);
+    const eot = file.get('tokenizer.ggml.eot_token_id') === undefined ? undefined : file.num('tokenizer.ggml.eot_token_id');
+    const eos = [...new Set([tok.eosId, eot].filter((x): x is number => x !== undefined))];
+    const cfg = { ...m.config, eos_token_id: eos.length === 1 ? eos[0]! : eos };
+    const g = buildGqaDecoder(cfg, m.source, { lora, weights: opts.weights, rotary: m.rotary });
+    const bytes = g.initializers.reduce((s, t) => s + t.data.length, 0);
+    if (bytes >= 2 ** 31 - 2 ** 26) {
+      throw new Error(`decoder ${ggufPath}: ${(bytes / 2 ** 30).toFixed(1)} GiB of weights exceed one ONNX file (2 GiB); external data is not written here`);
+    }
+    const model = writeModel({ name: 'decoder_gguf', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
+    await writeFile(path.join(tmp, 'model.onnx'), model);
+    await writeFile(path.join(tmp, 'genai_config.json'), `${JSON.stringify(g.genaiConfig, null, 2)}\n`);
+    const source = { gguf: abs, architecture: m.arch, weights: opts.weights, rotary: { linear_factor: m.rotary.linearFactor ?? null, freq_factors: m.rotary.freqFactors !== undefined } };
+    await writeFile(path.join(tmp, 'config.json'), `${JSON.stringify({ ...cfg, architectures: [m.arch === 'qwen2' ? 'Qwen2ForCausalLM' : 'LlamaForCausalLM'], ragguard_source: source }, null, 2)}\n`);
+    await writeFile(path.join(tmp, 'generation_config.json'), `${JSON.stringify({ bos_token_id: tok.bosId ?? null, eos_token_id: cfg.eos_token_id }, null, 2)}\n`);
+    await writeFile(path.join(tmp, 'tokenizer.json'), JSON.stringify(tok.tokenizer));
+    await writeFile(path.join(tmp, 'tokenizer_config.json'), `${JSON.stringify(tok.config, null, 2)}\n`);
+    await rm(dir, { recursive: true, force: true });
+    await rename(tmp, dir);
+    // Older conversions of this file in this mode (another converter, an older copy of the file) go:
+    // each is the model's size again, and nothing would ever ask for them.
+    const prefix = `${path.basename(abs, path.extname(abs))}-${opts.weights}-`;
+    for (const d of await readdir(opts.cacheDir)) {
+      if (d.startsWith(prefix) && d !== path.basename(dir) && !d.includes('.tmp-')) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
+    }
+    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    return dir;
+  } catch (e) {
+    await rm(tmp, { recursive: true, force: true });
+    throw e;
+  } finally {
+    file.close();
+  }
+}

@@ -1,0 +1,30 @@
+/**
+ * A GGUF decoder served end to end: RAGGUARD_DECODER names the pretrained SmolLM2-135M-Instruct
+ * Q4_1 file (setup fetches it), the server converts it (or finds it converted) and answers over
+ * loopback with the genai fast path.
+ */
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import request from 'supertest';
+import { loadModels, RagService } from '../src/rag.js';
+import { createApp } from '../src/server/app.js';
+import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
+
+const GGUF = path.join(ROOT, 'models', 'pretrained', 'SmolLM2-135M-Instruct.Q4_1.gguf');
+
+test('a .gguf RAGGUARD_DECODER is converted and serves /query', { skip: existsSync(GGUF) ? false : `${GGUF} is missing: run npm run setup (scripts/fetch-pretrained-decoder.sh)` }, async () => {
+  const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']), RAGGUARD_DECODER: GGUF });
+  const models = await loadModels(cfg);
+  assert.equal(models.decoder.shape.numLayers, 30);
+  assert.equal(models.decoder.tokenizer.config['add_bos_token'], false);
+  assert.match(String(models.decoder.tokenizer.config['chat_template']), /<\|im_start\|>/);
+  const service = await RagService.start(cfg, models);
+  const app = createApp(service);
+  const health = await request(app).get('/healthz').expect(200);
+  assert.deepEqual(health.body.decoder, { layout: 'genai', run_path: 'direct' });
+  const res = await request(app).post('/query').send({ query: 'What are disk quotas for?', max_new_tokens: 16 }).expect(200);
+  assert.equal(typeof res.body.answer, 'string');
+  assert.ok(res.body.usage.completion_tokens > 0);
+});
