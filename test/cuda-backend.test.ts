@@ -26,6 +26,30 @@ const tiny = {
   num_key_value_heads: 1, max_position_embeddings: 64, rope_theta: 10000, tie_word_embeddings: true, eos_token_id: 2,
 };
 
+/** The tiny config's tensors (zeros), as a Qwen2 checkpoint names them. */
+function tinyTensors(): Map<string, { shape: number[]; values: Float32Array }> {
+  const t = new Map<string, { shape: number[]; values: Float32Array }>();
+  const add = (name: string, shape: number[]) => t.set(name, { shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
+  add('model.embed_tokens.weight', [32, 8]);
+  add('model.norm.weight', [8]);
+  for (let l = 0; l < 2; l++) {
+    const p = `model.layers.${l}.`;
+    add(p + 'input_layernorm.weight', [8]);
+    add(p + 'post_attention_layernorm.weight', [8]);
+    add(p + 'self_attn.q_proj.weight', [8, 8]);
+    add(p + 'self_attn.k_proj.weight', [4, 8]);
+    add(p + 'self_attn.v_proj.weight', [4, 8]);
+    add(p + 'self_attn.q_proj.bias', [8]);
+    add(p + 'self_attn.k_proj.bias', [4]);
+    add(p + 'self_attn.v_proj.bias', [4]);
+    add(p + 'self_attn.o_proj.weight', [8, 8]);
+    add(p + 'mlp.gate_proj.weight', [12, 8]);
+    add(p + 'mlp.up_proj.weight', [12, 8]);
+    add(p + 'mlp.down_proj.weight', [8, 12]);
+  }
+  return t;
+}
+
 describe('packed steps', () => {
   test('tokens, positions and slots follow each sequence\'s block table; per-sequence arrays and tables after', () => {
     const words = packStep([
@@ -95,28 +119,6 @@ describe('Hugging Face checkpoints', () => {
   after(() => rm(dir, { recursive: true, force: true }));
 
   const c = parseConfig(tiny);
-  const tensors = () => {
-    const t = new Map<string, { shape: number[]; values: Float32Array }>();
-    const add = (name: string, shape: number[]) => t.set(name, { shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
-    add('model.embed_tokens.weight', [32, 8]);
-    add('model.norm.weight', [8]);
-    for (let l = 0; l < 2; l++) {
-      const p = `model.layers.${l}.`;
-      add(p + 'input_layernorm.weight', [8]);
-      add(p + 'post_attention_layernorm.weight', [8]);
-      add(p + 'self_attn.q_proj.weight', [8, 8]);
-      add(p + 'self_attn.k_proj.weight', [4, 8]);
-      add(p + 'self_attn.v_proj.weight', [4, 8]);
-      add(p + 'self_attn.q_proj.bias', [8]);
-      add(p + 'self_attn.k_proj.bias', [4]);
-      add(p + 'self_attn.v_proj.bias', [4]);
-      add(p + 'self_attn.o_proj.weight', [8, 8]);
-      add(p + 'mlp.gate_proj.weight', [12, 8]);
-      add(p + 'mlp.up_proj.weight', [12, 8]);
-      add(p + 'mlp.down_proj.weight', [8, 12]);
-    }
-    return t;
-  };
 
   test('q, k and v go side by side into one projection, gate and up into another', () => {
     assert.deepEqual(placeTensor(c, 'model.layers.1.self_attn.k_proj.weight'), { kind: WeightKind.qkv, layer: 1, dstOffset: 8 * 8, shape: [4, 8] });
@@ -130,7 +132,7 @@ describe('Hugging Face checkpoints', () => {
   });
 
   test('a sharded checkpoint is planned tensor by tensor, with file offsets', async () => {
-    const all = [...tensors()];
+    const all = [...tinyTensors()];
     const half = Math.floor(all.length / 2);
     await writeFile(path.join(dir, 'a.safetensors'), writeSafetensors(new Map(all.slice(0, half))));
     await writeFile(path.join(dir, 'b.safetensors'), writeSafetensors(new Map(all.slice(half))));
@@ -150,7 +152,7 @@ describe('Hugging Face checkpoints', () => {
     const d2 = await mkdtemp(path.join(tmpdir(), 'ragguard-hf-'));
     try {
       await writeFile(path.join(d2, 'config.json'), JSON.stringify(tiny));
-      const t = tensors();
+      const t = tinyTensors();
       t.delete('model.layers.1.mlp.down_proj.weight');
       await writeFile(path.join(d2, 'model.safetensors'), writeSafetensors(t));
       await assert.rejects(openCheckpoint(d2), /lacks 1 tensors, e.g. 'model.layers.1.mlp.down_proj.weight'/);
@@ -294,19 +296,7 @@ describe('the CUDA runner over a stand-in native library', () => {
   before(async () => {
     dir = await mkdtemp(path.join(tmpdir(), 'ragguard-cudarun-'));
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(tiny));
-    const t = new Map<string, { shape: number[]; values: Float32Array }>();
-    const add = (name: string, shape: number[]) => t.set(name, { shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
-    add('model.embed_tokens.weight', [32, 8]);
-    add('model.norm.weight', [8]);
-    for (let l = 0; l < 2; l++) {
-      const p = `model.layers.${l}.`;
-      for (const n of ['input_layernorm.weight', 'post_attention_layernorm.weight']) add(p + n, [8]);
-      add(p + 'self_attn.q_proj.weight', [8, 8]); add(p + 'self_attn.k_proj.weight', [4, 8]); add(p + 'self_attn.v_proj.weight', [4, 8]);
-      add(p + 'self_attn.q_proj.bias', [8]); add(p + 'self_attn.k_proj.bias', [4]); add(p + 'self_attn.v_proj.bias', [4]);
-      add(p + 'self_attn.o_proj.weight', [8, 8]);
-      add(p + 'mlp.gate_proj.weight', [12, 8]); add(p + 'mlp.up_proj.weight', [12, 8]); add(p + 'mlp.down_proj.weight', [8, 12]);
-    }
-    await writeFile(path.join(dir, 'model.safetensors'), writeSafetensors(t));
+    await writeFile(path.join(dir, 'model.safetensors'), writeSafetensors(tinyTensors()));
   });
   after(() => rm(dir, { recursive: true, force: true }));
 

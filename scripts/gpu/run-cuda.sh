@@ -16,20 +16,8 @@ results=$out/cuda.jsonl
 steps=${STEPS:-build models check bench}
 MODELS=${MODELS:-/tmp/rg-models}
 small=${CUDA_MODELS:-qwen2-0.5b-f16 qwen2-0.5b-bf16 llama-small-bf16}
-has() { [[ " $steps " == *" $1 "* ]]; }
-record() {
-  local name=$1; shift
-  echo "=== $name: $*" >> "$log"
-  local t0=$SECONDS
-  "$@" > "$out/.step" 2>&1
-  local rc=$?
-  cat "$out/.step" >> "$log"
-  local last
-  last=$(grep '^{' "$out/.step" | tail -n 1)
-  echo "{\"step\":\"$name\",\"rc\":$rc,\"seconds\":$((SECONDS - t0)),\"result\":${last:-null}}" >> "$results"
-  echo "$name: rc=$rc in $((SECONDS - t0)) s ${last:0:1500}"
-  tail -n 5 "$out/.step" | grep -v '^{' | cut -c1-300
-}
+RECORD_SHOW=1500
+. scripts/gpu/steps.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >> "$log" 2>&1
 has build && record build bash scripts/build-cuda.sh
 dirs=()

@@ -25,20 +25,7 @@ export RAGGUARD_EXECUTION_PROVIDER=${RAGGUARD_EXECUTION_PROVIDER:-webgpu}
 export RAGGUARD_DECODER=${RAGGUARD_DECODER:-models/decoder}
 export BENCH_DECODER=${BENCH_DECODER:-$RAGGUARD_DECODER}
 tsx() { sh scripts/tuned.sh node_modules/.bin/tsx "$@"; }
-has() { [[ " $steps " == *" $1 "* ]]; }
-# Runs a step, its output into the log, its last line (JSON) into results.
-record() {
-  local name=$1; shift
-  echo "=== $name: $*" >> "$log"
-  local t0=$SECONDS
-  "$@" > "$out/.step" 2>&1
-  local rc=$?
-  cat "$out/.step" >> "$log"
-  local last
-  last=$(grep '^{' "$out/.step" | tail -n 1)
-  echo "{\"step\":\"$name\",\"rc\":$rc,\"seconds\":$((SECONDS - t0)),\"result\":${last:-null}}" >> "$results"
-  echo "$name: rc=$rc in $((SECONDS - t0)) s ${last:0:400}"
-}
+. scripts/gpu/steps.sh
 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >> "$log" 2>&1
 
