@@ -511,68 +511,6 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
   if (threadIdx.x == 0) out_tokens[s] = tok;
 }
 
-
-// Decode-sized products (at most 8 rows): Y[m, n] = X[m, :] . W[n, :], one warp per output column n,
-// reading W's row once with 16-byte loads (two in flight per lane) and every input row against it. A
-// decode step reads each weight once, so this is where the step's time goes; cuBLAS's kernels for so
-// few rows leave bandwidth unused (measured on the 7B shape: 55 % of the H200's copy bandwidth).
-constexpr int GEMV_MAX_ROWS = 8;
-constexpr int GEMV_THREADS = 256;
-
-template <typename T> __device__ __forceinline__ void unpack8(const uint4& v, float* f);
-template <> __device__ __forceinline__ void unpack8<__half>(const uint4& v, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) { const float2 p = __half22float2(h[i]); f[2 * i] = p.x; f[2 * i + 1] = p.y; }
-}
-template <> __device__ __forceinline__ void unpack8<__nv_bfloat16>(const uint4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) { const float2 p = __bfloat1622float2(h[i]); f[2 * i] = p.x; f[2 * i + 1] = p.y; }
-}
-template <typename TO> __device__ __forceinline__ TO store_as(float x);
-template <> __device__ __forceinline__ float store_as<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half store_as<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <typename T, typename TO>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const T* __restrict__ X, const T* __restrict__ W, TO* __restrict__ Y,
-                                                           int M, int N, int K) {
-  const int n = (blockIdx.x * GEMV_THREADS + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (n >= N) return;
-  const T* w = W + (size_t)n * K;
-  float acc[GEMV_MAX_ROWS];
-#pragma unroll
-  for (int m = 0; m < GEMV_MAX_ROWS; ++m) acc[m] = 0.f;
-  auto step = [&](int k, const uint4& wv) {
-    float wf[8];
-    unpack8<T>(wv, wf);
-#pragma unroll
-    for (int m = 0; m < GEMV_MAX_ROWS; ++m) {
-      if (m >= M) break;
-      float xf[8];
-      unpack8<T>(__ldg(reinterpret_cast<const uint4*>(X + (size_t)m * K + k)), xf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[m] = fmaf(wf[i], xf[i], acc[m]);
-    }
-  };
-  int k = lane * 8;
-  for (; k + 256 < K; k += 512) {
-    const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(w + k));
-    const uint4 w1 = __ldg(reinterpret_cast<const uint4*>(w + k + 256));
-    step(k, w0);
-    step(k + 256, w1);
-  }
-  if (k < K) step(k, __ldg(reinterpret_cast<const uint4*>(w + k)));
-#pragma unroll
-  for (int m = 0; m < GEMV_MAX_ROWS; ++m) {
-    if (m >= M) break;
-    const float v = warp_sum(acc[m]);
-    if (lane == 0) Y[(size_t)m * N + n] = store_as<TO>(v);
-  }
-}
-
 template <typename T>
 __global__ void convert_kernel(const void* __restrict__ src, int src_dtype, T* __restrict__ dst, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -699,22 +637,8 @@ size_t weight_elems(const rg_config& c, int kind) {
 
 cudaDataType_t cuda_type(const rg_config& c) { return c.dtype == 1 ? CUDA_R_16BF : CUDA_R_16F; }
 
-template <typename T>
-void launch_gemv(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int k, bool f32out) {
-  const int blocks = (n * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
-  if (f32out) gemv_kernel<T, float><<<blocks, GEMV_THREADS, 0, e.stream>>>((const T*)X, (const T*)W, (float*)Y, rows, n, k);
-  else gemv_kernel<T, T><<<blocks, GEMV_THREADS, 0, e.stream>>>((const T*)X, (const T*)W, (T*)Y, rows, n, k);
-}
-
-// Y[rows, n] = X[rows, k] . W[n, k]^T (row-major), fp32 accumulate: decode-sized products by the GEMV
-// kernel (16-byte rows: k a multiple of 8), the rest by cuBLAS.
+// Y[rows, n] = X[rows, k] . W[n, k]^T (row-major), fp32 accumulate.
 int gemm(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
-  if (rows <= GEMV_MAX_ROWS && k % 8 == 0) {
-    const bool f32 = ytype == CUDA_R_32F;
-    if (e.cfg.dtype == 1) launch_gemv<__nv_bfloat16>(e, X, W, Y, rows, n, k, f32);
-    else launch_gemv<__half>(e, X, W, Y, rows, n, k, f32);
-    return 0;
-  }
   const float alpha = 1.f, beta = 0.f;
   const cudaDataType_t t = cuda_type(e.cfg);
   CUBLAS_TRY(cublasGemmEx(e.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, W, t, k, X, t, k, &beta, Y, ytype, n,
