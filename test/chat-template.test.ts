@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { copyFile, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, test } from 'node:test';
-import { ChatTemplate, chatTemplateFrom, FALLBACK_CHAT_TEMPLATE, type ChatMessage } from '../src/generate/chat-template.js';
+import { ChatTemplate, chatTemplateFrom, FALLBACK_CHAT_TEMPLATE, tokenizerAddsBos, type ChatMessage } from '../src/generate/chat-template.js';
 import { TextTokenizer } from '../src/runtime/tokenizer.js';
 import { ROOT, tempDir } from './helpers.js';
 
@@ -83,4 +83,11 @@ describe('chat templates', () => {
     const listed = chatTemplateFrom({ chat_template: [{ name: 'tool_use', template: 'T' }, { name: 'default', template: CHATML }] });
     assert.deepEqual(listed, { template: CHATML, source: 'tokenizer_config' });
   });
+});
+
+test('a prompt gets a BOS only where the tokenizer adds one (tokenizer_config add_bos_token, else a declared BOS)', () => {
+  assert.equal(tokenizerAddsBos({ add_bos_token: false }, 1), false); // Qwen2's and SmolLM2's tokenizers
+  assert.equal(tokenizerAddsBos({ add_bos_token: true }, 1), true);
+  assert.equal(tokenizerAddsBos({}, 1), true);
+  assert.equal(tokenizerAddsBos({ add_bos_token: true }, undefined), false); // no BOS token at all
 });

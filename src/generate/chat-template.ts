@@ -60,6 +60,16 @@ function tokenText(v: unknown): string | undefined {
   return undefined;
 }
 
+/**
+ * Whether a tokenizer adds BOS to what it encodes: tokenizer_config.json's `add_bos_token` where it
+ * says, else yes when the model declares a BOS. Prompts get a BOS only where this holds (a Qwen2 or
+ * SmolLM2 tokenizer adds none).
+ */
+export function tokenizerAddsBos(config: Readonly<Record<string, unknown>>, bosId: number | undefined): boolean {
+  const add = config['add_bos_token'];
+  return bosId !== undefined && (typeof add === 'boolean' ? add : true);
+}
+
 export class ChatTemplate {
   private readonly compiled: Template;
   readonly bosToken: string;
@@ -76,8 +86,7 @@ export class ChatTemplate {
     const cfg = tokenizer.config;
     this.bosToken = tokenText(cfg['bos_token']) ?? '';
     this.eosToken = tokenText(cfg['eos_token']) ?? '';
-    const add = cfg['add_bos_token'];
-    this.addsBos = bosId !== undefined && (typeof add === 'boolean' ? add : true);
+    this.addsBos = tokenizerAddsBos(cfg, bosId);
   }
 
   static forModel(tokenizer: TextTokenizer, bosId: number | undefined, given?: string): ChatTemplate {
