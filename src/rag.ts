@@ -16,7 +16,8 @@ import { Engine, type GenerateHooks } from './generate/engine.js';
 import type { SamplingParams } from './generate/sequence.js';
 import { ggufDecoderDir, isGguf } from './generate/gguf-decoder.js';
 import type { FinishReason, Generation } from './generate/generator.js';
-import { tokenizerAddsBos } from './generate/chat-template.js';
+import { chatContextPrompt } from './generate/chat-prompt.js';
+import { ChatTemplate, chatTemplateFrom, tokenizerAddsBos } from './generate/chat-template.js';
 import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from './generate/prompt.js';
 import { planBudget, type BudgetPlan } from './guards/budget.js';
 import { GrowthTracker } from './guards/growth.js';
@@ -126,6 +127,8 @@ export class RagService {
   readonly template: PromptTemplate;
   /** The BOS a /query prompt starts with: the decoder's, where its tokenizer adds one. */
   readonly promptBosId: number | undefined;
+  /** The decoder's own chat template, where it brings one: /query prompts are then chats (chat-prompt.ts). */
+  readonly chat: ChatTemplate | undefined;
   /** Continuous batching over the paged KV cache: every query's generation goes through it. */
   readonly engine: Engine;
   readonly blocks: BlockManager;
@@ -152,6 +155,8 @@ export class RagService {
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
     this.promptBosId = tokenizerAddsBos(models.decoder.tokenizer.config, models.decoder.bosId) ? models.decoder.bosId : undefined;
+    this.chat = chatTemplateFrom(models.decoder.tokenizer.config).source === 'tokenizer_config'
+      ? ChatTemplate.forModel(models.decoder.tokenizer, models.decoder.bosId) : undefined;
     this.retriever = new Retriever(store, cfg);
     this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder, { maxLoras: cfg.maxLoras, maxRank: cfg.maxLoraRank, waitMs: cfg.queueTimeoutMs });
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
@@ -339,7 +344,9 @@ export class RagService {
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
     const chunks = ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text }));
-    const prompt = q.promptFor ? q.promptFor(chunks, budget) : assemblePrompt(decoder.tokenizer, this.template, this.promptBosId, q.query, chunks, budget);
+    const prompt = q.promptFor ? q.promptFor(chunks, budget)
+      : this.chat ? chatContextPrompt(this.chat, this.template, [{ role: 'user', content: q.query }], chunks, budget)
+        : assemblePrompt(decoder.tokenizer, this.template, this.promptBosId, q.query, chunks, budget);
     const citations = prompt.included.map((i) => {
       const { hit, score } = ranked[i]!;
       return {

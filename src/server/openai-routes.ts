@@ -16,6 +16,7 @@
  * `{error: {code, message}}` with OpenAI's `type` (and `param` where a field is at fault) added, the
  * fields its clients read.
  */
+import { chatContextPrompt } from '../generate/chat-prompt.js';
 import { randomBytes } from 'node:crypto';
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
@@ -208,22 +209,8 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     if (!question) throw new HttpError(400, 'invalid_body', 'rag needs a user message with text to retrieve on', { param: 'messages' });
     const baseTokens = chat.encode(messages).length;
     checkContext(baseTokens, maxTokens);
-    const promptFor = (chunks: readonly ContextChunk[], budget: number): AssembledPrompt => {
-      const t = service.template;
-      const included: number[] = [];
-      let ids = chat.encode(messages);
-      for (let c = 0; c < chunks.length; c++) {
-        // Replacement functions: a chunk's own text may hold `$&` and the like.
-        const context = t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
-          t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
-        const tried = chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
-        if (tried.length <= budget) {
-          included.push(c);
-          ids = tried;
-        }
-      }
-      return { ids, included, truncated: [] };
-    };
+    const promptFor = (chunks: readonly ContextChunk[], budget: number): AssembledPrompt =>
+      chatContextPrompt(chat, service.template, messages, chunks, budget);
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
       temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,

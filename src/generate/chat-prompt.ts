@@ -1,0 +1,27 @@
+/**
+ * A grounded prompt in a model's own chat format: the ranked chunks go into a system message ahead of
+ * the conversation ([1] title: text, as the plain RAG prompt numbers them), as many as the token budget
+ * holds (rank order; a chunk that does not fit gives way to a smaller one further down). Used by the
+ * chat route's `rag` field and by /query for decoders that bring a chat template (an instruct model
+ * answers from a system message of context; the plain `Question: ... Answer:` prompt is for the small
+ * self-trained decoder, which has no template).
+ */
+import type { ChatMessage, ChatTemplate } from './chat-template.js';
+import type { AssembledPrompt, ContextChunk, PromptTemplate } from './prompt.js';
+
+export function chatContextPrompt(chat: ChatTemplate, t: PromptTemplate, messages: readonly ChatMessage[],
+  chunks: readonly ContextChunk[], budget: number): AssembledPrompt {
+  const included: number[] = [];
+  let ids = chat.encode(messages);
+  for (let c = 0; c < chunks.length; c++) {
+    // Replacement functions: a chunk's own text may hold `$&` and the like.
+    const context = t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
+      t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
+    const tried = chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
+    if (tried.length <= budget) {
+      included.push(c);
+      ids = tried;
+    }
+  }
+  return { ids, included, truncated: [] };
+}
