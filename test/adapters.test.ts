@@ -310,6 +310,21 @@ describe('the decoder with adapters', () => {
     assert.equal(short.stats().slots.free, 4);
   });
 
+  test('registries on one decoder share its slots: an entry one frees goes to a request waiting on another', async () => {
+    const dir = await tempDir('ragguard-adapters-');
+    for (const n of ['b1', 'b2', 'b3', 'b4', 'b5']) await cp(path.join(ADAPTERS, 'demo-qv-r4'), path.join(dir, n), { recursive: true });
+    const first = new AdapterRegistry(dir, model, { ...LIMITS, waitMs: 600_000 });
+    const second = new AdapterRegistry(dir, model, { ...LIMITS, waitMs: 120_000 });
+    const held = await Promise.all(['b1', 'b2', 'b3', 'b4'].map((n) => first.acquire(n)));
+    const waiting = second.acquire('b5');
+    while (second.stats().waiting < 1) await new Promise((res) => setImmediate(res));
+    held[0]!.release(); // freed through the first registry: the second's waiter must get it, not its deadline
+    const lease = await waiting;
+    assert.equal(lease.info.name, 'b5');
+    for (const l of [...held.slice(1), lease]) l.release();
+    assert.equal(first.stats().slots.free, 4);
+  });
+
   test('inspect knows an adapter\'s bytes before it loads; unknown, malformed and misfit adapters are refused', async () => {
     const info = await registry.inspect('demo-r8');
     // r 8 on every projection of 4 layers, float32; q, k and v fused: rank 24 over [256 in, 384 out].

@@ -97,7 +97,11 @@ export class AdapterRegistry {
     readonly limits: AdapterLimits,
   ) {
     // Allocated now, with the server: the budget counts the slots like the KV pool.
-    if (!this.unavailable) this.pool = host.loraPoolFor(limits.maxLoras, limits.maxRank);
+    if (!this.unavailable) {
+      this.pool = host.loraPoolFor(limits.maxLoras, limits.maxRank);
+      // A freed entry goes to the next in line (releases call dispose, which frees the entry).
+      this.pool.onFree(() => this.wake());
+    }
   }
 
   /** Why no adapter can load here, or '' where they can. */
@@ -156,7 +160,13 @@ export class AdapterRegistry {
         }
       }
       if (!entry) {
-        const ready = this.load(info).finally(() => this.loading--);
+        // Once loaded the adapter holds its entry and no longer counts as loading: a request that came
+        // in between (and found available - loading at 0 while the entry was taken and this count not
+        // yet dropped) is woken here, not left waiting on a free entry until its deadline.
+        const ready = this.load(info).finally(() => {
+          this.loading--;
+          this.wake();
+        });
         const e: Loaded = (entry = { info, ready, refs: 0 });
         this.loaded.set(name, e);
         ready.then((a) => {
@@ -186,9 +196,8 @@ export class AdapterRegistry {
         if (--e.refs > 0) return;
         // The last request with it has ended (its sequences' runs are done): its slot is free.
         if (this.loaded.get(name) === e) this.loaded.delete(name);
-        adapter.dispose();
         this.unloads++;
-        this.wake();
+        adapter.dispose(); // frees its entry: the pool's onFree wakes the next in line
       },
     };
   }

@@ -53,6 +53,7 @@ export class LoraPool<T extends SlotTensor = SlotTensor> {
   /** Bytes of all its tensors. */
   readonly bytes: number;
   private readonly freeEntries: number[];
+  private readonly freed = new Set<() => void>();
 
   constructor(
     slots: readonly LoraSlot[],
@@ -100,7 +101,19 @@ export class LoraPool<T extends SlotTensor = SlotTensor> {
       writeEntry(s.a.data as KvArray, entry, 'A', s.slot.inDim, s.capacity, t && cast(t.a), t?.rank);
       writeEntry(s.b.data as KvArray, entry, 'B', s.slot.outDim, s.capacity, t && cast(t.b), t?.rank);
     }
-    return new DecoderAdapter(key, entry, (e) => this.freeEntries.push(e));
+    return new DecoderAdapter(key, entry, (e) => {
+      this.freeEntries.push(e);
+      for (const listener of this.freed) listener();
+    });
+  }
+
+  /**
+   * Called whenever an entry frees. The pool is the decoder's (one per model), so every registry on it
+   * hands a freed entry to its waiters, whichever registry's adapter released it: a waiter woken only
+   * by its own registry's releases could wait on a free entry until its deadline.
+   */
+  onFree(listener: () => void): void {
+    this.freed.add(listener);
   }
 
   /** Frees the tensors (the pool must not be used after). */
