@@ -17,19 +17,11 @@ import { toBlocks } from '../src/generate/gguf-weights.js';
 import { buildGqaDecoder, type BlockWeight, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
 import { dequantize, GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type GgufValueType } from '../src/runtime/gguf.js';
 import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type NodeSpec } from '../src/runtime/onnx-proto.js';
+import { seededRandom } from '../src/generate/sampler.js';
 import { ROOT, tempDir } from './helpers.js';
 
-/** A seeded generator (mulberry32): the same bytes every run. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded generator (the sampler's mulberry32): the same bytes every run. */
+const rng = seededRandom;
 
 function half(x: number): [number, number] {
   // Halves in [2^-14, 2): exact encodings for the scales the tests use.

@@ -10,6 +10,7 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
+import type { DecoderShape } from '../../generate/decoder-model.js';
 import { readHeader, type SafetensorsDtype } from '../../runtime/safetensors.js';
 import { ropeInvFreq, ropeType, type RopeScaling } from './rope.js';
 
@@ -21,16 +22,9 @@ export type WeightKindId = (typeof WeightKind)[keyof typeof WeightKind];
 
 export type ModelDtype = 'float16' | 'bfloat16';
 
-export interface CudaModelConfig {
+/** The decoder's dimensions (as the ONNX decoder's shape names them), and what the CUDA kernels need besides. */
+export interface CudaModelConfig extends Omit<DecoderShape, 'kvDtype'> {
   architecture: 'llama' | 'qwen2';
-  numLayers: number;
-  hiddenSize: number;
-  numHeads: number;
-  numKvHeads: number;
-  headDim: number;
-  intermediateSize: number;
-  vocabSize: number;
-  maxPositions: number;
   rmsEps: number;
   tieEmbeddings: boolean;
   qkvBias: boolean;
