@@ -94,6 +94,7 @@ async function benchModel(dir: string): Promise<Record<string, unknown>> {
   const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs });
   const prompts = randomPrompts(REQUESTS, PROMPT, runner.shape.vocabSize, 11);
   const ours: Record<number, { tokens_per_s: number; ttft_ms_p50: number; outputs: number[][] }> = {};
+  let breakdown: Record<string, unknown> | undefined;
   for (const c of LEVELS) {
     const engine = (current = engineFor(runner, c));
     console.error(`bench:gpu: ${c} concurrent`);
@@ -102,6 +103,7 @@ async function benchModel(dir: string): Promise<Record<string, unknown>> {
     const t: number[] = [];
     for (let i = 0; i + c <= prompts.length && t.length < 4; i += c) t.push(await ttft(engine, prompts.slice(i, i + c)));
     ours[c] = { tokens_per_s: Math.round(run.tokensPerS), ttft_ms_p50: Number(median(t).toFixed(2)), outputs: run.outputs };
+    if (c === 1) breakdown = await stepBreakdown(runner, engine, prompts[0]!, 1000 / run.tokensPerS);
     console.log(JSON.stringify({ model: path.basename(dir), engine: 'ragguard-cuda', dtype: runner.dtype, concurrency: c, tokens_per_s: ours[c]!.tokens_per_s, ttft_ms_p50: ours[c]!.ttft_ms_p50 }));
   }
   const memory = runner.memory();
@@ -122,7 +124,24 @@ async function benchModel(dir: string): Promise<Record<string, unknown>> {
     }
     return row;
   });
-  return { model: path.basename(dir), dtype: runner.dtype, device_memory: memory, rows };
+  return { model: path.basename(dir), dtype: runner.dtype, device_memory: memory, rows, ...(breakdown ? { batch1_breakdown: breakdown } : {}) };
+}
+
+/**
+ * Where a batch-1 decode step's time goes: the engine's step (host and device), the graph replayed alone
+ * (device only; the rest is the host's share: packing, the worker-thread call, scheduling), and the
+ * device time by phase over steps launched directly (no graph: each kernel's launch shows in its phase).
+ */
+async function stepBreakdown(runner: CudaModelRunner, engine: Engine, prompt: number[], stepMs: number): Promise<Record<string, unknown>> {
+  const graphMs = runner.graphTime(1, 200);
+  const steps = 32;
+  const { value, profile } = await runner.profiled(() => closedLoop(engine, [prompt], 1, steps));
+  const perStep = profile && profile.steps > 0
+    ? Object.fromEntries(Object.entries(profile.ms).map(([k, v]) => [k, Number((v / profile.steps).toFixed(4))])) : null;
+  return {
+    step_ms: Number(stepMs.toFixed(4)), graph_ms: Number(graphMs.toFixed(4)), host_ms: Number((stepMs - graphMs).toFixed(4)),
+    direct_step_ms: Number(((value.seconds * 1000) / steps).toFixed(4)), direct_ms_by_phase: perStep,
+  };
 }
 
 /** Decode at batch 1 of a big model as a fraction of the memory bandwidth, and tokens/s at batch 64. */
@@ -141,6 +160,7 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const avgContext = 128 + n / 2;
   const bytesPerStep = runner.plan.weights + avgContext * perToken;
   const stepS = b1.seconds / n; // includes the prefill: a slight under-estimate of the bandwidth
+  const breakdown = await stepBreakdown(runner, one, prompts[2]!, stepS * 1000);
   const b64engine = engineFor(runner, 64);
   await closedLoop(b64engine, prompts.slice(0, 8), 8, 4);
   const b64 = await closedLoop(b64engine, prompts, 64, n);
@@ -150,6 +170,7 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
     model: path.basename(dir), dtype: runner.dtype, weights_bytes: runner.plan.weights,
     batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, fraction_of_4_3TBps: Number((bytesPerStep / stepS / BANDWIDTH).toFixed(3)) },
     batch64: { tokens_per_s: Math.round(b64.tokensPerS) },
+    batch1_breakdown: breakdown,
     device_memory: memory, nvml_used_delta_at_load: nvmlDelta,
     // NVML sees the accountant's bytes plus the CUDA context and cuBLAS's own handle state.
     unaccounted_bytes: nvmlDelta - memory.total,

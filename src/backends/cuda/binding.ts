@@ -42,7 +42,20 @@ export interface CudaBackend {
   step(h: EngineHandle, words: Int32Array, tokensOut: Int32Array, logitsOut: Float32Array | null): Promise<void>;
   copyBlocks(h: EngineHandle, pairs: Int32Array): void;
   memory(h: EngineHandle): NativeMemory;
+  /** Profiling (benchmarks): while on, steps launch their kernels directly and the time is summed by phase. */
+  profile?(h: EngineHandle, on: boolean): void;
+  profileRead?(h: EngineHandle): StepProfile;
+  /** Mean device milliseconds of the decode graph of `batch` replayed `reps` times on the last step's inputs. */
+  graphTime?(h: EngineHandle, batch: number, reps: number): number;
 }
+
+/** Milliseconds by phase over `steps` profiled steps (rg_profile_read's order). */
+export interface StepProfile {
+  steps: number;
+  ms: Record<(typeof PROFILE_PHASES)[number], number>;
+}
+
+export const PROFILE_PHASES = ['embed', 'norm', 'qkv_gemm', 'rope_cache', 'attention', 'o_gemm', 'gate_up_gemm', 'silu', 'down_gemm', 'head_gemm', 'sample'] as const;
 
 let loaded: CudaBackend | null | undefined;
 let why = '';
@@ -76,6 +89,9 @@ function bind(file: string): CudaBackend {
   const step = lib.func('int rg_step(void *h, const int32_t *words, int32_t nwords, int32_t *tokens_out, float *logits_out)');
   const copyBlocks = lib.func('int rg_copy_blocks(void *h, const int32_t *pairs, int n)');
   const memory = lib.func('int rg_memory_info(void *h, _Out_ rg_memory *m)');
+  const profile = lib.func('int rg_profile(void *h, int32_t on)');
+  const profileRead = lib.func('int rg_profile_read(void *h, _Out_ double *out, int32_t n)');
+  const graphTime = lib.func('int rg_graph_time(void *h, int32_t batch, int32_t reps, _Out_ float *ms)');
   const check = (rc: unknown, what: string): number => {
     const n = Number(rc);
     if (n < 0) throw new Error(`CUDA backend: ${what}: ${String(lastError())}`);
@@ -117,6 +133,17 @@ function bind(file: string): CudaBackend {
       const m = {} as NativeMemory;
       check(memory(h, m), 'rg_memory_info');
       return numbers(m);
+    },
+    profile: (h, on) => void check(profile(h, on ? 1 : 0), 'rg_profile'),
+    profileRead(h) {
+      const out = new Float64Array(PROFILE_PHASES.length + 1);
+      check(profileRead(h, out, out.length), 'rg_profile_read');
+      return { steps: out[0]!, ms: Object.fromEntries(PROFILE_PHASES.map((p, i) => [p, Number(out[i + 1]!.toFixed(4))])) as StepProfile['ms'] };
+    },
+    graphTime(h, batch, reps) {
+      const ms = new Float32Array(1);
+      check(graphTime(h, batch, reps, ms), 'rg_graph_time');
+      return ms[0]!;
     },
   };
 }

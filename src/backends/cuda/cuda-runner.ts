@@ -16,7 +16,7 @@ import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink, TokenDecoder } from
 import type { BlockCopy } from '../../generate/scheduler.js';
 import type { SamplingParams, Sequence } from '../../generate/sequence.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
-import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory } from './binding.js';
+import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory, type StepProfile } from './binding.js';
 import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { graphBuckets, kvBytesPerToken, packStep, planDevice, type DeviceLimits, type DevicePlan, type DeviceSampling, type StepItem } from './step-pack.js';
 
@@ -201,6 +201,27 @@ export class CudaModelRunner implements ModelRunner {
 
   abandon(): Sequence[] {
     return [];
+  }
+
+  /**
+   * Benchmarks: mean device milliseconds of the decode graph of `batch` replayed back to back on the last
+   * step's inputs (a step's cost without the host), or NaN where the library cannot say.
+   */
+  graphTime(batch: number, reps: number): number {
+    return this.native.graphTime?.(this.handle, batch, reps) ?? Number.NaN;
+  }
+
+  /** Benchmarks: runs `work` with steps launched directly and timed by phase (no graphs meanwhile). */
+  async profiled<T>(work: () => Promise<T>): Promise<{ value: T; profile: StepProfile | null }> {
+    const { profile, profileRead } = this.native;
+    if (!profile || !profileRead) return { value: await work(), profile: null };
+    profile.call(this.native, this.handle, true);
+    try {
+      const value = await work();
+      return { value, profile: profileRead.call(this.native, this.handle) };
+    } finally {
+      profile.call(this.native, this.handle, false);
+    }
   }
 
   /** Frees the device memory; the runner is unusable after. */

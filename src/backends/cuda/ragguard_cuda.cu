@@ -611,6 +611,25 @@ struct Engine {
   std::vector<Graph> graphs;
   size_t graph_bytes = 0;
   bool capturing = false;
+  // Profiling (rg_profile): events between the phases of a directly launched step, summed by phase after
+  // the step's sync. Off by default; while on, steps launch directly (a graph's kernels cannot be timed apart).
+  bool profiling = false;
+  std::vector<cudaEvent_t> prof_events;
+  std::vector<int> prof_phase;
+  size_t prof_n = 0;
+  double prof_ms[16] = {0};
+  int64_t prof_steps = 0;
+  void mark(int phase) {
+    if (!profiling) return;
+    if (prof_n == prof_events.size()) {
+      cudaEvent_t ev;
+      if (cudaEventCreate(&ev) != cudaSuccess) return;
+      prof_events.push_back(ev);
+      prof_phase.push_back(0);
+    }
+    cudaEventRecord(prof_events[prof_n], stream);
+    prof_phase[prof_n++] = phase;
+  }
   size_t elt() const { return 2; }
   size_t kv_plane_elems() const { return (size_t)cfg.num_blocks * cfg.num_kv_heads * cfg.block_size * cfg.head_dim; }
   void* kplane(int layer) const { return kv + (size_t)(2 * layer) * kv_plane_elems() * elt(); }
@@ -654,6 +673,9 @@ int decode_splits(const Engine& e, int rows) {
   return s < 1 ? 1 : (s > e.max_splits ? e.max_splits : s);
 }
 
+// Profiling phases (rg_profile_read's order): the time from one mark to the next goes to the later mark's phase.
+enum { P_EMBED = 0, P_NORM, P_QKV_GEMM, P_ROPE_CACHE, P_ATTENTION, P_O_GEMM, P_GATE_UP_GEMM, P_SILU, P_DOWN_GEMM, P_HEAD_GEMM, P_SAMPLE, P_COUNT };
+
 template <typename T>
 int forward(Engine& e, int tokens, int seqs, int splits) {
   const rg_config& c = e.cfg;
@@ -663,7 +685,9 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
   const cudaDataType_t t = cuda_type(c);
   cudaStream_t st = e.stream;
   const int nthr = 256;
+  e.mark(-1);
   embed_kernel<T><<<tokens, nthr, 0, st>>>(v, (const T*)e.embed, (T*)e.resid, H);
+  e.mark(P_EMBED);
   const int G = nh / nkv;
   const size_t attn_smem = ((size_t)G * hd + 2 * (size_t)CHUNK * (hd + 1) + (size_t)G * CHUNK) * sizeof(float);
   const float scale = 1.f / sqrtf((float)hd);
@@ -671,26 +695,38 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     const Engine::Layer& L = e.layers[l];
     add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, l == 0 ? nullptr : (const T*)e.delta,
                                                    (const T*)L.in_norm, (T*)e.normed, H, c.rms_eps);
+    e.mark(P_NORM);
     if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
+    e.mark(P_QKV_GEMM);
     qkv_rope_cache_kernel<T><<<tokens, 128, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
                                                       (T*)e.vplane(l), nh, nkv, hd, c.block_size);
+    e.mark(P_ROPE_CACHE);
     attention_kernel<T><<<dim3(tokens, nkv, splits), ATTN_THREADS, attn_smem, st>>>(
         v, (const T*)e.qkvbuf, (const T*)e.kplane(l), (const T*)e.vplane(l), (T*)e.attn, e.part_acc, e.part_ml, nh, nkv,
         hd, c.block_size, scale, splits);
     if (splits > 1) attn_combine_kernel<T><<<dim3(tokens, nh), 64, 0, st>>>(v, e.part_acc, e.part_ml, (T*)e.attn, nh, hd, splits);
+    e.mark(P_ATTENTION);
     if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
+    e.mark(P_O_GEMM);
     add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)L.post_norm,
                                                    (T*)e.normed, H, c.rms_eps);
+    e.mark(P_NORM);
     if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
+    e.mark(P_GATE_UP_GEMM);
     silu_mul_kernel<T><<<dim3((I + nthr - 1) / nthr < 8 ? (I + nthr - 1) / nthr : 8, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
+    e.mark(P_SILU);
     if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
+    e.mark(P_DOWN_GEMM);
   }
   // Only the sampled rows go through the final norm and the head.
   add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)e.final_norm,
                                                  (T*)e.normed, H, c.rms_eps);
   gather_last_kernel<T><<<seqs, nthr, 0, st>>>(v, (const T*)e.normed, (T*)e.last, H);
+  e.mark(P_NORM);
   if (gemm(e, e.last, e.lm_head, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
+  e.mark(P_HEAD_GEMM);
   sample_kernel<<<seqs, SAMPLE_THREADS, 0, st>>>(v, e.logits, c.vocab, e.d_tokens);
+  e.mark(P_SAMPLE);
   CUDA_TRY(cudaGetLastError());
   return 0;
 }
@@ -990,7 +1026,7 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   if (T <= 0 || T > e->cfg.max_batched_tokens || S <= 0 || S > e->cfg.max_seqs || S > T) return fail("step exceeds the configured limits");
   if (W > e->cfg.max_blocks_per_seq) return fail("block table wider than max_blocks_per_seq");
   const Graph* g = nullptr;
-  if (T == S) for (const auto& c : e->graphs) if (c.batch >= S) { g = &c; break; }
+  if (T == S && !e->profiling) for (const auto& c : e->graphs) if (c.batch >= S) { g = &c; break; }
   if (g && g->batch != S) {
     // Pad to the bucket: rows S..b-1 write nothing and attend to nothing.
     const int b = g->batch;
@@ -1025,6 +1061,61 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   if (logits_out) CUDA_TRY(cudaMemcpyAsync(logits_out, e->logits, (size_t)S * e->cfg.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
   CUDA_TRY(cudaStreamSynchronize(e->stream));
   std::memcpy(tokens_out, e->h_tokens, S * 4);
+  if (e->profiling && e->prof_n > 1) {
+    for (size_t i = 1; i < e->prof_n; ++i) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, e->prof_events[i - 1], e->prof_events[i]) == cudaSuccess && e->prof_phase[i] >= 0)
+        e->prof_ms[e->prof_phase[i]] += ms;
+    }
+    e->prof_steps++;
+  }
+  e->prof_n = 0;
+  return 0;
+}
+
+// Profiling: on (1) or off (0); turning it on clears the sums. While on, every step launches its kernels
+// directly and the time between phases is summed by phase.
+int rg_profile(void* h, int32_t on) {
+  auto* e = static_cast<Engine*>(h);
+  e->profiling = on != 0;
+  e->prof_n = 0;
+  if (e->profiling) {
+    for (double& m : e->prof_ms) m = 0;
+    e->prof_steps = 0;
+  }
+  return 0;
+}
+
+// out[0] = steps profiled, out[1..P_COUNT] = milliseconds by phase (embed, norm, qkv gemm, rope+cache,
+// attention, o gemm, gate/up gemm, silu, down gemm, head gemm, sample). Returns P_COUNT.
+int rg_profile_read(void* h, double* out, int32_t n) {
+  auto* e = static_cast<Engine*>(h);
+  if (n < P_COUNT + 1) return fail("rg_profile_read: buffer too small");
+  out[0] = (double)e->prof_steps;
+  for (int i = 0; i < P_COUNT; ++i) out[1 + i] = e->prof_ms[i];
+  return P_COUNT;
+}
+
+// Device time of the decode graph of bucket `batch` replayed `reps` times back to back on the last step's
+// inputs (its cache writes land where that step's did): the step's cost without the host. Returns 0 and the
+// mean milliseconds in *ms, or -1 where no graph holds `batch`.
+int rg_graph_time(void* h, int32_t batch, int32_t reps, float* ms) {
+  auto* e = static_cast<Engine*>(h);
+  const Graph* g = nullptr;
+  for (const auto& c : e->graphs) if (c.batch == batch) { g = &c; break; }
+  if (!g) return fail("no graph of that batch size");
+  cudaEvent_t a, b;
+  CUDA_TRY(cudaEventCreate(&a));
+  CUDA_TRY(cudaEventCreate(&b));
+  CUDA_TRY(cudaEventRecord(a, e->stream));
+  for (int i = 0; i < reps; ++i) CUDA_TRY(cudaGraphLaunch(g->exec, e->stream));
+  CUDA_TRY(cudaEventRecord(b, e->stream));
+  CUDA_TRY(cudaEventSynchronize(b));
+  float total = 0;
+  CUDA_TRY(cudaEventElapsedTime(&total, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  *ms = total / (reps > 0 ? reps : 1);
   return 0;
 }
 
