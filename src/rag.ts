@@ -11,6 +11,8 @@ import path from 'node:path';
 import type { Config } from './config/config.js';
 import { AdapterRegistry } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
+import { CudaDecoder } from './backends/cuda/cuda-decoder.js';
+import { CudaModelRunner } from './backends/cuda/cuda-runner.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine, type GenerateHooks } from './generate/engine.js';
 import type { SamplingParams } from './generate/sequence.js';
@@ -98,10 +100,19 @@ export interface QueryResult {
   adapter?: { name: string; key: string };
 }
 
+/** The decoder on ONNX Runtime (CPU, WebGPU) or on the native CUDA backend. */
+export type Decoder = DecoderModel | CudaDecoder;
+
+/** How the decoder runs, for /healthz and the start-up log: its KV layout and run path. */
+export function decoderRuntime(d: Decoder): { layout: string; run_path: string; run_path_reason?: string } {
+  if (d instanceof CudaDecoder) return { layout: 'paged (one device allocation, by block)', run_path: `cuda ${d.dtype}` };
+  return { layout: d.layout, run_path: d.runPath.path, ...(d.runPath.reason ? { run_path_reason: d.runPath.reason } : {}) };
+}
+
 export interface Models {
   embedder: Embedder;
   reranker: Reranker;
-  decoder: DecoderModel;
+  decoder: Decoder;
   /** What each model added when it loaded (weights as the runtime holds them, tokenizer): host (resident) and device (NVML) memory. */
   loads: Record<'embedder' | 'reranker' | 'decoder', LoadBytes>;
 }
@@ -115,6 +126,12 @@ export async function loadModels(cfg: Config): Promise<Models> {
   const gpu = nvmlReader();
   const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
   const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  if (cfg.providers.decoder === 'cuda') {
+    // The native backend: nothing is allocated until the budget has sized the KV pool (RagService); its
+    // figures until then are the plan's.
+    const decoder = await CudaDecoder.open(cfg.decoderPath, { blockSize: cfg.kvBlockSize, maxBatchedTokens: cfg.maxNumBatchedTokens, maxSeqs: cfg.maxNumSeqs });
+    return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
+  }
   // A GGUF file is converted (or found converted) before its load is measured.
   const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) }) : cfg.decoderPath;
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
@@ -145,6 +162,11 @@ export class RagService {
   profile: ProfileReport = { source: 'analytic', reason: 'no profile run yet' };
   /** First stage: dense, BM25, or both fused (RAGGUARD_RETRIEVAL); its BM25 index is rebuilt from the stored chunks. */
   readonly retriever: Retriever;
+  /**
+   * What each model holds (models.loads), with the CUDA decoder's figures for this service's runner: the
+   * native accountant's, once its memory is allocated (graphs included).
+   */
+  loads: Models['loads'];
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -153,6 +175,8 @@ export class RagService {
     readonly models: Models,
     readonly store: DocumentStore,
   ) {
+    // Until the CUDA decoder's runner exists, its plan's figures (the budget sizes the pool from them).
+    this.loads = models.loads;
     this.template = templateFromConfig(models.decoder.tokenizer.config);
     this.promptBosId = tokenizerAddsBos(models.decoder.tokenizer.config, models.decoder.bosId) ? models.decoder.bosId : undefined;
     this.chat = chatTemplateFrom(models.decoder.tokenizer.config).source === 'tokenizer_config'
@@ -174,11 +198,16 @@ export class RagService {
       numBlocks, blockSize: cfg.kvBlockSize, watermark: cfg.kvWatermark,
       buckets: cfg.blockTableBuckets, enablePrefixCaching: cfg.prefixCaching,
     }));
-    this.engine = new Engine(models.decoder, blocks, {
+    const decoder = models.decoder;
+    // The CUDA decoder allocates everything now, for this pool; its figures become the accountant's
+    // (graphs included), so the workspace the budget leaves is exact.
+    const runner = decoder instanceof CudaDecoder ? decoder.createRunner(numBlocks) : decoder;
+    this.loads = runner instanceof CudaModelRunner ? { ...models.loads, decoder: CudaDecoder.loadBytes(runner) } : models.loads;
+    this.engine = new Engine(runner, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });
-    const memoryModel = new MemoryModel(models.reranker.dims, {
-      ...d, kvLayout: models.decoder.layout, kvInPlace: models.decoder.runPath.path === 'direct', lora: models.decoder.loraSlots !== null,
+    const memoryModel = new MemoryModel(models.reranker.dims, decoder instanceof CudaDecoder ? { ...d, preallocated: true } : {
+      ...d, kvLayout: decoder.layout, kvInPlace: decoder.runPath.path === 'direct', lora: decoder.loraSlots !== null,
       loraMaxRank: this.adapters.pool ? cfg.maxLoraRank : 0,
     }, cfg.kvBlockSize, RERANK_BATCH);
     memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
@@ -190,7 +219,7 @@ export class RagService {
 
   /** Bytes of the three models (host and device), as measured when they loaded. */
   get weightBytes(): number {
-    const { embedder, reranker, decoder } = this.models.loads;
+    const { embedder, reranker, decoder } = this.loads;
     return embedder.bytes + reranker.bytes + decoder.bytes;
   }
 
@@ -252,7 +281,8 @@ export class RagService {
       : await profileMemory(this.guard.model, {
         embed: (b, s) => embedder.profileRun(b, s),
         rerank: (b, s) => reranker.profileRun(b, s),
-        decoder: (r, s, c) => decoder.profileRun(r, s, c),
+        // The CUDA decoder's runs add nothing to what start-up allocated (memory-model.ts `preallocated`).
+        decoder: (r, s, c) => (decoder instanceof DecoderModel ? decoder.profileRun(r, s, c) : Promise.resolve()),
       }, {
         queryTokens: Math.min(embedder.maxTokens, this.cfg.maxQueryTokens + 2),
         rerankPairs: Math.min(RERANK_BATCH, this.cfg.maxTopK),

@@ -9,6 +9,7 @@ import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 import type { Config } from '../src/config/config.js';
+import { DecoderModel } from '../src/generate/decoder-model.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
@@ -290,6 +291,7 @@ describe('a closed stream cancels its request', () => {
     const whole = await client.completions.create(body);
     assert.ok(whole.usage!.completion_tokens > 20, `${whole.usage!.completion_tokens} tokens`);
     const decoder = service.models.decoder;
+    assert.ok(decoder instanceof DecoderModel, 'the test server runs the decoder on ONNX Runtime');
     const forward = decoder.forward.bind(decoder);
     // Each model run after the first waits for the gate: so the client's close lands while the
     // sequence is mid-generation, however slow this machine is.

@@ -218,7 +218,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
-    doc: 'ONNX Runtime execution provider: cpu, webgpu, cuda, or auto (the first that loads).',
+    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
     apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
   },
   {
@@ -231,7 +231,9 @@ export const VARIABLES: readonly Variable[] = [
   },
   ...(['embedder', 'reranker', 'decoder'] as const).map((role): Variable => ({
     name: `RAGGUARD_${role.toUpperCase()}_EP`, default: '',
-    doc: `Execution provider of the ${role} alone ('' = RAGGUARD_EXECUTION_PROVIDER).`,
+    doc: role === 'decoder'
+      ? "Where the decoder runs ('' = RAGGUARD_EXECUTION_PROVIDER): cpu or webgpu (ONNX Runtime: an ONNX export or a GGUF file), cuda (the native CUDA backend: a Hugging Face checkpoint directory, config.json + safetensors + tokenizer.json), auto (ONNX Runtime's first provider that loads)."
+      : `ONNX Runtime execution provider of the ${role} alone ('' = RAGGUARD_EXECUTION_PROVIDER; where that is cuda, auto): cpu, webgpu, cuda (ONNX Runtime's CUDA provider, where installed) or auto.`,
     apply: (c, raw) => {
       if (raw === '') return;
       oneOf(PROVIDERS, (cc, v) => (cc.providers = { ...cc.providers, [role]: v } as Config['providers']))(c, raw);
@@ -476,7 +478,10 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
   const c = cfg as Config;
   if (problems.length === 0) {
     const own: Partial<Config['providers']> = c.providers ?? {};
-    c.providers = { embedder: own.embedder ?? c.executionProvider, reranker: own.reranker ?? c.executionProvider, decoder: own.decoder ?? c.executionProvider };
+    // cuda names the decoder's native backend; the encoders stay on ONNX Runtime, whose CUDA provider
+    // is rarely installed: they take the first of its providers that loads (the start-up log says which).
+    const encoders = c.executionProvider === 'cuda' ? 'auto' : c.executionProvider;
+    c.providers = { embedder: own.embedder ?? encoders, reranker: own.reranker ?? encoders, decoder: own.decoder ?? c.executionProvider };
     if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
     if (c.retrieval === 'hybrid' && c.rrfDenseWeight + c.rrfLexicalWeight === 0) problems.push('RAGGUARD_RRF_DENSE_WEIGHT, RAGGUARD_RRF_LEXICAL_WEIGHT: not both 0');
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');

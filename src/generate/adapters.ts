@@ -20,6 +20,8 @@ import type { DecoderAdapter, LoraPool } from './lora-pool.js';
 /** The decoder as adapters need it. */
 export interface AdapterHost {
   readonly loraSlots: readonly LoraSlot[] | null;
+  /** Why the decoder takes no adapters, where it says (loraSlots null). */
+  readonly loraUnavailable?: string;
   readonly shape: LoraShape & { kvDtype: KvDtype };
   loraPoolFor(maxLoras: number, maxRank: number): LoraPool;
 }
@@ -107,7 +109,7 @@ export class AdapterRegistry {
   /** Why no adapter can load here, or '' where they can. */
   get unavailable(): string {
     if (this.dir === '') return 'no adapter directory (RAGGUARD_ADAPTER_DIR is empty)';
-    if (!this.host.loraSlots) return 'the decoder has no LoRA inputs (an export without them; scripts/build-gqa-decoder.ts adds them)';
+    if (!this.host.loraSlots) return this.host.loraUnavailable ?? 'the decoder has no LoRA inputs (an export without them; scripts/build-gqa-decoder.ts adds them)';
     return '';
   }
 

@@ -42,6 +42,11 @@ export interface DecoderDims {
   lora?: boolean;
   /** Adapters can run (their slots exist): the modules' largest rank, RAGGUARD_MAX_LORA_RANK. */
   loraMaxRank?: number;
+  /**
+   * Every buffer of the decoder's runs is allocated at start-up and counted there (the CUDA backend: its
+   * activation workspace is sized from max_num_batched_tokens): a request's decoder runs add nothing.
+   */
+  preallocated?: boolean;
 }
 
 /** A request as the guards see it, after prompt assembly. */
@@ -189,6 +194,7 @@ export class MemoryModel {
    */
   decoderWorkspace(rows: number, newTokens: number, context: number): number {
     const d = this.decoder;
+    if (d.preallocated) return 0;
     const total = context + newTokens;
     const mask = rows * total * 8;
     if (d.kvLayout === 'genai') {
@@ -215,7 +221,7 @@ export class MemoryModel {
    */
   loraRows(rows: number, newTokens: number): number {
     const r = this.decoder.loraMaxRank ?? 0;
-    if (r === 0 || newTokens <= 0) return 0;
+    if (r === 0 || newTokens <= 0 || this.decoder.preallocated) return 0;
     // One layer's slots: every layer's are the same shapes.
     const slots = loraSlots({ ...this.decoder, numLayers: 1 });
     const widest = Math.max(...slots.map((s) => (s.inDim + s.outDim) * slotCapacity(s, r)));
@@ -231,7 +237,7 @@ export class MemoryModel {
    */
   replacedBuffer(rows: number, tokens: number): number {
     const d = this.decoder;
-    return d.kvLayout === 'genai' ? rows * bufferCapacity(tokens, d.maxPositions ?? tokens) * this.kvBytesPerToken : 0;
+    return d.kvLayout === 'genai' && !d.preallocated ? rows * bufferCapacity(tokens, d.maxPositions ?? tokens) * this.kvBytesPerToken : 0;
   }
 
   predict(r: RequestShape): Prediction {

@@ -7,7 +7,7 @@ import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError } from '../
 import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
-import { DuplicateDocumentError, type RagService } from '../rag.js';
+import { decoderRuntime, DuplicateDocumentError, type RagService } from '../rag.js';
 import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
 import { documentsRouter } from './documents.js';
@@ -54,8 +54,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
       documents: service.store.documentCount,
       chunks: service.store.chunkCount,
       providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
-      // How the decoder takes its KV cache and how its runs reach ONNX Runtime (decoder-model.ts).
-      decoder: { layout: decoder.layout, run_path: decoder.runPath.path, ...(decoder.runPath.reason ? { run_path_reason: decoder.runPath.reason } : {}) },
+      // How the decoder takes its KV cache and how its runs reach its runtime (decoder-model.ts, backends/cuda).
+      decoder: decoderRuntime(decoder),
       queue: { running: admission.running, waiting: admission.waiting },
       kv: service.blocks.stats(),
     });

@@ -4,6 +4,8 @@
  * the GPU as NVML reads it (or why there is no reading), the process's counters, and the leak check.
  */
 import { totalmem } from 'node:os';
+import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
+import { DecoderModel } from '../generate/decoder-model.js';
 import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
@@ -89,6 +91,28 @@ function snake(m: ProcessMemory): MemorySnapshot['process'] {
   return { rss: m.rss, heap_total: m.heapTotal, heap_used: m.heapUsed, external: m.external, array_buffers: m.arrayBuffers };
 }
 
+/**
+ * The decoder's bytes: measured at load on ONNX Runtime; on the CUDA backend the native accountant's
+ * figures (what it allocated, by part), exact.
+ */
+function decoderComponent(service: RagService): Component {
+  const { models, loads } = service;
+  const d = models.decoder;
+  const runner = service.engine.runner;
+  if (runner instanceof CudaModelRunner) {
+    const m = runner.memory();
+    return {
+      name: 'decoder', bytes: loads.decoder.bytes, how: 'exact',
+      detail: `CUDA backend (${runner.dtype}): weights ${m.weights}, activation workspace ${m.workspace} (max_num_batched_tokens), ` +
+        `cuBLAS workspace ${m.cublas_workspace}, decode graphs ${m.graphs} bytes on the GPU, ${m.host_pinned} pinned on the host; ` +
+        `its KV pool is kv_pool; the GPU has ${m.device_free} of ${m.device_total} bytes free`,
+    };
+  }
+  const loaded = `${loads.decoder.hostBytes} bytes resident on the host and ${loads.decoder.deviceBytes} on the GPU (NVML) added by its load`;
+  const onnx = d instanceof DecoderModel ? `; onnx weights ${d.files.onnxBytes} bytes on disk` : '';
+  return { name: 'decoder', bytes: loads.decoder.bytes, how: 'measured', detail: `${loaded}${onnx}` };
+}
+
 export function memorySnapshot(service: RagService, admission: Admission, gpu: GpuReading): MemorySnapshot {
   const { models, store, engine, blocks, cfg } = service;
   const kv = blocks.stats();
@@ -100,7 +124,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   const components: Component[] = [
     { name: 'embedder', bytes: models.loads.embedder.bytes, how: 'measured', detail: `${loaded('embedder')}; onnx weights ${models.embedder.files.onnxBytes} bytes on disk; loaded first, so it includes ONNX Runtime's own start-up` },
     { name: 'reranker', bytes: models.loads.reranker.bytes, how: 'measured', detail: `${loaded('reranker')}; onnx weights ${models.reranker.files.onnxBytes} bytes on disk` },
-    { name: 'decoder', bytes: models.loads.decoder.bytes, how: 'measured', detail: `${loaded('decoder')}; onnx weights ${models.decoder.files.onnxBytes} bytes on disk` },
+    decoderComponent(service),
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },
     { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },

@@ -85,7 +85,7 @@ export class ServerMetrics {
     new Gauge({ name: name('memory_component_bytes'), help: 'The budget by component.', labelNames: ['component'], registers: [r],
       collect() {
         this.reset();
-        const { loads } = service.models;
+        const { loads } = service;
         this.labels('weights_embedder').set(loads.embedder.bytes);
         this.labels('weights_reranker').set(loads.reranker.bytes);
         this.labels('weights_decoder').set(loads.decoder.bytes);

@@ -4,7 +4,7 @@
  * split, the KV blocks, and how many sequences fit at the prompt limit).
  */
 import type { Config } from '../config/config.js';
-import type { Models, RagService, StartPhase } from '../rag.js';
+import { decoderRuntime, type Models, type RagService, type StartPhase } from '../rag.js';
 import type { Logger } from './logging.js';
 
 const MiB = (b: number) => Math.round((b / 2 ** 20) * 10) / 10;
@@ -16,7 +16,7 @@ export function logModels(log: Logger, cfg: Config, models: Models, ms: number):
     models: {
       embedder: { path: cfg.embedderPath, provider: embedder.provider, bytes: loads.embedder.bytes },
       reranker: { path: cfg.rerankerPath, provider: reranker.provider, bytes: loads.reranker.bytes },
-      decoder: { path: cfg.decoderPath, provider: decoder.provider, bytes: loads.decoder.bytes, layout: decoder.layout, run_path: decoder.runPath.path },
+      decoder: { path: cfg.decoderPath, provider: decoder.provider, bytes: loads.decoder.bytes, ...decoderRuntime(decoder) },
     },
   }, `models loaded: embedder on ${embedder.provider}, reranker on ${reranker.provider}, decoder on ${decoder.provider}`);
 }

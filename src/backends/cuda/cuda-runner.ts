@@ -32,6 +32,8 @@ export interface CudaRunnerOptions {
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
   device?: number;
+  /** Tokens one sequence holds at most (prompt and output), where the server bounds it below the model's positions. */
+  maxSequenceTokens?: number;
 }
 
 export class CudaUnavailableError extends Error {}
@@ -87,16 +89,36 @@ export class CudaModelRunner implements ModelRunner {
   static async load(dir: string, opts: CudaRunnerOptions, native: CudaBackend | null = cudaBackend()): Promise<CudaModelRunner> {
     if (!native) throw new CudaUnavailableError(`the CUDA backend is unavailable: ${cudaUnavailable()}`);
     const ckpt = await openCheckpoint(dir);
-    const c = ckpt.config;
-    const own = c.checkpointDtype;
-    const dtype: ModelDtype = opts.dtype ?? (own === 'bfloat16' ? 'bfloat16' : 'float16');
-    const maxPositions = Math.min(c.maxPositions, opts.numBlocks * opts.blockSize);
-    const limits: DeviceLimits = {
+    const tokenizer = existsSync(path.join(dir, 'tokenizer.json')) ? await TextTokenizer.load(dir) : NO_TEXT;
+    return CudaModelRunner.create(native, ckpt, tokenizer, opts);
+  }
+
+  /** The model dtype on the device for a checkpoint: as asked, else its own where the device takes it, else float16. */
+  static dtypeFor(ckpt: Checkpoint, asked?: ModelDtype): ModelDtype {
+    return asked ?? (ckpt.config.checkpointDtype === 'bfloat16' ? 'bfloat16' : 'float16');
+  }
+
+  /**
+   * The device limits for these options: a block table never needs more entries than the longest sequence
+   * the model, the pool or `maxSequenceTokens` allows.
+   */
+  static limitsFor(ckpt: Checkpoint, opts: CudaRunnerOptions): DeviceLimits {
+    const maxPositions = Math.min(ckpt.config.maxPositions, opts.numBlocks * opts.blockSize, opts.maxSequenceTokens ?? Infinity);
+    return {
       numBlocks: opts.numBlocks, blockSize: opts.blockSize, maxBatchedTokens: opts.maxBatchedTokens, maxSeqs: opts.maxSeqs,
-      // A block table never needs more entries than the longest sequence the model or the pool allows.
       maxBlocksPerSeq: Math.ceil(maxPositions / opts.blockSize),
       cublasWorkspaceBytes: opts.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE,
     };
+  }
+
+  /**
+   * Allocates the device memory for an opened checkpoint, uploads its weights (read from the files here,
+   * synchronously: start-up only) and captures the decode graphs.
+   */
+  static create(native: CudaBackend, ckpt: Checkpoint, tokenizer: TokenDecoder, opts: CudaRunnerOptions): CudaModelRunner {
+    const c = ckpt.config;
+    const dtype = CudaModelRunner.dtypeFor(ckpt, opts.dtype);
+    const limits = CudaModelRunner.limitsFor(ckpt, opts);
     const graphMax = Math.min(opts.graphMaxBatch ?? opts.maxSeqs, opts.maxSeqs, opts.maxBatchedTokens);
     const cfg: NativeConfig = {
       num_layers: c.numLayers, hidden: c.hiddenSize, num_heads: c.numHeads, num_kv_heads: c.numKvHeads, head_dim: c.headDim,
@@ -116,7 +138,6 @@ export class CudaModelRunner implements ModelRunner {
       for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
       native.loadDone(h);
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
-      const tokenizer = existsSync(path.join(dir, 'tokenizer.json')) ? await TextTokenizer.load(dir) : NO_TEXT;
       const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets);
       if (buckets.length > 0) runner.graphBytes = native.captureGraphs(h, buckets);
       return runner;

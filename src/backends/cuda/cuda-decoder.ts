@@ -1,0 +1,148 @@
+/**
+ * The native CUDA decoder as the server holds it (RAGGUARD_DECODER_EP=cuda, or RAGGUARD_EXECUTION_PROVIDER=cuda):
+ * a Hugging Face checkpoint opened at start-up (config, safetensors headers, tokenizer: no device memory
+ * yet), whose device figures the budget reads before anything is allocated, and whose runner is created
+ * once the budget has sized the KV pool. So the guard predicts from the same figures the native side
+ * allocates by (step-pack.ts planDevice, checked against rg_plan at creation).
+ *
+ * Every device byte of this decoder is allocated at start-up: weights, the KV pool, the activation
+ * workspace sized from max_num_batched_tokens, cuBLAS's workspace, the decode graphs. A request's runs add
+ * nothing on the device (the memory model's `preallocated`), so the guard's per-request figures for the
+ * decoder are zero and its bytes are the budget's fixed part, like the KV pool.
+ */
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import type { DecoderShape } from '../../generate/decoder-model.js';
+import type { AdapterHost } from '../../generate/adapters.js';
+import type { LoraPool } from '../../generate/lora-pool.js';
+import type { LoadBytes } from '../../guards/process-memory.js';
+import { TextTokenizer } from '../../runtime/tokenizer.js';
+import { cudaBackend, cudaUnavailable, type CudaBackend } from './binding.js';
+import { CudaModelRunner, CudaUnavailableError, type CudaRunnerOptions } from './cuda-runner.js';
+import { CheckpointError, openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
+import { kvBytesPerToken, planDevice } from './step-pack.js';
+
+/** The server's limits that size the decoder's device memory besides the KV pool. */
+export interface CudaDecoderLimits {
+  blockSize: number;
+  maxBatchedTokens: number;
+  maxSeqs: number;
+  dtype?: ModelDtype;
+  device?: number;
+}
+
+export class CudaDecoder implements AdapterHost {
+  readonly provider = 'cuda' as const;
+  /** LoRA slots on the device: none yet (requests naming an adapter get a 422 saying so). */
+  readonly loraSlots = null;
+  readonly loraUnavailable = 'LoRA adapters do not run on the CUDA backend yet';
+  readonly dtype: ModelDtype;
+  private readonly runners = new Set<CudaModelRunner>();
+
+  private constructor(
+    readonly dir: string,
+    readonly checkpoint: Checkpoint,
+    readonly tokenizer: TextTokenizer,
+    readonly limits: CudaDecoderLimits,
+    private readonly native: CudaBackend,
+  ) {
+    this.dtype = CudaModelRunner.dtypeFor(checkpoint, limits.dtype);
+  }
+
+  /**
+   * Opens the checkpoint and its tokenizer; allocates nothing. Refuses, naming why: no CUDA library or
+   * GPU here, a directory that is not a Hugging Face checkpoint (an ONNX export or a GGUF file: the ONNX
+   * Runtime providers run those), a checkpoint without a tokenizer (the server needs text).
+   */
+  static async open(dir: string, limits: CudaDecoderLimits, native: CudaBackend | null = cudaBackend()): Promise<CudaDecoder> {
+    if (!native) {
+      throw new CudaUnavailableError(`RAGGUARD_DECODER_EP=cuda: the CUDA backend is unavailable: ${cudaUnavailable()}; ` +
+        'run the decoder on ONNX Runtime instead (RAGGUARD_DECODER_EP=cpu or webgpu)');
+    }
+    if (dir.endsWith('.gguf')) {
+      throw new CheckpointError(`${dir}: the CUDA backend reads Hugging Face checkpoints (config.json + *.safetensors), not GGUF files; ` +
+        'run a GGUF decoder with RAGGUARD_DECODER_EP=cpu');
+    }
+    if (existsSync(path.join(dir, 'onnx', 'model.onnx')) || existsSync(path.join(dir, 'genai_config.json'))) {
+      throw new CheckpointError(`${dir}: an ONNX export; the CUDA backend reads Hugging Face checkpoints (config.json + *.safetensors)`);
+    }
+    const checkpoint = await openCheckpoint(dir);
+    if (!existsSync(path.join(dir, 'tokenizer.json'))) {
+      throw new CheckpointError(`${dir}: no tokenizer.json: the server needs the checkpoint's tokenizer (tokenizer.json, tokenizer_config.json)`);
+    }
+    const tokenizer = await TextTokenizer.load(dir);
+    return new CudaDecoder(dir, checkpoint, tokenizer, limits, native);
+  }
+
+  get shape(): DecoderShape {
+    const c = this.checkpoint.config;
+    return {
+      numLayers: c.numLayers, hiddenSize: c.hiddenSize, numHeads: c.numHeads, intermediateSize: c.intermediateSize,
+      numKvHeads: c.numKvHeads, headDim: c.headDim, vocabSize: c.vocabSize, maxPositions: c.maxPositions,
+      // float16 and bfloat16 both take two bytes: the figure the KV and activation sizes need.
+      kvDtype: 'float16',
+    };
+  }
+
+  get bosId(): number | undefined {
+    return this.checkpoint.config.bosId;
+  }
+
+  get kvBytesPerToken(): number {
+    return kvBytesPerToken(this.checkpoint.config, this.dtype);
+  }
+
+  private options(numBlocks: number): CudaRunnerOptions {
+    const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
+    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device };
+  }
+
+  /**
+   * Device and pinned host bytes besides the KV pool for a pool of `numBlocks` (weights, activation
+   * workspace, cuBLAS workspace, staging, rope table), before anything is allocated: what the budget
+   * sets aside. The decode graphs' bytes are known only once captured (`loadBytes` then counts them).
+   */
+  staticBytes(numBlocks = 0): number {
+    const plan = planDevice(this.checkpoint.config, this.dtype, CudaModelRunner.limitsFor(this.checkpoint, this.options(numBlocks)));
+    return plan.total - plan.kvPool + plan.hostPinned;
+  }
+
+  /**
+   * Allocates, uploads and captures: a runner for a KV pool of `numBlocks` blocks. Each runner holds its
+   * own device memory (weights included): a server makes one; a benchmark comparing services over the same
+   * models (bench:guard) makes one per service.
+   */
+  createRunner(numBlocks: number): CudaModelRunner {
+    const runner = CudaModelRunner.create(this.native, this.checkpoint, this.tokenizer, this.options(numBlocks));
+    this.runners.add(runner);
+    return runner;
+  }
+
+  /**
+   * What the decoder holds besides the KV pool before a runner exists: the plan's figures for an empty
+   * pool (the budget's fixed part).
+   */
+  loadBytes(): LoadBytes {
+    const bytes = this.staticBytes();
+    return { bytes, hostBytes: 0, deviceBytes: bytes };
+  }
+
+  /** What a runner holds besides its KV pool, as the native accountant counts it (graphs included). */
+  static loadBytes(runner: CudaModelRunner): LoadBytes {
+    const m = runner.memory();
+    const device = m.total - m.kv_pool;
+    return { bytes: device + m.host_pinned, hostBytes: m.host_pinned, deviceBytes: device };
+  }
+
+  loraPoolFor(): LoraPool {
+    throw new Error('LoRA adapters do not run on the CUDA backend yet');
+  }
+
+  /** Frees every runner's device memory. */
+  close(): void {
+    for (const r of this.runners) r.close();
+    this.runners.clear();
+  }
+}
+
+export { CudaUnavailableError };
