@@ -10,7 +10,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle } from '../src/backends/cuda/binding.js';
+import { cudaBackend, cudaUnavailable } from '../src/backends/cuda/binding.js';
 import { CudaModelRunner, CudaUnavailableError, deviceSampling } from '../src/backends/cuda/cuda-runner.js';
 import { CheckpointError, openCheckpoint, parseConfig, placeTensor, WeightKind, weightElems } from '../src/backends/cuda/hf-checkpoint.js';
 import { ropeInvFreq, UnsupportedRopeError } from '../src/backends/cuda/rope.js';
@@ -20,6 +20,7 @@ import { Engine } from '../src/generate/engine.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../src/generate/model-runner.js';
 import type { Sequence } from '../src/generate/sequence.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
+import { standInCuda } from './cuda-standin.js';
 
 const tiny = {
   model_type: 'qwen2', vocab_size: 32, hidden_size: 8, intermediate_size: 12, num_hidden_layers: 2, num_attention_heads: 2,
@@ -265,33 +266,8 @@ test('the engine drives any ModelRunner: batches, limits, end of sequence, repli
  */
 describe('the CUDA runner over a stand-in native library', () => {
   let dir: string;
-  const steps: { T: number; S: number }[] = [];
-  const fake = (): CudaBackend => ({
-    deviceCount: () => 1,
-    plan: (cfg) => {
-      const p = planDevice(parseConfig(tiny), cfg.dtype === 1 ? 'bfloat16' : 'float16', {
-        numBlocks: cfg.num_blocks, blockSize: cfg.block_size, maxBatchedTokens: cfg.max_batched_tokens, maxSeqs: cfg.max_seqs,
-        maxBlocksPerSeq: cfg.max_blocks_per_seq, cublasWorkspaceBytes: cfg.cublas_workspace_bytes,
-      });
-      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned];
-    },
-    create: () => ({}) as EngineHandle,
-    destroy: () => {},
-    setRope: () => {},
-    loadTensor: () => {},
-    loadDone: () => {},
-    captureGraphs: () => 0,
-    step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
-      const T = words[0]!, S = words[1]!;
-      steps.push({ T, S });
-      const ids = words.subarray(4, 4 + T);
-      const last = words.subarray(4 + 4 * T + S, 4 + 4 * T + 2 * S);
-      for (let s = 0; s < S; s++) tokensOut[s] = (ids[last[s]!]! + 1) % 32;
-      resolve();
-    })),
-    copyBlocks: () => {},
-    memory: () => ({ weights: 0, kv_pool: 0, workspace: 0, cublas_workspace: 0, graphs: 0, host_pinned: 0, total: 0, device_free: 0, device_total: 0 }),
-  });
+  const fake = standInCuda(tiny);
+  const steps = fake.steps;
 
   before(async () => {
     dir = await mkdtemp(path.join(tmpdir(), 'ragguard-cudarun-'));
@@ -301,7 +277,7 @@ describe('the CUDA runner over a stand-in native library', () => {
   after(() => rm(dir, { recursive: true, force: true }));
 
   test('closed-loop requests at 1 and 8 concurrent all complete, decodes batched, long prompts chunked', async () => {
-    const runner = await CudaModelRunner.load(dir, { numBlocks: 64, blockSize: 4, maxBatchedTokens: 8, maxSeqs: 8 }, fake());
+    const runner = await CudaModelRunner.load(dir, { numBlocks: 64, blockSize: 4, maxBatchedTokens: 8, maxSeqs: 8 }, fake);
     for (const c of [1, 8]) {
       const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
       const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: c, maxNumBatchedTokens: 8 });
