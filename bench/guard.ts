@@ -31,8 +31,10 @@ import path from 'node:path';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
-import { nvmlReader } from '../src/guards/nvml.js';
+import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
 import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
+import { CudaDecoder } from '../src/backends/cuda/cuda-decoder.js';
+import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { createApp } from '../src/server/app.js';
@@ -64,7 +66,12 @@ const config = (extra: Record<string, string>): Config => loadConfig({ ...proces
 // Load once, ingest the corpus, then size the budget: weights + index + KV pool + WORKSPACE.
 const first = config({});
 const models = await loadModels(first);
-const onGpu = models.decoder.provider !== 'cpu';
+// Where a request's runs allocate: the encoders' provider, and the decoder's unless it is the CUDA
+// backend, whose every device byte is allocated at start-up (its runs add nothing: `preallocated`).
+const cudaDecoder = models.decoder instanceof CudaDecoder;
+const onGpu = [models.embedder, models.reranker].some((m) => m.provider !== 'cpu') || (!cudaDecoder && models.decoder.provider !== 'cpu');
+// With the CUDA decoder, NVML also watches the device throughout: it must not grow past what the accountant allocated.
+const device = cudaDecoder ? gpuPeakMeter(nvmlReader()) : undefined;
 // The profile run's meter (predictions are calibrated on it) and, on the host, resident memory beside it.
 const meter = onGpu ? gpuPeakMeter(nvmlReader()) : hostMeter(first);
 const resident = onGpu ? meter : hostPeakMeter();
@@ -175,14 +182,16 @@ console.log(`adapters in the mix: ${usable.join(', ') || 'none (none fits this d
 console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);
 console.log('\nalone: predicted vs measured workspace (MiB)');
 setRunObserver(recorder);
-for (const ask of mix(ALONE)) {
+const deviceBefore = device?.available ? usedBytes(nvmlReader().read()) : 0;
+const deviceAlone = await measureDevice(async () => { for (const ask of mix(ALONE)) await alone(ask); });
+async function alone(ask: Ask): Promise<void> {
   runs.length = 0;
   const start = meter.resident();
   const reply = await send(on.url, ask);
   const runBytes = (r: (typeof runs)[number]) => (accounted ? Math.max(0, r.top - start) : r.bytes);
   const bytes = Math.max(0, ...runs.map(runBytes));
   const predicted = reply.body.guard?.as_run?.predicted_workspace_bytes;
-  if (reply.status !== 200 || predicted === undefined || bytes === 0) continue;
+  if (reply.status !== 200 || predicted === undefined || bytes === 0) return;
   errors.push(Math.abs(predicted - bytes) / bytes);
   if (ask.adapter) adapterErrors.push(errors.at(-1)!);
   const residentBytes = Math.max(0, ...runs.map((r) => r.residentBytes));
@@ -192,6 +201,15 @@ for (const ask of mix(ALONE)) {
     (accounted ? ` (resident ${mb(residentBytes).padStart(5)})  ` : '  ') +
     (['embed', 'rerank', 'prefill', 'decode'] as const).map((st) =>
       `${st} ${mb(reply.body.guard!.as_run!.predicted_stage_bytes[st])}/${mb(Math.max(0, ...runs.filter((r) => r.stage === st).map(runBytes)))}`).join(' '));
+}
+
+/** NVML's peak growth over `work` where the CUDA decoder runs (0 and not measured elsewhere). */
+async function measureDevice(work: () => Promise<void>): Promise<number> {
+  if (!device?.available) {
+    await work();
+    return 0;
+  }
+  return (await measurePeak(device, work)).bytes;
 }
 
 setRunObserver(undefined);
@@ -212,11 +230,24 @@ async function burstPhase(url: string): Promise<{ overflows: number; peaks: numb
   }
   return { overflows, peaks, residentPeaks, replies };
 }
-const g = await burstPhase(on.url);
+let g!: Awaited<ReturnType<typeof burstPhase>>;
+let u!: Awaited<ReturnType<typeof burstPhase>>;
+const deviceGuarded = await measureDevice(async () => { g = await burstPhase(on.url); });
 await on.close();
 const off = await listen(unguarded);
-const u = await burstPhase(off.url);
+const deviceUnguarded = await measureDevice(async () => { u = await burstPhase(off.url); });
 await off.close();
+const runner = guarded.engine.runner;
+const deviceFigures = runner instanceof CudaModelRunner ? {
+  // The decoder's device bytes by the accountant, for the guarded service's runner; NVML's used bytes grow by
+  // nothing while requests run (their runs use what start-up allocated), alone and in bursts, guards on or off.
+  cuda_decoder_accounted_bytes: runner.memory().total,
+  nvml_growth_alone_bytes: deviceAlone,
+  nvml_growth_bursts_guarded_bytes: deviceGuarded,
+  nvml_growth_bursts_unguarded_bytes: deviceUnguarded,
+  nvml_used_at_start_bytes: deviceBefore,
+  device_prediction_error: +(Math.max(deviceAlone, deviceGuarded, deviceUnguarded) / runner.memory().total).toFixed(4),
+} : {};
 
 const count = (rs: Reply[], s: number) => rs.filter((r) => r.status === s).length;
 const peaksOf = (r: typeof g) => r.peaks.map((b, i) => (accounted ? `${mb(b)}/${mb(r.residentPeaks[i]!)}` : mb(b))).join(', ');
@@ -251,5 +282,7 @@ console.log(JSON.stringify({
     : accounted ? 'ONNX Runtime accounted bytes (counting allocator); overflows also by resident high-water mark (VmHWM)'
     : 'host resident high-water mark (VmHWM)',
   where: guarded.models.decoder.provider,
+  encoders_on: guarded.models.embedder.provider,
+  ...deviceFigures,
 }));
 process.exit(0);

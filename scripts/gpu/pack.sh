@@ -11,7 +11,7 @@ shared=${RAGGUARD_SHARED_PACK:-../shared/gpu/pack.sh}
 aside=$(mktemp -d /tmp/ragguard-pack-aside.XXXXXX)
 leave=(onnxruntime-web protobufjs @protobufjs long flatbuffers guid-typescript platform
   @huggingface/transformers/src @huggingface/transformers/types sharp @img node-llama-cpp @node-llama-cpp
-  playwright-core openai)
+  playwright-core openai typescript @types simple-git @kwsites ipull lowdb cmake-js supertest superagent formidable)
 moved=()
 restore() {
   rm -rf node_modules/sharp.stub-in-place

@@ -5,6 +5,11 @@
 #   check   scripts/check-cuda.ts on them (logits, greedy ids alone / mixed / prefix hit / preempted, sampling)
 #   bench   npm run bench:gpu (bench/gpu.ts) against transformers eager and compiled, same weights
 #   big     the 7B-shaped checkpoint and bench:gpu's bandwidth figures (BENCH_GPU_BIG)
+# With the full pack (.gpu: ONNX Runtime, faiss; `source .gpu/enter.sh`), the server on this backend:
+#   hf      the shipped decoder as a Hugging Face checkpoint (models/decoder-hf) and the counting allocator
+#   parity  scripts/check-cuda-parity.ts: the same trained model on the CPU path and on this backend
+#   serve   the server with RAGGUARD_DECODER_EP=cuda: /healthz, one query, /debug/memory, the start-up log
+#   guard   bench:guard with the decoder on this backend (encoders on the CPU: RAGGUARD_EMBEDDER_EP etc. to move them)
 # STEPS picks steps (default "build models check bench"); each step's output goes to $OUT/cuda.log, its
 # last JSON line to $OUT/cuda.jsonl.
 set -uo pipefail
@@ -27,6 +32,47 @@ has check && record check node --import tsx scripts/check-cuda.ts "${dirs[@]}"
 if has bench; then
   bench_models=${BENCH_GPU_MODELS:-$MODELS/qwen2-0.5b-f16,$MODELS/qwen2-0.5b-bf16}
   BENCH_GPU_MODELS=$bench_models record bench node --import tsx bench/gpu.ts
+fi
+if has hf; then
+  record hf bash -c 'node --import tsx scripts/export-hf-checkpoint.ts models/decoder models/decoder-hf &&
+    mkdir -p build/native && cc -O2 -shared -fPIC -o build/native/libragguard-alloc.so src/runtime/counting-allocator.c'
+fi
+has parity && record parity node --import tsx scripts/check-cuda-parity.ts models/decoder-gqa models/decoder-hf
+cuda_env=(RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda RAGGUARD_EMBEDDER=${RAGGUARD_EMBEDDER:-models/embedder})
+if has serve; then
+  serve_check() {
+    env "${cuda_env[@]}" PORT=8092 RAGGUARD_INDEX_DIR=/tmp/ragguard-cuda-index node --import tsx src/server/main.ts > "$out/.server" 2>&1 &
+    local pid=$!
+    for _ in $(seq 600); do
+      kill -0 "$pid" 2>/dev/null || break
+      node -e 'fetch("http://127.0.0.1:8092/healthz").then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' && break
+      sleep 0.5
+    done
+    node -e '
+      const base = "http://127.0.0.1:8092";
+      const post = (p, b) => fetch(base + p, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(b) });
+      (async () => {
+        const health = await (await fetch(base + "/healthz")).json();
+        const t0 = performance.now();
+        const q = await post("/query", { query: "How can I stop one particular user from scheduling cron jobs?", max_new_tokens: 48, temperature: 0 });
+        const answer = await q.json();
+        const ms = performance.now() - t0;
+        const many = await Promise.all(Array.from({ length: 32 }, (_, i) => post("/query", { query: "What does the sticky bit do on /tmp?", max_new_tokens: 32, temperature: 0.7, seed: i }).then((r) => r.status)));
+        const mem = await (await fetch(base + "/debug/memory")).json();
+        console.log(JSON.stringify(mem, null, 1));
+        console.log(JSON.stringify({ providers: health.providers, decoder: health.decoder, status: q.status, answer: answer.answer, query_ms: Math.round(ms),
+          timings_ms: answer.timings_ms, statuses_32: many, components: mem.components, budget: mem.budget, gpu: mem.gpu }));
+      })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exitCode = 1; });'
+    local rc=$?
+    kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "--- server log"; cat "$out/.server"
+    return $rc
+  }
+  record serve serve_check
+fi
+if has guard; then
+  guard_cuda() { env "${cuda_env[@]}" node --import tsx bench/guard.ts; }
+  record guard guard_cuda
 fi
 if has big; then
   record big-model python3 scripts/gpu/hf_models.py --out "$MODELS" qwen2-7b-bf16
