@@ -1,7 +1,7 @@
 /**
  * The CUDA backend against the CPU path on the same trained model (run on the GPU host through
  * scripts/gpu/run-cuda.sh, step "parity"): the shipped decoder on ONNX Runtime's CPU provider
- * (models/decoder-gqa, float32) and the same weights as a Hugging Face checkpoint on the CUDA backend
+ * (models/decoder, float32) and the same weights as a Hugging Face checkpoint on the CUDA backend
  * (models/decoder-hf, scripts/export-hf-checkpoint.ts; float16 on the device).
  *
  *   node --import tsx scripts/check-cuda-parity.ts [ort dir] [checkpoint dir]
@@ -20,7 +20,7 @@ import { bufferCapacity, DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import type { ModelRunner } from '../src/generate/model-runner.js';
 
-const [ortDir = 'models/decoder-gqa', hfDir = 'models/decoder-hf'] = process.argv.slice(2);
+const [ortDir = 'models/decoder', hfDir = 'models/decoder-hf'] = process.argv.slice(2);
 const ROOT = path.resolve(import.meta.dirname, '..');
 const NEW = 32;
 const BLOCK = 16;
@@ -49,7 +49,9 @@ function logitsOf(l: Float32Array): { argmax: number; top2: number; scale: numbe
 
 /** The CPU path's last-position logits after `ids` (a fresh buffer: nothing cached). */
 async function ortLogits(ids: readonly number[]): Promise<Float32Array> {
-  const out = await ort.forward({ tokens: [ids], lengths: [0], width: bufferCapacity(ids.length, ort.shape.maxPositions) });
+  // genai: a fresh buffer of its capacity; Optimum: no past at all.
+  const width = ort.layout === 'genai' ? bufferCapacity(ids.length, ort.shape.maxPositions) : 0;
+  const out = await ort.forward({ tokens: [ids], lengths: [0], width });
   const l = Float32Array.from(out.lastLogits.subarray(0, ort.shape.vocabSize));
   for (const t of out.present) t.dispose();
   return l;

@@ -37,7 +37,7 @@ if has hf; then
   record hf bash -c 'node --import tsx scripts/export-hf-checkpoint.ts models/decoder models/decoder-hf &&
     mkdir -p build/native && cc -O2 -shared -fPIC -o build/native/libragguard-alloc.so src/runtime/counting-allocator.c'
 fi
-has parity && record parity node --import tsx scripts/check-cuda-parity.ts models/decoder-gqa models/decoder-hf
+has parity && record parity node --import tsx scripts/check-cuda-parity.ts models/decoder models/decoder-hf
 cuda_env=(RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda RAGGUARD_EMBEDDER=${RAGGUARD_EMBEDDER:-models/embedder})
 if has serve; then
   serve_check() {
@@ -62,16 +62,18 @@ if has serve; then
         console.log(JSON.stringify(mem, null, 1));
         console.log(JSON.stringify({ providers: health.providers, decoder: health.decoder, status: q.status, answer: answer.answer, query_ms: Math.round(ms),
           timings_ms: answer.timings_ms, statuses_32: many, components: mem.components, budget: mem.budget, gpu: mem.gpu }));
-      })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exitCode = 1; });'
+      })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exitCode = 1; });' > "$out/.serve"
     local rc=$?
     kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     echo "--- server log"; cat "$out/.server"
+    echo "--- check"; cat "$out/.serve"
     return $rc
   }
   record serve serve_check
 fi
 if has guard; then
-  guard_cuda() { env "${cuda_env[@]}" node --import tsx bench/guard.ts; }
+  # The reranker on, so that requests' runs (the encoders', on the CPU here) need workspace worth guarding.
+  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} node --import tsx bench/guard.ts; }
   record guard guard_cuda
 fi
 if has big; then
