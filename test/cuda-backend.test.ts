@@ -74,7 +74,8 @@ describe('packed steps', () => {
     const f = new Float32Array(words.buffer);
     assert.deepEqual([f[4 + 4 * T + 6 * S], f[4 + 4 * T + 6 * S + 1]], [0, 0.5]);
     assert.ok(Math.abs(f[4 + 4 * T + 7 * S + 1]! - 0.9) < 1e-7);
-    assert.deepEqual([...words.subarray(4 + 4 * T + 8 * S)], [5, 0, 2, 9]); // tables padded to W
+    assert.deepEqual(seq(8), [0, 0]); // no adapter: the base model
+    assert.deepEqual([...words.subarray(4 + 4 * T + 9 * S)], [5, 0, 2, 9]); // tables padded to W
   });
 
   test('a block table too short for the positions is refused', () => {
@@ -273,7 +274,7 @@ describe('the CUDA runner over a stand-in native library', () => {
         numBlocks: cfg.num_blocks, blockSize: cfg.block_size, maxBatchedTokens: cfg.max_batched_tokens, maxSeqs: cfg.max_seqs,
         maxBlocksPerSeq: cfg.max_blocks_per_seq, cublasWorkspaceBytes: cfg.cublas_workspace_bytes,
       });
-      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned];
+      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned, p.lora];
     },
     create: () => ({}) as EngineHandle,
     destroy: () => {},
@@ -290,7 +291,8 @@ describe('the CUDA runner over a stand-in native library', () => {
       resolve();
     })),
     copyBlocks: () => {},
-    memory: () => ({ weights: 0, kv_pool: 0, workspace: 0, cublas_workspace: 0, graphs: 0, host_pinned: 0, total: 0, device_free: 0, device_total: 0 }),
+    memory: () => ({ weights: 0, kv_pool: 0, workspace: 0, cublas_workspace: 0, graphs: 0, host_pinned: 0, total: 0, device_free: 0, device_total: 0, lora: 0 }),
+    loraWrite: () => {},
   });
 
   before(async () => {
