@@ -44,7 +44,8 @@ export async function checkLora(x: LoraCheckInput): Promise<{ result: Record<str
   const { runner, dir } = x;
   const adapters = path.join(dir, 'adapters');
   const ref = JSON.parse(readFileSync(path.join(adapters, 'lora', 'reference.json'), 'utf8')) as { max_new_tokens: number; cases: LoraCase[] };
-  const torchLogits = new Float32Array(readFileSync(path.join(adapters, 'lora', 'logits.f32')).buffer.slice(0));
+  const raw = readFileSync(path.join(adapters, 'lora', 'logits.f32'));
+  const torchLogits = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength)); // a small file's Buffer is a slice of a pool
   const V = runner.shape.vocabSize;
   const result: Record<string, unknown> = {};
   const failures: string[] = [];
