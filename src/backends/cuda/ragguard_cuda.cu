@@ -686,6 +686,8 @@ struct Engine {
   size_t lora_bytes = 0;
   std::vector<LoraSlot> lora_slots;
   float* lora_t = nullptr;
+  // Adapter uploads' own stream: they neither wait for a step in flight nor are left unfinished by one.
+  cudaStream_t lora_stream = nullptr;
   // Whether the step being run (or captured) launches the LoRA kernels: some row has an adapter.
   bool lora_on = false;
   size_t elt() const { return 2; }
@@ -856,6 +858,7 @@ void* rg_create(const rg_config* cfg) {
     // Frees what was made (cudaFree of null is a no-op).
     cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
     cudaFree(e->lora);
+    if (e->lora_stream) cudaStreamDestroy(e->lora_stream);
     cudaFreeHost(e->h_step);
     if (e->blas) cublasDestroy(e->blas);
     if (e->stream) cudaStreamDestroy(e->stream);
@@ -931,6 +934,7 @@ void* rg_create(const rg_config* cfg) {
   if (e->lora_bytes > 0) {
     if (cudaMalloc(&e->lora, e->lora_bytes) != cudaSuccess) return bail("LoRA slots allocation failed (" + std::to_string(e->lora_bytes) + " bytes)");
     if (cudaMemset(e->lora, 0, e->lora_bytes) != cudaSuccess) return bail("LoRA slots could not be zeroed");
+    if (cudaStreamCreateWithFlags(&e->lora_stream, cudaStreamNonBlocking) != cudaSuccess) return bail("LoRA stream create failed");
     const size_t entries = (size_t)c.max_loras + 1;
     char* p = e->lora;
     for (int l = 0; l < c.num_layers; ++l) {
@@ -991,6 +995,7 @@ void rg_destroy(void* h) {
     if (g.lora_exec) cudaGraphExecDestroy(g.lora_exec);
   }
   cudaFree(e->lora);
+  if (e->lora_stream) cudaStreamDestroy(e->lora_stream);
   cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
   cudaFreeHost(e->h_step);
   cudaFreeHost(e->stage_h);
@@ -1210,7 +1215,8 @@ int rg_copy_blocks(void* h, const int32_t* pairs, int n) {
 // slot's capacity and the scale folded into B (lora.ts), converted here to the model's dtype and copied
 // in one transfer each. A null pair zeroes the entry's slot (a slot the adapter leaves alone: the entry
 // may hold an earlier adapter's weights). Called while steps may run: the entry is free, so no step in
-// flight reads it, and the copies do not wait for the step stream.
+// flight reads it; the copies go on their own stream and are complete on return (a pageable copy may
+// otherwise still be in DMA when the next step, on a stream that does not wait for it, reads the entry).
 int rg_lora_write(void* h, int layer, int projection, int entry, const float* a, const float* b) {
   auto* e = static_cast<Engine*>(h);
   const rg_config& c = e->cfg;
@@ -1223,8 +1229,9 @@ int rg_lora_write(void* h, int layer, int projection, int entry, const float* a,
   char* da = static_cast<char*>(s.a) + (size_t)entry * na * 2;
   char* db = static_cast<char*>(s.b) + (size_t)entry * nb * 2;
   if (!a) {
-    CUDA_TRY(cudaMemset(da, 0, na * 2));
-    CUDA_TRY(cudaMemset(db, 0, nb * 2));
+    CUDA_TRY(cudaMemsetAsync(da, 0, na * 2, e->lora_stream));
+    CUDA_TRY(cudaMemsetAsync(db, 0, nb * 2, e->lora_stream));
+    CUDA_TRY(cudaStreamSynchronize(e->lora_stream));
     return 0;
   }
   std::vector<uint16_t> host(na + nb);
@@ -1238,8 +1245,9 @@ int rg_lora_write(void* h, int layer, int projection, int entry, const float* a,
       std::memcpy(&host[i], &y, 2);
     }
   }
-  CUDA_TRY(cudaMemcpy(da, host.data(), na * 2, cudaMemcpyHostToDevice));
-  CUDA_TRY(cudaMemcpy(db, host.data() + na, nb * 2, cudaMemcpyHostToDevice));
+  CUDA_TRY(cudaMemcpyAsync(da, host.data(), na * 2, cudaMemcpyHostToDevice, e->lora_stream));
+  CUDA_TRY(cudaMemcpyAsync(db, host.data() + na, nb * 2, cudaMemcpyHostToDevice, e->lora_stream));
+  CUDA_TRY(cudaStreamSynchronize(e->lora_stream));  // `host` is freed on return
   return 0;
 }
 
