@@ -5,6 +5,7 @@
 #   check   scripts/check-cuda.ts on them (logits, greedy ids alone / mixed / prefix hit / preempted, sampling)
 #   bench   npm run bench:gpu (bench/gpu.ts) against transformers eager and compiled, same weights
 #   big     the 7B-shaped checkpoint and bench:gpu's bandwidth figures (BENCH_GPU_BIG)
+#   lora    npm run bench:gpu-lora (bench/gpu-lora.ts): LoRA slots and adapters' cost (needs the models step's adapters)
 # STEPS picks steps (default "build models check bench"); each step's output goes to $OUT/cuda.log, its
 # last JSON line to $OUT/cuda.jsonl.
 set -uo pipefail
@@ -28,6 +29,7 @@ if has bench; then
   bench_models=${BENCH_GPU_MODELS:-$MODELS/qwen2-0.5b-f16,$MODELS/qwen2-0.5b-bf16}
   BENCH_GPU_MODELS=$bench_models record bench node --import tsx bench/gpu.ts
 fi
+has lora && BENCH_GPU_MODELS=${BENCH_GPU_MODELS:-$MODELS/qwen2-0.5b-f16} record lora node --import tsx bench/gpu-lora.ts
 if has big; then
   record big-model python3 scripts/gpu/hf_models.py --out "$MODELS" qwen2-7b-bf16
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record big node --import tsx bench/gpu.ts
