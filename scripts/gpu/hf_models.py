@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 NEW = 24
@@ -139,8 +140,12 @@ def build_adapter(name, root):
         print("exists:", out, flush=True)
         return
     t0 = time.time()
-    # Cast after loading (the checkpoint's own dtype, exactly): the dtype keyword's name varies by version.
-    model = AutoModelForCausalLM.from_pretrained(base).to("cuda", dtype).eval()
+    # Loaded in its dtype, not cast after: Module.to(dtype) would also round the rotary inv_freq buffer,
+    # which transformers keeps in float32 (as build() made it). The keyword was torch_dtype before 4.56.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(base, **{kw: dtype}).to("cuda").eval()
+    assert next(model.parameters()).dtype == dtype, f"loaded as {next(model.parameters()).dtype}, not {dtype}"
     model.generation_config.eos_token_id = None
     model = get_peft_model(model, LoraConfig(lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", **LORA))
     g = torch.Generator().manual_seed(12)
