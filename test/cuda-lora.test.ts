@@ -11,11 +11,11 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import type { CudaBackend, EngineHandle, NativeConfig } from '../src/backends/cuda/binding.js';
-import { LORA_PROJECTIONS } from '../src/backends/cuda/cuda-lora.js';
+import { cudaLoraPool, LORA_PROJECTIONS } from '../src/backends/cuda/cuda-lora.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { parseConfig } from '../src/backends/cuda/hf-checkpoint.js';
 import { loraSlotBytes, packStep, planDevice, stepWords, type DeviceLimits } from '../src/backends/cuda/step-pack.js';
-import { AdapterRegistry } from '../src/generate/adapters.js';
+import { AdapterRegistry, type AdapterHost } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import { loraSlots } from '../src/generate/lora.js';
@@ -268,5 +268,29 @@ describe('the adapter registry over the CUDA runner (stand-in native library)', 
     assert.equal(registry.stats().slots.free, 2);
     // Every sequence decoded with its own entry from the first step to the last.
     assert.ok(s.steps.every((st) => st.lora.every((e) => e >= 0 && e <= 2)));
+  });
+
+  test('a pool made before the runner (the server builds its registry first) is bound by the runner created with it', async () => {
+    const c = parseConfig(tiny);
+    const pool = cudaLoraPool(c, 'float16', 2, 4);
+    const host: AdapterHost = { loraSlots: loraSlots(c), shape: { ...c, kvDtype: 'float16' }, loraPoolFor: () => pool };
+    const registry = new AdapterRegistry(adapters, host, { maxLoras: 2, maxRank: 4, waitMs: 1000 });
+    await assert.rejects(registry.acquire('qv'), /not allocated yet/);
+    assert.equal(registry.stats().slots.free, 2, 'the refused load took no entry');
+    const opts = { numBlocks: 64, blockSize: 4, maxBatchedTokens: 16, maxSeqs: 8 };
+    await assert.rejects(CudaModelRunner.load(model, { ...opts, maxLoras: 3, loraPool: pool }, standIn().native), /differ from the LoRA pool's 2 x 4/);
+    assert.equal(pool.bound, false);
+    const s = standIn();
+    const runner = await CudaModelRunner.load(model, { ...opts, loraPool: pool }, s.native);
+    assert.deepEqual([s.config()!.max_loras, s.config()!.max_lora_rank], [2, 4], 'the pool sets the slots');
+    assert.equal(runner.plan.lora, pool.bytes);
+    assert.equal(runner.loraPoolFor(2, 4), pool);
+    const lease = await registry.acquire('qv');
+    assert.equal(s.writes.length, 10, 'written through the runner\'s engine');
+    const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
+    const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: 8, maxNumBatchedTokens: 16 });
+    assert.deepEqual((await engine.generate([3], { maxNewTokens: 2, temperature: 0, ignoreEos: true, adapter: lease.adapter })).ids, [14, 25]);
+    lease.release();
+    await assert.rejects(CudaModelRunner.load(model, { ...opts, loraPool: pool }, standIn().native), /bound already/);
   });
 });

@@ -11,10 +11,16 @@
  * copy per tensor; zeros for slots the adapter leaves alone, since the entry may hold an earlier
  * adapter's weights), unloading only frees the entry, exactly as lora-pool.ts does for the host slots.
  * The adapter registry (adapters.ts) drives it unchanged.
+ *
+ * A pool may be made before the device memory exists (cudaLoraPool: the server builds its adapter
+ * registry, and so the pool, before the budget has sized the KV pool and the runner is created); the
+ * runner that allocates the slots binds it (CudaRunnerOptions.loraPool). Until then nothing can load.
  */
 import type { AdapterSlots } from '../../generate/lora-pool.js';
 import { DecoderAdapter, LoraPoolFullError } from '../../generate/lora-pool.js';
-import { slotCapacity, writeEntry, type LoraProjection, type LoraSlot, type SlotTensors } from '../../generate/lora.js';
+import { loraSlots, slotCapacity, writeEntry, type LoraProjection, type LoraSlot, type SlotTensors } from '../../generate/lora.js';
+import type { CudaModelConfig, ModelDtype } from './hf-checkpoint.js';
+import { loraSlotBytes } from './step-pack.js';
 
 /** The projections' order inside a layer: rg_lora_write's `projection` (ragguard_cuda.cu L_QKV..L_DOWN). */
 export const LORA_PROJECTIONS: readonly LoraProjection[] = ['self_attn.qkv_proj', 'self_attn.o_proj', 'mlp.gate_proj', 'mlp.up_proj', 'mlp.down_proj'];
@@ -33,7 +39,8 @@ export class CudaLoraPool implements AdapterSlots {
     readonly maxRank: number,
     /** The slots' device bytes (the accountant's figure: DevicePlan.lora). */
     readonly bytes: number,
-    private readonly write: SlotWriter,
+    /** The device slots' writer; absent until the runner that allocates them binds the pool. */
+    private write?: SlotWriter,
   ) {
     for (const s of slots) {
       if (LORA_PROJECTIONS.indexOf(s.projection) < 0) throw new Error(`no device LoRA slot for ${s.projection}`);
@@ -45,6 +52,17 @@ export class CudaLoraPool implements AdapterSlots {
     return this.freeEntries.length;
   }
 
+  /** Whether the device slots exist (a runner has bound the pool). */
+  get bound(): boolean {
+    return this.write !== undefined;
+  }
+
+  /** Attaches the device slots (the runner that allocated them); once. */
+  bind(write: SlotWriter): void {
+    if (this.write) throw new Error('this LoRA pool already writes into a runner\'s slots');
+    this.write = write;
+  }
+
   load(key: string, tensors: readonly SlotTensors[]): DecoderAdapter {
     const given = new Map(tensors.map((t) => [t.slot.a, t]));
     // Checked before an entry is taken: a refused adapter leaves nothing behind.
@@ -52,6 +70,8 @@ export class CudaLoraPool implements AdapterSlots {
       const t = given.get(s.a);
       if (t && t.rank > slotCapacity(s, this.maxRank)) throw new Error(`rank ${t.rank} over slot capacity ${slotCapacity(s, this.maxRank)} for ${s.a}`);
     }
+    const write = this.write;
+    if (!write) throw new Error('the CUDA decoder\'s LoRA slots are not allocated yet (no runner has bound them)');
     const entry = this.freeEntries.pop();
     if (entry === undefined) throw new LoraPoolFullError(`all ${this.maxLoras} adapter slots are in use (RAGGUARD_MAX_LORAS)`);
     try {
@@ -59,7 +79,7 @@ export class CudaLoraPool implements AdapterSlots {
         const t = given.get(s.a);
         const p = LORA_PROJECTIONS.indexOf(s.projection);
         if (!t || t.rank === 0) {
-          this.write(s.layer, p, entry, null, null);
+          write(s.layer, p, entry, null, null);
           continue;
         }
         const cap = slotCapacity(s, this.maxRank);
@@ -67,7 +87,7 @@ export class CudaLoraPool implements AdapterSlots {
         const b = new Float32Array(cap * s.outDim);
         writeEntry(a, 0, 'A', s.inDim, cap, t.a, t.rank);
         writeEntry(b, 0, 'B', s.outDim, cap, t.b, t.rank);
-        this.write(s.layer, p, entry, a, b);
+        write(s.layer, p, entry, a, b);
       }
     } catch (e) {
       // A failed copy: the entry goes back (its next load overwrites every slot again).
@@ -83,4 +103,14 @@ export class CudaLoraPool implements AdapterSlots {
   onFree(listener: () => void): void {
     this.freed.add(listener);
   }
+}
+
+/**
+ * The pool of a model's device LoRA slots, not yet bound to device memory: for a holder that must hand the
+ * adapter registry its pool before the runner exists; the runner created with it (CudaRunnerOptions.loraPool)
+ * allocates the slots and binds it.
+ */
+export function cudaLoraPool(config: CudaModelConfig, dtype: ModelDtype, maxLoras: number, maxRank: number): CudaLoraPool {
+  if (maxLoras < 1 || maxRank < 1) throw new Error(`LoRA slots need max_loras and max_lora_rank of at least 1 (${maxLoras} x ${maxRank})`);
+  return new CudaLoraPool(loraSlots(config), maxLoras, maxRank, loraSlotBytes(config, dtype, maxLoras, maxRank));
 }

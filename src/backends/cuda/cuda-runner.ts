@@ -42,9 +42,27 @@ export interface CudaRunnerOptions {
   /** Device LoRA slots: adapters resident at once (0, the default: no slots) and rank per module (RAGGUARD_MAX_LORAS / _RANK). */
   maxLoras?: number;
   maxLoraRank?: number;
+  /**
+   * The pool for those slots, made before the runner (cuda-lora.ts cudaLoraPool: for an adapter registry
+   * built first); the runner binds it. Absent: the runner makes its own. Its dimensions set the slots'.
+   */
+  loraPool?: CudaLoraPool;
 }
 
 export class CudaUnavailableError extends Error {}
+
+/** The LoRA slots' dimensions for the device limits: a pool handed in sets them; else the options (rank 16 by default). */
+function loraLimits(opts: CudaRunnerOptions): { maxLoras: number; maxLoraRank: number } {
+  const p = opts.loraPool;
+  if (p) {
+    if ((opts.maxLoras !== undefined && opts.maxLoras !== p.maxLoras) || (opts.maxLoraRank !== undefined && opts.maxLoraRank !== p.maxRank)) {
+      throw new Error(`maxLoras/maxLoraRank ${opts.maxLoras} x ${opts.maxLoraRank} differ from the LoRA pool's ${p.maxLoras} x ${p.maxRank}`);
+    }
+    return { maxLoras: p.maxLoras, maxLoraRank: p.maxRank };
+  }
+  const maxLoras = opts.maxLoras ?? 0;
+  return { maxLoras, maxLoraRank: maxLoras > 0 ? opts.maxLoraRank ?? 16 : 0 };
+}
 
 const SRC_DTYPE = { F32: 0, F16: 1, BF16: 2 } as const;
 /** cuBLAS's recommended workspace on Hopper (32 MiB), set explicitly so it is counted and graph capture is safe. */
@@ -81,6 +99,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     readonly limits: DeviceLimits,
     readonly tokenizer: TokenDecoder,
     buckets: readonly number[],
+    pool?: CudaLoraPool,
   ) {
     const c = checkpoint.config;
     this.shape = {
@@ -94,7 +113,8 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     const loras = limits.maxLoras ?? 0;
     this.loraSlots = loras > 0 ? loraSlots(this.shape) : null;
     if (this.loraSlots) {
-      this.loraPool = new CudaLoraPool(this.loraSlots, loras, limits.maxLoraRank ?? 0, this.plan.lora,
+      // A pool handed in is bound once the runner is complete (load); its own, now.
+      this.loraPool = pool ?? new CudaLoraPool(this.loraSlots, loras, limits.maxLoraRank ?? 0, this.plan.lora,
         (layer, p, entry, a, b) => native.loraWrite(handle, layer, p, entry, a, b));
     }
   }
@@ -115,7 +135,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       // A block table never needs more entries than the longest sequence the model or the pool allows.
       maxBlocksPerSeq: Math.ceil(maxPositions / opts.blockSize),
       cublasWorkspaceBytes: opts.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE,
-      maxLoras: opts.maxLoras ?? 0, maxLoraRank: opts.maxLoras ? opts.maxLoraRank ?? 16 : 0,
+      ...loraLimits(opts),
     };
     const graphMax = Math.min(opts.graphMaxBatch ?? opts.maxSeqs, opts.maxSeqs, opts.maxBatchedTokens);
     const cfg: NativeConfig = {
@@ -131,6 +151,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     const plan = planDevice(c, dtype, limits);
     const mine = [plan.weights, plan.kvPool, plan.workspace, plan.cublasWorkspace, plan.hostPinned, plan.lora];
     if (mine.some((v, i) => v !== nativePlan[i])) throw new Error(`device plan mismatch: ${mine.join(',')} vs native ${nativePlan.join(',')}`);
+    if (opts.loraPool && (opts.loraPool.bound || opts.loraPool.bytes !== plan.lora)) throw new Error('the LoRA pool handed in is bound already or sized for other slots');
     const h = native.create(cfg);
     try {
       native.setRope(h, ckpt.invFreq);
@@ -138,8 +159,9 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       native.loadDone(h);
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
       const tokenizer = existsSync(path.join(dir, 'tokenizer.json')) ? await TextTokenizer.load(dir) : NO_TEXT;
-      const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets);
+      const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets, opts.loraPool);
       if (buckets.length > 0) runner.graphBytes = native.captureGraphs(h, buckets);
+      opts.loraPool?.bind((layer, p, entry, a, b) => native.loraWrite(h, layer, p, entry, a, b));
       return runner;
     } catch (e) {
       native.destroy(h);
