@@ -10,8 +10,10 @@
  * prefix-cache hit: blocks reused, not recomputed), and all with a pool so small that the scheduler
  * preempts. Greedy ids must equal torch's; where they part, torch's own top-1/top-2 margin at that step
  * must be a near-tie (rounding, not a bug), and such cases are counted. Seeded sampling must repeat
- * itself in any batch. Also: the accountant's device total against NVML's used bytes. Last line JSON;
- * exit code 1 on any failure.
+ * itself in any batch. Also: the accountant's device total against NVML's used bytes. Where the
+ * checkpoint has a LoRA adapter (adapters/lora), the runner gets LoRA slots and scripts/check-cuda-lora.ts
+ * checks them against transformers + peft (alone, mixed with base rows and a second entry, prefix hits).
+ * Last line JSON; exit code 1 on any failure.
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -20,6 +22,7 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
+import { checkLora, hasLoraReference, LORA_SLOTS } from './check-cuda-lora.js';
 
 interface Case { prompt_ids: number[]; greedy_ids: number[]; margins: number[]; logit_scale: number }
 interface Reference { max_new_tokens: number; cases: Case[] }
@@ -46,7 +49,7 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   const nvml = nvmlReader();
   const before = usedBytes(nvml.read());
   const numBlocks = 512;
-  const runner = await CudaModelRunner.load(dir, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 1024, maxSeqs: 16 });
+  const runner = await CudaModelRunner.load(dir, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 1024, maxSeqs: 16, ...(hasLoraReference(dir) ? LORA_SLOTS : {}) });
   const nvmlAfter = usedBytes(nvml.read());
   const V = runner.shape.vocabSize;
   const torchLogits = new Float32Array(readFileSync(path.join(dir, 'logits.f32')).buffer.slice(0));
@@ -116,6 +119,11 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   const s2 = (await Promise.all([ref.cases[0]!, ref.cases[1]!, ref.cases[2]!].map((c) => batchEngine.generate(c.prompt_ids, sampled))))[1]!;
   out.sampling = { repeatable: s1.ids.join() === s2.ids.join(), differs_from_greedy: s1.ids.join() !== alone[1]!.join() };
   if (s1.ids.join() !== s2.ids.join()) failures.push('seeded sampling differs between alone and batched');
+  if (hasLoraReference(dir)) {
+    const lora = await checkLora({ runner, dir, numBlocks, blockSize: BLOCK, baseCases: ref.cases, compare, logitTolerance: LOGIT_TOL[runner.dtype] });
+    out.lora = lora.result;
+    failures.push(...lora.failures);
+  }
   runner.close();
   out.failures = failures;
   return out;

@@ -75,7 +75,8 @@ describe('packed steps', () => {
     const f = new Float32Array(words.buffer);
     assert.deepEqual([f[4 + 4 * T + 6 * S], f[4 + 4 * T + 6 * S + 1]], [0, 0.5]);
     assert.ok(Math.abs(f[4 + 4 * T + 7 * S + 1]! - 0.9) < 1e-7);
-    assert.deepEqual([...words.subarray(4 + 4 * T + 8 * S)], [5, 0, 2, 9]); // tables padded to W
+    assert.deepEqual(seq(8), [0, 0]); // no adapter: the base model
+    assert.deepEqual([...words.subarray(4 + 4 * T + 9 * S)], [5, 0, 2, 9]); // tables padded to W
   });
 
   test('a block table too short for the positions is refused', () => {

@@ -21,6 +21,7 @@ export function standInCuda(config: Record<string, unknown>): StandIn {
   const planOf = (cfg: NativeConfig) => planDevice(parsed, cfg.dtype === 1 ? 'bfloat16' : 'float16', {
     numBlocks: cfg.num_blocks, blockSize: cfg.block_size, maxBatchedTokens: cfg.max_batched_tokens, maxSeqs: cfg.max_seqs,
     maxBlocksPerSeq: cfg.max_blocks_per_seq, cublasWorkspaceBytes: cfg.cublas_workspace_bytes,
+    maxLoras: cfg.max_loras, maxLoraRank: cfg.max_lora_rank,
   });
   const engines = new Map<EngineHandle, NativeConfig>();
   const s: StandIn = {
@@ -29,7 +30,7 @@ export function standInCuda(config: Record<string, unknown>): StandIn {
     deviceCount: () => 1,
     plan: (cfg) => {
       const p = planOf(cfg);
-      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned];
+      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned, p.lora];
     },
     create: (cfg) => {
       const h = {} as EngineHandle;
@@ -53,13 +54,14 @@ export function standInCuda(config: Record<string, unknown>): StandIn {
       resolve();
     })),
     copyBlocks: () => {},
+    loraWrite: () => {},
     memory: (h): NativeMemory => {
       const cfg = engines.get(h);
       if (!cfg) throw new Error('no such engine');
       const p = planOf(cfg);
       return {
         weights: p.weights, kv_pool: p.kvPool, workspace: p.workspace, cublas_workspace: p.cublasWorkspace, graphs: 0,
-        host_pinned: p.hostPinned, total: p.total, device_free: 100e9, device_total: 141e9,
+        host_pinned: p.hostPinned, total: p.total, device_free: 100e9, device_total: 141e9, lora: p.lora,
       };
     },
   };

@@ -18,17 +18,30 @@ vocab-sized float32 row per prompt).
 
 Random weights give nearly flat logits; the final norm's weight is raised (as build_qwen2_05b.py does) so
 that greedy decoding has clear winners.
+
+Each small model also gets a PEFT LoRA adapter for the CUDA backend's LoRA slots (adapters/lora: every
+projection, r 8, lora_alpha 16, down_proj's alpha 32 by alpha_pattern; seeded random A and B large enough
+to change the greedy ids), saved by PEFT itself, with the same reference.json and logits.f32 computed by
+transformers + peft, and a byte-equal copy (adapters/lora-copy) so that a batch can hold two entries.
 """
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 NEW = 24
 NORM_WEIGHT = 8.0
+LORA = dict(r=8, lora_alpha=16, alpha_pattern={"down_proj": 32},
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+# Standard deviation of the random A and B: delta W = scale B A has elements of about
+# scale * sqrt(r) * std^2 = 2 * 2.8 * 0.0036 = 0.02, the base weights' own (initializer_range), so the
+# adapter changes the greedy ids without swamping the model.
+LORA_STD = 0.06
 
 
 def qwen2(layers=24, hidden=896, inter=4864, heads=14, kv=2, vocab=151936, tie=True):
@@ -116,6 +129,40 @@ def build(name, root):
     torch.cuda.empty_cache()
 
 
+def build_adapter(name, root):
+    """The LoRA adapter of a built model and transformers + peft's reference outputs with it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    _, dtype, _ = MODELS[name]
+    base = root / name
+    out = base / "adapters" / "lora"
+    if (out / "reference.json").exists():
+        print("exists:", out, flush=True)
+        return
+    t0 = time.time()
+    # Loaded in its dtype, not cast after: Module.to(dtype) would also round the rotary inv_freq buffer,
+    # which transformers keeps in float32 (as build() made it). The keyword was torch_dtype before 4.56.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(base, **{kw: dtype}).to("cuda").eval()
+    assert next(model.parameters()).dtype == dtype, f"loaded as {next(model.parameters()).dtype}, not {dtype}"
+    model.generation_config.eos_token_id = None
+    model = get_peft_model(model, LoraConfig(lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", **LORA))
+    g = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_A" in n or "lora_B" in n:
+                p.data = (torch.randn(p.shape, generator=g) * LORA_STD).to(p.device, p.dtype)
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    reference(model, model.config.vocab_size, out)
+    shutil.copytree(out, base / "adapters" / "lora-copy", dirs_exist_ok=True)
+    print(f"{name}: LoRA adapter r {LORA['r']} saved with its reference in {time.time() - t0:.0f} s", flush=True)
+    del model
+    torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".gpu-models")
@@ -123,6 +170,8 @@ def main():
     args = ap.parse_args()
     for m in args.models:
         build(m, Path(args.out))
+        if "7b" not in m:
+            build_adapter(m, Path(args.out))
 
 
 if __name__ == "__main__":

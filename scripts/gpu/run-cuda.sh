@@ -10,6 +10,7 @@
 #   parity  scripts/check-cuda-parity.ts: the same trained model on the CPU path and on this backend
 #   serve   the server with RAGGUARD_DECODER_EP=cuda: /healthz, one query, /debug/memory, the start-up log
 #   guard   bench:guard with the decoder on this backend (encoders on the CPU: RAGGUARD_EMBEDDER_EP etc. to move them)
+#   lora    npm run bench:gpu-lora (bench/gpu-lora.ts): LoRA slots and adapters' cost (needs the models step's adapters)
 # STEPS picks steps (default "build models check bench"); each step's output goes to $OUT/cuda.log, its
 # last JSON line to $OUT/cuda.jsonl.
 set -uo pipefail
@@ -76,6 +77,7 @@ if has guard; then
   guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} node --import tsx bench/guard.ts; }
   record guard guard_cuda
 fi
+has lora && BENCH_GPU_MODELS=${BENCH_GPU_MODELS:-$MODELS/qwen2-0.5b-f16} record lora node --import tsx bench/gpu-lora.ts
 if has big; then
   record big-model python3 scripts/gpu/hf_models.py --out "$MODELS" qwen2-7b-bf16
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record big node --import tsx bench/gpu.ts

@@ -15,7 +15,7 @@ import path from 'node:path';
 import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime/safetensors.js';
 import { dtypeBytes, type KvDtype } from './kv-pool.js';
 import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
-import type { DecoderAdapter, LoraPool } from './lora-pool.js';
+import type { AdapterSlots, DecoderAdapter } from './lora-pool.js';
 
 /** The decoder as adapters need it. */
 export interface AdapterHost {
@@ -23,7 +23,7 @@ export interface AdapterHost {
   /** Why the decoder takes no adapters, where it says (loraSlots null). */
   readonly loraUnavailable?: string;
   readonly shape: LoraShape & { kvDtype: KvDtype };
-  loraPoolFor(maxLoras: number, maxRank: number): LoraPool;
+  loraPoolFor(maxLoras: number, maxRank: number): AdapterSlots;
 }
 
 export interface AdapterLimits {
@@ -85,7 +85,7 @@ export class AdapterRegistry {
   /** Inspections by name, valid while the files' size and time hold. */
   private readonly infos = new Map<string, { stamp: string; info: AdapterInfo }>();
   /** The decoder's slots; absent where adapters are unavailable. */
-  readonly pool: LoraPool | undefined;
+  readonly pool: AdapterSlots | undefined;
   /** Slots held for loads about to start or in progress (the pool counts them only once written). */
   private loading = 0;
   private readonly waiters: (() => void)[] = [];

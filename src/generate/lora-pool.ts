@@ -47,7 +47,24 @@ export class DecoderAdapter {
 
 export class LoraPoolFullError extends Error {}
 
-export class LoraPool<T extends SlotTensor = SlotTensor> {
+/**
+ * A decoder's adapter slots as the adapter registry drives them (adapters.ts): this host pool, or the
+ * CUDA backend's device slots (backends/cuda/cuda-lora.ts).
+ */
+export interface AdapterSlots {
+  readonly maxLoras: number;
+  readonly maxRank: number;
+  /** Bytes of all its slots, allocated once. */
+  readonly bytes: number;
+  /** Free entries. */
+  readonly available: number;
+  /** Writes an adapter's slot tensors into a free entry; throws LoraPoolFullError when none is free. */
+  load(key: string, tensors: readonly SlotTensors[]): DecoderAdapter;
+  /** Called whenever an entry frees. */
+  onFree(listener: () => void): void;
+}
+
+export class LoraPool<T extends SlotTensor = SlotTensor> implements AdapterSlots {
   /** By slot's A input name. */
   readonly slots: ReadonlyMap<string, Slot<T>>;
   /** Bytes of all its tensors. */

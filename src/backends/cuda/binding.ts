@@ -17,12 +17,16 @@ export interface NativeConfig {
   dtype: number; tie_embeddings: number; qkv_bias: number; rms_eps: number;
   num_blocks: number; block_size: number; max_batched_tokens: number; max_seqs: number; max_blocks_per_seq: number;
   cublas_workspace_bytes: number; device: number; graph_max_batch: number;
+  /** LoRA slots: adapters resident at once (0: none) and rank per module. */
+  max_loras: number; max_lora_rank: number;
 }
 
 /** rg_memory: the accountant's device figures and the device's own free/total. */
 export interface NativeMemory {
   weights: number; kv_pool: number; workspace: number; cublas_workspace: number; graphs: number; host_pinned: number; total: number;
   device_free: number; device_total: number;
+  /** The LoRA slots (included in total). */
+  lora: number;
 }
 
 export type EngineHandle = { readonly __brand: 'rg_engine' };
@@ -47,6 +51,11 @@ export interface CudaBackend {
   profileRead?(h: EngineHandle): StepProfile;
   /** Mean device milliseconds of the decode graph of `batch` replayed `reps` times on the last step's inputs. */
   graphTime?(h: EngineHandle, batch: number, reps: number): number;
+  /**
+   * Writes one LoRA slot of an entry: A [in, capacity] and B [capacity, out] float32 (cuda-lora.ts pads
+   * them), or zeros where both are null. `projection` is the slot's index in a layer (LORA_PROJECTIONS).
+   */
+  loraWrite(h: EngineHandle, layer: number, projection: number, entry: number, a: Float32Array | null, b: Float32Array | null): void;
 }
 
 /** Milliseconds by phase over `steps` profiled steps (rg_profile_read's order). */
@@ -72,10 +81,11 @@ function bind(file: string): CudaBackend {
     dtype: 'int32_t', tie_embeddings: 'int32_t', qkv_bias: 'int32_t', rms_eps: 'float',
     num_blocks: 'int32_t', block_size: 'int32_t', max_batched_tokens: 'int32_t', max_seqs: 'int32_t', max_blocks_per_seq: 'int32_t',
     cublas_workspace_bytes: 'int64_t', device: 'int32_t', graph_max_batch: 'int32_t',
+    max_loras: 'int32_t', max_lora_rank: 'int32_t',
   });
   koffi.struct('rg_memory', {
     weights: 'int64_t', kv_pool: 'int64_t', workspace: 'int64_t', cublas_workspace: 'int64_t', graphs: 'int64_t', host_pinned: 'int64_t',
-    total: 'int64_t', device_free: 'int64_t', device_total: 'int64_t',
+    total: 'int64_t', device_free: 'int64_t', device_total: 'int64_t', lora: 'int64_t',
   });
   const lastError = lib.func('const char *rg_last_error()');
   const deviceCount = lib.func('int rg_device_count()');
@@ -92,6 +102,7 @@ function bind(file: string): CudaBackend {
   const profile = lib.func('int rg_profile(void *h, int32_t on)');
   const profileRead = lib.func('int rg_profile_read(void *h, _Out_ double *out, int32_t n)');
   const graphTime = lib.func('int rg_graph_time(void *h, int32_t batch, int32_t reps, _Out_ float *ms)');
+  const loraWrite = lib.func('int rg_lora_write(void *h, int layer, int projection, int entry, const float *a, const float *b)');
   const check = (rc: unknown, what: string): number => {
     const n = Number(rc);
     if (n < 0) throw new Error(`CUDA backend: ${what}: ${String(lastError())}`);
@@ -100,7 +111,7 @@ function bind(file: string): CudaBackend {
   return {
     deviceCount: () => Number(deviceCount()),
     plan(cfg) {
-      const out = new BigInt64Array(5);
+      const out = new BigInt64Array(6);
       check(plan(cfg, out), 'rg_plan');
       return Array.from(out, Number);
     },
@@ -144,6 +155,9 @@ function bind(file: string): CudaBackend {
       const ms = new Float32Array(1);
       check(graphTime(h, batch, reps, ms), 'rg_graph_time');
       return ms[0]!;
+    },
+    loraWrite(h, layer, projection, entry, a, b) {
+      check(loraWrite(h, layer, projection, entry, a, b), `writing LoRA entry ${entry}`);
     },
   };
 }

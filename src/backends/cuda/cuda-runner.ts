@@ -8,15 +8,22 @@
  * Decode steps go first, all rows in one run (replayed from a CUDA graph of the smallest bucket that
  * holds them), then prefills packed together into runs of at most max_batched_tokens tokens; a prompt
  * longer than that is prefilled in chunks, only the last chunk's token sampled.
+ *
+ * With LoRA slots (maxLoras > 0) the runner is an AdapterHost (adapters.ts): the adapter registry loads
+ * adapters into its device slots (cuda-lora.ts), and each step carries every sequence's entry, so rows of
+ * different adapters and of the base model share a step.
  */
 import { existsSync } from 'node:fs';
 import path from 'node:path';
+import type { AdapterHost } from '../../generate/adapters.js';
 import type { DecoderShape } from '../../generate/decoder-model.js';
+import { loraSlots, type LoraSlot } from '../../generate/lora.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink, TokenDecoder } from '../../generate/model-runner.js';
 import type { BlockCopy } from '../../generate/scheduler.js';
 import type { SamplingParams, Sequence } from '../../generate/sequence.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory, type StepProfile } from './binding.js';
+import { CudaLoraPool } from './cuda-lora.js';
 import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { graphBuckets, kvBytesPerToken, packStep, planDevice, type DeviceLimits, type DevicePlan, type DeviceSampling, type StepItem } from './step-pack.js';
 
@@ -34,9 +41,30 @@ export interface CudaRunnerOptions {
   device?: number;
   /** Tokens one sequence holds at most (prompt and output), where the server bounds it below the model's positions. */
   maxSequenceTokens?: number;
+  /** Device LoRA slots: adapters resident at once (0, the default: no slots) and rank per module (RAGGUARD_MAX_LORAS / _RANK). */
+  maxLoras?: number;
+  maxLoraRank?: number;
+  /**
+   * The pool for those slots, made before the runner (cuda-lora.ts cudaLoraPool: for an adapter registry
+   * built first); the runner binds it. Absent: the runner makes its own. Its dimensions set the slots'.
+   */
+  loraPool?: CudaLoraPool;
 }
 
 export class CudaUnavailableError extends Error {}
+
+/** The LoRA slots' dimensions for the device limits: a pool handed in sets them; else the options (rank 16 by default). */
+function loraLimits(opts: CudaRunnerOptions): { maxLoras: number; maxLoraRank: number } {
+  const p = opts.loraPool;
+  if (p) {
+    if ((opts.maxLoras !== undefined && opts.maxLoras !== p.maxLoras) || (opts.maxLoraRank !== undefined && opts.maxLoraRank !== p.maxRank)) {
+      throw new Error(`maxLoras/maxLoraRank ${opts.maxLoras} x ${opts.maxLoraRank} differ from the LoRA pool's ${p.maxLoras} x ${p.maxRank}`);
+    }
+    return { maxLoras: p.maxLoras, maxLoraRank: p.maxRank };
+  }
+  const maxLoras = opts.maxLoras ?? 0;
+  return { maxLoras, maxLoraRank: maxLoras > 0 ? opts.maxLoraRank ?? 16 : 0 };
+}
 
 const SRC_DTYPE = { F32: 0, F16: 1, BF16: 2 } as const;
 /** cuBLAS's recommended workspace on Hopper (32 MiB), set explicitly so it is counted and graph capture is safe. */
@@ -50,7 +78,7 @@ export function deviceSampling(params: SamplingParams, step: number): DeviceSamp
 /** Greedy-equivalent decoding by the empty tokenizer of a checkpoint that ships none (benchmarks). */
 const NO_TEXT: TokenDecoder = { decode: () => '' };
 
-export class CudaModelRunner implements ModelRunner {
+export class CudaModelRunner implements ModelRunner, AdapterHost {
   readonly shape: DecoderShape;
   readonly eosIds: ReadonlySet<number>;
   readonly plan: DevicePlan;
@@ -61,6 +89,9 @@ export class CudaModelRunner implements ModelRunner {
   /** Logits of the last step's rows, when `keepLogits` (checks only: a device-to-host copy per step). */
   lastLogits: Float32Array | null = null;
   keepLogits = false;
+  /** The device LoRA slots' projections, or null without slots (maxLoras 0: adapters are refused). */
+  readonly loraSlots: readonly LoraSlot[] | null;
+  private readonly loraPool: CudaLoraPool | undefined;
 
   private constructor(
     private readonly native: CudaBackend,
@@ -70,6 +101,7 @@ export class CudaModelRunner implements ModelRunner {
     readonly limits: DeviceLimits,
     readonly tokenizer: TokenDecoder,
     buckets: readonly number[],
+    pool?: CudaLoraPool,
   ) {
     const c = checkpoint.config;
     this.shape = {
@@ -80,6 +112,13 @@ export class CudaModelRunner implements ModelRunner {
     this.plan = planDevice(c, dtype, limits);
     this.buckets = buckets;
     this.tokensOut = new Int32Array(limits.maxSeqs);
+    const loras = limits.maxLoras ?? 0;
+    this.loraSlots = loras > 0 ? loraSlots(this.shape) : null;
+    if (this.loraSlots) {
+      // A pool handed in is bound once the runner is complete (load); its own, now.
+      this.loraPool = pool ?? new CudaLoraPool(this.loraSlots, loras, limits.maxLoraRank ?? 0, this.plan.lora,
+        (layer, p, entry, a, b) => native.loraWrite(handle, layer, p, entry, a, b));
+    }
   }
 
   /**
@@ -108,6 +147,7 @@ export class CudaModelRunner implements ModelRunner {
       numBlocks: opts.numBlocks, blockSize: opts.blockSize, maxBatchedTokens: opts.maxBatchedTokens, maxSeqs: opts.maxSeqs,
       maxBlocksPerSeq: Math.ceil(maxPositions / opts.blockSize),
       cublasWorkspaceBytes: opts.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE,
+      ...loraLimits(opts),
     };
   }
 
@@ -126,20 +166,23 @@ export class CudaModelRunner implements ModelRunner {
       qkv_bias: c.qkvBias ? 1 : 0, rms_eps: c.rmsEps, num_blocks: limits.numBlocks, block_size: limits.blockSize,
       max_batched_tokens: limits.maxBatchedTokens, max_seqs: limits.maxSeqs, max_blocks_per_seq: limits.maxBlocksPerSeq,
       cublas_workspace_bytes: limits.cublasWorkspaceBytes, device: opts.device ?? 0, graph_max_batch: graphMax,
+      max_loras: limits.maxLoras ?? 0, max_lora_rank: limits.maxLoraRank ?? 0,
     };
     // The accountant's figures and the native allocator's must be the same numbers.
     const nativePlan = native.plan(cfg);
     const plan = planDevice(c, dtype, limits);
-    const mine = [plan.weights, plan.kvPool, plan.workspace, plan.cublasWorkspace, plan.hostPinned];
+    const mine = [plan.weights, plan.kvPool, plan.workspace, plan.cublasWorkspace, plan.hostPinned, plan.lora];
     if (mine.some((v, i) => v !== nativePlan[i])) throw new Error(`device plan mismatch: ${mine.join(',')} vs native ${nativePlan.join(',')}`);
+    if (opts.loraPool && (opts.loraPool.bound || opts.loraPool.bytes !== plan.lora)) throw new Error('the LoRA pool handed in is bound already or sized for other slots');
     const h = native.create(cfg);
     try {
       native.setRope(h, ckpt.invFreq);
       for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
       native.loadDone(h);
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
-      const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets);
+      const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets, opts.loraPool);
       if (buckets.length > 0) runner.graphBytes = native.captureGraphs(h, buckets);
+      opts.loraPool?.bind((layer, p, entry, a, b) => native.loraWrite(h, layer, p, entry, a, b));
       return runner;
     } catch (e) {
       native.destroy(h);
@@ -157,11 +200,24 @@ export class CudaModelRunner implements ModelRunner {
     return this.native.memory(this.handle);
   }
 
+  /**
+   * The adapter slots on the device (allocated at load: `maxLoras` and `maxRank` must be the runner's),
+   * for the adapter registry.
+   */
+  loraPoolFor(maxLoras: number, maxRank: number): CudaLoraPool {
+    const p = this.loraPool;
+    if (!p) throw new Error('the CUDA decoder has no LoRA slots (load it with maxLoras > 0)');
+    if (p.maxLoras !== maxLoras || p.maxRank !== maxRank) throw new Error(`the CUDA decoder's adapter slots are ${p.maxLoras} x rank ${p.maxRank}, not ${maxLoras} x ${maxRank}`);
+    return p;
+  }
+
   /** The device sampler applies no penalties yet: a request asking for them is refused, not sampled without them. */
   refuse(params: SamplingParams): string | undefined {
     const penalized = (params.repetitionPenalty !== undefined && params.repetitionPenalty !== 1) || !!params.presencePenalty || !!params.frequencyPenalty;
     if (penalized) return 'repetition, presence and frequency penalties are not applied by the CUDA backend yet';
-    if (params.adapter) return 'LoRA adapters do not run on the CUDA backend yet';
+    const a = params.adapter;
+    if (a && !this.loraPool) return 'this CUDA decoder has no LoRA slots (RAGGUARD_MAX_LORAS)';
+    if (a && (a.released || a.entry < 1 || a.entry > this.loraPool!.maxLoras)) return `adapter ${a.key} is not resident in the CUDA decoder's slots`;
     return undefined;
   }
 
@@ -251,7 +307,7 @@ export class CudaModelRunner implements ModelRunner {
   }
 
   private item(seq: Sequence, tokens: readonly number[], start: number, step: RunnerStep): StepItem {
-    return { tokens, start, blocks: step.blocks(seq), sampling: deviceSampling(seq.params, seq.outputIds.length) };
+    return { tokens, start, blocks: step.blocks(seq), sampling: deviceSampling(seq.params, seq.outputIds.length), lora: seq.params.adapter?.entry ?? 0 };
   }
 
   private async run(items: readonly StepItem[]): Promise<Int32Array> {

@@ -97,8 +97,9 @@ __device__ float block_max(float v, float* red) {
 //   token_ids[T] positions[T] slots[T] token_seq[T]
 //   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S]
 //   temperature[S] top_p[S] (float32 bit patterns)
+//   lora[S] (the sequence's entry in the LoRA slots; 0: the base model)
 //   block_tables[S * W]
-// Padding rows of a graph bucket have slot -1 and seq_len 0.
+// Padding rows of a graph bucket have slot -1, seq_len 0 and lora 0.
 struct StepView {
   const int* base;
   __device__ __forceinline__ int T() const { return base[0]; }
@@ -116,9 +117,11 @@ struct StepView {
   __device__ __forceinline__ const int* sample_step() const { return seq_arr(5); }
   __device__ __forceinline__ const float* temperature() const { return reinterpret_cast<const float*>(seq_arr(6)); }
   __device__ __forceinline__ const float* top_p() const { return reinterpret_cast<const float*>(seq_arr(7)); }
-  __device__ __forceinline__ const int* block_tables() const { return seq_arr(8); }
+  __device__ __forceinline__ const int* lora() const { return seq_arr(8); }
+  __device__ __forceinline__ const int* block_tables() const { return seq_arr(9); }
 };
-constexpr int kSeqArrays = 8;
+constexpr int kSeqArrays = 9;
+constexpr int kLoraSeqArray = 8;
 
 size_t step_words(int T, int S, int W) { return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W; }
 
@@ -511,6 +514,63 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
   if (threadIdx.x == 0) out_tokens[s] = tok;
 }
 
+// LoRA (punica's shrink and expand, per row): a row whose sequence has adapter entry idx > 0 adds
+// (x A[idx]) B[idx] to a projection's output; rows of the base model (idx 0) return at once. Slots are
+// A [entries, in, cap] and B [entries, cap, out] (lora.ts's layout, scale folded into B); the low-rank
+// activation stays float32 between the two.
+constexpr int LORA_THREADS = 256;
+
+// tmp[t, 0..cap) = x[t] . A[idx]: a CTA per token, threads over (column, slice of `in`), so that a warp
+// reads consecutive columns of a row of A; the slices' partial sums are added in shared memory.
+template <typename T>
+__global__ void __launch_bounds__(LORA_THREADS) lora_shrink_kernel(StepView v, const T* __restrict__ x, int ldx,
+                                                                 const T* __restrict__ A, float* __restrict__ tmp, int in, int cap) {
+  __shared__ float part[LORA_THREADS];
+  const int t = blockIdx.x;
+  if (t >= v.T()) return;
+  const int idx = v.lora()[v.token_seq()[t]];
+  if (idx <= 0) return;
+  const T* xr = x + (size_t)t * ldx;
+  const T* a = A + (size_t)idx * in * cap;
+  const int cols = cap < LORA_THREADS ? cap : LORA_THREADS;
+  const int groups = LORA_THREADS / cols;
+  const int c = threadIdx.x % cols, g = threadIdx.x / cols;
+  for (int r0 = 0; r0 < cap; r0 += cols) {
+    const int r = r0 + c;
+    float acc = 0.f;
+    if (g < groups && r < cap)
+      for (int i = g; i < in; i += groups) acc += to_f(xr[i]) * to_f(a[(size_t)i * cap + r]);
+    __syncthreads();
+    if (g < groups) part[g * cols + c] = acc;
+    __syncthreads();
+    if (threadIdx.x < cols && r0 + (int)threadIdx.x < cap) {
+      float sum = 0.f;
+      for (int k = 0; k < groups; ++k) sum += part[k * cols + threadIdx.x];
+      tmp[(size_t)t * cap + r0 + threadIdx.x] = sum;
+    }
+  }
+}
+
+// y[t, o] += tmp[t] . B[idx][:, o], rounded once to the model's type; a thread per output column.
+template <typename T>
+__global__ void __launch_bounds__(LORA_THREADS) lora_expand_kernel(StepView v, const float* __restrict__ tmp, int cap,
+                                                                 const T* __restrict__ B, T* __restrict__ y, int ldy, int out) {
+  extern __shared__ float ts[];
+  const int t = blockIdx.y;
+  if (t >= v.T()) return;
+  const int idx = v.lora()[v.token_seq()[t]];
+  if (idx <= 0) return;
+  for (int r = threadIdx.x; r < cap; r += blockDim.x) ts[r] = tmp[(size_t)t * cap + r];
+  __syncthreads();
+  const T* b = B + (size_t)idx * cap * out;
+  T* yr = y + (size_t)t * ldy;
+  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < out; o += gridDim.x * blockDim.x) {
+    float acc = 0.f;
+    for (int r = 0; r < cap; ++r) acc += ts[r] * to_f(b[(size_t)r * out + o]);
+    yr[o] = from_f<T>(to_f(yr[o]) + acc);
+  }
+}
+
 template <typename T>
 __global__ void convert_kernel(const void* __restrict__ src, int src_dtype, T* __restrict__ dst, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -550,15 +610,21 @@ struct rg_config {
   int64_t cublas_workspace_bytes;
   int32_t device;
   int32_t graph_max_batch;  // decode steps of up to this many rows replay CUDA graphs (0: none)
+  int32_t max_loras;        // adapters resident at once in the LoRA slots (0: no slots)
+  int32_t max_lora_rank;    // rank per module of a slot
 };
 
 struct rg_memory {
   int64_t weights, kv_pool, workspace, cublas_workspace, graphs, host_pinned, total;
   int64_t device_free, device_total;
+  int64_t lora;  // the LoRA slots (in total)
 };
 
 // Weight kinds, as rg_load_tensor takes them.
 enum { W_EMBED = 0, W_LM_HEAD, W_FINAL_NORM, W_INPUT_NORM, W_QKV, W_QKV_BIAS, W_O, W_POST_NORM, W_GATE_UP, W_DOWN };
+
+// LoRA slot projections, as rg_lora_write takes them (lora.ts's slot order in a layer).
+enum { L_QKV = 0, L_O, L_GATE, L_UP, L_DOWN, L_COUNT };
 
 }  // extern "C"
 
@@ -568,6 +634,9 @@ struct Graph {
   int batch = 0;
   int splits = 1;
   cudaGraphExec_t exec = nullptr;
+  // The same step with the LoRA kernels (captured where there are slots): a step with no adapter row
+  // replays `exec`, which has none of them, so the base model's steps cost what they did.
+  cudaGraphExec_t lora_exec = nullptr;
 };
 
 struct Engine {
@@ -611,6 +680,16 @@ struct Engine {
   std::vector<Graph> graphs;
   size_t graph_bytes = 0;
   bool capturing = false;
+  // LoRA slots: one allocation, [layer][projection] A then B; the shrink's float32 output in the workspace.
+  struct LoraSlot { void *a, *b; int in, cap, out; };
+  char* lora = nullptr;
+  size_t lora_bytes = 0;
+  std::vector<LoraSlot> lora_slots;
+  float* lora_t = nullptr;
+  // Adapter uploads' own stream: they neither wait for a step in flight nor are left unfinished by one.
+  cudaStream_t lora_stream = nullptr;
+  // Whether the step being run (or captured) launches the LoRA kernels: some row has an adapter.
+  bool lora_on = false;
   // Profiling (rg_profile): events between the phases of a directly launched step, summed by phase after
   // the step's sync. Off by default; while on, steps launch directly (a graph's kernels cannot be timed apart).
   bool profiling = false;
@@ -654,6 +733,29 @@ size_t weight_elems(const rg_config& c, int kind) {
   return 0;
 }
 
+// A LoRA slot's dimensions (lora.ts loraSlots): input width, rank capacity (fused modules x rank), output width.
+void lora_dims(const rg_config& c, int p, int& in, int& cap, int& out) {
+  const int q = c.num_heads * c.head_dim, kvw = c.num_kv_heads * c.head_dim, R = c.max_lora_rank;
+  switch (p) {
+    case L_QKV: in = c.hidden; cap = 3 * R; out = q + 2 * kvw; break;
+    case L_O: in = q; cap = R; out = c.hidden; break;
+    case L_GATE: case L_UP: in = c.hidden; cap = R; out = c.intermediate; break;
+    default: in = c.intermediate; cap = R; out = c.hidden; break;
+  }
+}
+
+size_t lora_slot_bytes(const rg_config& c) {
+  if (c.max_loras <= 0) return 0;
+  const size_t entries = (size_t)c.max_loras + 1;
+  size_t per = 0;
+  for (int p = 0; p < L_COUNT; ++p) {
+    int in, cap, out;
+    lora_dims(c, p, in, cap, out);
+    per += align256(entries * in * cap * 2) + align256(entries * cap * out * 2);
+  }
+  return per * c.num_layers;
+}
+
 cudaDataType_t cuda_type(const rg_config& c) { return c.dtype == 1 ? CUDA_R_16BF : CUDA_R_16F; }
 
 // Y[rows, n] = X[rows, k] . W[n, k]^T (row-major), fp32 accumulate.
@@ -673,6 +775,17 @@ int decode_splits(const Engine& e, int rows) {
   return s < 1 ? 1 : (s > e.max_splits ? e.max_splits : s);
 }
 
+// A projection's LoRA path, right after its GEMM wrote y: shrink into the float32 scratch, expand into y.
+template <typename T>
+int lora_apply(Engine& e, int layer, int p, const void* x, int ldx, void* y, int ldy, int tokens) {
+  const Engine::LoraSlot& s = e.lora_slots[(size_t)layer * L_COUNT + p];
+  StepView v{e.d_step};
+  lora_shrink_kernel<T><<<tokens, LORA_THREADS, 0, e.stream>>>(v, (const T*)x, ldx, (const T*)s.a, e.lora_t, s.in, s.cap);
+  const int gx = (s.out + LORA_THREADS - 1) / LORA_THREADS;
+  lora_expand_kernel<T><<<dim3(gx < 64 ? gx : 64, tokens), LORA_THREADS, s.cap * sizeof(float), e.stream>>>(
+      v, e.lora_t, s.cap, (const T*)s.b, (T*)y, ldy, s.out);
+  return 0;
+}
 // Profiling phases (rg_profile_read's order): the time from one mark to the next goes to the later mark's phase.
 enum { P_EMBED = 0, P_NORM, P_QKV_GEMM, P_ROPE_CACHE, P_ATTENTION, P_O_GEMM, P_GATE_UP_GEMM, P_SILU, P_DOWN_GEMM, P_HEAD_GEMM, P_SAMPLE, P_COUNT };
 
@@ -697,6 +810,7 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
                                                    (const T*)L.in_norm, (T*)e.normed, H, c.rms_eps);
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
+    if (e.lora_on) lora_apply<T>(e, l, L_QKV, e.normed, H, e.qkvbuf, qw, tokens);
     e.mark(P_QKV_GEMM);
     qkv_rope_cache_kernel<T><<<tokens, 128, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
                                                       (T*)e.vplane(l), nh, nkv, hd, c.block_size);
@@ -707,15 +821,20 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     if (splits > 1) attn_combine_kernel<T><<<dim3(tokens, nh), 64, 0, st>>>(v, e.part_acc, e.part_ml, (T*)e.attn, nh, hd, splits);
     e.mark(P_ATTENTION);
     if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
+    if (e.lora_on) lora_apply<T>(e, l, L_O, e.attn, nh * hd, e.delta, H, tokens);
     e.mark(P_O_GEMM);
     add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)L.post_norm,
                                                    (T*)e.normed, H, c.rms_eps);
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
+    // gate and up are one GEMM here, two slots in lora.ts: each writes its half of gate|up.
+    if (e.lora_on) lora_apply<T>(e, l, L_GATE, e.normed, H, e.gu, 2 * I, tokens);
+    if (e.lora_on) lora_apply<T>(e, l, L_UP, e.normed, H, (T*)e.gu + I, 2 * I, tokens);
     e.mark(P_GATE_UP_GEMM);
     silu_mul_kernel<T><<<dim3((I + nthr - 1) / nthr < 8 ? (I + nthr - 1) / nthr : 8, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
     e.mark(P_SILU);
     if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
+    if (e.lora_on) lora_apply<T>(e, l, L_DOWN, e.act, I, e.delta, H, tokens);
     e.mark(P_DOWN_GEMM);
   }
   // Only the sampled rows go through the final norm and the head.
@@ -762,7 +881,7 @@ int rg_device_count() {
 }
 
 // Sizes, in bytes, of what rg_create allocates for a config, without allocating: the guard's figures.
-// out[0] weights, [1] kv pool, [2] workspace, [3] cublas workspace, [4] pinned host.
+// out[0] weights, [1] kv pool, [2] workspace, [3] cublas workspace, [4] pinned host, [5] LoRA slots.
 int rg_plan(const rg_config* c, int64_t* out);
 
 void* rg_create(const rg_config* cfg) {
@@ -773,6 +892,8 @@ void* rg_create(const rg_config* cfg) {
     g_error = m;
     // Frees what was made (cudaFree of null is a no-op).
     cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
+    cudaFree(e->lora);
+    if (e->lora_stream) cudaStreamDestroy(e->lora_stream);
     cudaFreeHost(e->h_step);
     if (e->blas) cublasDestroy(e->blas);
     if (e->stream) cudaStreamDestroy(e->stream);
@@ -782,6 +903,7 @@ void* rg_create(const rg_config* cfg) {
   if (c.num_heads % c.num_kv_heads != 0) return bail("num_heads must be a multiple of num_kv_heads");
   if (c.num_heads / c.num_kv_heads > MAX_G) return bail("more than 16 query heads per kv head");
   if (c.head_dim > MAX_HD || c.head_dim % 2) return bail("head_dim must be even and at most 256");
+  if (c.max_loras < 0 || (c.max_loras > 0 && (c.max_lora_rank < 1 || c.max_lora_rank > 256))) return bail("max_loras must be >= 0 and max_lora_rank 1..256");
   if (cudaSetDevice(c.device) != cudaSuccess) return bail("cudaSetDevice failed: no CUDA device?");
   cudaDeviceGetAttribute(&e->sms, cudaDevAttrMultiProcessorCount, c.device);
   if (cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking) != cudaSuccess) return bail("stream create failed");
@@ -790,7 +912,7 @@ void* rg_create(const rg_config* cfg) {
   if (cudaMalloc(&e->cublas_ws, c.cublas_workspace_bytes) != cudaSuccess) return bail("cuBLAS workspace allocation failed");
   if (cublasSetWorkspace(e->blas, e->cublas_ws, c.cublas_workspace_bytes) != CUBLAS_STATUS_SUCCESS) return bail("cublasSetWorkspace failed");
   cublasSetMathMode(e->blas, CUBLAS_DEFAULT_MATH);
-  int64_t plan[5];
+  int64_t plan[6];
   rg_plan(&c, plan);
   // Weights.
   e->wbytes = (size_t)plan[0];
@@ -840,6 +962,27 @@ void* rg_create(const rg_config* cfg) {
     e->part_ml = (float*)take(Sm * c.num_heads * e->max_splits * 2 * 4);
     e->d_tokens = (int*)take(Sm * 4);
     e->d_pairs = (int*)take(2 * (size_t)c.num_blocks * 4);
+    if (c.max_loras > 0) e->lora_t = (float*)take(Tm * 3 * c.max_lora_rank * 4);
+  }
+  // LoRA slots, zeroed: entry 0 stays zeros (the base model's rows), the others until an adapter loads.
+  e->lora_bytes = (size_t)plan[5];
+  if (e->lora_bytes > 0) {
+    if (cudaMalloc(&e->lora, e->lora_bytes) != cudaSuccess) return bail("LoRA slots allocation failed (" + std::to_string(e->lora_bytes) + " bytes)");
+    if (cudaMemset(e->lora, 0, e->lora_bytes) != cudaSuccess) return bail("LoRA slots could not be zeroed");
+    if (cudaStreamCreateWithFlags(&e->lora_stream, cudaStreamNonBlocking) != cudaSuccess) return bail("LoRA stream create failed");
+    const size_t entries = (size_t)c.max_loras + 1;
+    char* p = e->lora;
+    for (int l = 0; l < c.num_layers; ++l) {
+      for (int q = 0; q < L_COUNT; ++q) {
+        Engine::LoraSlot s{};
+        lora_dims(c, q, s.in, s.cap, s.out);
+        s.a = p;
+        p += align256(entries * s.in * s.cap * 2);
+        s.b = p;
+        p += align256(entries * s.cap * s.out * 2);
+        e->lora_slots.push_back(s);
+      }
+    }
   }
   e->pinned_bytes = (size_t)plan[4];
   if (cudaMallocHost(&e->h_step, e->pinned_bytes) != cudaSuccess) return bail("pinned staging allocation failed");
@@ -867,12 +1010,14 @@ int rg_plan(const rg_config* cp, int64_t* out) {
               align256(Tm * qw * 2) + align256(Tm * c.num_heads * c.head_dim * 2) + align256(Tm * 2 * c.intermediate * 2) +
               align256(Tm * c.intermediate * 2) + align256(Sm * c.hidden * 2) + align256(Sm * c.vocab * 4) +
               align256(Sm * c.num_heads * splits * c.head_dim * 4) + align256(Sm * c.num_heads * splits * 2 * 4) +
-              align256(Sm * 4) + align256(2 * (size_t)c.num_blocks * 4);
+              align256(Sm * 4) + align256(2 * (size_t)c.num_blocks * 4) +
+              (c.max_loras > 0 ? align256(Tm * 3 * (size_t)c.max_lora_rank * 4) : 0);
   out[0] = (int64_t)w;
   out[1] = (int64_t)kv;
   out[2] = (int64_t)ws;
   out[3] = c.cublas_workspace_bytes;
   out[4] = (int64_t)((step_words((int)Tm, (int)Sm, c.max_blocks_per_seq) + Sm) * 4);
+  out[5] = (int64_t)lora_slot_bytes(c);
   return 0;
 }
 
@@ -880,7 +1025,12 @@ void rg_destroy(void* h) {
   auto* e = static_cast<Engine*>(h);
   if (!e) return;
   cudaStreamSynchronize(e->stream);
-  for (auto& g : e->graphs) if (g.exec) cudaGraphExecDestroy(g.exec);
+  for (auto& g : e->graphs) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (g.lora_exec) cudaGraphExecDestroy(g.lora_exec);
+  }
+  cudaFree(e->lora);
+  if (e->lora_stream) cudaStreamDestroy(e->lora_stream);
   cudaFree(e->wbase); cudaFree(e->kv); cudaFree(e->ws); cudaFree(e->cublas_ws); cudaFree(e->inv_freq);
   cudaFreeHost(e->h_step);
   cudaFreeHost(e->stage_h);
@@ -994,18 +1144,27 @@ int rg_capture_graphs(void* h, const int32_t* buckets, int n) {
     Graph g;
     g.batch = b;
     g.splits = decode_splits(*e, b);
-    // Warm run outside capture (cuBLAS picks and caches its kernels), then capture.
-    if (run_forward(*e, b, b, g.splits)) return -1;
-    CUDA_TRY(cudaStreamSynchronize(e->stream));
-    cudaGraph_t graph;
-    CUDA_TRY(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-    const int rc = run_forward(*e, b, b, g.splits);
-    const cudaError_t end = cudaStreamEndCapture(e->stream, &graph);
-    if (rc) return -1;
-    if (end != cudaSuccess) return fail(std::string("graph capture failed: ") + cudaGetErrorString(end));
-    CUDA_TRY(cudaGraphInstantiate(&g.exec, graph, 0));
-    cudaGraphDestroy(graph);
-    CUDA_TRY(cudaGraphUpload(g.exec, e->stream));
+    // The base step, then (with LoRA slots) the same with the LoRA kernels: two graphs per bucket.
+    for (int variant = 0; variant < (e->cfg.max_loras > 0 ? 2 : 1); ++variant) {
+      e->lora_on = variant == 1;
+      // Warm run outside capture (cuBLAS picks and caches its kernels), then capture.
+      const int warm = run_forward(*e, b, b, g.splits);
+      if (warm || cudaStreamSynchronize(e->stream) != cudaSuccess) {
+        e->lora_on = false;
+        return warm ? -1 : fail("warm-up before graph capture failed");
+      }
+      cudaGraph_t graph;
+      CUDA_TRY(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+      const int rc = run_forward(*e, b, b, g.splits);
+      const cudaError_t end = cudaStreamEndCapture(e->stream, &graph);
+      e->lora_on = false;
+      if (rc) return -1;
+      if (end != cudaSuccess) return fail(std::string("graph capture failed: ") + cudaGetErrorString(end));
+      cudaGraphExec_t& exec = variant == 1 ? g.lora_exec : g.exec;
+      CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphDestroy(graph);
+      CUDA_TRY(cudaGraphUpload(exec, e->stream));
+    }
     e->graphs.push_back(g);
   }
   CUDA_TRY(cudaStreamSynchronize(e->stream));
@@ -1025,8 +1184,16 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   if ((size_t)nwords != step_words(T, S, W)) return fail("packed step has the wrong size");
   if (T <= 0 || T > e->cfg.max_batched_tokens || S <= 0 || S > e->cfg.max_seqs || S > T) return fail("step exceeds the configured limits");
   if (W > e->cfg.max_blocks_per_seq) return fail("block table wider than max_blocks_per_seq");
+  // Rows with an adapter: the step runs the LoRA kernels (its graph's LoRA variant); none: the base step.
+  const int32_t* lora = words + 4 + 4 * (size_t)T + (size_t)kLoraSeqArray * S;
+  bool any_lora = false;
+  for (int s = 0; s < S; ++s) {
+    if (lora[s] < 0 || lora[s] > e->cfg.max_loras) return fail("LoRA entry " + std::to_string(lora[s]) + " out of range (max_loras " + std::to_string(e->cfg.max_loras) + ")");
+    any_lora |= lora[s] > 0;
+  }
+  e->lora_on = any_lora;
   const Graph* g = nullptr;
-  if (T == S && !e->profiling) for (const auto& c : e->graphs) if (c.batch >= S) { g = &c; break; }
+  if (T == S && !e->profiling) for (const auto& c : e->graphs) if (c.batch >= S && (!any_lora || c.lora_exec)) { g = &c; break; }
   if (g && g->batch != S) {
     // Pad to the bucket: rows S..b-1 write nothing and attend to nothing.
     const int b = g->batch;
@@ -1052,7 +1219,7 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
     CUDA_TRY(cudaMemcpyAsync(e->d_step, e->h_step, (size_t)nwords * 4, cudaMemcpyHostToDevice, e->stream));
   }
   if (g) {
-    CUDA_TRY(cudaGraphLaunch(g->exec, e->stream));
+    CUDA_TRY(cudaGraphLaunch(any_lora ? g->lora_exec : g->exec, e->stream));
   } else {
     const int splits = T == S ? decode_splits(*e, S) : 1;
     if (run_forward(*e, T, S, splits)) return -1;
@@ -1133,6 +1300,47 @@ int rg_copy_blocks(void* h, const int32_t* pairs, int n) {
   return 0;
 }
 
+// Writes an adapter's weights for one slot into `entry` (1..max_loras) of layer `layer`, projection
+// `projection` (L_QKV..L_DOWN): A [in, cap] and B [cap, out] as float32, rank already zero-padded to the
+// slot's capacity and the scale folded into B (lora.ts), converted here to the model's dtype and copied
+// in one transfer each. A null pair zeroes the entry's slot (a slot the adapter leaves alone: the entry
+// may hold an earlier adapter's weights). Called while steps may run: the entry is free, so no step in
+// flight reads it; the copies go on their own stream and are complete on return (a pageable copy may
+// otherwise still be in DMA when the next step, on a stream that does not wait for it, reads the entry).
+int rg_lora_write(void* h, int layer, int projection, int entry, const float* a, const float* b) {
+  auto* e = static_cast<Engine*>(h);
+  const rg_config& c = e->cfg;
+  if (c.max_loras <= 0) return fail("this engine has no LoRA slots (max_loras 0)");
+  if (layer < 0 || layer >= c.num_layers || projection < 0 || projection >= L_COUNT) return fail("LoRA slot out of range");
+  if (entry < 1 || entry > c.max_loras) return fail("LoRA entry " + std::to_string(entry) + " out of range 1.." + std::to_string(c.max_loras));
+  if ((a == nullptr) != (b == nullptr)) return fail("LoRA A and B come in pairs");
+  const Engine::LoraSlot& s = e->lora_slots[(size_t)layer * L_COUNT + projection];
+  const size_t na = (size_t)s.in * s.cap, nb = (size_t)s.cap * s.out;
+  char* da = static_cast<char*>(s.a) + (size_t)entry * na * 2;
+  char* db = static_cast<char*>(s.b) + (size_t)entry * nb * 2;
+  if (!a) {
+    CUDA_TRY(cudaMemsetAsync(da, 0, na * 2, e->lora_stream));
+    CUDA_TRY(cudaMemsetAsync(db, 0, nb * 2, e->lora_stream));
+    CUDA_TRY(cudaStreamSynchronize(e->lora_stream));
+    return 0;
+  }
+  std::vector<uint16_t> host(na + nb);
+  for (size_t i = 0; i < na + nb; ++i) {
+    const float x = i < na ? a[i] : b[i - na];
+    if (c.dtype == 1) {
+      const __nv_bfloat16 y = __float2bfloat16_rn(x);
+      std::memcpy(&host[i], &y, 2);
+    } else {
+      const __half y = __float2half_rn(x);
+      std::memcpy(&host[i], &y, 2);
+    }
+  }
+  CUDA_TRY(cudaMemcpyAsync(da, host.data(), na * 2, cudaMemcpyHostToDevice, e->lora_stream));
+  CUDA_TRY(cudaMemcpyAsync(db, host.data() + na, nb * 2, cudaMemcpyHostToDevice, e->lora_stream));
+  CUDA_TRY(cudaStreamSynchronize(e->lora_stream));  // `host` is freed on return
+  return 0;
+}
+
 int rg_memory_info(void* h, rg_memory* m) {
   auto* e = static_cast<Engine*>(h);
   m->weights = (int64_t)e->wbytes;
@@ -1141,7 +1349,8 @@ int rg_memory_info(void* h, rg_memory* m) {
   m->cublas_workspace = e->cfg.cublas_workspace_bytes;
   m->graphs = (int64_t)e->graph_bytes;
   m->host_pinned = (int64_t)e->pinned_bytes;
-  m->total = m->weights + m->kv_pool + m->workspace + m->cublas_workspace + m->graphs + (int64_t)(e->cfg.head_dim / 2 * 4);
+  m->lora = (int64_t)e->lora_bytes;
+  m->total = m->weights + m->kv_pool + m->workspace + m->cublas_workspace + m->graphs + (int64_t)(e->cfg.head_dim / 2 * 4) + m->lora;
   size_t f = 0, t = 0;
   cudaMemGetInfo(&f, &t);
   m->device_free = (int64_t)f;

@@ -8,12 +8,15 @@
  * table. Packed layout (int32 words; StepView in ragguard_cuda.cu):
  *   [T, S, W, 0]  token_ids[T] positions[T] slots[T] token_seq[T]
  *   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S] temperature[S] top_p[S]
+ *   lora[S]
  *   block_tables[S * W]
  * A token's slot is block_table[pos / block_size] * block_size + pos % block_size: the paged KV
- * cache's address of its key and value.
+ * cache's address of its key and value. lora[s] is the sequence's entry in the device LoRA slots
+ * (cuda-lora.ts; 0: the base model), so one step mixes rows of different adapters and base rows.
  */
 import type { CudaModelConfig, ModelDtype } from './hf-checkpoint.js';
 import { WeightKind, weightElems, type WeightKindId } from './hf-checkpoint.js';
+import { loraSlots, slotCapacity } from '../../generate/lora.js';
 
 export interface DeviceSampling {
   /** 0: greedy. */
@@ -33,10 +36,12 @@ export interface StepItem {
   start: number;
   blocks: ArrayLike<number>;
   sampling: DeviceSampling;
+  /** Entry of the sequence's adapter in the device LoRA slots; 0 or absent: the base model. */
+  lora?: number;
 }
 
 export const HEADER_WORDS = 4;
-export const SEQ_ARRAYS = 8;
+export const SEQ_ARRAYS = 9;
 
 export function stepWords(T: number, S: number, W: number): number {
   return HEADER_WORDS + 4 * T + SEQ_ARRAYS * S + S * W;
@@ -81,7 +86,8 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
     words[arr(5) + s] = sp.step;
     f32[arr(6) + s] = sp.temperature;
     f32[arr(7) + s] = sp.topP;
-    const table = arr(8) + s * W;
+    words[arr(8) + s] = it.lora ?? 0;
+    const table = arr(9) + s * W;
     const used = Math.ceil((it.start + it.tokens.length) / blockSize);
     for (let b = 0; b < used; b++) words[table + b] = it.blocks[b]!;
   });
@@ -111,6 +117,9 @@ export interface DeviceLimits {
   maxSeqs: number;
   maxBlocksPerSeq: number;
   cublasWorkspaceBytes: number;
+  /** Adapters resident at once in the device LoRA slots (0 or absent: no slots) and their rank per module. */
+  maxLoras?: number;
+  maxLoraRank?: number;
 }
 
 export interface DevicePlan {
@@ -119,6 +128,8 @@ export interface DevicePlan {
   workspace: number;
   cublasWorkspace: number;
   hostPinned: number;
+  /** The LoRA slots (cuda-lora.ts): every projection's A and B, max_loras + 1 entries, allocated at create. */
+  lora: number;
   /** Device bytes before CUDA graphs (measured when captured) and the context. */
   total: number;
 }
@@ -146,13 +157,36 @@ export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimit
   weights += per * c.numLayers;
   const kvPool = l.numBlocks * l.blockSize * kvBytesPerToken(c, dtype);
   const Tm = l.maxBatchedTokens, Sm = l.maxSeqs;
+  const loras = l.maxLoras ?? 0, rank = l.maxLoraRank ?? 0;
   const qw = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
   const words = stepWords(Tm, Sm, l.maxBlocksPerSeq);
   const workspace = align256(words * 4) + align256(Tm * c.hiddenSize * 2) * 3 + align256(Tm * qw * 2) +
     align256(Tm * c.numHeads * c.headDim * 2) + align256(Tm * 2 * c.intermediateSize * 2) + align256(Tm * c.intermediateSize * 2) +
     align256(Sm * c.hiddenSize * 2) + align256(Sm * c.vocabSize * 4) + align256(Sm * c.numHeads * MAX_SPLITS * c.headDim * 4) +
-    align256(Sm * c.numHeads * MAX_SPLITS * 2 * 4) + align256(Sm * 4) + align256(2 * l.numBlocks * 4);
+    align256(Sm * c.numHeads * MAX_SPLITS * 2 * 4) + align256(Sm * 4) + align256(2 * l.numBlocks * 4) +
+    // The LoRA shrink's output [tokens, capacity] in float32, capacity at most 3 x rank (fused q|k|v).
+    (loras > 0 ? align256(Tm * 3 * rank * 4) : 0);
   const hostPinned = (words + Sm) * 4;
   const rope = (c.headDim / 2) * 4;
-  return { weights, kvPool, workspace, cublasWorkspace: l.cublasWorkspaceBytes, hostPinned, total: weights + kvPool + workspace + l.cublasWorkspaceBytes + rope };
+  const lora = loraSlotBytes(c, dtype, loras, rank);
+  return {
+    weights, kvPool, workspace, cublasWorkspace: l.cublasWorkspaceBytes, hostPinned, lora,
+    total: weights + kvPool + workspace + l.cublasWorkspaceBytes + rope + lora,
+  };
+}
+
+/**
+ * Device bytes of the LoRA slots (rg_plan's out[5]): for each layer and projection (lora.ts's slots and
+ * order), A [entries, in, capacity] and B [entries, capacity, out] in the model's dtype, each rounded up
+ * to 256 bytes, entries = max_loras + 1 (entry 0: zeros, the base model's rows).
+ */
+export function loraSlotBytes(c: CudaModelConfig, dtype: ModelDtype, maxLoras: number, maxRank: number): number {
+  if (maxLoras <= 0) return 0;
+  const e = dtypeBytes(dtype), entries = maxLoras + 1;
+  let bytes = 0;
+  for (const s of loraSlots(c)) {
+    const cap = slotCapacity(s, maxRank);
+    bytes += align256(entries * s.inDim * cap * e) + align256(entries * cap * s.outDim * e);
+  }
+  return bytes;
 }
