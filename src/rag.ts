@@ -11,7 +11,7 @@ import path from 'node:path';
 import type { Config } from './config/config.js';
 import { AdapterRegistry } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
-import { CudaDecoder } from './backends/cuda/cuda-decoder.js';
+import { CudaDecoder, type CudaDecoderLimits } from './backends/cuda/cuda-decoder.js';
 import { CudaModelRunner } from './backends/cuda/cuda-runner.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine, type GenerateHooks } from './generate/engine.js';
@@ -117,6 +117,14 @@ export interface Models {
   loads: Record<'embedder' | 'reranker' | 'decoder', LoadBytes>;
 }
 
+/** The server's limits that size the CUDA decoder's device memory besides its KV pool. */
+export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
+  return {
+    blockSize: cfg.kvBlockSize, maxBatchedTokens: cfg.maxNumBatchedTokens, maxSeqs: cfg.maxNumSeqs,
+    maxLoras: cfg.adapterDir ? cfg.maxLoras : 0, maxLoraRank: cfg.maxLoraRank,
+  };
+}
+
 /** Loads the three models one after the other, so that each one's resident footprint is measured. */
 export async function loadModels(cfg: Config): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
@@ -129,7 +137,7 @@ export async function loadModels(cfg: Config): Promise<Models> {
   if (cfg.providers.decoder === 'cuda') {
     // The native backend: nothing is allocated until the budget has sized the KV pool (RagService); its
     // figures until then are the plan's.
-    const decoder = await CudaDecoder.open(cfg.decoderPath, { blockSize: cfg.kvBlockSize, maxBatchedTokens: cfg.maxNumBatchedTokens, maxSeqs: cfg.maxNumSeqs });
+    const decoder = await CudaDecoder.open(cfg.decoderPath, cudaDecoderLimits(cfg));
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
@@ -183,6 +191,8 @@ export class RagService {
       ? ChatTemplate.forModel(models.decoder.tokenizer, models.decoder.bosId) : undefined;
     this.retriever = new Retriever(store, cfg);
     this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder, { maxLoras: cfg.maxLoras, maxRank: cfg.maxLoraRank, waitMs: cfg.queueTimeoutMs });
+    // The CUDA decoder's figures once the registry has asked for its slots (their scratch is in the workspace).
+    if (models.decoder instanceof CudaDecoder) this.loads = { ...models.loads, decoder: models.decoder.loadBytes() };
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
@@ -271,7 +281,9 @@ export class RagService {
    */
   async profileMemory(): Promise<ProfileReport> {
     const { embedder, reranker, decoder } = this.models;
-    const where = new Set([embedder, reranker, decoder].map((m) => (m.provider === 'cpu' ? 'host' : 'device')));
+    // The CUDA decoder's runs allocate nothing (all at start-up): only the others' placement picks the meter.
+    const measured = decoder instanceof CudaDecoder ? [embedder, reranker] : [embedder, reranker, decoder];
+    const where = new Set(measured.map((m) => (m.provider === 'cpu' ? 'host' : 'device')));
     const promptTokens = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - 1);
     // All on the host: ONNX Runtime's accounted bytes (or the kernel's resident peak); all on the GPU:
     // NVML's sampled device memory.

@@ -18,7 +18,7 @@ import { CudaDecoder } from '../src/backends/cuda/cuda-decoder.js';
 import { CudaModelRunner, CudaUnavailableError } from '../src/backends/cuda/cuda-runner.js';
 import { CheckpointError } from '../src/backends/cuda/hf-checkpoint.js';
 import { loadConfig, type Config } from '../src/config/config.js';
-import { loadModels, RagService } from '../src/rag.js';
+import { cudaDecoderLimits, loadModels, RagService } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
 import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 import { standInCuda, type StandIn } from './cuda-standin.js';
@@ -37,7 +37,7 @@ before(async () => {
   // The encoders as the tests run them; the decoder opened over the stand-in library.
   const base = await loadModels({ ...cfg, decoderPath: 'models/decoder-gqa', providers: { ...cfg.providers, decoder: 'cpu' } });
   native = standInCuda(JSON.parse(await readFile(path.join(checkpoint, 'config.json'), 'utf8')) as Record<string, unknown>);
-  const decoder = await CudaDecoder.open(checkpoint, { blockSize: cfg.kvBlockSize, maxBatchedTokens: cfg.maxNumBatchedTokens, maxSeqs: cfg.maxNumSeqs }, native);
+  const decoder = await CudaDecoder.open(checkpoint, cudaDecoderLimits(cfg), native);
   service = await RagService.start(cfg, { ...base, decoder, loads: { ...base.loads, decoder: decoder.loadBytes() } });
   app = createApp(service);
 });
@@ -86,7 +86,10 @@ describe('serving on the CUDA decoder', () => {
     assert.equal(pool.location, 'device');
     assert.equal(pool.bytes, m.kv_pool);
     assert.equal(pool.numBlocks, service.blocks.stats().totalBlocks);
-    assert.equal(service.loads.decoder.bytes, m.total - m.kv_pool + m.host_pinned);
+    assert.equal(service.loads.decoder.bytes, m.total - m.kv_pool - m.lora + m.host_pinned);
+    // The LoRA slots are counted once, as the adapter slots.
+    assert.ok(m.lora > 0);
+    assert.equal(service.adapterSlotBytes, m.lora);
     // What the budget leaves for model runs is what is left once every allocated byte is counted.
     assert.equal(service.workspaceBytes, service.budget.budgetBytes - service.weightBytes - service.adapterSlotBytes - m.kv_pool - service.store.indexBytes);
     const res = await request(app).get('/debug/memory').expect(200);
@@ -109,12 +112,22 @@ describe('serving on the CUDA decoder', () => {
     assert.match(res.text, /"finish_reason":"length"/);
   });
 
-  test('what the backend cannot do yet is refused by name (adapters, penalties), never run without it', async () => {
+  test('a penalty the device sampler lacks is refused by name, never sampled without it', async () => {
     const pen = await request(app).post('/v1/completions').send({ model: 'decoder', prompt: 'Hello', max_tokens: 4, frequency_penalty: 0.5 });
     assert.equal(pen.status, 422, JSON.stringify(pen.body));
     assert.equal(pen.body.error.code, 'unsupported_sampling');
     assert.match(pen.body.error.message, /CUDA backend/);
-    const lora = await request(app).post('/query').send({ query: 'What is apt?', max_new_tokens: 4, adapter: 'cite' });
-    assert.match(lora.body.error?.message ?? '', /do not run on the CUDA backend/, JSON.stringify(lora.body));
+  });
+
+  test('a request naming an adapter runs with it in the device slots, beside base requests, and it is unloaded after', async () => {
+    const [lora, base] = await Promise.all([
+      request(app).post('/query').send({ query: 'What is apt?', max_new_tokens: 4, adapter: 'demo-r8' }),
+      request(app).post('/query').send({ query: 'What is apt?', max_new_tokens: 4 }),
+    ]);
+    assert.equal(lora.status, 200, JSON.stringify(lora.body));
+    assert.equal(lora.body.adapter.name, 'demo-r8');
+    assert.equal(base.status, 200);
+    await service.engine.idle();
+    assert.equal(service.adapters.stats().loaded.length, 0, 'unloaded after its last request');
   });
 });

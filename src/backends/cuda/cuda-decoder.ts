@@ -14,10 +14,11 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import type { DecoderShape } from '../../generate/decoder-model.js';
 import type { AdapterHost } from '../../generate/adapters.js';
-import type { LoraPool } from '../../generate/lora-pool.js';
+import { loraSlots, type LoraSlot } from '../../generate/lora.js';
 import type { LoadBytes } from '../../guards/process-memory.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend } from './binding.js';
+import { cudaLoraPool, type CudaLoraPool } from './cuda-lora.js';
 import { CudaModelRunner, CudaUnavailableError, type CudaRunnerOptions } from './cuda-runner.js';
 import { CheckpointError, openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { kvBytesPerToken, planDevice } from './step-pack.js';
@@ -29,14 +30,19 @@ export interface CudaDecoderLimits {
   maxSeqs: number;
   dtype?: ModelDtype;
   device?: number;
+  /** Device LoRA slots: adapters resident at once (0: none, adapters refused) and rank per module. */
+  maxLoras?: number;
+  maxLoraRank?: number;
 }
 
 export class CudaDecoder implements AdapterHost {
   readonly provider = 'cuda' as const;
-  /** LoRA slots on the device: none yet (requests naming an adapter get a 422 saying so). */
-  readonly loraSlots = null;
-  readonly loraUnavailable = 'LoRA adapters do not run on the CUDA backend yet';
+  /** The device LoRA slots' projections (lora.ts), or null where the limits ask for none. */
+  readonly loraSlots: readonly LoraSlot[] | null;
+  readonly loraUnavailable = 'the CUDA decoder has no LoRA slots (RAGGUARD_MAX_LORAS is 0)';
   readonly dtype: ModelDtype;
+  /** The slots' pool handed to the adapter registry and not yet bound to a runner (one pool per runner). */
+  private pendingPool: CudaLoraPool | undefined;
   private readonly runners = new Set<CudaModelRunner>();
 
   private constructor(
@@ -47,6 +53,7 @@ export class CudaDecoder implements AdapterHost {
     private readonly native: CudaBackend,
   ) {
     this.dtype = CudaModelRunner.dtypeFor(checkpoint, limits.dtype);
+    this.loraSlots = (limits.maxLoras ?? 0) > 0 ? loraSlots(checkpoint.config) : null;
   }
 
   /**
@@ -92,19 +99,21 @@ export class CudaDecoder implements AdapterHost {
     return kvBytesPerToken(this.checkpoint.config, this.dtype);
   }
 
-  private options(numBlocks: number): CudaRunnerOptions {
+  /** The runner's options; LoRA slots only with a pool the adapter registry asked for (adapters on). */
+  private options(numBlocks: number, loraPool?: CudaLoraPool): CudaRunnerOptions {
     const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
-    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device };
+    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
   }
 
   /**
-   * Device and pinned host bytes besides the KV pool for a pool of `numBlocks` (weights, activation
-   * workspace, cuBLAS workspace, staging, rope table), before anything is allocated: what the budget
-   * sets aside. The decode graphs' bytes are known only once captured (`loadBytes` then counts them).
+   * Device and pinned host bytes besides the KV pool and the LoRA slots (the budget counts those apart,
+   * as adapter_slots) for a pool of `numBlocks` (weights, activation workspace with the LoRA scratch,
+   * cuBLAS workspace, staging, rope table), before anything is allocated: what the budget sets aside.
+   * The decode graphs' bytes are known only once captured (`loadBytes` then counts them).
    */
   staticBytes(numBlocks = 0): number {
-    const plan = planDevice(this.checkpoint.config, this.dtype, CudaModelRunner.limitsFor(this.checkpoint, this.options(numBlocks)));
-    return plan.total - plan.kvPool + plan.hostPinned;
+    const plan = planDevice(this.checkpoint.config, this.dtype, CudaModelRunner.limitsFor(this.checkpoint, this.options(numBlocks, this.pendingPool)));
+    return plan.total - plan.kvPool - plan.lora + plan.hostPinned;
   }
 
   /**
@@ -113,7 +122,8 @@ export class CudaDecoder implements AdapterHost {
    * models (bench:guard) makes one per service.
    */
   createRunner(numBlocks: number): CudaModelRunner {
-    const runner = CudaModelRunner.create(this.native, this.checkpoint, this.tokenizer, this.options(numBlocks));
+    const runner = CudaModelRunner.create(this.native, this.checkpoint, this.tokenizer, this.options(numBlocks, this.pendingPool));
+    this.pendingPool = undefined;
     this.runners.add(runner);
     return runner;
   }
@@ -127,15 +137,22 @@ export class CudaDecoder implements AdapterHost {
     return { bytes, hostBytes: 0, deviceBytes: bytes };
   }
 
-  /** What a runner holds besides its KV pool, as the native accountant counts it (graphs included). */
+  /** What a runner holds besides its KV pool and LoRA slots, as the native accountant counts it (graphs included). */
   static loadBytes(runner: CudaModelRunner): LoadBytes {
     const m = runner.memory();
-    const device = m.total - m.kv_pool;
+    const device = m.total - m.kv_pool - m.lora;
     return { bytes: device + m.host_pinned, hostBytes: m.host_pinned, deviceBytes: device };
   }
 
-  loraPoolFor(): LoraPool {
-    throw new Error('LoRA adapters do not run on the CUDA backend yet');
+  /**
+   * The adapter slots for the runner created next (the adapter registry asks before the budget sizes the
+   * KV pool; that runner allocates and binds them). One pool per runner: a second service over the same
+   * decoder gets its own.
+   */
+  loraPoolFor(maxLoras: number, maxRank: number): CudaLoraPool {
+    if (!this.loraSlots) throw new Error(this.loraUnavailable);
+    this.pendingPool = cudaLoraPool(this.checkpoint.config, this.dtype, maxLoras, maxRank);
+    return this.pendingPool;
   }
 
   /** Frees every runner's device memory. */
