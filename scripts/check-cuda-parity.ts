@@ -12,23 +12,25 @@
  * the CPU path's own top-1/top-2 margin at that step says whether it was a near-tie. Last line JSON;
  * exit code 1 when the logits part by more than float16's rounding or greedy ids part at a clear margin.
  */
-import { readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
+import { AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { bufferCapacity, DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import type { ModelRunner } from '../src/generate/model-runner.js';
 
-const [ortDir = 'models/decoder', hfDir = 'models/decoder-hf'] = process.argv.slice(2);
+const [ortDir = 'models/decoder-gqa', hfDir = 'models/decoder-hf'] = process.argv.slice(2);
 const ROOT = path.resolve(import.meta.dirname, '..');
 const NEW = 32;
 const BLOCK = 16;
 const LOGIT_TOL = 0.01;
 const NEAR_TIE = 0.02;
 
+const ADAPTERS = process.env['PARITY_ADAPTER_DIR'] ?? path.join(ROOT, 'models', 'adapters');
 const ort = await DecoderModel.load(ortDir, 'cpu');
-const cuda = await CudaModelRunner.load(hfDir, { numBlocks: 1024, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs: 16, dtype: 'float16' });
+const cuda = await CudaModelRunner.load(hfDir, { numBlocks: 1024, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs: 16, dtype: 'float16', maxLoras: 2, maxLoraRank: 16 });
 
 const questions = JSON.parse(readFileSync(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string; doc_id?: string; doc?: string }[];
 const prompts = questions.slice(0, 12).map((q) => {
@@ -107,12 +109,51 @@ const aloneTally = await tally(alone);
 const batchTally = await tally(together);
 if (aloneTally.differ > 0 || batchTally.differ > 0) failures.push(`greedy ids part at a clear margin: alone ${aloneTally.differ}, batched ${batchTally.differ}`);
 const batchInvariant = together.filter((o, i) => o.join() === alone[i]!.join()).length;
+
+// 3. LoRA: the sample adapters (trained for this decoder, scripts/build-adapters.ts) on both paths, through
+//    each one's adapter registry: each adapter's requests alone, then one batch mixing both adapters and the
+//    base model. Needs the genai decoder (its graph has the LoRA inputs) on the CPU side.
+let lora: Record<string, unknown> = { skipped: 'no LoRA inputs in the CPU decoder, or no adapters' };
+if (ort.loraSlots && existsSync(ADAPTERS)) {
+  const names = readdirSync(ADAPTERS).filter((n) => existsSync(path.join(ADAPTERS, n, 'adapter_config.json'))).slice(0, 2);
+  const limits = { maxLoras: 2, maxRank: 16, waitMs: 1000 };
+  const ortRegistry = new AdapterRegistry(ADAPTERS, ort, limits);
+  const cudaRegistry = new AdapterRegistry(ADAPTERS, cuda, limits);
+  const ortLeases = await Promise.all(names.map((n) => ortRegistry.acquire(n)));
+  const cudaLeases = await Promise.all(names.map((n) => cudaRegistry.acquire(n)));
+  const few = prompts.slice(0, 6);
+  const result: Record<string, unknown> = { adapters: names };
+  let loraDiffer = 0;
+  for (const [k, name] of names.entries()) {
+    const cpu: number[][] = [];
+    for (const ids of few) cpu.push((await ortEngine.generate(ids, { ...greedy, adapter: ortLeases[k]!.adapter })).ids);
+    const gpu: number[][] = [];
+    for (const ids of few) gpu.push((await cudaEngine1.generate(ids, { ...greedy, adapter: cudaLeases[k]!.adapter })).ids);
+    // Mixed: every prompt three times in one batch (this adapter, the other, none); this adapter's rows compared.
+    const other = cudaLeases[(k + 1) % cudaLeases.length]!.adapter;
+    const mixed = await Promise.all(few.flatMap((ids) => [
+      batchEngine.generate(ids, { ...greedy, adapter: cudaLeases[k]!.adapter }),
+      batchEngine.generate(ids, { ...greedy, adapter: other }),
+      batchEngine.generate(ids, greedy),
+    ]));
+    const mine = mixed.filter((_, j) => j % 3 === 0).map((g) => g.ids);
+    const changed = cpu.filter((o, i) => o.join() !== cpuIds[i]!.join()).length;
+    const equalAlone = gpu.filter((o, i) => o.join() === cpu[i]!.join()).length;
+    const equalMixed = mine.filter((o, i) => o.join() === cpu[i]!.join()).length;
+    loraDiffer += few.length - Math.min(equalAlone, equalMixed);
+    result[name] = { cpu_outputs_changed_by_adapter: changed, equal_alone: equalAlone, equal_in_mixed_batch: equalMixed, of: few.length };
+  }
+  for (const l of [...ortLeases, ...cudaLeases]) l.release();
+  result.unloaded = ortRegistry.stats().loaded.length + cudaRegistry.stats().loaded.length === 0;
+  if (loraDiffer > 0) failures.push(`with adapters, ${loraDiffer} outputs part from the CPU path's`);
+  lora = result;
+}
 cuda.close();
 console.log(JSON.stringify({
   check: 'cuda-parity', ort: ortDir, cuda: hfDir, dtype: cuda.dtype, prompts: prompts.length, new_tokens: NEW,
   prompt_tokens: prompts.map((p) => p.length),
   logits: { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual },
-  greedy_vs_cpu_alone: aloneTally, greedy_vs_cpu_batched: batchTally, batched_equal_to_alone: batchInvariant,
+  greedy_vs_cpu_alone: aloneTally, greedy_vs_cpu_batched: batchTally, batched_equal_to_alone: batchInvariant, lora,
   ok: failures.length === 0, failures,
 }));
 process.exit(failures.length === 0 ? 0 : 1);

@@ -35,10 +35,13 @@ if has bench; then
   BENCH_GPU_MODELS=$bench_models record bench node --import tsx bench/gpu.ts
 fi
 if has hf; then
+  # As setup makes them here: the genai decoder (LoRA inputs) and the sample adapters, for the parity check.
   record hf bash -c 'node --import tsx scripts/export-hf-checkpoint.ts models/decoder models/decoder-hf &&
+    node --import tsx scripts/build-gqa-decoder.ts models/decoder models/decoder-gqa &&
+    node --import tsx scripts/build-adapters.ts models/adapters &&
     mkdir -p build/native && cc -O2 -shared -fPIC -o build/native/libragguard-alloc.so src/runtime/counting-allocator.c'
 fi
-has parity && record parity node --import tsx scripts/check-cuda-parity.ts models/decoder models/decoder-hf
+has parity && record parity node --import tsx scripts/check-cuda-parity.ts models/decoder-gqa models/decoder-hf
 cuda_env=(RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda RAGGUARD_EMBEDDER=${RAGGUARD_EMBEDDER:-models/embedder})
 if has serve; then
   serve_check() {
@@ -58,11 +61,12 @@ if has serve; then
         const q = await post("/query", { query: "How can I stop one particular user from scheduling cron jobs?", max_new_tokens: 48, temperature: 0 });
         const answer = await q.json();
         const ms = performance.now() - t0;
+        const withAdapter = await (await post("/query", { query: "How can I stop one particular user from scheduling cron jobs?", max_new_tokens: 24, temperature: 0, adapter: "demo-r8" })).json();
         const many = await Promise.all(Array.from({ length: 32 }, (_, i) => post("/query", { query: "What does the sticky bit do on /tmp?", max_new_tokens: 32, temperature: 0.7, seed: i }).then((r) => r.status)));
         const mem = await (await fetch(base + "/debug/memory")).json();
         console.log(JSON.stringify(mem, null, 1));
         console.log(JSON.stringify({ providers: health.providers, decoder: health.decoder, status: q.status, answer: answer.answer, query_ms: Math.round(ms),
-          timings_ms: answer.timings_ms, statuses_32: many, components: mem.components, budget: mem.budget, gpu: mem.gpu }));
+          timings_ms: answer.timings_ms, with_adapter: { answer: withAdapter.answer, adapter: withAdapter.adapter, error: withAdapter.error }, statuses_32: many, components: mem.components, budget: mem.budget, gpu: mem.gpu }));
       })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exitCode = 1; });' > "$out/.serve"
     local rc=$?
     kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
@@ -74,7 +78,8 @@ if has serve; then
 fi
 if has guard; then
   # The reranker on, so that requests' runs (the encoders', on the CPU here) need workspace worth guarding.
-  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} node --import tsx bench/guard.ts; }
+  # A workspace the unguarded server's reranker bursts overflow (their peaks reached 91 MiB here).
+  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-64} node --import tsx bench/guard.ts; }
   record guard guard_cuda
 fi
 has lora && BENCH_GPU_MODELS=${BENCH_GPU_MODELS:-$MODELS/qwen2-0.5b-f16} record lora node --import tsx bench/gpu-lora.ts
