@@ -62,6 +62,14 @@ describe('selecting the CUDA backend', () => {
 });
 
 describe('serving on the CUDA decoder', () => {
+  test('a generation whose first token is end of sequence settles with no text (it never hangs)', async () => {
+    // The stand-in answers (last token + 1) mod vocab: after token 1 comes 2, the decoder's EOS.
+    const g = await service.engine.generate([5, 1], { maxNewTokens: 4, temperature: 0 });
+    assert.deepEqual(g.ids, []);
+    assert.equal(g.text, '');
+    assert.equal(g.finishReason, 'stop');
+  });
+
   test('/healthz says where each model runs', async () => {
     const res = await request(app).get('/healthz').expect(200);
     assert.deepEqual(res.body.providers, { embedder: 'cpu', reranker: 'cpu', decoder: 'cuda' });

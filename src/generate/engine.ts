@@ -224,14 +224,21 @@ export class Engine {
     const p = this.pending.get(seq);
     this.pending.delete(seq);
     if (!p) return;
-    if (error) p.reject(error);
-    else {
+    if (error) {
+      p.reject(error);
+      return;
+    }
+    // Whatever goes wrong making the reply (decoding its text, a listener) settles the request with it:
+    // a promise left unsettled would hang its client and hold its reservation for good.
+    try {
       const tail = seq.text?.finish() ?? '';
       if (tail) p.hooks.onToken?.({ tokenId: null, text: tail });
       p.resolve({
         ids: seq.outputIds, text: seq.text?.text ?? this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
       });
+    } catch (e) {
+      p.reject(e instanceof Error ? e : new Error(String(e)));
     }
   }
 }

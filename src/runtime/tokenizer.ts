@@ -42,6 +42,8 @@ export class TextTokenizer {
   }
 
   decode(ids: readonly number[], skipSpecialTokens = true): string {
+    // No tokens is no text (a generation whose first token ended it); the library throws on an empty list.
+    if (ids.length === 0) return '';
     return this.tok.decode([...ids], { skip_special_tokens: skipSpecialTokens });
   }
 
