@@ -15,29 +15,18 @@
  */
 import path from 'node:path';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
+import { BLOCK, engineFor, randomPrompts } from './gpu-common.js';
 import { AdapterRegistry } from '../src/generate/adapters.js';
-import { BlockManager } from '../src/generate/block-manager.js';
 import type { DecoderAdapter } from '../src/generate/lora-pool.js';
 import { Engine } from '../src/generate/engine.js';
-import { seededRandom } from '../src/generate/sampler.js';
 
 const REQUESTS = Number(process.env.BENCH_GPU_REQUESTS ?? 32);
 const NEW = Number(process.env.BENCH_GPU_NEW ?? 64);
 const PROMPT = Number(process.env.BENCH_GPU_PROMPT ?? 24);
 const LEVELS = (process.env.BENCH_GPU_CONCURRENCY ?? '1,8,32').split(',').map(Number);
-const BLOCK = 16;
 const SLOTS = { maxLoras: 2, maxLoraRank: 8 };
 
-function randomPrompts(n: number, len: number, vocab: number, seed: number): number[][] {
-  const r = seededRandom(seed);
-  return Array.from({ length: n }, () => Array.from({ length: len }, () => 3 + Math.floor(r() * (vocab - 3))));
-}
 
-function engineFor(runner: CudaModelRunner, maxNumSeqs: number): Engine {
-  const { numBlocks } = runner.pool;
-  const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
-  return new Engine(runner, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs, maxNumBatchedTokens: runner.limits.maxBatchedTokens });
-}
 
 /** Tokens/s of `prompts` with at most `c` in flight; request i runs with adapterOf(i). */
 async function closedLoop(engine: Engine, prompts: number[][], c: number, maxNewTokens: number, adapterOf: (i: number) => DecoderAdapter | undefined): Promise<number> {

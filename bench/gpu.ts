@@ -18,18 +18,16 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
+import { BLOCK, engineFor, randomPrompts } from './gpu-common.js';
 import { kvBytesPerToken } from '../src/backends/cuda/step-pack.js';
-import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
-import { seededRandom } from '../src/generate/sampler.js';
 
 const REQUESTS = Number(process.env.BENCH_GPU_REQUESTS ?? 32);
 const NEW = Number(process.env.BENCH_GPU_NEW ?? 64);
 const PROMPT = Number(process.env.BENCH_GPU_PROMPT ?? 24);
 const LEVELS = (process.env.BENCH_GPU_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const MODES = process.env.BENCH_GPU_TORCH_MODES ?? 'eager,compiled';
-const BLOCK = 16;
 const BANDWIDTH = 4.3e12; // measured copy bandwidth of the H200 (bytes read + written per second)
 
 function median(xs: number[]): number {
@@ -37,16 +35,7 @@ function median(xs: number[]): number {
   return s[Math.floor(s.length / 2)]!;
 }
 
-function randomPrompts(n: number, len: number, vocab: number, seed: number): number[][] {
-  const r = seededRandom(seed);
-  return Array.from({ length: n }, () => Array.from({ length: len }, () => 3 + Math.floor(r() * (vocab - 3))));
-}
 
-function engineFor(runner: CudaModelRunner, maxNumSeqs: number): Engine {
-  const { numBlocks } = runner.pool;
-  const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
-  return new Engine(runner, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs, maxNumBatchedTokens: runner.limits.maxBatchedTokens });
-}
 
 /** `requests` generations with at most `c` in flight; returns tokens/s and the outputs. */
 async function closedLoop(engine: Engine, prompts: number[][], c: number, maxNewTokens: number): Promise<{ tokensPerS: number; outputs: number[][]; seconds: number }> {

@@ -11,6 +11,7 @@
  * hit within the adapter, none across adapter and base. The adapter must change torch's greedy ids,
  * else the check would prove nothing.
  */
+import { compareLogits } from './logit-compare.js';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import type { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
@@ -72,14 +73,9 @@ export async function checkLora(x: LoraCheckInput): Promise<{ result: Record<str
     await engineWith(x.numBlocks).generate(c.prompt_ids, { ...withLora, maxNewTokens: 1 });
     const ours = runner.lastLogits!;
     const theirs = torchLogits.subarray(i * V, (i + 1) * V);
-    let diff = 0, am = 0, bm = 0;
-    for (let v = 0; v < V; v++) {
-      diff = Math.max(diff, Math.abs(ours[v]! - theirs[v]!));
-      if (ours[v]! > ours[am]!) am = v;
-      if (theirs[v]! > theirs[bm]!) bm = v;
-    }
-    worst = Math.max(worst, diff / c.logit_scale);
-    if (am === bm) argmaxEqual++;
+    const { maxDiff, argmaxEqual: same } = compareLogits(ours, theirs, V);
+    worst = Math.max(worst, maxDiff / c.logit_scale);
+    if (same) argmaxEqual++;
   }
   runner.keepLogits = false;
   result.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };

@@ -2,7 +2,8 @@
  * The CUDA backend checked against torch/transformers on the same weights (run on the GPU host through
  * scripts/gpu/run-cuda.sh; the checkpoints and references come from scripts/gpu/hf_models.py):
  *
- *   node --import tsx scripts/check-cuda.ts DIR [DIR ...]
+ *   node --import { compareLogits } from './logit-compare.js';
+import tsx scripts/check-cuda.ts DIR [DIR ...]
  *
  * For each checkpoint: the prompt's last-position logits against torch's (max |diff| relative to the
  * largest logit, argmax equal), and greedy ids through the engine, the block manager and the scheduler:
@@ -70,14 +71,9 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
     await e.generate(c.prompt_ids, { ...greedy, maxNewTokens: 1 });
     const ours = runner.lastLogits!;
     const theirs = torchLogits.subarray(i * V, (i + 1) * V);
-    let diff = 0, am = 0, bm = 0;
-    for (let v = 0; v < V; v++) {
-      diff = Math.max(diff, Math.abs(ours[v]! - theirs[v]!));
-      if (ours[v]! > ours[am]!) am = v;
-      if (theirs[v]! > theirs[bm]!) bm = v;
-    }
-    worst = Math.max(worst, diff / c.logit_scale);
-    if (am === bm) argmaxEqual++;
+    const { maxDiff, argmaxEqual: same } = compareLogits(ours, theirs, V);
+    worst = Math.max(worst, maxDiff / c.logit_scale);
+    if (same) argmaxEqual++;
   }
   runner.keepLogits = false;
   out.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
-import type { CudaBackend, EngineHandle, NativeConfig } from '../src/backends/cuda/binding.js';
+import type { CudaBackend } from '../src/backends/cuda/binding.js';
 import { cudaLoraPool, LORA_PROJECTIONS } from '../src/backends/cuda/cuda-lora.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { parseConfig } from '../src/backends/cuda/hf-checkpoint.js';
@@ -22,81 +22,16 @@ import { loraSlots } from '../src/generate/lora.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { tempDir } from './helpers.js';
+import { standInCuda, TINY, tinyTensors } from './cuda-standin.js';
 
-/** Qwen2-shaped: hidden 8, 2 heads of 4 (q 8), 1 kv head (k, v 4), intermediate 12, 2 layers. */
-const tiny = {
-  model_type: 'qwen2', vocab_size: 32, hidden_size: 8, intermediate_size: 12, num_hidden_layers: 2, num_attention_heads: 2,
-  num_key_value_heads: 1, max_position_embeddings: 64, rope_theta: 10000, tie_word_embeddings: true, eos_token_id: 2,
-};
-const VOCAB = 32;
+const tiny = TINY;
+const tinyCheckpoint = tinyTensors;
 
-function tinyCheckpoint(): Map<string, { shape: number[]; values: Float32Array }> {
-  const t = new Map<string, { shape: number[]; values: Float32Array }>();
-  const add = (name: string, shape: number[]) => t.set(name, { shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
-  add('model.embed_tokens.weight', [32, 8]);
-  add('model.norm.weight', [8]);
-  for (let l = 0; l < 2; l++) {
-    const p = `model.layers.${l}.`;
-    for (const n of ['input_layernorm', 'post_attention_layernorm']) add(p + n + '.weight', [8]);
-    add(p + 'self_attn.q_proj.weight', [8, 8]);
-    add(p + 'self_attn.k_proj.weight', [4, 8]);
-    add(p + 'self_attn.v_proj.weight', [4, 8]);
-    add(p + 'self_attn.q_proj.bias', [8]);
-    add(p + 'self_attn.k_proj.bias', [4]);
-    add(p + 'self_attn.v_proj.bias', [4]);
-    add(p + 'self_attn.o_proj.weight', [8, 8]);
-    add(p + 'mlp.gate_proj.weight', [12, 8]);
-    add(p + 'mlp.up_proj.weight', [12, 8]);
-    add(p + 'mlp.down_proj.weight', [8, 12]);
-  }
-  return t;
-}
 
-const limitsOf = (cfg: NativeConfig): DeviceLimits => ({
-  numBlocks: cfg.num_blocks, blockSize: cfg.block_size, maxBatchedTokens: cfg.max_batched_tokens, maxSeqs: cfg.max_seqs,
-  maxBlocksPerSeq: cfg.max_blocks_per_seq, cublasWorkspaceBytes: cfg.cublas_workspace_bytes, maxLoras: cfg.max_loras, maxLoraRank: cfg.max_lora_rank,
-});
-
-interface Write { layer: number; projection: number; entry: number; a: Float32Array | null; b: Float32Array | null }
-
-/**
- * A stand-in for the native library whose "model" answers each sequence with (its last token + 1 + 10 x
- * its LoRA entry) mod vocab, read back from the packed step as the kernels read it: an adapter's rows
- * come out different from the base model's, each by its own entry.
- */
+/** The shared stand-in (its "model" adds 10 x the row's LoRA entry), as this file's tests take it. */
 function standIn(opts: { omitLoraFromPlan?: boolean } = {}) {
-  const writes: Write[] = [];
-  const steps: { S: number; lora: number[] }[] = [];
-  let created: NativeConfig | undefined;
-  const native: CudaBackend = {
-    deviceCount: () => 1,
-    plan: (cfg) => {
-      const p = planDevice(parseConfig(tiny), cfg.dtype === 1 ? 'bfloat16' : 'float16', limitsOf(cfg));
-      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned, opts.omitLoraFromPlan ? 0 : p.lora];
-    },
-    create: (cfg) => {
-      created = cfg;
-      return {} as EngineHandle;
-    },
-    destroy: () => {},
-    setRope: () => {},
-    loadTensor: () => {},
-    loadDone: () => {},
-    captureGraphs: () => 0,
-    step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
-      const T = words[0]!, S = words[1]!;
-      const ids = words.subarray(4, 4 + T);
-      const seq = (k: number) => words.subarray(4 + 4 * T + k * S, 4 + 4 * T + (k + 1) * S);
-      const last = seq(1), lora = seq(8);
-      steps.push({ S, lora: [...lora] });
-      for (let s = 0; s < S; s++) tokensOut[s] = (ids[last[s]!]! + 1 + 10 * lora[s]!) % VOCAB;
-      resolve();
-    })),
-    copyBlocks: () => {},
-    memory: () => ({ weights: 0, kv_pool: 0, workspace: 0, cublas_workspace: 0, graphs: 0, host_pinned: 0, total: 0, device_free: 0, device_total: 0, lora: 0 }),
-    loraWrite: (_h, layer, projection, entry, a, b) => void writes.push({ layer, projection, entry, a: a && a.slice(), b: b && b.slice() }),
-  };
-  return { native, writes, steps, config: () => created };
+  const native = standInCuda(tiny, opts);
+  return { native, writes: native.writes, steps: native.steps, config: () => native.created };
 }
 
 describe('device LoRA slots in the accountant', () => {

@@ -1,21 +1,58 @@
 /**
  * A stand-in for the native CUDA library (binding.ts's CudaBackend) on machines without a GPU: its
- * "model" answers each sequence with (its last token + 1) mod vocab, read from the packed step as the
- * kernels read it; its plan and memory figures are step-pack.ts's, as the real library's must be. So the
+ * "model" answers each sequence with (its last token + 1 + 10 x its LoRA entry) mod vocab, read from the
+ * packed step as the kernels read it (an adapter's rows come out different from the base model's, each by
+ * its own entry); its plan and memory figures are step-pack.ts's, as the real library's must be. So the
  * CUDA runner's and the server's own logic run on the CPU (scripts/check-cuda.ts checks the device).
+ * Also the tiny Qwen2-shaped checkpoint the CUDA tests load.
  */
 import type { CudaBackend, EngineHandle, NativeConfig, NativeMemory } from '../src/backends/cuda/binding.js';
 import { parseConfig } from '../src/backends/cuda/hf-checkpoint.js';
 import { planDevice } from '../src/backends/cuda/step-pack.js';
 
-export interface StandIn extends CudaBackend {
-  /** Each step's token and sequence counts. */
-  readonly steps: { T: number; S: number }[];
-  /** Engines created and not destroyed. */
-  live: number;
+/** Qwen2-shaped: hidden 8, 2 heads of 4 (q 8), 1 kv head (k, v 4), intermediate 12, 2 layers, vocab 32. */
+export const TINY = {
+  model_type: 'qwen2', vocab_size: 32, hidden_size: 8, intermediate_size: 12, num_hidden_layers: 2, num_attention_heads: 2,
+  num_key_value_heads: 1, max_position_embeddings: 64, rope_theta: 10000, tie_word_embeddings: true, eos_token_id: 2,
+};
+
+/** TINY's tensors (zeros), as a Qwen2 checkpoint names them. */
+export function tinyTensors(): Map<string, { shape: number[]; values: Float32Array }> {
+  const t = new Map<string, { shape: number[]; values: Float32Array }>();
+  const add = (name: string, shape: number[]) => t.set(name, { shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) });
+  add('model.embed_tokens.weight', [32, 8]);
+  add('model.norm.weight', [8]);
+  for (let l = 0; l < 2; l++) {
+    const p = `model.layers.${l}.`;
+    for (const n of ['input_layernorm', 'post_attention_layernorm']) add(p + n + '.weight', [8]);
+    add(p + 'self_attn.q_proj.weight', [8, 8]);
+    add(p + 'self_attn.k_proj.weight', [4, 8]);
+    add(p + 'self_attn.v_proj.weight', [4, 8]);
+    add(p + 'self_attn.q_proj.bias', [8]);
+    add(p + 'self_attn.k_proj.bias', [4]);
+    add(p + 'self_attn.v_proj.bias', [4]);
+    add(p + 'self_attn.o_proj.weight', [8, 8]);
+    add(p + 'mlp.gate_proj.weight', [12, 8]);
+    add(p + 'mlp.up_proj.weight', [12, 8]);
+    add(p + 'mlp.down_proj.weight', [8, 12]);
+  }
+  return t;
 }
 
-export function standInCuda(config: Record<string, unknown>): StandIn {
+export interface SlotWrite { layer: number; projection: number; entry: number; a: Float32Array | null; b: Float32Array | null }
+
+export interface StandIn extends CudaBackend {
+  /** Each step's token and sequence counts and its sequences' LoRA entries. */
+  readonly steps: { T: number; S: number; lora: number[] }[];
+  /** Every LoRA slot write (copies of A and B). */
+  readonly writes: SlotWrite[];
+  /** Engines created and not destroyed. */
+  live: number;
+  /** The last engine's configuration. */
+  created: NativeConfig | undefined;
+}
+
+export function standInCuda(config: Record<string, unknown>, opts: { omitLoraFromPlan?: boolean } = {}): StandIn {
   const parsed = parseConfig(config as Parameters<typeof parseConfig>[0]);
   const vocab = parsed.vocabSize;
   const planOf = (cfg: NativeConfig) => planDevice(parsed, cfg.dtype === 1 ? 'bfloat16' : 'float16', {
@@ -26,15 +63,18 @@ export function standInCuda(config: Record<string, unknown>): StandIn {
   const engines = new Map<EngineHandle, NativeConfig>();
   const s: StandIn = {
     steps: [],
+    writes: [],
     live: 0,
+    created: undefined,
     deviceCount: () => 1,
     plan: (cfg) => {
       const p = planOf(cfg);
-      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned, p.lora];
+      return [p.weights, p.kvPool, p.workspace, p.cublasWorkspace, p.hostPinned, opts.omitLoraFromPlan ? 0 : p.lora];
     },
     create: (cfg) => {
       const h = {} as EngineHandle;
       engines.set(h, cfg);
+      s.created = cfg;
       s.live++;
       return h;
     },
@@ -47,14 +87,15 @@ export function standInCuda(config: Record<string, unknown>): StandIn {
     captureGraphs: () => 0,
     step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
       const T = words[0]!, S = words[1]!;
-      s.steps.push({ T, S });
       const ids = words.subarray(4, 4 + T);
-      const last = words.subarray(4 + 4 * T + S, 4 + 4 * T + 2 * S);
-      for (let r = 0; r < S; r++) tokensOut[r] = (ids[last[r]!]! + 1) % vocab;
+      const seq = (k: number) => words.subarray(4 + 4 * T + k * S, 4 + 4 * T + (k + 1) * S);
+      const last = seq(1), lora = seq(8);
+      s.steps.push({ T, S, lora: [...lora] });
+      for (let r = 0; r < S; r++) tokensOut[r] = (ids[last[r]!]! + 1 + 10 * lora[r]!) % vocab;
       resolve();
     })),
     copyBlocks: () => {},
-    loraWrite: () => {},
+    loraWrite: (_h, layer, projection, entry, a, b) => void s.writes.push({ layer, projection, entry, a: a && a.slice(), b: b && b.slice() }),
     memory: (h): NativeMemory => {
       const cfg = engines.get(h);
       if (!cfg) throw new Error('no such engine');
