@@ -1,0 +1,155 @@
+/**
+ * A decoder exported in the Hugging Face / Optimum layout (config.json, tokenizer files, onnx/model.onnx
+ * with past_key_values) converted into onnxruntime-genai's layout (gqa-builder.ts: GroupQueryAttention
+ * with the KV buffer written in place, LoRA slots in every projection), the server's fast path.
+ *
+ * convertExport: the conversion itself (scripts/build-gqa-decoder.ts runs it in setup on the shipped
+ *   decoder). Weights are found by the graph's structure (export-weights.ts), so a constant-folded
+ *   export (`onnx::MatMul_1246`, [in, out]) converts as an unfolded one does; external data is read.
+ * exportDecoderDir: what the server does with RAGGUARD_DECODER. An Optimum export dropped in is
+ *   converted once and cached, as GGUF files are (gguf-decoder.ts), under the cache directory: keyed by
+ *   the sha256 of the export's own bytes (graph, external data, config and tokenizer files), the
+ *   options and the converter's sources; written to a temporary directory and renamed, so a crash leaves
+ *   nothing a later start would take for a whole model; a later start finds it and says so. A directory
+ *   already in the genai layout is used as it is.
+ */
+import { createHash } from 'node:crypto';
+import { createReadStream, existsSync } from 'node:fs';
+import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { externalDataReader } from '../runtime/model-dir.js';
+import { externalDataFiles, readGraph, writeModel } from '../runtime/onnx-proto.js';
+import { exportWeights } from './export-weights.js';
+import { buildGqaDecoder, type GqaDtype, type GqaSourceConfig } from './gqa-builder.js';
+
+/** Files besides the graph that the converted directory carries over as they are. */
+const CARRIED = ['config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'];
+
+export interface ConvertOptions {
+  dtype?: GqaDtype;
+  /** LoRA paths in every projection: true, false, or 'auto' (where the model's shape allows them; the log says when not). */
+  lora?: boolean | 'auto';
+  log?: (msg: string) => void;
+}
+
+export interface ConvertResult {
+  lora: boolean;
+  graphBytes: number;
+  seconds: number;
+}
+
+/** Converts the Optimum export in `src` into the genai layout in `out`. */
+export async function convertExport(src: string, out: string, opts: ConvertOptions = {}): Promise<ConvertResult> {
+  const t0 = performance.now();
+  const dtype = opts.dtype ?? 'float32';
+  const cfg = JSON.parse(await readFile(path.join(src, 'config.json'), 'utf8')) as GqaSourceConfig;
+  const onnxDir = path.join(src, 'onnx');
+  const external = externalDataReader(onnxDir);
+  let graph;
+  try {
+    graph = readGraph(await readFile(path.join(onnxDir, 'model.onnx')), external.read);
+  } finally {
+    external.close();
+  }
+  const weights = exportWeights(graph, cfg, `decoder ${src}`);
+  const D = cfg.head_dim ?? cfg.hidden_size / cfg.num_attention_heads;
+  const fits = cfg.num_attention_heads * D === cfg.hidden_size;
+  const lora = opts.lora === 'auto' || opts.lora === undefined ? fits : opts.lora;
+  if (!lora && opts.lora !== false) opts.log?.(`[convert] ${src}: no LoRA paths (num_attention_heads x head_dim = ${cfg.num_attention_heads * D} is not hidden_size ${cfg.hidden_size}, as the adapter slots assume)`);
+  const g = buildGqaDecoder(cfg, weights, { dtype, lora });
+  const bytes = g.initializers.reduce((s, t) => s + t.data.length, 0);
+  if (bytes >= 2 ** 31 - 2 ** 26) throw new Error(`decoder ${src}: ${(bytes / 2 ** 30).toFixed(1)} GiB of weights exceed one ONNX file (2 GiB); external data is not written here`);
+  const model = writeModel({ name: 'decoder_gqa', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
+  await mkdir(out, { recursive: true });
+  await writeFile(path.join(out, 'model.onnx'), model);
+  await writeFile(path.join(out, 'genai_config.json'), `${JSON.stringify(g.genaiConfig, null, 2)}\n`);
+  for (const f of CARRIED) {
+    if (existsSync(path.join(src, f))) await copyFile(path.join(src, f), path.join(out, f));
+  }
+  return { lora, graphBytes: model.length, seconds: (performance.now() - t0) / 1000 };
+}
+
+/** A directory in the Optimum export layout (onnx/model.onnx) rather than genai's (genai_config.json). */
+export function isOptimumExport(dir: string): boolean {
+  return !existsSync(path.join(dir, 'genai_config.json')) && existsSync(path.join(dir, 'onnx', 'model.onnx'));
+}
+
+/** The sources whose code decides the converted bytes: a change to any of them reconverts. */
+const CONVERTER_SOURCES = ['../runtime/onnx-proto.ts', './export-weights.ts', './gqa-builder.ts', './lora.ts', './rope-scaling.ts', './export-decoder.ts'];
+
+async function hashFile(h: ReturnType<typeof createHash>, file: string): Promise<void> {
+  for await (const chunk of createReadStream(file, { highWaterMark: 4 * 2 ** 20 })) h.update(chunk as Buffer);
+}
+
+/** sha256 of what the export is (its files' bytes) and of what converts it (options, converter sources). */
+async function contentKey(dir: string, options: unknown): Promise<string> {
+  const h = createHash('sha256');
+  const onnx = path.join(dir, 'onnx', 'model.onnx');
+  const files = [onnx, ...externalDataFiles(await readFile(onnx)).map((f) => path.join(dir, 'onnx', f))];
+  for (const f of CARRIED) if (existsSync(path.join(dir, f))) files.push(path.join(dir, f));
+  for (const f of files) {
+    h.update(`${path.relative(dir, f)}\0`);
+    await hashFile(h, f);
+  }
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  for (const f of CONVERTER_SOURCES) {
+    const file = path.join(here, f);
+    await hashFile(h, existsSync(file) ? file : file.replace(/\.ts$/, '.js'));
+  }
+  h.update(JSON.stringify(options));
+  return h.digest('hex').slice(0, 16);
+}
+
+export type ExportConvertMode = 'auto' | 'off';
+
+export interface ExportDecoderOptions {
+  /** Where converted models live (a directory per export and converter). */
+  cacheDir: string;
+  /** 'auto': convert where the decoder runs on the CPU (the genai layout's fast path); 'off': serve the export as it is. */
+  mode: ExportConvertMode;
+  /** The decoder's execution provider as configured. */
+  provider: string;
+  log?: (msg: string) => void;
+}
+
+/** The directory to load as the decoder for `dir`: its cached genai conversion where it is an Optimum export to convert, else `dir`. */
+export async function exportDecoderDir(dir: string, opts: ExportDecoderOptions): Promise<string> {
+  if (!isOptimumExport(dir)) return dir;
+  if (opts.mode === 'off') return dir;
+  if (opts.provider !== 'cpu') {
+    // WebGPU keeps an Optimum export's present KV on the device; the genai layout's in-place buffer is the CPU's path.
+    opts.log?.(`[convert] ${dir}: Optimum export served as exported on the ${opts.provider} provider (conversion to the genai layout is for the CPU)`);
+    return dir;
+  }
+  const t0 = performance.now();
+  const options = { dtype: 'float32', lora: 'auto' };
+  const key = await contentKey(dir, options);
+  // Named by the directory (and its path, so that two exports of one name do not evict each other).
+  const abs = path.resolve(dir);
+  const base = `${path.basename(abs)}-${createHash('sha256').update(abs).digest('hex').slice(0, 6)}`;
+  const target = path.join(opts.cacheDir, `${base}-genai-${key}`);
+  const hashed = ((performance.now() - t0) / 1000).toFixed(1);
+  if (existsSync(path.join(target, 'genai_config.json'))) {
+    opts.log?.(`[convert] ${dir}: Optimum export already converted to the genai layout: ${target} (content sha256 ${key}, hashed in ${hashed} s)`);
+    return target;
+  }
+  await mkdir(opts.cacheDir, { recursive: true });
+  const tmp = `${target}.tmp-${process.pid}`;
+  await rm(tmp, { recursive: true, force: true });
+  try {
+    const r = await convertExport(dir, tmp, { dtype: 'float32', lora: 'auto', log: opts.log });
+    await rm(target, { recursive: true, force: true });
+    await rename(tmp, target);
+    // Older conversions of the same directory name (another converter, an earlier export) go: each is
+    // the model's size again, and nothing would ask for them.
+    for (const d of await readdir(opts.cacheDir)) {
+      if (d.startsWith(`${base}-genai-`) && d !== path.basename(target) && !d.includes('.tmp-')) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
+    }
+    opts.log?.(`[convert] ${dir}: Optimum export converted to the genai layout: ${target}/model.onnx (${(r.graphBytes / 2 ** 20).toFixed(1)} MiB, LoRA ${r.lora ? 'slots' : 'off'}) in ${r.seconds.toFixed(1)} s (content sha256 ${key})`);
+    return target;
+  } catch (e) {
+    await rm(tmp, { recursive: true, force: true });
+    throw e;
+  }
+}
