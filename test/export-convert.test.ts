@@ -1,0 +1,123 @@
+/**
+ * The genai converter on real exports' forms: weights found by the graph's structure, so a
+ * constant-folded export (weights renamed `onnx::MatMul_NNN`, stored [in, out] as the product reads
+ * them) converts into the same model as the unfolded one; what it cannot represent is refused naming
+ * it; a dropped-in Optimum export is converted once into the cache and found there later.
+ */
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { test } from 'node:test';
+import * as ort from 'onnxruntime-node';
+import { DecoderModel } from '../src/generate/decoder-model.js';
+import { convertExport, exportDecoderDir } from '../src/generate/export-decoder.js';
+import { exportWeights } from '../src/generate/export-weights.js';
+import { generate } from '../src/generate/generator.js';
+import { readGraph } from '../src/runtime/onnx-proto.js';
+import { editedExport, fold, nodeOf, SOURCE } from './export-fixture.js';
+import { ROOT, tempDir } from './helpers.js';
+
+interface Vectors {
+  decoder: { prompt_ids: number[]; greedy_ids: number[] }[];
+  decoder_eos_token_id: number;
+}
+
+/** The export's logits for one prompt (no past), through onnxruntime-node. */
+async function logits(dir: string, ids: number[]): Promise<Float32Array> {
+  const s = await ort.InferenceSession.create(path.join(dir, 'onnx', 'model.onnx'));
+  const cfg = JSON.parse(await readFile(path.join(dir, 'config.json'), 'utf8')) as { num_hidden_layers: number; num_key_value_heads: number; head_dim: number };
+  const n = ids.length;
+  const feeds: Record<string, ort.Tensor> = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, n]),
+    attention_mask: new ort.Tensor('int64', new BigInt64Array(n).fill(1n), [1, n]),
+    position_ids: new ort.Tensor('int64', BigInt64Array.from(ids, (_x, i) => BigInt(i)), [1, n]),
+  };
+  for (let l = 0; l < cfg.num_hidden_layers; l++) {
+    for (const kv of ['key', 'value']) feeds[`past_key_values.${l}.${kv}`] = new ort.Tensor('float32', new Float32Array(0), [1, cfg.num_key_value_heads, 0, cfg.head_dim]);
+  }
+  const out = await s.run(feeds, ['logits']);
+  await s.release();
+  return out['logits']!.data as Float32Array;
+}
+
+test('a constant-folded export (renamed weights, [in, out] and transposed) converts into the same model as the unfolded one', async () => {
+  const folded = await editedExport(fold);
+  // The fixture is an export of the same model under other names: ONNX Runtime gives the same logits.
+  const graph = readGraph(await readFile(path.join(folded, 'onnx', 'model.onnx')));
+  assert.ok(![...graph.initializers.keys()].some((n) => n.includes('proj')), 'no weight keeps its module name');
+  assert.ok(graph.initializers.get('onnx::MatMul_1000')!.dims[0] === 256, 'a folded weight is stored [in, out]');
+  const ids = [1, 17, 300, 42, 9];
+  const [a, b] = [await logits(SOURCE, ids), await logits(folded, ids)];
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i]! - b[i]!));
+  assert.ok(worst < 1e-3, `the folded fixture's logits differ by ${worst}`);
+
+  const cfg = JSON.parse(await readFile(path.join(folded, 'config.json'), 'utf8')) as Parameters<typeof exportWeights>[1];
+  const w = exportWeights(graph, cfg);
+  assert.equal(w.origin.get('model.layers.0.self_attn.q_proj.weight'), 'onnx::MatMul_1000');
+  assert.match(w.origin.get('model.layers.1.self_attn.k_proj.weight')!, /^onnx::Cast_/);
+
+  const [fromFolded, fromSource] = [await tempDir('ragguard-gqa-'), await tempDir('ragguard-gqa-')];
+  await convertExport(folded, fromFolded);
+  await convertExport(SOURCE, fromSource);
+  // The same weights, laid out the same: the same graph, byte for byte.
+  assert.ok(Buffer.compare(await readFile(path.join(fromFolded, 'model.onnx')), await readFile(path.join(fromSource, 'model.onnx'))) === 0);
+
+  // And it generates what torch generated at build time (the reference vectors).
+  const v = JSON.parse(await readFile(path.join(ROOT, 'models', 'testvectors.json'), 'utf8')) as Vectors;
+  const decoder = await DecoderModel.load(fromFolded, 'cpu');
+  assert.equal(decoder.layout, 'genai');
+  for (const d of v.decoder.slice(0, 3)) {
+    const stop = d.greedy_ids.at(-1) === v.decoder_eos_token_id;
+    const g = await generate(decoder, d.prompt_ids, { maxNewTokens: d.greedy_ids.length, temperature: 0 });
+    assert.deepEqual(g.ids, stop ? d.greedy_ids.slice(0, -1) : d.greedy_ids);
+  }
+});
+
+test('what the converter cannot represent is refused by name, never converted into another model', async () => {
+  const refused = async (dir: string, pattern: RegExp) => {
+    await assert.rejects(convertExport(dir, await tempDir('ragguard-gqa-')), pattern);
+  };
+  // Another activation in one layer's MLP.
+  await refused(await editedExport((g) => {
+    nodeOf(g, 'Sigmoid', '/layers.1/mlp/').op = 'Tanh';
+  }), /layer 1: the MLP's activation is Tanh, not SiLU/);
+  // A constant the graph multiplies in that no weight of the converted model accounts for (as a q norm would be).
+  await refused(await editedExport((g) => {
+    const reshape = nodeOf(g, 'Reshape', '/layers.0/self_attn/Reshape_output_0');
+    const q = reshape.inputs[0]!;
+    g.initializers.push({ name: 'extra_scale', dataType: 1, dims: [256], data: new Uint8Array(new Float32Array(256).fill(1).buffer) });
+    g.nodes.splice(g.nodes.indexOf(reshape), 0, { op: 'Mul', inputs: [q, 'extra_scale'], outputs: ['q_scaled'], rest: [] });
+    reshape.inputs[0] = 'q_scaled';
+  }), /constant extra_scale \[256\] \(read by Mul q_scaled\) is part of no weight/);
+  // Names that say otherwise than the structure: k and v swapped by name only.
+  await refused(await editedExport((g) => {
+    const k = 'm.model.layers.2.self_attn.k_proj.weight_fp16';
+    const v = 'm.model.layers.2.self_attn.v_proj.weight_fp16';
+    const swap = (x: string) => (x === k ? v : x === v ? k : x);
+    for (const n of g.nodes) n.inputs = n.inputs.map(swap);
+    for (const t of g.initializers) t.name = swap(t.name);
+  }), /uses m\.model\.layers\.2\.self_attn\.v_proj\.weight_fp16 as model\.layers\.2\.self_attn\.k_proj\.weight, but its name says/);
+  // Config facts the graph cannot show.
+  await refused(await editedExport(() => {}, (c) => (c['model_type'] = 'gemma')), /model_type 'gemma' is not converted/);
+  await refused(await editedExport(() => {}, (c) => (c['sliding_window'] = 64, c['use_sliding_window'] = true)), /sliding_window 64 attention is not converted/);
+  // A layer count the graph does not have.
+  await refused(await editedExport(() => {}, (c) => (c['num_hidden_layers'] = 3)), /found 9 RMSNorm weights of 256 values, expected 7/);
+});
+
+test('a dropped-in Optimum export is converted once into the cache, keyed by its content; later starts find it', async () => {
+  const folded = await editedExport(fold);
+  const cache = await tempDir('ragguard-convert-cache-');
+  const logs: string[] = [];
+  const opts = { cacheDir: cache, mode: 'auto' as const, provider: 'cpu', log: (m: string) => logs.push(m) };
+  const dir = await exportDecoderDir(folded, opts);
+  assert.ok(dir.startsWith(cache) && dir !== folded);
+  assert.match(logs.at(-1)!, /Optimum export converted to the genai layout: .* \(content sha256 [0-9a-f]{16}\)/);
+  assert.equal(await exportDecoderDir(folded, opts), dir);
+  assert.match(logs.at(-1)!, /already converted/);
+  // A genai directory is used as it is; 'off' and another provider serve the export as exported.
+  assert.equal(await exportDecoderDir(dir, opts), dir);
+  assert.equal(await exportDecoderDir(folded, { ...opts, mode: 'off' }), folded);
+  assert.equal(await exportDecoderDir(folded, { ...opts, provider: 'webgpu' }), folded);
+  assert.match(logs.at(-1)!, /served as exported on the webgpu provider/);
+});
