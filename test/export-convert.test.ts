@@ -5,7 +5,7 @@
  * it; a dropped-in Optimum export is converted once into the cache and found there later.
  */
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
@@ -120,4 +120,13 @@ test('a dropped-in Optimum export is converted once into the cache, keyed by its
   assert.equal(await exportDecoderDir(folded, { ...opts, mode: 'off' }), folded);
   assert.equal(await exportDecoderDir(folded, { ...opts, provider: 'webgpu' }), folded);
   assert.match(logs.at(-1)!, /served as exported on the webgpu provider/);
+  // One the converter refuses: served as exported under 'auto' (its own graph is still the model), the
+  // log naming why; start-up stops under 'genai'. Nothing is left in the cache.
+  const gelu = await editedExport((g) => {
+    nodeOf(g, 'Sigmoid', '/layers.0/mlp/').op = 'Tanh';
+  });
+  assert.equal(await exportDecoderDir(gelu, opts), gelu);
+  assert.match(logs.at(-1)!, /not converted to the genai layout \(.*layer 0: the MLP's activation is Tanh, not SiLU.*\); served as exported/);
+  await assert.rejects(exportDecoderDir(gelu, { ...opts, mode: 'genai' }), /activation is Tanh/);
+  assert.deepEqual((await readdir(cache)).filter((d) => !d.startsWith(path.basename(dir))), []);
 });

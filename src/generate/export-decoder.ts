@@ -101,12 +101,16 @@ async function contentKey(dir: string, options: unknown): Promise<string> {
   return h.digest('hex').slice(0, 16);
 }
 
-export type ExportConvertMode = 'auto' | 'off';
+/**
+ * 'auto': convert where the decoder runs on the CPU (the genai layout's fast path); an export the
+ * converter refuses is served as exported, saying why (its own graph is still the model asked for).
+ * 'genai': convert on any provider, and stop where the converter refuses. 'off': serve the export as it is.
+ */
+export type ExportConvertMode = 'auto' | 'genai' | 'off';
 
 export interface ExportDecoderOptions {
   /** Where converted models live (a directory per export and converter). */
   cacheDir: string;
-  /** 'auto': convert where the decoder runs on the CPU (the genai layout's fast path); 'off': serve the export as it is. */
   mode: ExportConvertMode;
   /** The decoder's execution provider as configured. */
   provider: string;
@@ -117,7 +121,7 @@ export interface ExportDecoderOptions {
 export async function exportDecoderDir(dir: string, opts: ExportDecoderOptions): Promise<string> {
   if (!isOptimumExport(dir)) return dir;
   if (opts.mode === 'off') return dir;
-  if (opts.provider !== 'cpu') {
+  if (opts.mode === 'auto' && opts.provider !== 'cpu') {
     // WebGPU keeps an Optimum export's present KV on the device; the genai layout's in-place buffer is the CPU's path.
     opts.log?.(`[convert] ${dir}: Optimum export served as exported on the ${opts.provider} provider (conversion to the genai layout is for the CPU)`);
     return dir;
@@ -150,6 +154,8 @@ export async function exportDecoderDir(dir: string, opts: ExportDecoderOptions):
     return target;
   } catch (e) {
     await rm(tmp, { recursive: true, force: true });
-    throw e;
+    if (opts.mode === 'genai') throw e;
+    opts.log?.(`[convert] ${dir}: not converted to the genai layout (${(e as Error).message}); served as exported (the slower path, without LoRA)`);
+    return dir;
   }
 }
