@@ -5,7 +5,7 @@
  * it; a dropped-in Optimum export is converted once into the cache and found there later.
  */
 import assert from 'node:assert/strict';
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
@@ -14,7 +14,7 @@ import { convertExport, exportDecoderDir } from '../src/generate/export-decoder.
 import { exportWeights } from '../src/generate/export-weights.js';
 import { generate } from '../src/generate/generator.js';
 import { readGraph } from '../src/runtime/onnx-proto.js';
-import { editedExport, fold, nodeOf, SOURCE } from './export-fixture.js';
+import { addQkvBiases, editedExport, fold, intAttribute, nodeOf, SOURCE } from './export-fixture.js';
 import { ROOT, tempDir } from './helpers.js';
 
 interface Vectors {
@@ -38,6 +38,27 @@ async function logits(dir: string, ids: number[]): Promise<Float32Array> {
   const out = await s.run(feeds, ['logits']);
   await s.release();
   return out['logits']!.data as Float32Array;
+}
+
+/** A genai graph's (converted without LoRA paths) logits for the last position of one prompt, through onnxruntime-node. */
+async function genaiLogits(dir: string, ids: number[]): Promise<Float32Array> {
+  const s = await ort.InferenceSession.create(path.join(dir, 'model.onnx'));
+  const n = ids.length;
+  const feeds: Record<string, ort.Tensor> = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, n]),
+    attention_mask: new ort.Tensor('int64', new BigInt64Array(n).fill(1n), [1, n]),
+  };
+  for (let l = 0; l < 4; l++) for (const kv of ['key', 'value']) feeds[`past_key_values.${l}.${kv}`] = new ort.Tensor('float32', new Float32Array(2 * 64 * 32), [1, 2, 64, 32]);
+  const out = await s.run(feeds, ['logits']);
+  await s.release();
+  return out['logits']!.data as Float32Array;
+}
+
+function maxDiff(a: Float32Array, b: Float32Array): number {
+  assert.equal(a.length, b.length);
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i]! - b[i]!));
+  return worst;
 }
 
 test('a constant-folded export (renamed weights, [in, out] and transposed) converts into the same model as the unfolded one', async () => {
@@ -99,10 +120,10 @@ test('what the converter cannot represent is refused by name, never converted in
     for (const t of g.initializers) t.name = swap(t.name);
   }), /uses m\.model\.layers\.2\.self_attn\.v_proj\.weight_fp16 as model\.layers\.2\.self_attn\.k_proj\.weight, but its name says/);
   // Config facts the graph cannot show.
-  await refused(await editedExport(() => {}, (c) => (c['model_type'] = 'gemma')), /model_type 'gemma' is not converted/);
-  await refused(await editedExport(() => {}, (c) => (c['sliding_window'] = 64, c['use_sliding_window'] = true)), /sliding_window 64 attention is not converted/);
+  await refused(await editedExport(() => {}, { config: (c) => (c['model_type'] = 'gemma') }), /model_type 'gemma' is not converted/);
+  await refused(await editedExport(() => {}, { config: (c) => (c['sliding_window'] = 64, c['use_sliding_window'] = true) }), /sliding_window 64 attention is not converted/);
   // A layer count the graph does not have.
-  await refused(await editedExport(() => {}, (c) => (c['num_hidden_layers'] = 3)), /found 9 RMSNorm weights of 256 values, expected 7/);
+  await refused(await editedExport(() => {}, { config: (c) => (c['num_hidden_layers'] = 3) }), /found 9 RMSNorm weights of 256 values, expected 7/);
 });
 
 test('a dropped-in Optimum export is converted once into the cache, keyed by its content; later starts find it', async () => {
@@ -129,4 +150,55 @@ test('a dropped-in Optimum export is converted once into the cache, keyed by its
   assert.match(logs.at(-1)!, /not converted to the genai layout \(.*layer 0: the MLP's activation is Tanh, not SiLU.*\); served as exported/);
   await assert.rejects(exportDecoderDir(gelu, { ...opts, mode: 'genai' }), /activation is Tanh/);
   assert.deepEqual((await readdir(cache)).filter((d) => !d.startsWith(path.basename(dir))), []);
+});
+
+test('q, k and v biases (Qwen2) go to their own projections: the converted graph gives the export\'s logits', async () => {
+  const biased = await editedExport((g) => {
+    addQkvBiases(g);
+    fold(g);
+  });
+  const ids = [1, 17, 300, 42, 9, 1200, 77];
+  const exported = (await logits(biased, ids)).subarray(4096 * (ids.length - 1));
+  const out = await tempDir('ragguard-gqa-');
+  await convertExport(biased, out, { lora: false });
+  const converted = await genaiLogits(out, ids);
+  // Within what two attention implementations differ by; biases given to the wrong projection move logits by far more.
+  assert.ok(maxDiff(exported, converted) < 1e-3, `logits differ by ${maxDiff(exported, converted)}`);
+  const plain = await tempDir('ragguard-gqa-');
+  await convertExport(SOURCE, plain, { lora: false });
+  assert.ok(maxDiff(exported, await genaiLogits(plain, ids)) > 1e-2, 'the biases matter to the logits');
+});
+
+test('weights in an external data file are read, and are part of the cache key', async () => {
+  const ext = await editedExport(fold, { externalData: 'model.onnx.data' });
+  const [a, b] = [await tempDir('ragguard-gqa-'), await tempDir('ragguard-gqa-')];
+  await convertExport(ext, a);
+  await convertExport(SOURCE, b);
+  assert.ok(Buffer.compare(await readFile(path.join(a, 'model.onnx')), await readFile(path.join(b, 'model.onnx'))) === 0);
+  const cache = await tempDir('ragguard-convert-cache-');
+  const opts = { cacheDir: cache, mode: 'auto' as const, provider: 'cpu' };
+  const first = await exportDecoderDir(ext, opts);
+  // Another weight value in the data file (the graph file unchanged) is another model: converted anew, the old one gone.
+  const data = await readFile(path.join(ext, 'onnx', 'model.onnx.data'));
+  data[data.length - 2] ^= 0x40;
+  await writeFile(path.join(ext, 'onnx', 'model.onnx.data'), data);
+  const second = await exportDecoderDir(ext, opts);
+  assert.notEqual(second, first);
+  assert.deepEqual(await readdir(cache), [path.basename(second)]);
+});
+
+test('a Gemm with transB reads its weight as [out, in]', async () => {
+  const g = readGraph(await readFile(path.join(await editedExport((e) => {
+    // The head as Gemm(x, E, transB=1) on the embedding E [vocab, hidden], its Transpose gone.
+    const head = e.nodes.find((n) => n.outputs[0] === 'logits')!;
+    const tr = e.nodes.find((n) => n.outputs[0] === head.inputs[1])!;
+    head.op = 'Gemm';
+    head.inputs[1] = tr.inputs[0]!;
+    head.rest.push(intAttribute('transB', 1));
+    e.nodes.splice(e.nodes.indexOf(tr), 1);
+  }), 'onnx', 'model.onnx')));
+  const cfg = JSON.parse(await readFile(path.join(SOURCE, 'config.json'), 'utf8')) as Parameters<typeof exportWeights>[1];
+  const w = exportWeights(g, cfg);
+  assert.deepEqual(w.floats('lm_head.weight'), w.floats('model.embed_tokens.weight'));
+  assert.equal(w.rows!('lm_head.weight'), 4096);
 });

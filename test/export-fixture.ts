@@ -33,10 +33,19 @@ function copy(w: Writer, f: Field): void {
   else throw new Error(`field ${f.no}: wire type ${f.wire} is not copied here`);
 }
 
+export interface ExportOptions {
+  /** Edits config.json. */
+  config?: (c: Record<string, unknown>) => void;
+  /** Initializers of more than 1 KiB go into this external data file beside the graph (as exports over 2 GiB keep them). */
+  externalData?: string;
+}
+
 /** The shipped export with its graph edited by `edit`, written with its config and tokenizer into a new directory. */
-export async function editedExport(edit: (g: EditGraph) => void, config?: (c: Record<string, unknown>) => void): Promise<string> {
+export async function editedExport(edit: (g: EditGraph) => void, opts: ExportOptions = {}): Promise<string> {
   const model = await readFile(path.join(SOURCE, 'onnx', 'model.onnx'));
   const out = new Writer();
+  const external: Uint8Array[] = [];
+  let offset = 0;
   for (const f of fields(model)) {
     if (f.no !== 7) {
       copy(out, f);
@@ -70,7 +79,18 @@ export async function editedExport(edit: (g: EditGraph) => void, config?: (c: Re
       for (const t of g.initializers) {
         gw.msg(5, (m) => {
           for (const d of t.dims) m.int(1, d);
-          m.int(2, t.dataType).str(8, t.name).bytes(9, t.data);
+          m.int(2, t.dataType).str(8, t.name);
+          if (!opts.externalData || t.data.length <= 1024) {
+            m.bytes(9, t.data);
+            return;
+          }
+          // TensorProto.external_data (13): location, offset, length; data_location (14) EXTERNAL.
+          m.msg(13, (e) => e.str(1, 'location').str(2, opts.externalData!));
+          m.msg(13, (e) => e.str(1, 'offset').str(2, String(offset)));
+          m.msg(13, (e) => e.str(1, 'length').str(2, String(t.data.length)));
+          m.int(14, 1);
+          external.push(t.data);
+          offset += t.data.length;
         });
       }
       for (const h of other) copy(gw, h);
@@ -79,8 +99,9 @@ export async function editedExport(edit: (g: EditGraph) => void, config?: (c: Re
   const dir = await tempDir('ragguard-export-');
   await mkdir(path.join(dir, 'onnx'));
   await writeFile(path.join(dir, 'onnx', 'model.onnx'), out.finish());
+  if (opts.externalData) await writeFile(path.join(dir, 'onnx', opts.externalData), Buffer.concat(external));
   const cfg = JSON.parse(await readFile(path.join(SOURCE, 'config.json'), 'utf8')) as Record<string, unknown>;
-  config?.(cfg);
+  opts.config?.(cfg);
   await writeFile(path.join(dir, 'config.json'), JSON.stringify(cfg, null, 2));
   for (const f of ['generation_config.json', 'tokenizer.json', 'tokenizer_config.json']) await copyFile(path.join(SOURCE, f), path.join(dir, f));
   return dir;
@@ -137,4 +158,28 @@ export function nodeOf(g: EditGraph, op: string, part: string): EditNode {
   const n = g.nodes.find((m) => m.op === op && m.outputs.some((o) => o.includes(part)));
   if (!n) throw new Error(`no ${op} node writing ${part}`);
   return n;
+}
+
+/** An attribute field of a node (AttributeProto: name, i, type INT), for `rest`. */
+export function intAttribute(name: string, value: number): Field {
+  return { no: 5, wire: 2, value: 0n, bytes: new Writer().str(1, name).int(3, value).int(20, 2).finish() };
+}
+
+/**
+ * Qwen2's q/k/v biases: an Add of a [out] constant after each of layer `l`'s q, k and v products, each
+ * with its own values (so that a bias given to the wrong projection changes the model).
+ */
+export function addQkvBiases(g: EditGraph, seed = 7): void {
+  let x = seed;
+  const rand = () => ((x = (x * 1103515245 + 12345) % 2 ** 31) / 2 ** 31 - 0.5) * 0.5;
+  for (const n of [...g.nodes]) {
+    const m = /^\/layers\.(\d+)\/self_attn\/([qkv])_proj\/MatMul_output_0$/.exec(n.outputs[0] ?? '');
+    if (n.op !== 'MatMul' || !m) continue;
+    const width = m[2] === 'q' ? 256 : 64;
+    const name = `model.layers.${m[1]}.self_attn.${m[2]}_proj.bias`;
+    g.initializers.push({ name, dataType: ONNX_FLOAT, dims: [width], data: new Uint8Array(Float32Array.from({ length: width }, rand).buffer) });
+    const raw = n.outputs[0]!;
+    n.outputs[0] = `${raw}_nobias`;
+    g.nodes.splice(g.nodes.indexOf(n) + 1, 0, { op: 'Add', inputs: [`${raw}_nobias`, name], outputs: [raw], rest: [] });
+  }
 }
