@@ -180,7 +180,7 @@ test('weights in an external data file are read, and are part of the cache key',
   const first = await exportDecoderDir(ext, opts);
   // Another weight value in the data file (the graph file unchanged) is another model: converted anew, the old one gone.
   const data = await readFile(path.join(ext, 'onnx', 'model.onnx.data'));
-  data[data.length - 2] ^= 0x40;
+  data[data.length - 2] = data[data.length - 2]! ^ 0x40;
   await writeFile(path.join(ext, 'onnx', 'model.onnx.data'), data);
   const second = await exportDecoderDir(ext, opts);
   assert.notEqual(second, first);
