@@ -15,6 +15,7 @@ import { exportWeights } from '../src/generate/export-weights.js';
 import { generate } from '../src/generate/generator.js';
 import { readGraph } from '../src/runtime/onnx-proto.js';
 import { addQkvBiases, editedExport, fold, intAttribute, nodeOf, SOURCE } from './export-fixture.js';
+import { int64s } from '../src/runtime/onnx-proto.js';
 import { ROOT, tempDir } from './helpers.js';
 
 interface Vectors {
@@ -201,4 +202,18 @@ test('a Gemm with transB reads its weight as [out, in]', async () => {
   const w = exportWeights(g, cfg);
   assert.deepEqual(w.floats('lm_head.weight'), w.floats('model.embed_tokens.weight'));
   assert.equal(w.rows!('lm_head.weight'), 4096);
+});
+
+test('the head behind a Slice of the last positions (transformers\' logits_to_keep) is found', async () => {
+  const sliced = await editedExport((g) => {
+    fold(g);
+    const head = g.nodes.find((n) => n.outputs[0] === 'logits')!;
+    g.initializers.push(int64s('keep_start', [-1n]), int64s('keep_end', [2n ** 62n]), int64s('keep_axis', [1n]));
+    g.nodes.splice(g.nodes.indexOf(head), 0, { op: 'Slice', inputs: [head.inputs[0]!, 'keep_start', 'keep_end', 'keep_axis'], outputs: ['kept'], rest: [] });
+    head.inputs[0] = 'kept';
+  });
+  const [a, b] = [await tempDir('ragguard-gqa-'), await tempDir('ragguard-gqa-')];
+  await convertExport(sliced, a);
+  await convertExport(SOURCE, b);
+  assert.ok(Buffer.compare(await readFile(path.join(a, 'model.onnx')), await readFile(path.join(b, 'model.onnx'))) === 0);
 });

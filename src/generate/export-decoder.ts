@@ -15,7 +15,7 @@
  */
 import { createHash } from 'node:crypto';
 import { createReadStream, existsSync } from 'node:fs';
-import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { externalDataReader } from '../runtime/model-dir.js';
@@ -86,7 +86,10 @@ async function hashFile(h: ReturnType<typeof createHash>, file: string): Promise
 async function contentKey(dir: string, options: unknown): Promise<string> {
   const h = createHash('sha256');
   const onnx = path.join(dir, 'onnx', 'model.onnx');
-  const files = [onnx, ...externalDataFiles(await readFile(onnx)).map((f) => path.join(dir, 'onnx', f))];
+  // A graph file that keeps its weights elsewhere is small; one holding them (up to 2 GiB) is not read
+  // whole just to list external files it does not have (as model-dir.ts sizes a model).
+  const small = (await stat(onnx)).size < 256 * 2 ** 20;
+  const files = [onnx, ...(small ? externalDataFiles(await readFile(onnx)) : []).map((f) => path.join(dir, 'onnx', f))];
   for (const f of CARRIED) if (existsSync(path.join(dir, f))) files.push(path.join(dir, f));
   for (const f of files) {
     h.update(`${path.relative(dir, f)}\0`);

@@ -234,7 +234,9 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
         const n = nodes[c]!;
         const p = byNode.get(c);
         if (p && p.x === t) found.push(p);
-        else if (PASS.has(n.op) || RESHAPE.has(n.op)) todo.push(n.outputs[0]!);
+        // Through ops that copy or reshape their data input, or take some of its positions (a Slice as
+        // transformers' logits_to_keep puts before the head), not through their shape or index inputs.
+        else if (PASS.has(n.op) || ((RESHAPE.has(n.op) || n.op === 'Slice') && n.inputs[0] === t)) todo.push(n.outputs[0]!);
       }
     }
     return [...new Set(found)];
@@ -328,7 +330,9 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
           if (at >= 0 && at < 3) roles.add(slots[at]!);
           continue;
         }
-        if (n.op === 'MatMul' || n.op === 'Gemm' || n.op === 'FusedMatMul' || n.op === 'Softmax') continue;
+        // Not past the attention's products, nor through shapes: a tensor's shape sizes other tensors
+        // (repeated KV heads, masks) without being their data.
+        if (['MatMul', 'Gemm', 'FusedMatMul', 'Softmax', 'Shape', 'Size'].includes(n.op)) continue;
         todo.push(...n.outputs);
       }
     }
