@@ -153,7 +153,12 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
         name = n.inputs[0]!;
       } else if (n.op === 'Constant') {
         const t = n.attrs.get('value')?.tensor;
-        return t ? { tensor: { ...readTensor(t), name: n.outputs[0]! }, transposed } : undefined;
+        if (!t) return undefined;
+        try {
+          return { tensor: { ...readTensor(t), name: n.outputs[0]! }, transposed };
+        } catch {
+          return undefined; // a constant in a form not read here (strings, say) is no weight
+        }
       } else if (QUANTIZED.has(n.op)) return refuse(`a weight is quantized (${label(i)}), which is not read here`);
       else return undefined;
     }
