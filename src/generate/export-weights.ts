@@ -125,7 +125,12 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
   const consumers = new Map<string, number[]>();
   nodes.forEach((n, i) => {
     for (const o of n.outputs) producer.set(o, i);
-    for (const x of n.inputs) if (x !== '') consumers.set(x, [...(consumers.get(x) ?? []), i]);
+    for (const x of n.inputs) {
+      if (x === '') continue;
+      const list = consumers.get(x);
+      if (list) list.push(i);
+      else consumers.set(x, [i]);
+    }
   });
   const label = (i: number) => `${nodes[i]!.op} ${nodes[i]!.name || nodes[i]!.outputs[0]}`;
   const H = cfg.hidden_size;
