@@ -287,6 +287,8 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
     if (gammaAt >= 0) {
       const gamma = constOf(n.inputs[gammaAt]!);
       if (!gamma) refuse(`${label(i)}'s scale is not a constant`);
+      // Another width is another norm (a per-head q/k norm): not one the builder has.
+      if (count(gamma!.tensor) !== H) refuse(`${label(i)} scales ${count(gamma!.tensor)} values, not hidden_size ${H}`);
       norms.push({ node: i, gamma: gamma!, out: n.outputs[0]! });
       return;
     }
