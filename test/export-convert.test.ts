@@ -217,3 +217,19 @@ test('the head behind a Slice of the last positions (transformers\' logits_to_ke
   await convertExport(SOURCE, b);
   assert.ok(Buffer.compare(await readFile(path.join(a, 'model.onnx')), await readFile(path.join(b, 'model.onnx'))) === 0);
 });
+
+test('RMSNorm as one op (SimplifiedLayerNormalization, as ONNX Runtime\'s optimizer fuses it) is read as the decomposed one', async () => {
+  const fused = await editedExport((g) => {
+    fold(g);
+    // Layer 1's post-attention norm: the Mul by its scale becomes the fused op on the norm's input.
+    const scale = nodeOf(g, 'Mul', '/layers.1/post_attention_layernorm/Mul_1_output_0');
+    const x = nodeOf(g, 'Cast', '/layers.1/post_attention_layernorm/Cast_output_0').outputs[0]!;
+    const gamma = scale.inputs[0]!; // the scale (behind its Cast), then the normalized input
+    scale.op = 'SimplifiedLayerNormalization';
+    scale.inputs = [x, gamma];
+  });
+  const [a, b] = [await tempDir('ragguard-gqa-'), await tempDir('ragguard-gqa-')];
+  await convertExport(fused, a);
+  await convertExport(SOURCE, b);
+  assert.ok(Buffer.compare(await readFile(path.join(a, 'model.onnx')), await readFile(path.join(b, 'model.onnx'))) === 0);
+});
