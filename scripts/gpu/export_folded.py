@@ -73,12 +73,22 @@ def main():
         x = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
         am = torch.ones(2, 7, dtype=torch.long)
         pos = torch.arange(3, 7)[None].expand(2, 4)
-        with torch.no_grad():
-            # The exporter's defaults otherwise: do_constant_folding=True is what renames and re-lays the weights.
-            torch.onnx.export(Export(model, nl), (x, am, pos, *past), str(out / "onnx" / "model.onnx"),
-                              input_names=["input_ids", "attention_mask", "position_ids", *names_past],
-                              output_names=["logits", *names_present], dynamic_axes=axes, opset_version=17,
-                              dynamo=False)
+        def export():
+            with torch.no_grad():
+                # The exporter's defaults otherwise: do_constant_folding=True is what renames and re-lays the weights.
+                torch.onnx.export(Export(model, nl), (x, am, pos, *past), str(out / "onnx" / "model.onnx"),
+                                  input_names=["input_ids", "attention_mask", "position_ids", *names_past],
+                                  output_names=["logits", *names_present], dynamic_axes=axes, opset_version=17,
+                                  dynamo=False)
+        try:
+            export()
+        except Exception as e:  # noqa: BLE001 - an attention this transformers cannot trace: the eager one then
+            if attn == "eager":
+                raise
+            print(f"{name}: {attn} attention did not export ({type(e).__name__}: {e}); eager instead", flush=True)
+            attn = "eager"
+            model.config._attn_implementation = attn
+            export()
         conf = model.config.to_dict()
         conf.update({"architectures": [cls.__name__], "model_type": model_type, "torch_dtype": "float32", "head_dim": hd,
                      "ragguard_note": "random weights (a converter fixture); norms drawn around 1, final norm 8"})
@@ -98,7 +108,9 @@ def main():
                 logits = model(torch.tensor([ids])).logits[0, -1].tolist()
                 g = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
             cases.append({"prompt_ids": ids, "greedy_ids": g[0, len(ids):].tolist(), "last_logits": logits})
-        (out / "reference.json").write_text(json.dumps({"torch": torch.__version__, "eos_token_id": 2, "cases": cases}))
+        import transformers
+        (out / "reference.json").write_text(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
+                                                        "attention": attn, "eos_token_id": 2, "cases": cases}))
         size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
         print(f"{name}: {size / 1e6:.1f} MB in {out}", flush=True)
 
