@@ -123,6 +123,11 @@ test('what the converter cannot represent is refused by name, never converted in
   // Config facts the graph cannot show.
   await refused(await editedExport(() => {}, { config: (c) => (c['model_type'] = 'gemma') }), /model_type 'gemma' is not converted/);
   await refused(await editedExport(() => {}, { config: (c) => (c['sliding_window'] = 64, c['use_sliding_window'] = true) }), /sliding_window 64 attention is not converted/);
+  // Rotary frequencies the graph computes with that config.json does not say: another theta, or a scaling
+  // the export does not have (the issue's rope_scaling converted without a word into another model).
+  await refused(await editedExport(() => {}, { config: (c) => (c['rope_theta'] = 20000) }),
+    /rotary frequencies \(\/Constant_17_output_0\) are not config\.json's \(rope_theta 20000, no rope scaling\): frequency 1 is 0\.56234\d* in the graph, 0\.53849\d* from the config/);
+  await refused(await editedExport(() => {}, { config: (c) => (c['rope_scaling'] = { rope_type: 'linear', factor: 4 }) }), /rotary frequencies .* \(rope_theta 10000 and its rope scaling\)/);
   // A layer count the graph does not have.
   await refused(await editedExport(() => {}, { config: (c) => (c['num_hidden_layers'] = 3) }), /found 9 RMSNorm weights of 256 values, expected 7/);
 });

@@ -31,6 +31,7 @@
 import { halfsToFloats } from '../runtime/float16.js';
 import { ONNX_BFLOAT16, ONNX_FLOAT, ONNX_FLOAT16, readTensor, type Initializer, type ReadGraph, type ReadNode } from '../runtime/onnx-proto.js';
 import type { GqaSourceConfig, WeightSource } from './gqa-builder.js';
+import { rotaryFromConfig } from './rope-scaling.js';
 
 /** Model types whose decoder layer is exactly the builder's (pre-norm RMSNorm, rotary GQA, SiLU-gated MLP). */
 const MODEL_TYPES = new Set(['llama', 'mistral', 'qwen2']);
@@ -453,6 +454,36 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
       refuse(`constant ${h.tensor.name} [${h.tensor.dims.join(', ')}] (read by ${label(i)}) is part of no weight the converted model has`);
     }
   });
+
+  // The rotary frequencies, where the graph holds them as a constant ([head_dim / 2] values on the way to
+  // Cos), must be the ones the builder computes from config.json (rope_theta and its scaling): a config
+  // that does not say how the export rotates would otherwise convert into another model.
+  const { rotary: scaling, theta } = rotaryFromConfig(cfg, D);
+  const base = theta ?? cfg.rope_theta ?? 10000;
+  const expected = Array.from({ length: D / 2 }, (_, i) => 1 / base ** ((2 * i) / D) / (scaling.freqFactors?.[i] ?? 1) / (scaling.linearFactor ?? 1));
+  const found: { name: string; values: Float32Array }[] = [];
+  const seen = new Set<number>();
+  nodes.forEach((n, i) => {
+    if (n.op !== 'Cos') return;
+    const todo: [number, number][] = [[i, 0]];
+    while (todo.length) {
+      const [k, depth] = todo.pop()!;
+      if (seen.has(k) || depth > 8) continue;
+      seen.add(k);
+      for (const x of nodes[k]!.inputs) {
+        const j = producer.get(x);
+        const t = graph.initializers.get(x) ?? (j !== undefined && nodes[j]!.op === 'Constant' ? constOf(x)?.tensor : undefined);
+        if (t && isFloat(t) && count(t) === D / 2) found.push({ name: x, values: floatsOf(t, where) });
+        else if (j !== undefined) todo.push([j, depth + 1]);
+      }
+    }
+  });
+  const off = (v: Float32Array) => Math.max(...expected.map((e, i) => Math.abs(v[i]! - e) / e));
+  if (found.length > 0 && found.every((f) => off(f.values) > 1e-4)) {
+    const f = found[0]!;
+    const i = expected.findIndex((e, k) => Math.abs(f.values[k]! - e) / e > 1e-4);
+    refuse(`the graph's rotary frequencies (${f.name}) are not config.json's (rope_theta ${base}${scaling.linearFactor || scaling.freqFactors ? ' and its rope scaling' : ', no rope scaling'}): frequency ${i} is ${f.values[i]} in the graph, ${expected[i]!.toPrecision(8)} from the config`);
+  }
 
   // Names as a cross-check: a weight named as a module must be that module.
   for (const [name, h] of weights) {
