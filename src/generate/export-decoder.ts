@@ -8,8 +8,8 @@
  *   export (`onnx::MatMul_1246`, [in, out]) converts as an unfolded one does; external data is read.
  * exportDecoderDir: what the server does with RAGGUARD_DECODER. An Optimum export dropped in is
  *   converted once and cached, as GGUF files are (gguf-decoder.ts), under the cache directory: keyed by
- *   the sha256 of the export's own bytes (graph, external data, config and tokenizer files), the
- *   options and the converter's sources; written to a temporary directory and renamed, so a crash leaves
+ *   the sha256 of the export's own bytes (graph, external data, config and tokenizer files; remembered
+ *   in .digests/ while the files' sizes and times hold), the options and the converter's sources; written to a temporary directory and renamed, so a crash leaves
  *   nothing a later start would take for a whole model; a later start finds it and says so. A directory
  *   already in the genai layout is used as it is.
  */
@@ -18,7 +18,7 @@ import { createReadStream, existsSync } from 'node:fs';
 import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { externalDataReader } from '../runtime/model-dir.js';
+import { externalDataReader, readJsonIfExists } from '../runtime/model-dir.js';
 import { externalDataFiles, readGraph, writeModel } from '../runtime/onnx-proto.js';
 import { exportWeights } from './export-weights.js';
 import { buildGqaDecoder, type GqaDtype, type GqaSourceConfig } from './gqa-builder.js';
@@ -82,19 +82,45 @@ async function hashFile(h: ReturnType<typeof createHash>, file: string): Promise
   for await (const chunk of createReadStream(file, { highWaterMark: 4 * 2 ** 20 })) h.update(chunk as Buffer);
 }
 
-/** sha256 of what the export is (its files' bytes) and of what converts it (options, converter sources). */
-async function contentKey(dir: string, options: unknown): Promise<string> {
-  const h = createHash('sha256');
+interface Digest {
+  /** The export's files as stat saw them when they were hashed: path, size, modification time, inode. */
+  files: [string, number, number, number][];
+  sha256: string;
+}
+
+/**
+ * sha256 of what the export is: its graph, external data, config and tokenizer files. Remembered in
+ * `memo` with each file's size, time and inode, and hashed again only when one of those changed: at
+ * about 500 MB/s on this CPU, a 14 GB export would otherwise cost half a minute every start.
+ */
+async function exportDigest(dir: string, memo: string): Promise<{ sha256: string; remembered: boolean }> {
   const onnx = path.join(dir, 'onnx', 'model.onnx');
   // A graph file that keeps its weights elsewhere is small; one holding them (up to 2 GiB) is not read
   // whole just to list external files it does not have (as model-dir.ts sizes a model).
   const small = (await stat(onnx)).size < 256 * 2 ** 20;
   const files = [onnx, ...(small ? externalDataFiles(await readFile(onnx)) : []).map((f) => path.join(dir, 'onnx', f))];
   for (const f of CARRIED) if (existsSync(path.join(dir, f))) files.push(path.join(dir, f));
+  const seen: Digest['files'] = [];
+  for (const f of files) {
+    const st = await stat(f);
+    seen.push([path.relative(dir, f), st.size, st.mtimeMs, st.ino]);
+  }
+  const old = await readJsonIfExists<Digest>(memo).catch(() => undefined);
+  if (old && JSON.stringify(old.files) === JSON.stringify(seen)) return { sha256: old.sha256, remembered: true };
+  const h = createHash('sha256');
   for (const f of files) {
     h.update(`${path.relative(dir, f)}\0`);
     await hashFile(h, f);
   }
+  const sha256 = h.digest('hex');
+  await writeFile(`${memo}.tmp-${process.pid}`, JSON.stringify({ files: seen, sha256 } satisfies Digest));
+  await rename(`${memo}.tmp-${process.pid}`, memo);
+  return { sha256, remembered: false };
+}
+
+/** The cache key: the export's digest, the options and the converter's sources (a change to any reconverts). */
+async function cacheKey(digest: string, options: unknown): Promise<string> {
+  const h = createHash('sha256').update(digest);
   const here = path.dirname(fileURLToPath(import.meta.url));
   for (const f of CONVERTER_SOURCES) {
     const file = path.join(here, f);
@@ -104,11 +130,6 @@ async function contentKey(dir: string, options: unknown): Promise<string> {
   return h.digest('hex').slice(0, 16);
 }
 
-/**
- * 'auto': convert where the decoder runs on the CPU (the genai layout's fast path); an export the
- * converter refuses is served as exported, saying why (its own graph is still the model asked for).
- * 'genai': convert on any provider, and stop where the converter refuses. 'off': serve the export as it is.
- */
 export type ExportConvertMode = 'auto' | 'genai' | 'off';
 
 export interface ExportDecoderOptions {
@@ -131,17 +152,18 @@ export async function exportDecoderDir(dir: string, opts: ExportDecoderOptions):
   }
   const t0 = performance.now();
   const options = { dtype: 'float32', lora: 'auto' };
-  const key = await contentKey(dir, options);
   // Named by the directory (and its path, so that two exports of one name do not evict each other).
   const abs = path.resolve(dir);
   const base = `${path.basename(abs)}-${createHash('sha256').update(abs).digest('hex').slice(0, 6)}`;
+  await mkdir(path.join(opts.cacheDir, '.digests'), { recursive: true });
+  const digest = await exportDigest(dir, path.join(opts.cacheDir, '.digests', `${base}.json`));
+  const key = await cacheKey(digest.sha256, options);
   const target = path.join(opts.cacheDir, `${base}-genai-${key}`);
-  const hashed = ((performance.now() - t0) / 1000).toFixed(1);
+  const how = digest.remembered ? 'files unchanged since hashed' : `hashed in ${((performance.now() - t0) / 1000).toFixed(1)} s`;
   if (existsSync(path.join(target, 'genai_config.json'))) {
-    opts.log?.(`[convert] ${dir}: Optimum export already converted to the genai layout: ${target} (content sha256 ${key}, hashed in ${hashed} s)`);
+    opts.log?.(`[convert] ${dir}: Optimum export already converted to the genai layout: ${target} (content sha256 ${digest.sha256.slice(0, 16)}, ${how})`);
     return target;
   }
-  await mkdir(opts.cacheDir, { recursive: true });
   const tmp = `${target}.tmp-${process.pid}`;
   await rm(tmp, { recursive: true, force: true });
   try {
@@ -153,7 +175,7 @@ export async function exportDecoderDir(dir: string, opts: ExportDecoderOptions):
     for (const d of await readdir(opts.cacheDir)) {
       if (d.startsWith(`${base}-genai-`) && d !== path.basename(target) && !d.includes('.tmp-')) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
     }
-    opts.log?.(`[convert] ${dir}: Optimum export converted to the genai layout: ${target}/model.onnx (${(r.graphBytes / 2 ** 20).toFixed(1)} MiB, LoRA ${r.lora ? 'slots' : 'off'}) in ${r.seconds.toFixed(1)} s (content sha256 ${key})`);
+    opts.log?.(`[convert] ${dir}: Optimum export converted to the genai layout: ${target}/model.onnx (${(r.graphBytes / 2 ** 20).toFixed(1)} MiB, LoRA ${r.lora ? 'slots' : 'off'}) in ${r.seconds.toFixed(1)} s (content sha256 ${digest.sha256.slice(0, 16)}, ${how})`);
     return target;
   } catch (e) {
     await rm(tmp, { recursive: true, force: true });
