@@ -242,3 +242,19 @@ test('RMSNorm as one op (SimplifiedLayerNormalization, as ONNX Runtime\'s optimi
   await convertExport(SOURCE, b);
   assert.ok(Buffer.compare(await readFile(path.join(a, 'model.onnx')), await readFile(path.join(b, 'model.onnx'))) === 0);
 });
+
+test('weights past what one ONNX file holds are written as external data, which the server loads', async () => {
+  const out = await tempDir('ragguard-gqa-');
+  // The threshold forced down to 0 bytes: every large initializer goes into model.onnx.data (as past 2 GiB).
+  await convertExport(SOURCE, out, { externalDataOver: 0 });
+  const graph = await readFile(path.join(out, 'model.onnx'));
+  const data = await readFile(path.join(out, 'model.onnx.data'));
+  assert.ok(graph.length < 2 ** 20 && data.length > 19 * 2 ** 20, `graph ${graph.length} bytes, data ${data.length}`);
+  const v = JSON.parse(await readFile(path.join(ROOT, 'models', 'testvectors.json'), 'utf8')) as Vectors;
+  const decoder = await DecoderModel.load(out, 'cpu');
+  assert.equal(decoder.runPath.path, 'direct');
+  const d = v.decoder[0]!;
+  const stop = d.greedy_ids.at(-1) === v.decoder_eos_token_id;
+  const g = await generate(decoder, d.prompt_ids, { maxNewTokens: d.greedy_ids.length, temperature: 0 });
+  assert.deepEqual(g.ids, stop ? d.greedy_ids.slice(0, -1) : d.greedy_ids);
+});

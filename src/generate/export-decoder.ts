@@ -15,7 +15,7 @@
  */
 import { createHash } from 'node:crypto';
 import { createReadStream, existsSync } from 'node:fs';
-import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, open, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { externalDataReader, readJsonIfExists } from '../runtime/model-dir.js';
@@ -30,6 +30,8 @@ export interface ConvertOptions {
   dtype?: GqaDtype;
   /** LoRA paths in every projection: true, false, or 'auto' (where the model's shape allows them; the log says when not). */
   lora?: boolean | 'auto';
+  /** Weights of this many bytes in all or more go into an external data file (default: past 2 GiB less 64 MiB, what one protobuf holds). */
+  externalDataOver?: number;
   log?: (msg: string) => void;
 }
 
@@ -59,15 +61,37 @@ export async function convertExport(src: string, out: string, opts: ConvertOptio
   if (!lora && opts.lora !== false) opts.log?.(`[convert] ${src}: no LoRA paths (num_attention_heads x head_dim = ${cfg.num_attention_heads * D} is not hidden_size ${cfg.hidden_size}, as the adapter slots assume)`);
   const g = buildGqaDecoder(cfg, weights, { dtype, lora });
   const bytes = g.initializers.reduce((s, t) => s + t.data.length, 0);
-  if (bytes >= 2 ** 31 - 2 ** 26) throw new Error(`decoder ${src}: ${(bytes / 2 ** 30).toFixed(1)} GiB of weights exceed one ONNX file (2 GiB); external data is not written here`);
-  const model = writeModel({ name: 'decoder_gqa', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
   await mkdir(out, { recursive: true });
+  // Weights past what one protobuf holds (2 GiB) go into model.onnx.data beside the graph, each at a
+  // page-aligned offset (which lets ONNX Runtime map rather than copy them).
+  const over = opts.externalDataOver ?? 2 ** 31 - 2 ** 26;
+  const parts: { at: number; data: Uint8Array }[] = [];
+  let end = 0;
+  const sink = bytes >= over ? {
+    location: 'model.onnx.data',
+    minBytes: 2 ** 16,
+    place: (data: Uint8Array) => {
+      const at = Math.ceil(end / 4096) * 4096;
+      parts.push({ at, data });
+      end = at + data.length;
+      return at;
+    },
+  } : undefined;
+  const model = writeModel({ name: 'decoder_gqa', ...g, opsets: { '': 17, 'com.microsoft': 1 } }, sink);
+  if (sink) {
+    const fh = await open(path.join(out, sink.location), 'w');
+    try {
+      for (const p of parts) await fh.write(p.data, 0, p.data.length, p.at);
+    } finally {
+      await fh.close();
+    }
+  }
   await writeFile(path.join(out, 'model.onnx'), model);
   await writeFile(path.join(out, 'genai_config.json'), `${JSON.stringify(g.genaiConfig, null, 2)}\n`);
   for (const f of CARRIED) {
     if (existsSync(path.join(src, f))) await copyFile(path.join(src, f), path.join(out, f));
   }
-  return { lora, graphBytes: model.length, seconds: (performance.now() - t0) / 1000 };
+  return { lora, graphBytes: model.length + end, seconds: (performance.now() - t0) / 1000 };
 }
 
 /** A directory in the Optimum export layout (onnx/model.onnx) rather than genai's (genai_config.json). */

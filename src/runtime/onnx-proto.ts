@@ -312,8 +312,19 @@ function attribute(w: Writer, name: string, a: Attribute): void {
   });
 }
 
-/** A serialized ModelProto (IR version 8). */
-export function writeModel(g: GraphSpec): Uint8Array {
+/**
+ * Where writeModel puts large initializers instead of the graph file (one protobuf holds 2 GiB at most):
+ * each of `minBytes` or more is handed to `place`, which stores it and says at what offset of the file
+ * named `location` (beside the graph) it lies.
+ */
+export interface ExternalDataSink {
+  location: string;
+  minBytes: number;
+  place: (data: Uint8Array) => number;
+}
+
+/** A serialized ModelProto (IR version 8); large initializers into `external` where given. */
+export function writeModel(g: GraphSpec, external?: ExternalDataSink): Uint8Array {
   const model = new Writer();
   model.int(1, 8);
   model.str(2, 'ragguard');
@@ -332,7 +343,16 @@ export function writeModel(g: GraphSpec): Uint8Array {
         for (const d of t.dims) m.int(1, d);
         m.int(2, t.dataType);
         m.str(8, t.name);
-        m.bytes(9, t.data);
+        if (!external || t.data.length < external.minBytes) {
+          m.bytes(9, t.data);
+          return;
+        }
+        // TensorProto.external_data (13): location, offset, length; data_location (14) EXTERNAL.
+        const offset = external.place(t.data);
+        m.msg(13, (e) => e.str(1, 'location').str(2, external.location));
+        m.msg(13, (e) => e.str(1, 'offset').str(2, String(offset)));
+        m.msg(13, (e) => e.str(1, 'length').str(2, String(t.data.length)));
+        m.int(14, 1);
       });
     }
     for (const v of g.inputs) valueInfo(graph, 11, v);
