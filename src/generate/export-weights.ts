@@ -117,9 +117,12 @@ function moduleName(name: string): string | undefined {
 /** The weights of a Llama/Qwen2/Mistral decoder export, found by the structure of its graph. */
 export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'decoder export'): ExportWeights {
   refuseUnrepresentable(cfg as GqaSourceConfig & Record<string, unknown>, where);
+  const branches = graph.nodes.filter((n) => n.op === 'If' || n.op === 'Loop' || n.op === 'Scan').map((n) => `${n.op} ${n.name}`);
   const refuse = (what: string): never => {
+    // Where the structure may sit out of sight: in local functions, or subgraphs (Optimum's merged decoders).
     const fns = graph.functions.length > 0 ? ` (the graph calls local functions ${graph.functions.slice(0, 4).join(', ')}: inline them first)` : '';
-    throw new Error(`${where}: ${what}; not converted${fns}`);
+    const subs = branches.length > 0 ? ` (the graph has subgraphs, ${branches.slice(0, 2).join(', ')}, as a merged decoder does: export it unmerged)` : '';
+    throw new Error(`${where}: ${what}; not converted${fns}${subs}`);
   };
   const { nodes } = graph;
   const producer = new Map<string, number>();
