@@ -17,6 +17,7 @@ import { DecoderModel } from './generate/decoder-model.js';
 import { Engine, type GenerateHooks } from './generate/engine.js';
 import type { SamplingParams } from './generate/sequence.js';
 import { ggufDecoderDir, isGguf } from './generate/gguf-decoder.js';
+import { exportDecoderDir } from './generate/export-decoder.js';
 import type { FinishReason, Generation } from './generate/generator.js';
 import { chatContextPrompt } from './generate/chat-prompt.js';
 import { ChatTemplate, chatTemplateFrom, tokenizerAddsBos } from './generate/chat-template.js';
@@ -141,7 +142,8 @@ export async function loadModels(cfg: Config): Promise<Models> {
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
-  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) }) : cfg.decoderPath;
+  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) })
+    : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: (m) => console.log(m) });
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }

@@ -24,6 +24,8 @@ export interface Config {
   /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
   ggufWeights: 'nbits' | 'dequant';
   ggufCacheDir: string;
+  /** An Optimum export as the decoder: converted into the genai layout (cached) on the CPU, always, or never (export-decoder.ts). */
+  decoderConvert: 'auto' | 'genai' | 'off';
   /** Directory of LoRA adapters (one PEFT directory each); '' = adapters off. */
   adapterDir: string;
   /** Adapter slots: resident at once, and the largest rank of one module. */
@@ -198,8 +200,13 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_GGUF_CACHE', default: 'models/gguf-cache',
-    doc: 'Where a .gguf decoder is converted to (once per file, mode and converter version; later starts reuse it).',
+    doc: 'Where a .gguf decoder is converted to (once per file, mode and converter version; later starts reuse it), and an Optimum export converted by RAGGUARD_DECODER_CONVERT.',
     apply: str((c, v) => (c.ggufCacheDir = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_DECODER_CONVERT', default: 'auto',
+    doc: "An Optimum export as RAGGUARD_DECODER: auto converts it once into onnxruntime-genai's layout where the decoder runs on the CPU (the fast path, LoRA slots included; weights found by the graph's structure, so constant-folded exports convert too), cached in RAGGUARD_GGUF_CACHE by the export's content hash; one the converter refuses is served as exported, the log says why. genai: converted on any provider, and start-up stops where the converter refuses (naming what it cannot represent). off: served as exported (the slower path, without LoRA).",
+    apply: oneOf(['auto', 'genai', 'off'] as const, (c, v) => (c.decoderConvert = v)),
   },
   {
     name: 'RAGGUARD_ADAPTER_DIR', default: 'models/adapters',

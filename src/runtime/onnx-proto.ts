@@ -77,15 +77,15 @@ export class Writer {
 }
 
 /** One field as the reader meets it: a varint's value, or a length-delimited field's bytes. */
-interface Field {
+export interface Field {
   no: number;
   wire: number;
   value: bigint;
   bytes: Uint8Array;
 }
 
-/** Iterates the fields of one protobuf message. */
-function* fields(buf: Uint8Array): Generator<Field> {
+/** Iterates the fields of one protobuf message (exported for tests that rewrite a model's bytes). */
+export function* fields(buf: Uint8Array): Generator<Field> {
   let at = 0;
   const varint = (): bigint => {
     let x = 0n;
@@ -146,7 +146,14 @@ export interface Initializer {
   data: Uint8Array;
 }
 
-const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_UINT8]: 1, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2 };
+export const ONNX_BFLOAT16 = 16;
+
+// The fixed-width types (int8 3, uint16 4, int16 5, bool 9, double 11, uint32 12, uint64 13 too: a real
+// export holds some beside its weights, and reading its graph must not stop at them).
+const ELEMENT_BYTES: Record<number, number> = {
+  [ONNX_FLOAT]: 4, [ONNX_UINT8]: 1, [ONNX_INT32]: 4, [ONNX_INT64]: 8, [ONNX_FLOAT16]: 2, [ONNX_BFLOAT16]: 2,
+  3: 1, 4: 2, 5: 2, 9: 1, 11: 8, 12: 4, 13: 8,
+};
 
 /**
  * Reads `length` bytes (all to the end where undefined) at `offset` of an external data file named by
@@ -154,13 +161,14 @@ const ELEMENT_BYTES: Record<number, number> = { [ONNX_FLOAT]: 4, [ONNX_UINT8]: 1
  */
 export type ExternalDataReader = (location: string, offset: number, length: number | undefined) => Uint8Array;
 
-function readTensor(buf: Uint8Array, external?: ExternalDataReader): Initializer {
+export function readTensor(buf: Uint8Array, external?: ExternalDataReader): Initializer {
   let name = '';
   let dataType = 0;
   const dims: number[] = [];
   let raw: Uint8Array | undefined;
   const floats: Uint8Array[] = [];
   const int32s: bigint[] = [];
+  const int64s: bigint[] = [];
   let isExternal = false;
   const ext: Record<string, string> = {};
   for (const f of fields(buf)) {
@@ -170,6 +178,7 @@ function readTensor(buf: Uint8Array, external?: ExternalDataReader): Initializer
     else if (f.no === 9) raw = f.bytes;
     else if (f.no === 4) floats.push(f.bytes);
     else if (f.no === 5) int32s.push(...varints(f));
+    else if (f.no === 7) int64s.push(...varints(f));
     else if (f.no === 14) isExternal = f.value === 1n;
     else if (f.no === 13) {
       let key = '';
@@ -189,7 +198,10 @@ function readTensor(buf: Uint8Array, external?: ExternalDataReader): Initializer
   const count = dims.reduce((a, b) => a * b, 1);
   let data = raw;
   if (!data && dataType === ONNX_FLOAT) data = concat(floats); // packed fixed32, already little-endian
-  if (!data && dataType === ONNX_FLOAT16) data = new Uint8Array(Uint16Array.from(int32s, Number).buffer); // fp16 bits in int32_data
+  if (!data && (dataType === ONNX_FLOAT16 || dataType === ONNX_BFLOAT16)) data = new Uint8Array(Uint16Array.from(int32s, Number).buffer); // 16-bit words in int32_data
+  if (!data && dataType === ONNX_INT64 && int64s.length === count) data = new Uint8Array(BigInt64Array.from(int64s, (v) => BigInt.asIntN(64, v)).buffer);
+  if (!data && dataType === ONNX_INT32 && int32s.length === count) data = new Uint8Array(Int32Array.from(int32s, (v) => Number(BigInt.asIntN(32, v))).buffer);
+  if (!data && count === 0) data = new Uint8Array(0);
   if (!data) throw new Error(`initializer ${name}: no data in a form read here`);
   if (data.length !== count * (ELEMENT_BYTES[dataType] ?? 0)) throw new Error(`initializer ${name}: ${data.length} bytes for dims [${dims}] of type ${dataType}`);
   // A copy: the tensor's own aligned buffer, not a view into the file's (Node's Buffer.slice does not copy).
@@ -300,8 +312,19 @@ function attribute(w: Writer, name: string, a: Attribute): void {
   });
 }
 
-/** A serialized ModelProto (IR version 8). */
-export function writeModel(g: GraphSpec): Uint8Array {
+/**
+ * Where writeModel puts large initializers instead of the graph file (one protobuf holds 2 GiB at most):
+ * each of `minBytes` or more is handed to `place`, which stores it and says at what offset of the file
+ * named `location` (beside the graph) it lies.
+ */
+export interface ExternalDataSink {
+  location: string;
+  minBytes: number;
+  place: (data: Uint8Array) => number;
+}
+
+/** A serialized ModelProto (IR version 8); large initializers into `external` where given. */
+export function writeModel(g: GraphSpec, external?: ExternalDataSink): Uint8Array {
   const model = new Writer();
   model.int(1, 8);
   model.str(2, 'ragguard');
@@ -320,7 +343,16 @@ export function writeModel(g: GraphSpec): Uint8Array {
         for (const d of t.dims) m.int(1, d);
         m.int(2, t.dataType);
         m.str(8, t.name);
-        m.bytes(9, t.data);
+        if (!external || t.data.length < external.minBytes) {
+          m.bytes(9, t.data);
+          return;
+        }
+        // TensorProto.external_data (13): location, offset, length; data_location (14) EXTERNAL.
+        const offset = external.place(t.data);
+        m.msg(13, (e) => e.str(1, 'location').str(2, external.location));
+        m.msg(13, (e) => e.str(1, 'offset').str(2, String(offset)));
+        m.msg(13, (e) => e.str(1, 'length').str(2, String(t.data.length)));
+        m.int(14, 1);
       });
     }
     for (const v of g.inputs) valueInfo(graph, 11, v);
@@ -333,4 +365,89 @@ export function writeModel(g: GraphSpec): Uint8Array {
 /** An int64 initializer. */
 export function int64s(name: string, values: readonly bigint[], dims: readonly number[] = [values.length]): Initializer {
   return { name, dataType: ONNX_INT64, dims: [...dims], data: new Uint8Array(BigInt64Array.from(values).buffer) };
+}
+
+/**
+ * A node attribute as read: the scalar and list forms, and a tensor's TensorProto bytes (a Constant's
+ * value), parsed only when asked for (readTensor), since most are shape constants of no interest.
+ */
+export interface ReadAttribute {
+  int?: bigint;
+  float?: number;
+  str?: string;
+  ints?: bigint[];
+  tensor?: Uint8Array;
+}
+
+export interface ReadNode {
+  op: string;
+  domain: string;
+  name: string;
+  inputs: string[];
+  outputs: string[];
+  attrs: Map<string, ReadAttribute>;
+}
+
+/** A model's main graph as read: nodes in file (topological) order, initializers, input and output names. */
+export interface ReadGraph {
+  nodes: ReadNode[];
+  initializers: Map<string, Initializer>;
+  inputs: string[];
+  outputs: string[];
+  /** Names of the model's local functions (ModelProto.functions): nodes calling them are opaque here. */
+  functions: string[];
+}
+
+function readAttribute(buf: Uint8Array): [string, ReadAttribute] {
+  // AttributeProto{name 1, f 2, i 3, s 4, t 5, ints 8}.
+  let name = '';
+  const a: ReadAttribute = {};
+  for (const f of fields(buf)) {
+    if (f.no === 1) name = new TextDecoder().decode(f.bytes);
+    else if (f.no === 2 && f.wire === 5) a.float = new DataView(f.bytes.buffer, f.bytes.byteOffset, 4).getFloat32(0, true);
+    else if (f.no === 3) a.int = BigInt.asIntN(64, f.value);
+    else if (f.no === 4) a.str = new TextDecoder().decode(f.bytes);
+    else if (f.no === 5) a.tensor = f.bytes;
+    else if (f.no === 8) a.ints = [...(a.ints ?? []), ...varints(f).map((v) => BigInt.asIntN(64, v))];
+  }
+  return [name, a];
+}
+
+function nameOf(buf: Uint8Array): string {
+  for (const f of fields(buf)) if (f.no === 1) return new TextDecoder().decode(f.bytes);
+  return '';
+}
+
+/** The main graph of a serialized ModelProto: nodes, initializers (external data through `external`), inputs and outputs. */
+export function readGraph(model: Uint8Array, external?: ExternalDataReader): ReadGraph {
+  const g: ReadGraph = { nodes: [], initializers: new Map(), inputs: [], outputs: [], functions: [] };
+  for (const f of fields(model)) {
+    if (f.no === 25) {
+      // FunctionProto{name 1, domain 10}.
+      for (const h of fields(f.bytes)) if (h.no === 1) g.functions.push(new TextDecoder().decode(h.bytes));
+    }
+    if (f.no !== 7) continue;
+    for (const h of fields(f.bytes)) {
+      if (h.no === 1) {
+        const n: ReadNode = { op: '', domain: '', name: '', inputs: [], outputs: [], attrs: new Map() };
+        for (const k of fields(h.bytes)) {
+          if (k.no === 1) n.inputs.push(new TextDecoder().decode(k.bytes));
+          else if (k.no === 2) n.outputs.push(new TextDecoder().decode(k.bytes));
+          else if (k.no === 3) n.name = new TextDecoder().decode(k.bytes);
+          else if (k.no === 4) n.op = new TextDecoder().decode(k.bytes);
+          else if (k.no === 7) n.domain = new TextDecoder().decode(k.bytes);
+          else if (k.no === 5) {
+            const [name, a] = readAttribute(k.bytes);
+            n.attrs.set(name, a);
+          }
+        }
+        g.nodes.push(n);
+      } else if (h.no === 5) {
+        const t = readTensor(h.bytes, external);
+        g.initializers.set(t.name, t);
+      } else if (h.no === 11) g.inputs.push(nameOf(h.bytes));
+      else if (h.no === 12) g.outputs.push(nameOf(h.bytes));
+    }
+  }
+  return g;
 }
