@@ -10,6 +10,7 @@
 #   parity  scripts/check-cuda-parity.ts: the same trained model on the CPU path and on this backend
 #   serve   the server with RAGGUARD_DECODER_EP=cuda: /healthz, one query, /debug/memory, the start-up log
 #   guard   bench:guard with the decoder on this backend (encoders on the CPU: RAGGUARD_EMBEDDER_EP etc. to move them)
+#   guard-webgpu  the same with the encoders on the GPU through WebGPU (not yet run)
 #   lora    npm run bench:gpu-lora (bench/gpu-lora.ts): LoRA slots and adapters' cost (needs the models step's adapters)
 # STEPS picks steps (default "build models check bench"); each step's output goes to $OUT/cuda.log, its
 # last JSON line to $OUT/cuda.jsonl.
@@ -81,6 +82,15 @@ if has guard; then
   # A workspace the unguarded server's reranker bursts overflow (their peaks reached 91 MiB here).
   guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-64} node --import tsx bench/guard.ts; }
   record guard guard_cuda
+fi
+if has guard-webgpu; then
+  # The encoders on the GPU too (WebGPU, its buffer cache off so that NVML sees each run's peak): then
+  # requests' runs do grow device memory, and the guard has something to stop there.
+  guard_webgpu() {
+    env "${cuda_env[@]}" RAGGUARD_EMBEDDER_EP=webgpu RAGGUARD_RERANKER_EP=webgpu RAGGUARD_WEBGPU_BUFFER_CACHE=disabled \
+      RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} node --import tsx bench/guard.ts
+  }
+  record guard-webgpu guard_webgpu
 fi
 has lora && BENCH_GPU_MODELS=${BENCH_GPU_MODELS:-$MODELS/qwen2-0.5b-f16} record lora node --import tsx bench/gpu-lora.ts
 if has big; then
