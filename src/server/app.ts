@@ -36,7 +36,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.disable('x-powered-by');
   app.use(requestLogger(log, (m, route, status, s) => metrics.httpRequest(m, route, status, s)));
   app.use(cors(cfg), authenticate(cfg));
-  app.use(lifecycle.router());
+  app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
   app.post('/query', (_req, res, next) => {
     const ticket = admission.ticket();

@@ -8,7 +8,7 @@
  * rest (their work ends at its next step and they are answered 503 shutting_down), and report what
  * happened, so that the caller exits 0 only when nothing was dropped.
  */
-import express, { type NextFunction, type Request, type Response } from 'express';
+import type { NextFunction, Request, Response } from 'express';
 import { HttpError } from './errors.js';
 
 /** Requests that never count as work: probes and read-only views, answered while draining too. */
@@ -58,17 +58,22 @@ export class Lifecycle {
     return this.inflight.size;
   }
 
-  /** The router to mount first: readiness, refusal while draining, and each request's signal. */
-  router(): express.Router {
-    const r = express.Router();
-    r.get('/readyz', (_req, res) => {
-      if (this.draining) {
-        res.status(503).set(retryAfter).json(shuttingDown('not ready (draining)').body());
+  /**
+   * The middleware to mount first: readiness, refusal while draining, and each request's signal.
+   * A plain middleware, not an express.Router: a router hands a request on to the next layer through
+   * setImmediate, one more event-loop turn before the request reaches admission, and in a burst that
+   * turn is spent behind the model work already running (a shed request's 503 came that much later).
+   */
+  middleware(): (req: Request, res: Response, next: NextFunction) => void {
+    return (req, res, next) => {
+      if ((req.path === '/readyz' || req.path === '/readyz/') && (req.method === 'GET' || req.method === 'HEAD')) {
+        if (this.draining) {
+          res.status(503).set(retryAfter).json(shuttingDown('not ready (draining)').body());
+          return;
+        }
+        res.json({ status: 'ready' });
         return;
       }
-      res.json({ status: 'ready' });
-    });
-    r.use((req: Request, res: Response, next: NextFunction) => {
       if (PROBES.has(req.path)) return next();
       if (this.draining) {
         this.refused++;
@@ -86,8 +91,7 @@ export class Lifecycle {
         if (this.inflight.size === 0) for (const w of this.idleWaiters.splice(0)) w();
       });
       next();
-    });
-    return r;
+    };
   }
 
   /**
