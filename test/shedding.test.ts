@@ -11,6 +11,7 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { Writable } from 'node:stream';
 import { after, before, test } from 'node:test';
 import { loadModels, RagService } from '../src/rag.js';
 import { gatedRun } from '../src/runtime/run-gate.js';
@@ -46,6 +47,14 @@ let service: RagService;
 const calls = { inputIds: 0, embed: 0 };
 /** For each request as it arrived: whether a turn of the event loop had passed when its status line was written. */
 const turnBeforeReply = new Map<string, boolean>();
+/** The server's log lines. */
+const lines: Record<string, unknown>[] = [];
+const sink = new Writable({
+  write(chunk: Buffer, _enc, done) {
+    for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
+    done();
+  },
+});
 
 before(async () => {
   // One running, one waiting: a third query is shed.
@@ -68,7 +77,7 @@ before(async () => {
     const writeHead = res.writeHead.bind(res) as (...a: unknown[]) => http.ServerResponse;
     res.writeHead = ((...a: unknown[]) => (turnBeforeReply.set(id, passed), writeHead(...a))) as typeof res.writeHead;
   });
-  server.on('request', createApp(service, { logger: createLogger('silent') }));
+  server.on('request', createApp(service, { logger: createLogger('info', sink) }));
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   port = (server.address() as AddressInfo).port;
 });
@@ -120,6 +129,16 @@ test('a full server answers a query 503 queue_full in the turn it arrives, witho
     assert.equal((JSON.parse(shed2.body) as { error: { code: string } }).error.code, 'queue_full');
     assert.equal(turnBeforeReply.get('shed2'), false);
     assert.deepEqual(calls, before, 'the embedder neither tokenized nor embedded anything for the shed queries');
+    // Each logged as one line at warn with its code: a deliberate answer, not a bug (no stack).
+    for (const id of ['shed', 'shed2']) {
+      const mine = lines.filter((l) => l['req_id'] === id);
+      assert.equal(mine.length, 1, id);
+      assert.equal(mine[0]!['level'], 40);
+      assert.equal(mine[0]!['status'], 503);
+      assert.equal((mine[0]!['error'] as { code: string }).code, 'queue_full');
+      assert.equal(mine[0]!['err'], undefined);
+      assert.ok(!JSON.stringify(mine[0]).includes('    at '), 'no stack');
+    }
 
     // Probes are answered while full, also in the turn they arrive.
     const ready = await send('ready', 'GET', '/readyz');

@@ -16,7 +16,7 @@ import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
-import { nextTurn } from './turns.js';
+import { nextTurn, requestArrived } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
@@ -39,8 +39,11 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
   app.post('/query', (_req, res, next) => {
+    requestArrived(); // while a burst arrives, admitted queries' preparation waits (turns.ts)
     const ticket = admission.ticket();
-    if (!ticket) return next(admission.queueFull());
+    // Answered here, not through the error middleware: walking the rest of the routes to it is work
+    // every shed request of a burst did before the next one was read.
+    if (!ticket) return replyError(res, admission.queueFull());
     res.locals['admission'] = ticket;
     res.once('close', ticket.release);
     next();
@@ -133,13 +136,15 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
 
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 
-  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
-    const e = toHttpError(err);
-    // On the request's one log line: code and message; the stack too for a 5xx.
-    noteError(res, e.status, e.body(), err);
-    res.status(e.status).set(e.headers).json(e.body());
-  });
+  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => replyError(res, err));
   return app;
+}
+
+function replyError(res: Response, err: unknown): void {
+  const e = toHttpError(err);
+  // On the request's one log line: code and message; the stack too for a 500.
+  noteError(res, e.status, e.body(), err);
+  res.status(e.status).set(e.headers).json(e.body());
 }
 
 async function inspectAdapter(service: RagService, name: string): Promise<void> {

@@ -41,8 +41,12 @@ export interface DrainReport {
 
 interface Tracked {
   req: Request;
-  controller: AbortController;
+  /** Made when first asked for (requestSignal) or needed (an abort): a shed request never asks, and a
+   * controller (its signal an EventTarget) was the costliest step of this bookkeeping in a burst. */
+  controller?: AbortController;
 }
+
+const controllerOf = (t: Tracked): AbortController => (t.controller ??= new AbortController());
 
 export class Lifecycle {
   private drainingSince: number | undefined;
@@ -81,12 +85,12 @@ export class Lifecycle {
         res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
         return;
       }
-      const controller = new AbortController();
-      this.inflight.set(res, { req, controller });
-      res.locals['signal'] = controller.signal;
+      const t: Tracked = { req };
+      this.inflight.set(res, t);
+      Object.defineProperty(res.locals, 'signal', { get: () => controllerOf(t).signal, enumerable: false });
       res.on('close', () => {
         // 'close' before the reply was written: the client went away; its work stops.
-        if (!res.writableFinished && !controller.signal.aborted) controller.abort(new ClientClosedError(req.method, req.path));
+        if (!res.writableFinished && !controllerOf(t).signal.aborted) controllerOf(t).abort(new ClientClosedError(req.method, req.path));
         this.inflight.delete(res);
         if (this.inflight.size === 0) for (const w of this.idleWaiters.splice(0)) w();
       });
@@ -106,7 +110,7 @@ export class Lifecycle {
     await this.idle(graceMs);
     const late = [...this.inflight.values()];
     for (const t of late) {
-      t.controller.abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
+      controllerOf(t).abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
     }
     if (late.length > 0) await this.idle(Math.max(graceMs, STOP_MS));
     // A request whose handler never saw its signal (its body still arriving) still gets its answer.
