@@ -71,9 +71,10 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   });
 
   app.post('/query', async (req, res) => {
-    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next step.
-    const signal = requestSignal(res);
     await nextTurn(); // one request's preparation per turn of the event loop (turns.ts)
+    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next
+    // step. Asked for after the turn: a burst's intake does not make its controller (shutdown.ts).
+    const signal = requestSignal(res);
     const q = parseQuery(req.body, cfg);
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
