@@ -16,7 +16,7 @@ import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
-import { nextTurn, requestArrived } from './turns.js';
+import { nextTurn } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
@@ -39,7 +39,6 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
   app.post('/query', (_req, res, next) => {
-    requestArrived(); // while a burst arrives, admitted queries' preparation waits (turns.ts)
     const ticket = admission.ticket();
     // Answered here, not through the error middleware: walking the rest of the routes to it is work
     // every shed request of a burst did before the next one was read.
