@@ -105,6 +105,11 @@ function send(id: string, method: string, route: string, body?: string): Promise
 
 const health = async () => JSON.parse((await send(`h${Math.random()}`, 'GET', '/healthz')).body) as { queue: { running: number; waiting: number } };
 
+test('start-up leaves the BM25 index level with the corpus it ingested: the first query does not build it', () => {
+  assert.ok(service.store.chunkCount > 0);
+  assert.equal(service.retriever.lexical.size, service.store.chunkCount);
+});
+
 test('a full server answers a query 503 queue_full in the turn it arrives, without parsing, tokenizing or embedding it; the queries let in still get their answers', async () => {
   const release = await holdRuns();
   const query = JSON.stringify({ query: 'How do I set disk quotas for a user?', max_new_tokens: 4 });
