@@ -272,6 +272,9 @@ export class RagService {
       const docs = await readCorpus(cfg.corpusDir);
       onPhase?.({ phase: 'ingest', documents: docs.length }, service);
       await service.ingest(docs);
+      // BM25 over the corpus now, not in the first query's turn of the event loop (2864 chunks: most
+      // of a second, during which a first burst's probes and 503s waited).
+      if (cfg.retrieval !== 'dense') service.retriever.lexical.sync(store);
     }
     onPhase?.({ phase: 'ready' }, service);
     return service;

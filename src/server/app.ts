@@ -36,11 +36,13 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.disable('x-powered-by');
   app.use(requestLogger(log, (m, route, status, s) => metrics.httpRequest(m, route, status, s)));
   app.use(cors(cfg), authenticate(cfg));
-  app.use(lifecycle.router());
+  app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
   app.post('/query', (_req, res, next) => {
     const ticket = admission.ticket();
-    if (!ticket) return next(admission.queueFull());
+    // Answered here, not through the error middleware: walking the rest of the routes to it is work
+    // every shed request of a burst did before the next one was read.
+    if (!ticket) return replyError(res, admission.queueFull());
     res.locals['admission'] = ticket;
     res.once('close', ticket.release);
     next();
@@ -68,9 +70,10 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   });
 
   app.post('/query', async (req, res) => {
-    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next step.
-    const signal = requestSignal(res);
     await nextTurn(); // one request's preparation per turn of the event loop (turns.ts)
+    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next
+    // step. Asked for after the turn: a burst's intake does not make its controller (shutdown.ts).
+    const signal = requestSignal(res);
     const q = parseQuery(req.body, cfg);
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
@@ -133,13 +136,15 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
 
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 
-  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
-    const e = toHttpError(err);
-    // On the request's one log line: code and message; the stack too for a 5xx.
-    noteError(res, e.status, e.body(), err);
-    res.status(e.status).set(e.headers).json(e.body());
-  });
+  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => replyError(res, err));
   return app;
+}
+
+function replyError(res: Response, err: unknown): void {
+  const e = toHttpError(err);
+  // On the request's one log line: code and message; the stack too for a 500.
+  noteError(res, e.status, e.body(), err);
+  res.status(e.status).set(e.headers).json(e.body());
 }
 
 async function inspectAdapter(service: RagService, name: string): Promise<void> {

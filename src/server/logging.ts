@@ -5,7 +5,12 @@
  * request across proxies), else a new UUID; it is returned in the response's `X-Request-Id` header and
  * is on the request's log line. A request ends in exactly one line: method, path, status, latency, and
  * for an error its code and message. Client errors (4xx) are that one line with no stack: they are
- * the client's to fix, and a stack would bury real failures. Server errors (5xx) carry the stack.
+ * the client's to fix, and a stack would bury real failures. Server errors (5xx) carry the stack,
+ * except the server's deliberate answers (503 queue_full, queue_timeout, memory_busy, adapters_busy,
+ * shutting_down: any 5xx but the catch-all 500 `internal`): those are one line at level warn. Their
+ * stacks say nothing (only where the 503 was made), and formatting one (through the source maps)
+ * cost more than the rest of a shed request: in a burst of 200, the shed requests' stacks held the
+ * event loop for tens of milliseconds.
  */
 import { randomUUID } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
@@ -23,8 +28,10 @@ const REQUEST_ID = /^[A-Za-z0-9._:\-]{1,128}$/;
 interface RequestLogState {
   requestId: string;
   error?: { code: string; message: string };
-  /** The failure itself, logged with its stack: only for 5xx. */
+  /** The failure itself, logged with its stack: only for 5xx that the server did not answer on purpose. */
   cause?: unknown;
+  /** A 5xx answered on purpose (any code but `internal`): logged at warn, without a stack. */
+  deliberate?: boolean;
 }
 
 function state(res: Response): RequestLogState {
@@ -39,7 +46,10 @@ export function requestId(res: Response): string {
 export function noteError(res: Response, status: number, body: { error: Record<string, unknown> }, cause: unknown): void {
   const s = state(res);
   s.error = { code: String(body.error['code']), message: String(body.error['message']) };
-  if (status >= 500) s.cause = cause;
+  if (status < 500) return;
+  // `internal` is the reply to a failure nothing anticipated (toHttpError's catch-all): a bug.
+  if (body.error['code'] === 'internal') s.cause = cause;
+  else s.deliberate = true;
 }
 
 export function requestLogger(log: Logger, onDone?: (method: string, route: string, status: number, seconds: number) => void) {
@@ -64,6 +74,7 @@ export function requestLogger(log: Logger, onDone?: (method: string, route: stri
         ...(s.error ? { error: s.error } : {}),
       };
       if (s.cause !== undefined) log.error({ ...line, err: s.cause }, 'request failed');
+      else if (s.deliberate) log.warn(line, 'request refused');
       else log.info(line, 'request');
     };
     res.on('finish', () => done(false));

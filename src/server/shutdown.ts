@@ -8,7 +8,7 @@
  * rest (their work ends at its next step and they are answered 503 shutting_down), and report what
  * happened, so that the caller exits 0 only when nothing was dropped.
  */
-import express, { type NextFunction, type Request, type Response } from 'express';
+import type { NextFunction, Request, Response } from 'express';
 import { HttpError } from './errors.js';
 
 /** Requests that never count as work: probes and read-only views, answered while draining too. */
@@ -41,8 +41,12 @@ export interface DrainReport {
 
 interface Tracked {
   req: Request;
-  controller: AbortController;
+  /** Made when first asked for (requestSignal) or needed (an abort): a shed request never asks, and a
+   * controller (its signal an EventTarget) was the costliest step of this bookkeeping in a burst. */
+  controller?: AbortController;
 }
+
+const controllerOf = (t: Tracked): AbortController => (t.controller ??= new AbortController());
 
 export class Lifecycle {
   private drainingSince: number | undefined;
@@ -58,17 +62,22 @@ export class Lifecycle {
     return this.inflight.size;
   }
 
-  /** The router to mount first: readiness, refusal while draining, and each request's signal. */
-  router(): express.Router {
-    const r = express.Router();
-    r.get('/readyz', (_req, res) => {
-      if (this.draining) {
-        res.status(503).set(retryAfter).json(shuttingDown('not ready (draining)').body());
+  /**
+   * The middleware to mount first: readiness, refusal while draining, and each request's signal.
+   * A plain middleware, not an express.Router: a router hands a request on to the next layer through
+   * setImmediate, one more event-loop turn before the request reaches admission, and in a burst that
+   * turn is spent behind the model work already running (a shed request's 503 came that much later).
+   */
+  middleware(): (req: Request, res: Response, next: NextFunction) => void {
+    return (req, res, next) => {
+      if ((req.path === '/readyz' || req.path === '/readyz/') && (req.method === 'GET' || req.method === 'HEAD')) {
+        if (this.draining) {
+          res.status(503).set(retryAfter).json(shuttingDown('not ready (draining)').body());
+          return;
+        }
+        res.json({ status: 'ready' });
         return;
       }
-      res.json({ status: 'ready' });
-    });
-    r.use((req: Request, res: Response, next: NextFunction) => {
       if (PROBES.has(req.path)) return next();
       if (this.draining) {
         this.refused++;
@@ -76,18 +85,17 @@ export class Lifecycle {
         res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
         return;
       }
-      const controller = new AbortController();
-      this.inflight.set(res, { req, controller });
-      res.locals['signal'] = controller.signal;
+      const t: Tracked = { req };
+      this.inflight.set(res, t);
+      Object.defineProperty(res.locals, 'signal', { get: () => controllerOf(t).signal, enumerable: false });
       res.on('close', () => {
         // 'close' before the reply was written: the client went away; its work stops.
-        if (!res.writableFinished && !controller.signal.aborted) controller.abort(new ClientClosedError(req.method, req.path));
+        if (!res.writableFinished && !controllerOf(t).signal.aborted) controllerOf(t).abort(new ClientClosedError(req.method, req.path));
         this.inflight.delete(res);
         if (this.inflight.size === 0) for (const w of this.idleWaiters.splice(0)) w();
       });
       next();
-    });
-    return r;
+    };
   }
 
   /**
@@ -102,7 +110,7 @@ export class Lifecycle {
     await this.idle(graceMs);
     const late = [...this.inflight.values()];
     for (const t of late) {
-      t.controller.abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
+      controllerOf(t).abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
     }
     if (late.length > 0) await this.idle(Math.max(graceMs, STOP_MS));
     // A request whose handler never saw its signal (its body still arriving) still gets its answer.

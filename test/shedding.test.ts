@@ -1,0 +1,160 @@
+/**
+ * Load shedding: a query that finds every slot and queue place taken is answered 503 queue_full
+ * from the counts alone, at once. Its body is not parsed, nothing of it is tokenized or embedded,
+ * and its reply is written in the event-loop turn in which the request arrived: in a burst every
+ * further turn is spent behind the admitted queries' model work, and that, not the decision, is what
+ * made shed clients wait. The queries already let in still get their answers.
+ *
+ * No clocks: progress is held still by holding the run gate (no model runs while the test holds it),
+ * and "at once" is asserted as "before the next turn of the event loop", not in milliseconds.
+ */
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Writable } from 'node:stream';
+import { after, before, test } from 'node:test';
+import { loadModels, RagService } from '../src/rag.js';
+import { gatedRun } from '../src/runtime/run-gate.js';
+import { createApp } from '../src/server/app.js';
+import { createLogger } from '../src/server/logging.js';
+import { smallCorpus, tempDir, testConfig } from './helpers.js';
+
+const turn = () => new Promise<void>((r) => setImmediate(r));
+
+/** Holds the run gate until release(): every model run queued behind it waits. Resolves once held. */
+async function holdRuns(): Promise<() => void> {
+  let release!: () => void;
+  let held!: () => void;
+  const isHeld = new Promise<void>((r) => (held = r));
+  void gatedRun(() => {
+    held();
+    return new Promise<void>((r) => (release = r));
+  });
+  await isHeld;
+  return release;
+}
+
+interface Reply {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+let server: http.Server;
+let port: number;
+let service: RagService;
+/** Calls into the embedder's tokenizer and model since the test began counting. */
+const calls = { inputIds: 0, embed: 0 };
+/** For each request as it arrived: whether a turn of the event loop had passed when its status line was written. */
+const turnBeforeReply = new Map<string, boolean>();
+/** The server's log lines. */
+const lines: Record<string, unknown>[] = [];
+const sink = new Writable({
+  write(chunk: Buffer, _enc, done) {
+    for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
+    done();
+  },
+});
+
+before(async () => {
+  // One running, one waiting: a third query is shed.
+  const cfg = testConfig({
+    RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(3),
+    RAGGUARD_MAX_CONCURRENT: '1', RAGGUARD_QUEUE_LENGTH: '1',
+  });
+  service = await RagService.start(cfg, await loadModels(cfg));
+  const { embedder } = service.models;
+  const inputIds = embedder.inputIds.bind(embedder);
+  const embed = embedder.embed.bind(embedder);
+  embedder.inputIds = (text) => (calls.inputIds++, inputIds(text));
+  embedder.embed = (texts, batch) => (calls.embed++, embed(texts, batch));
+  server = http.createServer();
+  // Ahead of the app: note the turn each request arrives in, and whether it had ended by the reply.
+  server.on('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const id = String(req.headers['x-request-id']);
+    let passed = false;
+    setImmediate(() => (passed = true));
+    const writeHead = res.writeHead.bind(res) as (...a: unknown[]) => http.ServerResponse;
+    res.writeHead = ((...a: unknown[]) => (turnBeforeReply.set(id, passed), writeHead(...a))) as typeof res.writeHead;
+  });
+  server.on('request', createApp(service, { logger: createLogger('info', sink) }));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  port = (server.address() as AddressInfo).port;
+});
+
+after(() => {
+  server.closeAllConnections();
+  server.close();
+});
+
+function send(id: string, method: string, route: string, body?: string): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const data = body === undefined ? undefined : Buffer.from(body);
+    const req = http.request({
+      host: '127.0.0.1', port, method, path: route, agent: false,
+      headers: { 'x-request-id': id, ...(data ? { 'content-type': 'application/json', 'content-length': data.length } : {}) },
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString() }));
+    });
+    req.on('error', reject);
+    req.end(data);
+  });
+}
+
+const health = async () => JSON.parse((await send(`h${Math.random()}`, 'GET', '/healthz')).body) as { queue: { running: number; waiting: number } };
+
+test('start-up leaves the BM25 index level with the corpus it ingested: the first query does not build it', () => {
+  assert.ok(service.store.chunkCount > 0);
+  assert.equal(service.retriever.lexical.size, service.store.chunkCount);
+});
+
+test('a full server answers a query 503 queue_full in the turn it arrives, without parsing, tokenizing or embedding it; the queries let in still get their answers', async () => {
+  const release = await holdRuns();
+  const query = JSON.stringify({ query: 'How do I set disk quotas for a user?', max_new_tokens: 4 });
+  let admitted: Promise<Reply[]>;
+  try {
+    admitted = Promise.all([send('run', 'POST', '/query', query), send('wait', 'POST', '/query', query)]);
+    // Until the one runs (held at its embedding, behind the gate) and the other waits for its slot.
+    for (let h = await health(); h.queue.running + h.queue.waiting < 2; h = await health()) await turn();
+    const before = { ...calls };
+
+    // Not even valid JSON: parsed, it would be a 400. Shed, it is never read.
+    const shed = await send('shed', 'POST', '/query', '{"query": "never parsed", ');
+    assert.equal(shed.status, 503, shed.body);
+    const body = JSON.parse(shed.body) as { error: { code: string; message: string } };
+    assert.equal(body.error.code, 'queue_full');
+    assert.ok(body.error.message.length > 0);
+    assert.ok(Number(shed.headers['retry-after']) >= 1, 'with Retry-After');
+    assert.equal(turnBeforeReply.get('shed'), false, 'its 503 written before the event loop turned');
+    // A valid one is shed the same way: nothing of it tokenized or embedded.
+    const shed2 = await send('shed2', 'POST', '/query', query);
+    assert.equal(shed2.status, 503);
+    assert.equal((JSON.parse(shed2.body) as { error: { code: string } }).error.code, 'queue_full');
+    assert.equal(turnBeforeReply.get('shed2'), false);
+    assert.deepEqual(calls, before, 'the embedder neither tokenized nor embedded anything for the shed queries');
+    // Each logged as one line at warn with its code: a deliberate answer, not a bug (no stack).
+    for (const id of ['shed', 'shed2']) {
+      const mine = lines.filter((l) => l['req_id'] === id);
+      assert.equal(mine.length, 1, id);
+      assert.equal(mine[0]!['level'], 40);
+      assert.equal(mine[0]!['status'], 503);
+      assert.equal((mine[0]!['error'] as { code: string }).code, 'queue_full');
+      assert.equal(mine[0]!['err'], undefined);
+      assert.ok(!JSON.stringify(mine[0]).includes('    at '), 'no stack');
+    }
+
+    // Probes are answered while full, also in the turn they arrive.
+    const ready = await send('ready', 'GET', '/readyz');
+    assert.equal(ready.status, 200);
+    assert.equal(turnBeforeReply.get('ready'), false);
+  } finally {
+    release();
+  }
+  for (const r of await admitted) {
+    assert.equal(r.status, 200, r.body);
+    assert.equal(typeof (JSON.parse(r.body) as { answer: unknown }).answer, 'string');
+  }
+  assert.deepEqual((await health()).queue, { running: 0, waiting: 0 });
+});
