@@ -37,6 +37,7 @@ function randomBlocks(type: number, elems: number, r: () => number): Uint8Array 
   const spec: Record<number, { per: number; bytes: number; halves: number[] }> = {
     [GGML.Q4_0]: { per: 32, bytes: 18, halves: [0] },
     [GGML.Q4_1]: { per: 32, bytes: 20, halves: [0, 2] },
+    [GGML.Q5_0]: { per: 32, bytes: 22, halves: [0] },
     [GGML.Q8_0]: { per: 32, bytes: 34, halves: [0] },
     [GGML.Q4_K]: { per: 256, bytes: 144, halves: [0, 2] },
     [GGML.Q6_K]: { per: 256, bytes: 210, halves: [208] },
@@ -54,7 +55,7 @@ function randomBlocks(type: number, elems: number, r: () => number): Uint8Array 
   return out;
 }
 
-const QUANT_TYPES = [['Q4_0', GGML.Q4_0], ['Q4_1', GGML.Q4_1], ['Q8_0', GGML.Q8_0], ['Q4_K', GGML.Q4_K], ['Q6_K', GGML.Q6_K]] as const;
+const QUANT_TYPES = [['Q4_0', GGML.Q4_0], ['Q4_1', GGML.Q4_1], ['Q5_0', GGML.Q5_0], ['Q8_0', GGML.Q8_0], ['Q4_K', GGML.Q4_K], ['Q6_K', GGML.Q6_K]] as const;
 
 describe('GGUF reader', () => {
   test('reads back every metadata type, the alignment and the tensors', async () => {
@@ -103,6 +104,17 @@ describe('GGUF reader', () => {
       assert.equal(v[j + 16], (15 - j - 8) * 0.5);
     }
     assert.equal(dequantize(GGML.BF16, Uint8Array.from([0x80, 0x3f]), 1)[0], 1);
+    // Q5_0: the nibbles as Q4_0's, the 5th bit of element j bit j of the little-endian u32 qh.
+    const q5 = new Uint8Array(22);
+    [q5[0], q5[1]] = half(0.25);
+    const qh = 0x8000_0001 | (1 << 16); // elements 0, 16 and 31
+    for (let i = 0; i < 4; i++) q5[2 + i] = (qh >>> (8 * i)) & 0xff;
+    for (let j = 0; j < 16; j++) q5[6 + j] = (j & 0x0f) | ((15 - j) << 4);
+    const v5 = dequantize(GGML.Q5_0, q5, 32);
+    for (let j = 0; j < 16; j++) {
+      assert.equal(v5[j], ((j | (j === 0 ? 16 : 0)) - 16) * 0.25, `Q5_0 [${j}]`);
+      assert.equal(v5[j + 16], (((15 - j) | (j === 0 || j === 15 ? 16 : 0)) - 16) * 0.25, `Q5_0 [${j + 16}]`);
+    }
     assert.throws(() => dequantize(13, new Uint8Array(176), 256, 'w'), /Q5_K is not supported/);
   });
 
