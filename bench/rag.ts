@@ -194,7 +194,7 @@ async function main(): Promise<void> {
       all: flat(a), heldout: flat(h), tune: flat(table['tune']!),
       rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke,
       answers, ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
-      start_s: round(startS, 1),
+      start_s: round(startS, 1), ...(keptIndex ? { index_kept: true } : {}), // kept: start_s is a load, not an ingest
       where: embedder.provider,
     }));
   } finally {
