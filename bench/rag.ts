@@ -15,9 +15,13 @@
  * whose answer contains the gold fact (bench/answers.ts: normalised token match of the gold answer or
  * an accepted variant), the fraction unreadable, and the latency of /query (p50, p95).
  *
- * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only). Prints tables; the last line is JSON.
+ * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only). For prompt work on the tuning split (never the
+ * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead, BENCH_RAG_LIMIT=n the first n
+ * of them, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
+ * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer.
+ * Prints tables; the last line is JSON.
  */
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -54,7 +58,12 @@ const rankOf = (docIds: readonly string[], want: string) => docIds.indexOf(want)
 async function main(): Promise<void> {
   const questions = parseQuestions(JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')));
   const withAnswers = process.env['BENCH_RAG_ANSWERS'] !== '0';
-  const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-rag-'));
+  const answerSplit = process.env['BENCH_RAG_SPLIT'] ?? 'heldout';
+  if (answerSplit !== 'heldout' && answerSplit !== 'tune') throw new Error(`BENCH_RAG_SPLIT must be heldout or tune, not '${answerSplit}'`);
+  const limit = Number(process.env['BENCH_RAG_LIMIT'] ?? Infinity);
+  const keptIndex = process.env['BENCH_RAG_INDEX_DIR'];
+  if (keptIndex) await mkdir(keptIndex, { recursive: true });
+  const indexDir = keptIndex ?? await mkdtemp(path.join(tmpdir(), 'ragguard-bench-rag-'));
   try {
     const cfg = loadConfig({ ...process.env, RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_CORPUS_DIR: 'data/corpus' });
     let t = performance.now();
@@ -121,6 +130,7 @@ async function main(): Promise<void> {
     console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
 
     let answers: Record<string, number> | null = null;
+    let asked = 0;
     if (withAnswers) {
       const vocabulary = new Set<string>();
       for (const d of await readCorpus(cfg.corpusDir)) for (const w of words(`${d.title}\n${d.text}`)) vocabulary.add(w);
@@ -134,29 +144,35 @@ async function main(): Promise<void> {
         if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
         return { ms: performance.now() - t0, answer: body.answer ?? '', cited: (body.citations ?? []).some((c) => c.doc_id === q.doc_id) };
       };
+      const chosen = splits[answerSplit].slice(0, limit);
+      asked = chosen.length;
+      const log: string[] = [];
       try {
-        await ask(splits.heldout[0]!); // warm-up, not counted
+        await ask(chosen[0]!); // warm-up, not counted
         const lat: number[] = [];
         let correct = 0;
         let unreadable = 0;
         let cited = 0;
         const samples: string[] = [];
-        for (const q of splits.heldout) {
+        for (const q of chosen) {
           const r = await ask(q);
           lat.push(r.ms);
           const ok = isCorrect(r.answer, q.answer, q.accept);
           if (ok) correct++;
-          if (isUnreadable(r.answer, vocabulary)) unreadable++;
+          const bad = isUnreadable(r.answer, vocabulary);
+          if (bad) unreadable++;
           if (r.cited) cited++;
+          log.push(JSON.stringify({ id: q.id, correct: ok, unreadable: bad, cited: r.cited, ms: Math.round(r.ms), question: q.question, gold: q.answer, answer: r.answer }));
           if (samples.length < 5) samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
         }
-        const n = splits.heldout.length;
+        const n = chosen.length;
+        if (process.env['BENCH_RAG_LOG']) await writeFile(process.env['BENCH_RAG_LOG'], `${log.join('\n')}\n`);
         answers = {
           correct: round(correct / n), unreadable: round(unreadable / n), gold_doc_cited: round(cited / n),
           p50_ms: round(quantile(lat, 0.5), 1), p95_ms: round(quantile(lat, 0.95), 1),
         };
         console.log('');
-        console.log(`answers (held out, ${n}): correct ${answers['correct']}, unreadable ${answers['unreadable']}, ` +
+        console.log(`answers (${answerSplit === 'heldout' ? 'held out' : 'tuning split'}, ${n}): correct ${answers['correct']}, unreadable ${answers['unreadable']}, ` +
           `gold document cited ${answers['gold_doc_cited']}; /query latency p50 ${answers['p50_ms']} ms, p95 ${answers['p95_ms']} ms`);
         console.log(samples.join('\n'));
       } finally {
@@ -177,12 +193,12 @@ async function main(): Promise<void> {
       retrieval: cfg.retrieval, rerank: cfg.rerank,
       all: flat(a), heldout: flat(h), tune: flat(table['tune']!),
       rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke,
-      answers,
-      start_s: round(startS, 1),
+      answers, ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
+      start_s: round(startS, 1), ...(keptIndex ? { index_kept: true } : {}), // kept: start_s is a load, not an ingest
       where: embedder.provider,
     }));
   } finally {
-    await rm(indexDir, { recursive: true, force: true });
+    if (!keptIndex) await rm(indexDir, { recursive: true, force: true });
   }
 }
 

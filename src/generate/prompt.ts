@@ -19,7 +19,19 @@ export interface PromptTemplate {
   tail: string;
   /** A chunk's body is cut to this many tokens. */
   bodyMaxTokens: number;
+  /**
+   * For a decoder with a chat template (chat-prompt.ts): the instruction ahead of the context in the
+   * system message ('' = none). The plain prompt above does not use it.
+   */
+  system: string;
 }
+
+/**
+ * What an instruct model is asked to do with the context: answer from it, briefly, with the exact
+ * command, path or value it names (the facts a question about a handbook is after), and cite it.
+ */
+export const GROUNDED_SYSTEM = 'Answer the question from the context below. ' +
+  'Answer briefly and name the exact command, file, package or value that the context gives.';
 
 export const DEFAULT_TEMPLATE: PromptTemplate = {
   head: 'Context:\n',
@@ -27,6 +39,7 @@ export const DEFAULT_TEMPLATE: PromptTemplate = {
   body: '{title}: {text}\n',
   tail: '\nQuestion: {question}\nAnswer:',
   bodyMaxTokens: 200,
+  system: GROUNDED_SYSTEM,
 };
 
 /** The template a model ships in tokenizer_config.json ('ragguard_prompt'), else the default. */
@@ -40,6 +53,7 @@ export function templateFromConfig(config: Readonly<Record<string, unknown>>): P
     body: s('body'),
     tail: s('tail'),
     bodyMaxTokens: typeof t['body_max_tokens'] === 'number' ? t['body_max_tokens'] : DEFAULT_TEMPLATE.bodyMaxTokens,
+    system: s('system'),
   };
 }
 

@@ -16,7 +16,7 @@ export type GgufValue = number | bigint | boolean | string | GgufValue[];
 
 /** ggml tensor types that this reader dequantizes (ggml.h's enum ggml_type values). */
 export const GGML = {
-  F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q8_0: 8, Q4_K: 12, Q6_K: 14, BF16: 30,
+  F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q5_0: 6, Q8_0: 8, Q4_K: 12, Q6_K: 14, BF16: 30,
 } as const;
 
 const TYPE_NAMES: Record<number, string> = {
@@ -37,6 +37,7 @@ const BLOCKS: Record<number, { elems: number; bytes: number }> = {
   [GGML.BF16]: { elems: 1, bytes: 2 },
   [GGML.Q4_0]: { elems: 32, bytes: 18 }, // d f16, 16 bytes of nibbles
   [GGML.Q4_1]: { elems: 32, bytes: 20 }, // d f16, m f16, 16 bytes of nibbles
+  [GGML.Q5_0]: { elems: 32, bytes: 22 }, // d f16, qh u32 (the 5th bits), 16 bytes of nibbles
   [GGML.Q8_0]: { elems: 32, bytes: 34 }, // d f16, 32 int8
   [GGML.Q4_K]: { elems: 256, bytes: 144 }, // d f16, dmin f16, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
   [GGML.Q6_K]: { elems: 256, bytes: 210 }, // 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, d f16
@@ -260,6 +261,16 @@ export function q4kScaleMin(b: Uint8Array, s: number, j: number): [number, numbe
   return [(b[s + j + 4]! & 0x0f) | ((b[s + j - 4]! >> 6) << 4), (b[s + j + 4]! >> 4) | ((b[s + j]! >> 6) << 4)];
 }
 
+/**
+ * Element j (0..31) of the Q5_0 block at `at`, unsigned (0..31; the value is (q - 16) d): its low 4 bits
+ * are nibbles as Q4_0's (j < 16 low, else high, of byte j mod 16), its 5th bit is bit j of qh.
+ */
+export function q5Value(b: Uint8Array, at: number, j: number): number {
+  const qh = (b[at + 2]! | (b[at + 3]! << 8) | (b[at + 4]! << 16) | (b[at + 5]! << 24)) >>> 0;
+  const nibble = j < 16 ? b[at + 6 + j]! & 0x0f : b[at + 6 + j - 16]! >> 4;
+  return nibble | (((qh >>> j) & 1) << 4);
+}
+
 /** `n` float32 values of a tensor of ggml type `type` from its stored bytes. */
 export function dequantize(type: number, b: Uint8Array, n: number, name = 'tensor'): Float32Array {
   const out = new Float32Array(n);
@@ -295,6 +306,13 @@ export function dequantize(type: number, b: Uint8Array, n: number, name = 'tenso
           out[blk * 32 + j] = (q & 0x0f) * d + m;
           out[blk * 32 + j + 16] = (q >> 4) * d + m;
         }
+      }
+      return out;
+    case GGML.Q5_0:
+      for (let blk = 0; blk < n / 32; blk++) {
+        const at = blk * 22;
+        const d = f16(b, at);
+        for (let j = 0; j < 32; j++) out[blk * 32 + j] = (q5Value(b, at, j) - 16) * d;
       }
       return out;
     case GGML.Q8_0:
@@ -348,7 +366,7 @@ export function dequantize(type: number, b: Uint8Array, n: number, name = 'tenso
       }
       return out;
     default:
-      throw new Error(`${name}: ggml type ${ggmlTypeName(type)} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K are)`);
+      throw new Error(`${name}: ggml type ${ggmlTypeName(type)} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K are)`);
   }
 }
 
