@@ -177,6 +177,8 @@ export class RagService {
    * native accountant's, once its memory is allocated (graphs included).
    */
   loads: Models['loads'];
+  /** The ingest in progress (or the last one): documents chunked and embedded of the batch's, for progress logs. */
+  ingestProgress: { done: number; of: number } | undefined;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
   private ingestTail: Promise<unknown> = Promise.resolve();
 
@@ -344,6 +346,7 @@ export class RagService {
     }
     const results: IngestResult[] = [];
     const batch: NewDocument[] = [];
+    const progress = (this.ingestProgress = { done: 0, of: prepared.length });
     for (const d of prepared) {
       signal?.throwIfAborted(); // abandoned (or stopped by shutdown): nothing of the batch is kept
       const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
@@ -354,6 +357,7 @@ export class RagService {
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
       batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
+      progress.done++;
     }
     signal?.throwIfAborted();
     // Atomic: queries, /healthz and later snapshots see the batch only once its own snapshot is durable.

@@ -190,6 +190,24 @@ describe('documents', () => {
     assert.equal(service.store.has('fresh'), false);
   });
 
+  test('ingest progress counts documents embedded while the batch is not yet visible', async () => {
+    const seen: { done: number; visible: number }[] = [];
+    const embed = models.embedder.embed.bind(models.embedder);
+    const before = service.store.documentCount;
+    models.embedder.embed = async (texts) => {
+      seen.push({ done: service.ingestProgress?.done ?? -1, visible: service.store.documentCount });
+      return embed(texts);
+    };
+    try {
+      await service.ingest([{ docId: 'progress-a', text: 'alpha beta gamma' }, { docId: 'progress-b', text: 'delta epsilon' }]);
+    } finally {
+      models.embedder.embed = embed;
+    }
+    assert.deepEqual(seen, [{ done: 0, visible: before }, { done: 1, visible: before }]);
+    assert.deepEqual(service.ingestProgress, { done: 2, of: 2 });
+    assert.equal(service.store.documentCount, before + 2);
+  });
+
   test('the index survives a restart, without re-ingesting the corpus', async () => {
     const restarted = await RagService.start(cfg, models);
     assert.equal(restarted.store.documentCount, service.store.documentCount);

@@ -97,10 +97,12 @@ export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: Start
         timer.unref();
       }
       if (p.phase === 'ingest') {
-        const base = service.store.documentCount;
         log.info({ documents: p.documents }, `ingesting ${p.documents} documents from RAGGUARD_CORPUS_DIR`);
+        // The batch becomes visible only once its snapshot is durable (atomic ingest): progress counts the
+        // documents chunked and embedded so far.
         timer = setInterval(() => {
-          log.info({ done: service.store.documentCount - base, of: p.documents }, `ingesting: ${service.store.documentCount - base} of ${p.documents} documents`);
+          const done = service.ingestProgress?.done ?? 0;
+          log.info({ done, of: p.documents }, `ingesting: ${done} of ${p.documents} documents embedded`);
         }, everyMs);
         timer.unref();
       }
