@@ -273,7 +273,9 @@ describe('the decoder with adapters', () => {
     assert.equal(loads, unloads);
   });
 
-  test('with every slot held, a request for another adapter waits for a release, in order, and past the deadline is refused', async () => {
+  // An intermittent hang here (about 1 run in 5 alone, not yet explained: see the session 7 note) must fail
+  // the suite, not stall it: the bound is far beyond the ~2 s the test takes on a loaded machine.
+  test('with every slot held, a request for another adapter waits for a release, in order, and past the deadline is refused', { timeout: 300_000 }, async () => {
     const dir = await tempDir('ragguard-adapters-');
     for (const n of ['a1', 'a2', 'a3', 'a4', 'a5', 'a6']) await cp(path.join(ADAPTERS, 'demo-qv-r4'), path.join(dir, n), { recursive: true });
     // The order is checked with a deadline no run can reach (10 min), so a loaded machine cannot time a
