@@ -11,7 +11,7 @@
  * hit within the adapter, none across adapter and base. The adapter must change torch's greedy ids,
  * else the check would prove nothing.
  */
-import { compareLogits } from './logit-compare.js';
+import { prefillAgainst } from './logit-compare.js';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import type { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
@@ -67,17 +67,8 @@ export async function checkLora(x: LoraCheckInput): Promise<{ result: Record<str
   if (changed === 0) failures.push('lora: the adapter leaves torch\'s greedy ids as the base model\'s (the check would prove nothing)');
 
   // Prefill logits with the adapter against peft's.
-  runner.keepLogits = true;
-  let worst = 0, argmaxEqual = 0;
-  for (const [i, c] of ref.cases.entries()) {
-    await engineWith(x.numBlocks).generate(c.prompt_ids, { ...withLora, maxNewTokens: 1 });
-    const ours = runner.lastLogits!;
-    const theirs = torchLogits.subarray(i * V, (i + 1) * V);
-    const { maxDiff, argmaxEqual: same } = compareLogits(ours, theirs, V);
-    worst = Math.max(worst, maxDiff / c.logit_scale);
-    if (same) argmaxEqual++;
-  }
-  runner.keepLogits = false;
+  const { worst, argmaxEqual } = await prefillAgainst(runner, ref.cases, torchLogits, V,
+    (ids) => engineWith(x.numBlocks).generate(ids, { ...withLora, maxNewTokens: 1 }));
   result.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };
   if (worst > x.logitTolerance) failures.push(`lora: prefill logits differ from peft's by ${worst} of the logit scale`);
 

@@ -2,7 +2,7 @@
  * The CUDA backend checked against torch/transformers on the same weights (run on the GPU host through
  * scripts/gpu/run-cuda.sh; the checkpoints and references come from scripts/gpu/hf_models.py):
  *
- *   node --import { compareLogits } from './logit-compare.js';
+ *   node --import { prefillAgainst } from './logit-compare.js';
 import tsx scripts/check-cuda.ts DIR [DIR ...]
  *
  * For each checkpoint: the prompt's last-position logits against torch's (max |diff| relative to the
@@ -63,19 +63,8 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   };
 
   // 1. Logits of each prompt's prefill against torch's.
-  runner.keepLogits = true;
-  let worst = 0;
-  let argmaxEqual = 0;
-  for (const [i, c] of ref.cases.entries()) {
-    const e = engineWith(numBlocks);
-    await e.generate(c.prompt_ids, { ...greedy, maxNewTokens: 1 });
-    const ours = runner.lastLogits!;
-    const theirs = torchLogits.subarray(i * V, (i + 1) * V);
-    const { maxDiff, argmaxEqual: same } = compareLogits(ours, theirs, V);
-    worst = Math.max(worst, maxDiff / c.logit_scale);
-    if (same) argmaxEqual++;
-  }
-  runner.keepLogits = false;
+  const { worst, argmaxEqual } = await prefillAgainst(runner, ref.cases, torchLogits, V,
+    (ids) => engineWith(numBlocks).generate(ids, { ...greedy, maxNewTokens: 1 }));
   out.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };
   if (worst > LOGIT_TOL[runner.dtype]) failures.push(`prefill logits differ from torch's by ${worst} of the logit scale`);
 

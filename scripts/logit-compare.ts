@@ -8,3 +8,37 @@ export function compareLogits(ours: ArrayLike<number>, theirs: ArrayLike<number>
   }
   return { maxDiff: diff, argmaxEqual: am === bm };
 }
+
+/** A reference case: its prompt and the reference's largest |logit| (the scale differences are measured in). */
+export interface LogitCase {
+  prompt_ids: number[];
+  logit_scale: number;
+}
+
+/** The runner's side of a prefill comparison: it keeps each step's logits while asked (check-cuda.ts). */
+export interface LogitSource {
+  keepLogits: boolean;
+  lastLogits: Float32Array | null;
+}
+
+/**
+ * Each case's prompt prefilled (`prefill` runs it for one token) with the runner keeping its logits,
+ * against the reference's last-position logits ([cases, vocab] in `reference`): the largest |difference|
+ * relative to the case's logit scale, and how many argmaxes agree.
+ */
+export async function prefillAgainst(runner: LogitSource, cases: readonly LogitCase[], reference: Float32Array, vocab: number,
+  prefill: (ids: number[]) => Promise<unknown>): Promise<{ worst: number; argmaxEqual: number }> {
+  runner.keepLogits = true;
+  let worst = 0, argmaxEqual = 0;
+  try {
+    for (const [i, c] of cases.entries()) {
+      await prefill(c.prompt_ids);
+      const { maxDiff, argmaxEqual: same } = compareLogits(runner.lastLogits!, reference.subarray(i * vocab, (i + 1) * vocab), vocab);
+      worst = Math.max(worst, maxDiff / c.logit_scale);
+      if (same) argmaxEqual++;
+    }
+  } finally {
+    runner.keepLogits = false;
+  }
+  return { worst, argmaxEqual };
+}

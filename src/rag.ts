@@ -187,16 +187,15 @@ export class RagService {
     readonly models: Models,
     readonly store: DocumentStore,
   ) {
-    // Until the CUDA decoder's runner exists, its plan's figures (the budget sizes the pool from them).
-    this.loads = models.loads;
     this.template = templateFromConfig(models.decoder.tokenizer.config);
     this.promptBosId = tokenizerAddsBos(models.decoder.tokenizer.config, models.decoder.bosId) ? models.decoder.bosId : undefined;
     this.chat = chatTemplateFrom(models.decoder.tokenizer.config).source === 'tokenizer_config'
       ? ChatTemplate.forModel(models.decoder.tokenizer, models.decoder.bosId) : undefined;
     this.retriever = new Retriever(store, cfg);
     this.adapters = new AdapterRegistry(cfg.adapterDir, models.decoder, { maxLoras: cfg.maxLoras, maxRank: cfg.maxLoraRank, waitMs: cfg.queueTimeoutMs });
-    // The CUDA decoder's figures once the registry has asked for its slots (their scratch is in the workspace).
-    if (models.decoder instanceof CudaDecoder) this.loads = { ...models.loads, decoder: models.decoder.loadBytes() };
+    // Until the CUDA decoder's runner exists, its plan's figures (the budget sizes the pool from them), taken
+    // once the registry has asked for its slots (their scratch is in the workspace).
+    this.loads = models.decoder instanceof CudaDecoder ? { ...models.loads, decoder: models.decoder.loadBytes() } : models.loads;
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
@@ -216,7 +215,7 @@ export class RagService {
     // The CUDA decoder allocates everything now, for this pool; its figures become the accountant's
     // (graphs included), so the workspace the budget leaves is exact.
     const runner = decoder instanceof CudaDecoder ? decoder.createRunner(numBlocks) : decoder;
-    this.loads = runner instanceof CudaModelRunner ? { ...models.loads, decoder: CudaDecoder.loadBytes(runner) } : models.loads;
+    if (runner instanceof CudaModelRunner) this.loads = { ...models.loads, decoder: CudaDecoder.loadBytes(runner) };
     this.engine = new Engine(runner, blocks, {
       numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
     });

@@ -16,24 +16,9 @@ import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import { Admission } from '../src/guards/admission.js';
 import { loadModels, RagService } from '../src/rag.js';
-import { gatedRun } from '../src/runtime/run-gate.js';
 import { createApp } from '../src/server/app.js';
-import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
+import { holdRuns, ROOT, smallCorpus, tempDir, testConfig, turn } from './helpers.js';
 
-const turn = () => new Promise<void>((r) => setImmediate(r));
-
-/** Holds the run gate until release(): every model run queued behind it waits. Resolves once held. */
-async function holdRuns(): Promise<() => void> {
-  let release!: () => void;
-  let held!: () => void;
-  const isHeld = new Promise<void>((r) => (held = r));
-  void gatedRun(() => {
-    held();
-    return new Promise<void>((r) => (release = r));
-  });
-  await isHeld;
-  return release;
-}
 
 class Gone extends Error {}
 

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after } from 'node:test';
 import { loadConfig, type Config } from '../src/config/config.js';
+import { gatedRun } from '../src/runtime/run-gate.js';
 
 export const ROOT = path.resolve(import.meta.dirname, '..');
 export const CORPUS = path.join(ROOT, 'data', 'corpus');
@@ -37,4 +38,20 @@ export const TEST_ENV: Readonly<Record<string, string>> = { RAGGUARD_EMBEDDER: '
 
 export function testConfig(env: Record<string, string> = {}): Config {
   return loadConfig({ PORT: '0', ...TEST_ENV, ...env });
+}
+
+/** One turn of the event loop (setImmediate): what a test awaits to let I/O and timers run, never a clock. */
+export const turn = () => new Promise<void>((r) => setImmediate(r));
+
+/** Holds the run gate until release(): every model run queued behind it waits. Resolves once held. */
+export async function holdRuns(): Promise<() => void> {
+  let release!: () => void;
+  let held!: () => void;
+  const isHeld = new Promise<void>((r) => (held = r));
+  void gatedRun(() => {
+    held();
+    return new Promise<void>((r) => (release = r));
+  });
+  await isHeld;
+  return release;
 }

@@ -14,25 +14,10 @@ import type { AddressInfo } from 'node:net';
 import { Writable } from 'node:stream';
 import { after, before, test } from 'node:test';
 import { loadModels, RagService } from '../src/rag.js';
-import { gatedRun } from '../src/runtime/run-gate.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { holdRuns, smallCorpus, tempDir, testConfig, turn } from './helpers.js';
 
-const turn = () => new Promise<void>((r) => setImmediate(r));
-
-/** Holds the run gate until release(): every model run queued behind it waits. Resolves once held. */
-async function holdRuns(): Promise<() => void> {
-  let release!: () => void;
-  let held!: () => void;
-  const isHeld = new Promise<void>((r) => (held = r));
-  void gatedRun(() => {
-    held();
-    return new Promise<void>((r) => (release = r));
-  });
-  await isHeld;
-  return release;
-}
 
 interface Reply {
   status: number;

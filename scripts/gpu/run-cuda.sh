@@ -48,11 +48,7 @@ if has serve; then
   serve_check() {
     env "${cuda_env[@]}" PORT=8092 RAGGUARD_INDEX_DIR=/tmp/ragguard-cuda-index node --import tsx src/server/main.ts > "$out/.server" 2>&1 &
     local pid=$!
-    for _ in $(seq 600); do
-      kill -0 "$pid" 2>/dev/null || break
-      node -e 'fetch("http://127.0.0.1:8092/healthz").then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' && break
-      sleep 0.5
-    done
+    wait_healthy 8092 "$pid"
     node -e '
       const base = "http://127.0.0.1:8092";
       const post = (p, b) => fetch(base + p, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(b) });

@@ -40,11 +40,7 @@ if has server; then
   server_check() {
     PORT=8091 RAGGUARD_INDEX_DIR=/tmp/ragguard-gpu-index tsx src/server/main.ts > "$out/.server" 2>&1 &
     local pid=$!
-    for _ in $(seq 600); do
-      kill -0 "$pid" 2>/dev/null || break
-      node -e 'fetch("http://127.0.0.1:8091/healthz").then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' && break
-      sleep 0.5
-    done
+    wait_healthy 8091 "$pid"
     node -e '
       const base = "http://127.0.0.1:8091";
       (async () => {

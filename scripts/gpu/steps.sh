@@ -13,3 +13,13 @@ record() {
   echo "{\"step\":\"$name\",\"rc\":$rc,\"seconds\":$((SECONDS - t0)),\"result\":${last:-null}}" >> "$results"
   echo "$name: rc=$rc in $((SECONDS - t0)) s ${last:0:${RECORD_SHOW:-400}}"
 }
+# Waits (up to 5 minutes) until the server on port $1 answers /healthz, or its process ($2) has ended.
+wait_healthy() {
+  local port=$1 pid=$2
+  for _ in $(seq 600); do
+    kill -0 "$pid" 2>/dev/null || return 1
+    node -e "fetch('http://127.0.0.1:$port/healthz').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))" && return 0
+    sleep 0.5
+  done
+  return 1
+}

@@ -39,8 +39,6 @@ export interface CudaRunnerOptions {
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
   device?: number;
-  /** Tokens one sequence holds at most (prompt and output), where the server bounds it below the model's positions. */
-  maxSequenceTokens?: number;
   /** Device LoRA slots: adapters resident at once (0, the default: no slots) and rank per module (RAGGUARD_MAX_LORAS / _RANK). */
   maxLoras?: number;
   maxLoraRank?: number;
@@ -139,10 +137,10 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
 
   /**
    * The device limits for these options: a block table never needs more entries than the longest sequence
-   * the model, the pool or `maxSequenceTokens` allows.
+   * the model or the pool allows.
    */
   static limitsFor(ckpt: Checkpoint, opts: CudaRunnerOptions): DeviceLimits {
-    const maxPositions = Math.min(ckpt.config.maxPositions, opts.numBlocks * opts.blockSize, opts.maxSequenceTokens ?? Infinity);
+    const maxPositions = Math.min(ckpt.config.maxPositions, opts.numBlocks * opts.blockSize);
     return {
       numBlocks: opts.numBlocks, blockSize: opts.blockSize, maxBatchedTokens: opts.maxBatchedTokens, maxSeqs: opts.maxSeqs,
       maxBlocksPerSeq: Math.ceil(maxPositions / opts.blockSize),
