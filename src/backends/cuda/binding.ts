@@ -52,6 +52,11 @@ export interface CudaBackend {
   /** Mean device milliseconds of the decode graph of `batch` replayed `reps` times on the last step's inputs. */
   graphTime?(h: EngineHandle, batch: number, reps: number): number;
   /**
+   * Steps of at most `rows` rows (0-4) multiply through the library's GEMV kernel instead of cuBLAS (0:
+   * cuBLAS always); steps launched directly and graphs captured afterwards. Benchmarks compare the two.
+   */
+  setGemvRows?(h: EngineHandle, rows: number): void;
+  /**
    * Writes one LoRA slot of an entry: A [in, capacity] and B [capacity, out] float32 (cuda-lora.ts pads
    * them), or zeros where both are null. `projection` is the slot's index in a layer (LORA_PROJECTIONS).
    */
@@ -102,6 +107,7 @@ function bind(file: string): CudaBackend {
   const profile = lib.func('int rg_profile(void *h, int32_t on)');
   const profileRead = lib.func('int rg_profile_read(void *h, _Out_ double *out, int32_t n)');
   const graphTime = lib.func('int rg_graph_time(void *h, int32_t batch, int32_t reps, _Out_ float *ms)');
+  const setGemvRows = lib.func('int rg_set_gemv_rows(void *h, int32_t rows)');
   const loraWrite = lib.func('int rg_lora_write(void *h, int layer, int projection, int entry, const float *a, const float *b)');
   const check = (rc: unknown, what: string): number => {
     const n = Number(rc);
@@ -156,6 +162,7 @@ function bind(file: string): CudaBackend {
       check(graphTime(h, batch, reps, ms), 'rg_graph_time');
       return ms[0]!;
     },
+    setGemvRows: (h, rows) => void check(setGemvRows(h, rows), 'rg_set_gemv_rows'),
     loraWrite(h, layer, projection, entry, a, b) {
       check(loraWrite(h, layer, projection, entry, a, b), `writing LoRA entry ${entry}`);
     },

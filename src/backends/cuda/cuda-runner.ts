@@ -67,6 +67,8 @@ function loraLimits(opts: CudaRunnerOptions): { maxLoras: number; maxLoraRank: n
 const SRC_DTYPE = { F32: 0, F16: 1, BF16: 2 } as const;
 /** cuBLAS's recommended workspace on Hopper (32 MiB), set explicitly so it is counted and graph capture is safe. */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
+/** The library's default (and largest) step size for its GEMV kernel (ragguard_cuda.cu GEMV_MAX_ROWS). */
+export const CUDA_GEMV_MAX_ROWS = 4;
 
 /** The device sampling of a sequence's next token (plain fields of SamplingParams). */
 export function deviceSampling(params: SamplingParams, step: number): DeviceSampling {
@@ -286,15 +288,21 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     return this.native.graphTime?.(this.handle, batch, reps) ?? Number.NaN;
   }
 
-  /** Benchmarks: runs `work` with steps launched directly and timed by phase (no graphs meanwhile). */
-  async profiled<T>(work: () => Promise<T>): Promise<{ value: T; profile: StepProfile | null }> {
-    const { profile, profileRead } = this.native;
-    if (!profile || !profileRead) return { value: await work(), profile: null };
+  /**
+   * Benchmarks: runs `work` with steps launched directly and timed by phase (no graphs meanwhile).
+   * `gemvRows` (0-4) sets how many rows a step may have to multiply through the GEMV kernel rather than
+   * cuBLAS while it runs (the library's default is restored after); null where the library cannot.
+   */
+  async profiled<T>(work: () => Promise<T>, gemvRows?: number): Promise<{ value: T; profile: StepProfile | null }> {
+    const { profile, profileRead, setGemvRows } = this.native;
+    if (!profile || !profileRead || (gemvRows !== undefined && !setGemvRows)) return { value: await work(), profile: null };
     profile.call(this.native, this.handle, true);
+    if (gemvRows !== undefined) setGemvRows?.call(this.native, this.handle, gemvRows);
     try {
       const value = await work();
       return { value, profile: profileRead.call(this.native, this.handle) };
     } finally {
+      if (gemvRows !== undefined) setGemvRows?.call(this.native, this.handle, CUDA_GEMV_MAX_ROWS);
       profile.call(this.native, this.handle, false);
     }
   }

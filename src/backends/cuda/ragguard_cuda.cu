@@ -91,6 +91,18 @@ __device__ float block_max(float v, float* red) {
   return warp_max(v);
 }
 
+// Eight elements of the model's type as one 16-byte access (the pointer 16-byte aligned): the kernels that
+// stream weights or rows read and write this way, since scalar 2-byte accesses leave most of each memory
+// transaction unused.
+template <typename T> __device__ __forceinline__ void load8(const T* __restrict__ p, float (&f)[8]) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_f(h[i]);
+}
+// The same for data this step writes (no read-only cache path).
+template <typename T> __device__ __forceinline__ uint4 load8_raw(const T* p) { return *reinterpret_cast<const uint4*>(p); }
+
 // ---------------------------------------------------------------------------------------------------
 // The step's inputs, as packed by the host (binding.ts packStep): int32 words
 //   [0] T tokens, [1] S sequences, [2] W block-table width, [3] reserved
@@ -171,6 +183,65 @@ __global__ void add_rmsnorm_kernel(StepView v, int rows_fixed, T* __restrict__ r
   }
 }
 
+// Attention's shapes (attention_kernel); the rotary kernel's tables are sized by MAX_HD too.
+constexpr int CHUNK = 32;
+constexpr int ATTN_THREADS = 128;
+constexpr int MAX_HD = 256;
+constexpr int MAX_G = 16;
+
+// The same, eight elements a thread access, the row kept in registers between the sum of squares and
+// the scaling (one read of the residual instead of two): the layer's two norms are latency-bound at
+// decode (one CTA a token), and the scalar kernel spent ~15 us each on a 7B row (3584 elements).
+// hidden % 8 == 0 and hidden / 8 <= NORM_VPT * blockDim.x.
+constexpr int NORM_VPT = 4;
+template <typename T>
+__global__ void add_rmsnorm_vec_kernel(StepView v, int rows_fixed, T* __restrict__ residual, const T* __restrict__ delta,
+                                       const T* __restrict__ w, T* __restrict__ out, int hidden, float eps) {
+  __shared__ float red[32];
+  const int t = blockIdx.x;
+  const int rows = rows_fixed >= 0 ? rows_fixed : v.T();
+  if (t >= rows) return;
+  const int nvec = hidden / 8;
+  T* r = residual + (size_t)t * hidden;
+  const T* d = delta ? delta + (size_t)t * hidden : nullptr;
+  float x[NORM_VPT][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int a = 0; a < NORM_VPT; ++a) {
+    const int i = threadIdx.x + a * blockDim.x;
+    if (i >= nvec) break;
+    uint4 ru = load8_raw(r + i * 8);
+    T* rh = reinterpret_cast<T*>(&ru);
+    if (d) {
+      const uint4 du = load8_raw(d + i * 8);
+      const T* dh = reinterpret_cast<const T*>(&du);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) rh[e] = from_f<T>(to_f(rh[e]) + to_f(dh[e]));
+      *reinterpret_cast<uint4*>(r + i * 8) = ru;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      x[a][e] = to_f(rh[e]);
+      ss += x[a][e] * x[a][e];
+    }
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / hidden + eps);
+  T* o = out + (size_t)t * hidden;
+#pragma unroll
+  for (int a = 0; a < NORM_VPT; ++a) {
+    const int i = threadIdx.x + a * blockDim.x;
+    if (i >= nvec) break;
+    float wf[8];
+    load8(w + i * 8, wf);
+    uint4 ou;
+    T* oh = reinterpret_cast<T*>(&ou);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) oh[e] = from_f<T>(to_f(from_f<T>(x[a][e] * inv)) * wf[e]);
+    *reinterpret_cast<uint4*>(o + i * 8) = ou;
+  }
+}
+
 // Per token: q/k/v bias, rotary embedding on q and k (rotate-half pairs i, i + d/2), k and v into the
 // cache at the token's slot. q is rotated in place in the qkv buffer; padding tokens (slot < 0) skip the
 // cache write.
@@ -178,6 +249,9 @@ template <typename T>
 __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* __restrict__ bias,
                                       const float* __restrict__ inv_freq, T* __restrict__ kcache, T* __restrict__ vcache,
                                       int nh, int nkv, int hd, int block_size) {
+  // The rotation's sine and cosine once per frequency (not once per head: 32x fewer of the costly
+  // full-range sincosf at 7B's 28 + 4 heads).
+  __shared__ float sn[MAX_HD / 2], cs[MAX_HD / 2];
   const int t = blockIdx.x;
   if (t >= v.T()) return;
   const int pos = v.positions()[t];
@@ -185,6 +259,8 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
   const int width = (nh + 2 * nkv) * hd;
   T* row = qkv + (size_t)t * width;
   const int half = hd / 2;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf((float)pos * inv_freq[j], &sn[j], &cs[j]);
+  __syncthreads();
   // Rotated pairs of q and k heads.
   for (int i = threadIdx.x; i < (nh + nkv) * half; i += blockDim.x) {
     const int h = i / half, j = i % half;
@@ -194,8 +270,7 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
       x0 = to_f(from_f<T>(x0 + to_f(bias[base + j])));
       x1 = to_f(from_f<T>(x1 + to_f(bias[base + j + half])));
     }
-    float s, c;
-    sincosf((float)pos * inv_freq[j], &s, &c);
+    const float s = sn[j], c = cs[j];
     const T y0 = from_f<T>(x0 * c - x1 * s);
     const T y1 = from_f<T>(x1 * c + x0 * s);
     if (h < nh) {
@@ -226,10 +301,6 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
 // against bank conflicts). Scores: one thread per (head, key); softmax: online per head, one warp per
 // head; P x V: a lane per output dimension. With splits > 1 each CTA takes a share of the chunks and
 // writes its partial max, sum and accumulator for attn_combine.
-constexpr int CHUNK = 32;
-constexpr int ATTN_THREADS = 128;
-constexpr int MAX_HD = 256;
-constexpr int MAX_G = 16;
 
 template <typename T>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
@@ -251,12 +322,17 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
   float* v_s = k_s + CHUNK * ldk;            // [CHUNK][hd+1]
   float* p_s = v_s + CHUNK * ldk;            // [G][CHUNK]
   const int width = (nh + 2 * nkv) * hd;
-  const T* qrow = qkv + (size_t)t * width + (size_t)kh * G * hd;
-  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = to_f(qrow[i]) * scale;
-
+  // The splits that have keys: a graph is captured for the longest context's split count, and a short
+  // context leaves most of them empty; those return at once and attn_combine reads only the active ones.
+  // With one active split the output is written here directly (attn_combine then has nothing to do).
   const int nchunks = (L + CHUNK - 1) / CHUNK;
   const int per = (nchunks + splits - 1) / splits;
+  const int active = per > 0 ? (nchunks + per - 1) / per : 1;
+  if (split >= active) return;
+  const bool direct = active == 1;
   const int c0 = split * per, c1 = min(nchunks, c0 + per);
+  const T* qrow = qkv + (size_t)t * width + (size_t)kh * G * hd;
+  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = to_f(qrow[i]) * scale;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int NW = ATTN_THREADS / 32;
@@ -275,13 +351,32 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
     const int k0 = c * CHUNK;
     const int n = min(CHUNK, L - k0);
     __syncthreads();
-    for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
-      const int k = i / hd, d = i % hd;
-      const int pos = k0 + k;
-      const int blk = table[pos / block_size];
-      const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
-      k_s[k * ldk + d] = to_f(kcache[off]);
-      v_s[k * ldk + d] = to_f(vcache[off]);
+    if ((hd & 7) == 0) {
+      // Eight dimensions a load: a key's row is hd / 8 16-byte accesses.
+      const int hv = hd >> 3;
+      for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
+        const int k = i / hv, d = (i - k * hv) << 3;
+        const int pos = k0 + k;
+        const int blk = table[pos / block_size];
+        const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+        float kf[8], vf[8];
+        load8(kcache + off, kf);
+        load8(vcache + off, vf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          k_s[k * ldk + d + e] = kf[e];
+          v_s[k * ldk + d + e] = vf[e];
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+        const int k = i / hd, d = i % hd;
+        const int pos = k0 + k;
+        const int blk = table[pos / block_size];
+        const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+        k_s[k * ldk + d] = to_f(kcache[off]);
+        v_s[k * ldk + d] = to_f(vcache[off]);
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < G * CHUNK; i += blockDim.x) {
@@ -325,7 +420,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
     const int h = warp + a * NW;
     if (h >= G) break;
     const int qh = kh * G + h;
-    if (splits == 1) {
+    if (direct) {
       const float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
       T* o = out + (size_t)t * nh * hd + (size_t)qh * hd;
 #pragma unroll
@@ -354,22 +449,78 @@ __global__ void attn_combine_kernel(StepView v, const float* __restrict__ part_a
                                     T* __restrict__ out, int nh, int hd, int splits) {
   const int t = blockIdx.x, qh = blockIdx.y;
   if (t >= v.T()) return;
+  // attention_kernel's split count for this token's context (only those wrote partials; one: it wrote
+  // the output itself).
+  const int L = v.slots()[t] < 0 ? 0 : v.positions()[t] + 1;
+  const int nchunks = (L + CHUNK - 1) / CHUNK;
+  const int per = (nchunks + splits - 1) / splits;
+  const int active = per > 0 ? (nchunks + per - 1) / per : 1;
+  if (active == 1) return;
   const size_t base = ((size_t)t * nh + qh) * splits;
   float mmax = -INFINITY;
-  for (int s = 0; s < splits; ++s) mmax = fmaxf(mmax, part_ml[(base + s) * 2]);
+  for (int s = 0; s < active; ++s) mmax = fmaxf(mmax, part_ml[(base + s) * 2]);
   float lsum = 0.f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = 0; s < active; ++s) {
     const float ms = part_ml[(base + s) * 2];
     if (ms != -INFINITY) lsum += part_ml[(base + s) * 2 + 1] * __expf(ms - mmax);
   }
   const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; s < active; ++s) {
       const float ms = part_ml[(base + s) * 2];
       if (ms != -INFINITY) a += part_acc[(base + s) * hd + d] * __expf(ms - mmax);
     }
     out[(size_t)t * nh * hd + (size_t)qh * hd + d] = from_f<T>(a * inv);
+  }
+}
+
+// Y[r, n] = X[r, :] . W[n, :] for the R (<= GEMV_MAX_ROWS) rows of a small decode step, fp32 accumulate.
+// A decode step at batch 1-4 is a matrix-vector product that only streams W: a warp per output column
+// reads W's row once in 16-byte accesses (GEMV_UNROLL in flight per lane) and keeps R sums; the few rows
+// of X stay in L1/L2. cuBLAS's GEMM kernels left q/k/v and o at 42-46 % of the H200's bandwidth at these
+// shapes. k % 8 == 0 and 16-byte aligned rows (checked by the caller).
+constexpr int GEMV_MAX_ROWS = 4;
+constexpr int GEMV_WARPS = 4;
+constexpr int GEMV_UNROLL = 4;
+template <typename T, typename OutT, int R>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const T* __restrict__ X, const T* __restrict__ W,
+                                                             OutT* __restrict__ Y, int n, int k) {
+  const int lane = threadIdx.x & 31;
+  const int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (col >= n) return;
+  const T* w = W + (size_t)col * k;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  constexpr int STEP = 32 * 8;
+  for (int i0 = lane * 8; i0 < k; i0 += STEP * GEMV_UNROLL) {
+    float wf[GEMV_UNROLL][8];
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+      const int i = i0 + u * STEP;
+      if (i < k) load8(w + i, wf[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+      const int i = i0 + u * STEP;
+      if (i >= k) break;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float xf[8];
+        load8(X + (size_t)r * k + i, xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[u][e], xf[e], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float sum = warp_sum(acc[r]);
+    if (lane == 0) {
+      if constexpr (sizeof(OutT) == 4) Y[(size_t)r * n + col] = sum;
+      else Y[(size_t)r * n + col] = from_f<T>(sum);
+    }
   }
 }
 
@@ -709,6 +860,9 @@ struct Engine {
     cudaEventRecord(prof_events[prof_n], stream);
     prof_phase[prof_n++] = phase;
   }
+  // Steps of at most this many rows multiply through gemv_kernel instead of cuBLAS (rg_set_gemv_rows;
+  // graphs keep what they were captured with).
+  int gemv_rows = GEMV_MAX_ROWS;
   size_t elt() const { return 2; }
   size_t kv_plane_elems() const { return (size_t)cfg.num_blocks * cfg.num_kv_heads * cfg.block_size * cfg.head_dim; }
   void* kplane(int layer) const { return kv + (size_t)(2 * layer) * kv_plane_elems() * elt(); }
@@ -758,10 +912,37 @@ size_t lora_slot_bytes(const rg_config& c) {
 
 cudaDataType_t cuda_type(const rg_config& c) { return c.dtype == 1 ? CUDA_R_16BF : CUDA_R_16F; }
 
-// Y[rows, n] = X[rows, k] . W[n, k]^T (row-major), fp32 accumulate.
+template <typename T, typename OutT, int R>
+void launch_gemv(Engine& e, const void* X, const void* W, void* Y, int n, int k) {
+  gemv_kernel<T, OutT, R><<<(n + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, e.stream>>>(
+      (const T*)X, (const T*)W, (OutT*)Y, n, k);
+}
+template <typename T, typename OutT>
+void gemv_rows(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int k) {
+  switch (rows) {
+    case 1: launch_gemv<T, OutT, 1>(e, X, W, Y, n, k); break;
+    case 2: launch_gemv<T, OutT, 2>(e, X, W, Y, n, k); break;
+    case 3: launch_gemv<T, OutT, 3>(e, X, W, Y, n, k); break;
+    default: launch_gemv<T, OutT, 4>(e, X, W, Y, n, k); break;
+  }
+}
+
+// Y[rows, n] = X[rows, k] . W[n, k]^T (row-major), fp32 accumulate. Up to e.gemv_rows rows (a small
+// decode step) through gemv_kernel, more through cuBLAS.
 int gemm(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
   const float alpha = 1.f, beta = 0.f;
   const cudaDataType_t t = cuda_type(e.cfg);
+  if (rows <= e.gemv_rows && rows <= GEMV_MAX_ROWS && k % 8 == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)W & 15) == 0) {
+    const bool f32 = ytype == CUDA_R_32F;
+    if (e.cfg.dtype == 1) {
+      if (f32) gemv_rows<__nv_bfloat16, float>(e, X, W, Y, rows, n, k);
+      else gemv_rows<__nv_bfloat16, __nv_bfloat16>(e, X, W, Y, rows, n, k);
+    } else {
+      if (f32) gemv_rows<__half, float>(e, X, W, Y, rows, n, k);
+      else gemv_rows<__half, __half>(e, X, W, Y, rows, n, k);
+    }
+    return 0;
+  }
   CUBLAS_TRY(cublasGemmEx(e.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, W, t, k, X, t, k, &beta, Y, ytype, n,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return 0;
@@ -789,6 +970,23 @@ int lora_apply(Engine& e, int layer, int p, const void* x, int ldx, void* y, int
 // Profiling phases (rg_profile_read's order): the time from one mark to the next goes to the later mark's phase.
 enum { P_EMBED = 0, P_NORM, P_QKV_GEMM, P_ROPE_CACHE, P_ATTENTION, P_O_GEMM, P_GATE_UP_GEMM, P_SILU, P_DOWN_GEMM, P_HEAD_GEMM, P_SAMPLE, P_COUNT };
 
+// residual (+)= delta; out = rmsnorm(residual) * w over `rows` rows (-1: the step's tokens).
+template <typename T>
+void add_rmsnorm(Engine& e, int grid, int rows_fixed, void* residual, const void* delta, const void* w, void* out) {
+  const int H = e.cfg.hidden;
+  StepView v{e.d_step};
+  const int nvec = H / 8;
+  if (H % 8 == 0 && nvec <= NORM_VPT * 1024) {
+    // A vector a thread where the row allows (latency), up to NORM_VPT each in the widest rows.
+    const int threads = nvec >= 1024 ? 1024 : ((nvec + 31) / 32) * 32;
+    add_rmsnorm_vec_kernel<T><<<grid, threads, 0, e.stream>>>(v, rows_fixed, (T*)residual, (const T*)delta, (const T*)w,
+                                                               (T*)out, H, e.cfg.rms_eps);
+  } else {
+    add_rmsnorm_kernel<T><<<grid, 256, 0, e.stream>>>(v, rows_fixed, (T*)residual, (const T*)delta, (const T*)w, (T*)out,
+                                                       H, e.cfg.rms_eps);
+  }
+}
+
 template <typename T>
 int forward(Engine& e, int tokens, int seqs, int splits) {
   const rg_config& c = e.cfg;
@@ -802,17 +1000,21 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
   embed_kernel<T><<<tokens, nthr, 0, st>>>(v, (const T*)e.embed, (T*)e.resid, H);
   e.mark(P_EMBED);
   const int G = nh / nkv;
+  // A thread per rotated pair where it fits (the loop's steps are each a round trip to memory), and as
+  // many CTAs for SiLU x mul as its row needs.
+  const int pairs = (nh + nkv) * (hd / 2);
+  const int rope_threads = pairs >= 1024 ? 1024 : ((pairs + 31) / 32) * 32;
+  const int silu_ctas = (I + nthr - 1) / nthr < 128 ? (I + nthr - 1) / nthr : 128;
   const size_t attn_smem = ((size_t)G * hd + 2 * (size_t)CHUNK * (hd + 1) + (size_t)G * CHUNK) * sizeof(float);
   const float scale = 1.f / sqrtf((float)hd);
   for (int l = 0; l < c.num_layers; ++l) {
     const Engine::Layer& L = e.layers[l];
-    add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, l == 0 ? nullptr : (const T*)e.delta,
-                                                   (const T*)L.in_norm, (T*)e.normed, H, c.rms_eps);
+    add_rmsnorm<T>(e, tokens, -1, e.resid, l == 0 ? nullptr : e.delta, L.in_norm, e.normed);
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
     if (e.lora_on) lora_apply<T>(e, l, L_QKV, e.normed, H, e.qkvbuf, qw, tokens);
     e.mark(P_QKV_GEMM);
-    qkv_rope_cache_kernel<T><<<tokens, 128, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
+    qkv_rope_cache_kernel<T><<<tokens, rope_threads, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
                                                       (T*)e.vplane(l), nh, nkv, hd, c.block_size);
     e.mark(P_ROPE_CACHE);
     attention_kernel<T><<<dim3(tokens, nkv, splits), ATTN_THREADS, attn_smem, st>>>(
@@ -823,23 +1025,21 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
     if (e.lora_on) lora_apply<T>(e, l, L_O, e.attn, nh * hd, e.delta, H, tokens);
     e.mark(P_O_GEMM);
-    add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)L.post_norm,
-                                                   (T*)e.normed, H, c.rms_eps);
+    add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, L.post_norm, e.normed);
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
     // gate and up are one GEMM here, two slots in lora.ts: each writes its half of gate|up.
     if (e.lora_on) lora_apply<T>(e, l, L_GATE, e.normed, H, e.gu, 2 * I, tokens);
     if (e.lora_on) lora_apply<T>(e, l, L_UP, e.normed, H, (T*)e.gu + I, 2 * I, tokens);
     e.mark(P_GATE_UP_GEMM);
-    silu_mul_kernel<T><<<dim3((I + nthr - 1) / nthr < 8 ? (I + nthr - 1) / nthr : 8, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
+    silu_mul_kernel<T><<<dim3(silu_ctas, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
     e.mark(P_SILU);
     if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
     if (e.lora_on) lora_apply<T>(e, l, L_DOWN, e.act, I, e.delta, H, tokens);
     e.mark(P_DOWN_GEMM);
   }
   // Only the sampled rows go through the final norm and the head.
-  add_rmsnorm_kernel<T><<<tokens, nthr, 0, st>>>(v, -1, (T*)e.resid, (const T*)e.delta, (const T*)e.final_norm,
-                                                 (T*)e.normed, H, c.rms_eps);
+  add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, e.final_norm, e.normed);
   gather_last_kernel<T><<<seqs, nthr, 0, st>>>(v, (const T*)e.normed, (T*)e.last, H);
   e.mark(P_NORM);
   if (gemm(e, e.last, e.lm_head, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
@@ -1237,6 +1437,15 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
     e->prof_steps++;
   }
   e->prof_n = 0;
+  return 0;
+}
+
+// Steps of at most `rows` rows (0..4) multiply through the GEMV kernel instead of cuBLAS; 0: cuBLAS
+// always. Applies to steps launched directly and to graphs captured afterwards (bench:gpu compares the two).
+int rg_set_gemv_rows(void* h, int32_t rows) {
+  auto* e = static_cast<Engine*>(h);
+  if (rows < 0 || rows > GEMV_MAX_ROWS) return fail("gemv rows must be 0.." + std::to_string(GEMV_MAX_ROWS));
+  e->gemv_rows = rows;
   return 0;
 }
 
