@@ -2,8 +2,7 @@
  * The CUDA backend checked against torch/transformers on the same weights (run on the GPU host through
  * scripts/gpu/run-cuda.sh; the checkpoints and references come from scripts/gpu/hf_models.py):
  *
- *   node --import { prefillAgainst } from './logit-compare.js';
-import tsx scripts/check-cuda.ts DIR [DIR ...]
+ *   node --import tsx scripts/check-cuda.ts DIR [DIR ...]
  *
  * For each checkpoint: the prompt's last-position logits against torch's (max |diff| relative to the
  * largest logit, argmax equal), and greedy ids through the engine, the block manager and the scheduler:
@@ -24,6 +23,7 @@ import { Engine } from '../src/generate/engine.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
 import { checkLora, hasLoraReference, LORA_SLOTS } from './check-cuda-lora.js';
+import { prefillAgainst } from './logit-compare.js';
 
 interface Case { prompt_ids: number[]; greedy_ids: number[]; margins: number[]; logit_scale: number }
 interface Reference { max_new_tokens: number; cases: Case[] }

@@ -17,7 +17,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { getLlama } from 'node-llama-cpp';
-import { GGML, GgufFile, writeGguf } from '../src/runtime/gguf.js';
+import { GGML, GgufFile, writeGguf, type GgufValue, type GgufValueType } from '../src/runtime/gguf.js';
 
 const args = process.argv.slice(2);
 const f32Copy = args[0] === '--f32-copy';
@@ -48,7 +48,7 @@ async function sha256(file: string): Promise<string> {
 async function writeF32Copy(src: string): Promise<{ file: string; dir: string }> {
   const f = GgufFile.open(src);
   try {
-    const meta = [...f.metadata].map(([k, v]) => [k, f.metadataTypes.get(k)!, k === 'general.file_type' ? 0 : v] as const);
+    const meta = [...f.metadata].map(([k, v]) => [k, f.metadataTypes.get(k)!, k === 'general.file_type' ? 0 : v] as [string, GgufValueType, GgufValue]);
     const tensors = [...f.tensors.values()].map((t) => ({ name: t.name, dims: t.dims, type: GGML.F32, data: new Uint8Array(f.floats(t).buffer) }));
     const dir = await mkdtemp(path.join(tmpdir(), 'ragguard-f32-'));
     const file = path.join(dir, 'model-f32.gguf');

@@ -91,7 +91,7 @@ export function bertMeanEmbedding(w: W, ids: number[], cfg: { layers: number; he
   const d = word.shape[1]!;
   const pos = get(w, 'embeddings.position_embeddings.weight');
   const typ = get(w, 'embeddings.token_type_embeddings.weight');
-  let h = ids.map((id, t) => {
+  let h: Float64Array[] = ids.map((id, t) => {
     const v = new Float64Array(d);
     for (let k = 0; k < d; k++) v[k] = word.data[id * d + k]! + pos[t * d + k]! + typ[k]!;
     return v;
