@@ -18,6 +18,17 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
+def margins(model, prompt_ids, gen_ids):
+    """Per generated position, torch's own top-1 minus top-2 logit over the largest |logit| (teacher-forced on
+    its ids): where another engine's greedy ids part from torch's, this says whether it was at a near-tie."""
+    full = torch.cat([prompt_ids, torch.tensor(gen_ids, device=prompt_ids.device)], dim=1)
+    with torch.no_grad():
+        logits = model(full).logits[:, prompt_ids.shape[1] - 1:-1].float()
+    top = logits.topk(2, dim=-1).values
+    scale = logits.abs().amax(dim=-1).clamp_min(1e-6)
+    return [[round(x, 5) for x in row] for row in ((top[..., 0] - top[..., 1]) / scale).tolist()]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -68,10 +79,11 @@ def main():
                         model.generate(b, **kw1)
                         torch.cuda.synchronize()
                         ttft.append(time.perf_counter() - t1)
+                    first_margins = margins(model, timed[0], first)
                 tokens = sum(len(b) for b in timed) * args.new
                 print(json.dumps({"engine": f"torch-{mode}", "dtype": dtype, "concurrency": c, "tokens_per_s": round(tokens / dt, 1),
                                   "ttft_ms_p50": round(statistics.median(ttft) * 1000, 2), "batches_timed": len(timed),
-                                  "greedy_ids": first}), flush=True)
+                                  "greedy_ids": first, "margins": first_margins}), flush=True)
             except Exception as e:  # a baseline that fails is reported, not fatal
                 print(json.dumps({"engine": f"torch-{mode}", "dtype": dtype, "concurrency": c, "error": str(e)[:300]}), flush=True)
 
