@@ -157,6 +157,13 @@ def build_adapter(name, root):
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     reference(model, model.config.vocab_size, out)
+    # The same model and adapter in float32 (its weights upcast exactly): the result that both peft in the
+    # model's dtype and the engine approximate. In bfloat16 peft rounds the adapter's low-rank activation
+    # and its product to 8 bits each; the check measures both engines' distance from this.
+    model = model.float()
+    with torch.no_grad():
+        rows = [model(torch.tensor([ids], device="cuda")).logits[0, -1].float().cpu() for ids in prompts(model.config.vocab_size)]
+    torch.stack(rows).numpy().astype("float32").tofile(out / "logits-float32.f32")
     shutil.copytree(out, base / "adapters" / "lora-copy", dirs_exist_ok=True)
     print(f"{name}: LoRA adapter r {LORA['r']} saved with its reference in {time.time() - t0:.0f} s", flush=True)
     del model
