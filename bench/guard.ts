@@ -263,8 +263,9 @@ console.log(JSON.stringify({
   unguarded_overflows: u.overflows,
   unclear_errors: g.replies.filter((r) => !r.clear).length,
   unguarded_unclear_errors: u.replies.filter((r) => !r.clear).length,
-  prediction_error_p95: +p95(errors).toFixed(3),
-  prediction_error_median: +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3),
+  // null where no run was measured (a meter that sees none of the runs, e.g. WebGPU's device memory, which NVML does not show per run).
+  prediction_error_p95: errors.length > 0 ? +p95(errors).toFixed(3) : null,
+  prediction_error_median: errors.length > 0 ? +[...errors].sort((a, b) => a - b)[Math.floor(errors.length / 2)]!.toFixed(3) : null,
   predictions_measured: errors.length,
   adapters: usable,
   ...(adapterErrors.length > 0 ? { prediction_error_p95_with_adapter: +p95(adapterErrors).toFixed(3), predictions_with_adapter: adapterErrors.length } : {}),
