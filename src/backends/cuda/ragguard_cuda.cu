@@ -671,35 +671,25 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
 // activation stays float32 between the two.
 constexpr int LORA_THREADS = 256;
 
-// tmp[t, 0..cap) = x[t] . A[idx]: a CTA per token, threads over (column, slice of `in`), so that a warp
-// reads consecutive columns of a row of A; the slices' partial sums are added in shared memory.
+// tmp[t, r] = x[t] . A[idx][:, r]: a CTA per (rank column, token), its threads over `in`. Their loads are
+// independent, so they overlap; the first version (a CTA per token, threads over (column, slice of `in`))
+// made each thread a chain of in / (threads / cap) dependent loads, ~30 us a projection: adapter steps ran
+// at 0.25-0.32 of the base model's tokens/s on the H200 (bench:gpu-lora).
 template <typename T>
 __global__ void __launch_bounds__(LORA_THREADS) lora_shrink_kernel(StepView v, const T* __restrict__ x, int ldx,
                                                                  const T* __restrict__ A, float* __restrict__ tmp, int in, int cap) {
-  __shared__ float part[LORA_THREADS];
-  const int t = blockIdx.x;
+  __shared__ float red[32];
+  const int r = blockIdx.x, t = blockIdx.y;
   if (t >= v.T()) return;
   const int idx = v.lora()[v.token_seq()[t]];
   if (idx <= 0) return;
   const T* xr = x + (size_t)t * ldx;
-  const T* a = A + (size_t)idx * in * cap;
-  const int cols = cap < LORA_THREADS ? cap : LORA_THREADS;
-  const int groups = LORA_THREADS / cols;
-  const int c = threadIdx.x % cols, g = threadIdx.x / cols;
-  for (int r0 = 0; r0 < cap; r0 += cols) {
-    const int r = r0 + c;
-    float acc = 0.f;
-    if (g < groups && r < cap)
-      for (int i = g; i < in; i += groups) acc += to_f(xr[i]) * to_f(a[(size_t)i * cap + r]);
-    __syncthreads();
-    if (g < groups) part[g * cols + c] = acc;
-    __syncthreads();
-    if (threadIdx.x < cols && r0 + (int)threadIdx.x < cap) {
-      float sum = 0.f;
-      for (int k = 0; k < groups; ++k) sum += part[k * cols + threadIdx.x];
-      tmp[(size_t)t * cap + r0 + threadIdx.x] = sum;
-    }
-  }
+  const T* a = A + (size_t)idx * in * cap + r;
+  float acc = 0.f;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < in; i += blockDim.x) acc += to_f(xr[i]) * to_f(a[(size_t)i * cap]);
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) tmp[(size_t)t * cap + r] = acc;
 }
 
 // y[t, o] += tmp[t] . B[idx][:, o], rounded once to the model's type; a thread per output column.
@@ -964,7 +954,7 @@ template <typename T>
 int lora_apply(Engine& e, int layer, int p, const void* x, int ldx, void* y, int ldy, int tokens) {
   const Engine::LoraSlot& s = e.lora_slots[(size_t)layer * L_COUNT + p];
   StepView v{e.d_step};
-  lora_shrink_kernel<T><<<tokens, LORA_THREADS, 0, e.stream>>>(v, (const T*)x, ldx, (const T*)s.a, e.lora_t, s.in, s.cap);
+  lora_shrink_kernel<T><<<dim3(s.cap, tokens), LORA_THREADS, 0, e.stream>>>(v, (const T*)x, ldx, (const T*)s.a, e.lora_t, s.in, s.cap);
   const int gx = (s.out + LORA_THREADS - 1) / LORA_THREADS;
   lora_expand_kernel<T><<<dim3(gx < 64 ? gx : 64, tokens), LORA_THREADS, s.cap * sizeof(float), e.stream>>>(
       v, e.lora_t, s.cap, (const T*)s.b, (T*)y, ldy, s.out);
