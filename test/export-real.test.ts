@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { cp, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
@@ -50,6 +50,14 @@ async function genaiLogits(dir: string, cfg: Shape, ids: number[]): Promise<Floa
   return out['logits']!.data as Float32Array;
 }
 
+async function exportWithTokenizer(dir: string): Promise<string> {
+  if (existsSync(path.join(dir, 'tokenizer.json'))) return dir;
+  const copy = await tempDir('ragguard-export-');
+  await cp(dir, copy, { recursive: true });
+  await cp(path.join(ROOT, 'models', 'decoder', 'tokenizer.json'), path.join(copy, 'tokenizer.json'));
+  return copy;
+}
+
 const dirs = existsSync(EXPORTS) ? readdirSync(EXPORTS).filter((d) => existsSync(path.join(EXPORTS, d, 'reference.json'))).sort() : [];
 
 test('real folded exports are present', { skip: dirs.length > 0 ? false : `no exports under ${EXPORTS}: run python3 scripts/gpu/export_folded.py --out test/fixtures/exports where torch is` }, () => {
@@ -64,8 +72,11 @@ for (const name of dirs) {
     const graph = readGraph(await readFile(path.join(dir, 'onnx', 'model.onnx')));
     // What makes it a test of the structure: no projection keeps its module name.
     assert.ok(![...graph.initializers.keys()].some((n) => /q_proj\.weight/.test(n)), 'the export has folded (renamed) projection weights');
+    // The fixtures leave out the tokenizer (the shipped decoder's, as export_folded.py uses): the export a
+    // user drops in has one, so it is put back beside a copy of the export.
+    const src = await exportWithTokenizer(dir);
     const out = await tempDir('ragguard-gqa-');
-    await convertExport(dir, out, { lora: false });
+    await convertExport(src, out, { lora: false });
     for (const c of ref.cases) {
       const got = await genaiLogits(out, cfg, c.prompt_ids);
       let worst = 0;

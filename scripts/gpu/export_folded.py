@@ -6,7 +6,8 @@ test/export-real.test.ts (the genai converter must find the weights by the graph
 
     python3 scripts/gpu/export_folded.py --out "$OUT/exports"
 
-then copy the directories it writes into test/fixtures/exports/ (about 4 MB in all). Torch runs on the CPU
+then copy the directories it writes into test/fixtures/exports/ (about 5 MB in all), leaving out tokenizer.json
+(the shipped decoder's: the test puts it back). Torch runs on the CPU
 in float32, so the reference is exact up to the exporter's own rounding. Models:
 
   llama3-tiny  Llama, untied head, Llama 3 rope scaling (factor 8), eager attention
