@@ -36,3 +36,5 @@ echo '{"name":"sharp","version":"0.0.0-stub","main":"index.js"}' > node_modules/
 echo "module.exports = function sharp() { throw new Error('sharp is not packed for the GPU host'); };" > node_modules/sharp/index.js
 touch node_modules/sharp/.ragguard-stub
 bash "$shared"
+# The tree and the whole pack no longer fit one call: the base (node, libraries) goes apart.
+bash scripts/gpu/split-pack.sh

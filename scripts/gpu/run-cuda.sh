@@ -5,7 +5,8 @@
 #   check   scripts/check-cuda.ts on them (logits, greedy ids alone / mixed / prefix hit / preempted, sampling)
 #   bench   npm run bench:gpu (bench/gpu.ts) against transformers eager and compiled, same weights
 #   big     the 7B-shaped checkpoint and bench:gpu's bandwidth figures (BENCH_GPU_BIG)
-# With the full pack (.gpu: ONNX Runtime, faiss; `source .gpu/enter.sh`), the server on this backend:
+# With the full pack (.gpu: ONNX Runtime, faiss; carried in two calls, see scripts/gpu/split-pack.sh, then
+# `source .gpu/enter.sh`), the server on this backend:
 #   hf      the shipped decoder as a Hugging Face checkpoint (models/decoder-hf) and the counting allocator
 #   parity  scripts/check-cuda-parity.ts: the same trained model on the CPU path and on this backend
 #   serve   the server with RAGGUARD_DECODER_EP=cuda: /healthz, one query, /debug/memory, the start-up log
