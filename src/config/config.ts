@@ -106,6 +106,8 @@ export interface Config {
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** On SIGTERM/SIGINT: how long requests in flight may take to finish before they are stopped. */
   shutdownGraceMs: number;
+  /** Linux: nice value of every thread but the event loop's (runtime/thread-priority.ts); 0 = unchanged. */
+  workerThreadNice: number;
 }
 
 interface Variable {
@@ -462,6 +464,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_SHUTDOWN_GRACE_MS', default: '10000',
     doc: 'On SIGTERM or SIGINT the server stops admitting (503 shutting_down with Retry-After, GET /readyz 503) and gives requests in flight this long to finish; the rest are stopped at their next step and answered 503 shutting_down. Exit code 0 only when none was stopped (3 otherwise).',
     apply: int(0, 3600000, (c, v) => (c.shutdownGraceMs = v)),
+  },
+  {
+    name: 'RAGGUARD_WORKER_NICE', default: '0',
+    doc: 'Linux: the nice value (0-19) given at start-up to every thread of the server but the event loop\'s (model runs, ONNX Runtime\'s intra-op pools, libuv\'s and V8\'s helpers), so that the event loop (probes, load-shedding 503s) gets a core first when the cores are contended. 0 leaves them as they are.',
+    apply: int(0, 19, (c, v) => (c.workerThreadNice = v)),
   },
 ];
 

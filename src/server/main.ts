@@ -3,6 +3,7 @@ import { ConfigError, loadConfig, type Config } from '../config/config.js';
 import { describeKvPool } from '../guards/budget.js';
 import { loadModels, RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
+import { lowerOtherThreads } from '../runtime/thread-priority.js';
 import { createApp } from './app.js';
 import { createLogger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
@@ -39,6 +40,9 @@ async function main(): Promise<void> {
     progress.stop();
   }
   logCapacity(log, service);
+  // After the models are loaded and profiled: their threads exist now (thread-priority.ts says why).
+  const lowered = lowerOtherThreads(cfg.workerThreadNice);
+  log.info({ nice: cfg.workerThreadNice, ...lowered }, lowered.skipped ?? `${lowered.threads} threads besides the event loop's at nice ${cfg.workerThreadNice}`);
   log.info({ kv_pool_bytes: service.budget.kvPoolBytes }, describeKvPool(service.budget, cfg.maxNumSeqs));
   const lifecycle = new Lifecycle();
   const server = createApp(service, { logger: log, lifecycle }).listen(cfg.port, cfg.host, () => {
