@@ -108,6 +108,8 @@ export interface Config {
   shutdownGraceMs: number;
   /** Linux: nice value of every thread but the event loop's (runtime/thread-priority.ts); 0 = unchanged. */
   workerThreadNice: number;
+  /** Intra-op threads of each CPU session through the C API (0 = ONNX Runtime's default). */
+  intraOpThreads: number;
 }
 
 interface Variable {
@@ -469,6 +471,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_WORKER_NICE', default: '0',
     doc: 'Linux: the nice value (0-19) given at start-up to every thread of the server but the event loop\'s (model runs, ONNX Runtime\'s intra-op pools, libuv\'s and V8\'s helpers), so that the event loop (probes, load-shedding 503s) gets a core first when the cores are contended. 0 leaves them as they are.',
     apply: int(0, 19, (c, v) => (c.workerThreadNice = v)),
+  },
+  {
+    name: 'RAGGUARD_INTRA_OP_THREADS', default: '0',
+    doc: 'Threads each CPU model run computes with, the calling one included (ONNX Runtime\'s intra-op threads; 0 = its default, one per physical core). Fewer leave a core to the event loop while models run, at the cost of each run\'s speed.',
+    apply: int(0, 256, (c, v) => (c.intraOpThreads = v)),
   },
 ];
 
