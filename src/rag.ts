@@ -33,6 +33,7 @@ import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { setIntraOpThreads } from './runtime/ort-direct.js';
+import { nextTurn } from './server/turns.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe } from './retrieval/prune.js';
@@ -373,6 +374,8 @@ export class RagService {
     let t = performance.now();
     const qv = await embedder.embed([q.query]);
     const embedMs = ms(t);
+    // Retrieval and prompt assembly (a few ms of the main thread) on a turn of their own (server/turns.ts).
+    await nextTurn();
 
     t = performance.now();
     const { hits, pruned } = this.retriever.search(qv, q.query, q.topK);
