@@ -110,6 +110,8 @@ export interface Config {
   workerThreadNice: number;
   /** Intra-op threads of each CPU session through the C API (0 = ONNX Runtime's default). */
   intraOpThreads: number;
+  /** One query through the server before it reports listening (server/warmup.ts). */
+  warmup: boolean;
 }
 
 interface Variable {
@@ -476,6 +478,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_INTRA_OP_THREADS', default: '0',
     doc: 'Threads each CPU model run computes with, the calling one included (ONNX Runtime\'s intra-op threads; 0 = its default, one per physical core). Fewer leave a core to the event loop while models run, at the cost of each run\'s speed.',
     apply: int(0, 256, (c, v) => (c.intraOpThreads = v)),
+  },
+  {
+    name: 'RAGGUARD_WARMUP', default: 'true',
+    doc: 'Before reporting that it listens, the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
+    apply: bool((c, v) => (c.warmup = v)),
   },
 ];
 

@@ -7,6 +7,7 @@ import { lowerOtherThreads } from '../runtime/thread-priority.js';
 import { createApp } from './app.js';
 import { createLogger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
+import { warmUp } from './warmup.js';
 import { logCapacity, logModels, startProgress } from './startup-log.js';
 
 async function main(): Promise<void> {
@@ -48,8 +49,12 @@ async function main(): Promise<void> {
   const server = createApp(service, { logger: log, lifecycle }).listen(cfg.port, cfg.host, () => {
     const addr = server.address();
     const port = typeof addr === 'object' && addr ? addr.port : cfg.port;
-    log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
-      `ragguard listening on http://${cfg.host}:${port}`);
+    // One query through every request path before the first client (warmup.ts says why).
+    void (cfg.warmup ? warmUp(cfg.host, port, cfg.apiKey) : Promise.resolve(undefined)).then((w) => {
+      if (w) (w.status === 200 ? log.info.bind(log) : log.warn.bind(log))({ warmup_ms: w.ms, status: w.status, error: w.error }, 'warm-up query');
+      log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
+        `ragguard listening on http://${cfg.host}:${port}`);
+    });
   });
   let stopping = false;
   const stop = async (sig: string) => {
