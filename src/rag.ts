@@ -32,6 +32,8 @@ import { measureLoad, processMemory, type LoadBytes } from './guards/process-mem
 import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
+import { setIntraOpThreads } from './runtime/ort-direct.js';
+import { nextTurn } from './server/turns.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe } from './retrieval/prune.js';
@@ -130,6 +132,7 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
 export async function loadModels(cfg: Config): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
+  setIntraOpThreads(cfg.intraOpThreads);
   const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();
@@ -371,6 +374,8 @@ export class RagService {
     let t = performance.now();
     const qv = await embedder.embed([q.query]);
     const embedMs = ms(t);
+    // Retrieval and prompt assembly (a few ms of the main thread) on a turn of their own (server/turns.ts).
+    await nextTurn();
 
     t = performance.now();
     const { hits, pruned } = this.retriever.search(qv, q.query, q.topK);

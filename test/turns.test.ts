@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { gatedRun, gateStats } from '../src/runtime/run-gate.js';
-import { nextTurn } from '../src/server/turns.js';
+import { MAX_HOLD_MS, nextTurn, noteArrival, setMaxHold } from '../src/server/turns.js';
 
 test('requests prepare in arrival order, one per turn of the event loop', async () => {
   const order: string[] = [];
@@ -15,6 +15,47 @@ test('requests prepare in arrival order, one per turn of the event loop', async 
   const c = nextTurn().then(() => order.push('C'));
   await Promise.all([a, b, c]);
   assert.deepEqual(order, ['A', 'B', 'after A', 'C']);
+});
+
+test('while queries keep arriving, preparation waits for a turn without an arrival; then one per turn again', async () => {
+  setMaxHold(3_600_000); // no clock in this test: the hold ends by the turns alone
+  try {
+    const order: string[] = [];
+    noteArrival(); // a query read in this turn
+    const a = nextTurn().then(() => order.push('A'));
+    const b = nextTurn().then(() => order.push('B'));
+    // Arrivals in each of the next three turns (as a burst's connections are read, one a turn).
+    for (let i = 1; i <= 3; i++) {
+      await new Promise<void>((r) => setImmediate(r));
+      order.push(`arrival ${i}`);
+      noteArrival();
+    }
+    await Promise.all([a, b]);
+    assert.deepEqual(order, ['arrival 1', 'arrival 2', 'arrival 3', 'A', 'B']);
+  } finally {
+    setMaxHold(MAX_HOLD_MS);
+  }
+});
+
+test('a hold that has run out lets steps go one per turn while arrivals continue', async () => {
+  setMaxHold(0);
+  try {
+    const order: string[] = [];
+    noteArrival();
+    const a = nextTurn().then(() => order.push('A'));
+    const b = nextTurn().then(() => order.push('B'));
+    const arrivals = (async () => {
+      for (let i = 1; i <= 3; i++) {
+        await new Promise<void>((r) => setImmediate(r));
+        order.push(`arrival ${i}`);
+        noteArrival();
+      }
+    })();
+    await Promise.all([a, b, arrivals]);
+    assert.deepEqual(order.slice(0, 3), ['A', 'arrival 1', 'B']);
+  } finally {
+    setMaxHold(MAX_HOLD_MS);
+  }
 });
 
 test('model runs pass the gate one at a time, first come first served', async () => {

@@ -106,6 +106,12 @@ export interface Config {
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** On SIGTERM/SIGINT: how long requests in flight may take to finish before they are stopped. */
   shutdownGraceMs: number;
+  /** Linux: nice value of every thread but the event loop's (runtime/thread-priority.ts); 0 = unchanged. */
+  workerThreadNice: number;
+  /** Intra-op threads of each CPU session through the C API (0 = ONNX Runtime's default). */
+  intraOpThreads: number;
+  /** One query through the server before it reports listening (server/warmup.ts). */
+  warmup: boolean;
 }
 
 interface Variable {
@@ -462,6 +468,21 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_SHUTDOWN_GRACE_MS', default: '10000',
     doc: 'On SIGTERM or SIGINT the server stops admitting (503 shutting_down with Retry-After, GET /readyz 503) and gives requests in flight this long to finish; the rest are stopped at their next step and answered 503 shutting_down. Exit code 0 only when none was stopped (3 otherwise).',
     apply: int(0, 3600000, (c, v) => (c.shutdownGraceMs = v)),
+  },
+  {
+    name: 'RAGGUARD_WORKER_NICE', default: '0',
+    doc: 'Linux: the nice value (0-19) given at start-up to every thread of the server but the event loop\'s (model runs, ONNX Runtime\'s intra-op pools, libuv\'s and V8\'s helpers), so that the event loop (probes, load-shedding 503s) gets a core first when the cores are contended. 0 leaves them as they are.',
+    apply: int(0, 19, (c, v) => (c.workerThreadNice = v)),
+  },
+  {
+    name: 'RAGGUARD_INTRA_OP_THREADS', default: '0',
+    doc: 'Threads each CPU model run computes with, the calling one included (ONNX Runtime\'s intra-op threads; 0 = its default, one per physical core). Fewer leave a core to the event loop while models run, at the cost of each run\'s speed.',
+    apply: int(0, 256, (c, v) => (c.intraOpThreads = v)),
+  },
+  {
+    name: 'RAGGUARD_WARMUP', default: 'true',
+    doc: 'Before reporting that it listens, the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
+    apply: bool((c, v) => (c.warmup = v)),
   },
 ];
 

@@ -37,7 +37,7 @@ function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
 /** OrtApi function-table slots used here (onnxruntime_c_api.h). */
 const SLOT = {
   GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableMemPattern: 17, DisableCpuMemArena: 19,
-  SetSessionGraphOptimizationLevel: 23, SessionGetInputCount: 30, SessionGetOutputCount: 31, SessionGetInputTypeInfo: 33, SessionGetOutputTypeInfo: 34,
+  SetSessionGraphOptimizationLevel: 23, SetIntraOpNumThreads: 24, SessionGetInputCount: 30, SessionGetOutputCount: 31, SessionGetInputTypeInfo: 33, SessionGetOutputTypeInfo: 34,
   SessionGetInputName: 36, SessionGetOutputName: 37,
   CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
   GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
@@ -73,6 +73,18 @@ export interface SessionValueInfo {
 
 let api: Api | null | undefined;
 let unavailable = '';
+/** Intra-op threads of each session made from now on (0: ONNX Runtime's default). */
+let intraOpThreads = 0;
+
+/**
+ * Threads each direct session made after this call computes with, the calling one included (0: ONNX
+ * Runtime's default, one per physical core). Fewer leave cores to the event loop while a model runs,
+ * at the cost of each run's speed (RAGGUARD_INTRA_OP_THREADS).
+ */
+export function setIntraOpThreads(n: number): void {
+  if (!Number.isInteger(n) || n < 0) throw new RangeError(`intra-op threads must be an integer >= 0, got ${n}`);
+  intraOpThreads = n;
+}
 
 /** Binds the C API once; null (with `directUnavailable()` saying why) where it cannot be loaded. */
 function bind(): Api | null {
@@ -101,6 +113,7 @@ function bind(): Api | null {
     const disableArena = fn(SLOT.DisableCpuMemArena, 'void *DisableCpuMemArena(void *opts)');
     const disablePattern = fn(SLOT.DisableMemPattern, 'void *DisableMemPattern(void *opts)');
     const setOptLevel = fn(SLOT.SetSessionGraphOptimizationLevel, 'void *SetSessionGraphOptimizationLevel(void *opts, int level)');
+    const setIntraOp = fn(SLOT.SetIntraOpNumThreads, 'void *SetIntraOpNumThreads(void *opts, int n)');
     const releaseOptions = fn(SLOT.ReleaseSessionOptions, 'void ReleaseSessionOptions(void *opts)');
     const createSession = fn(SLOT.CreateSession, 'void *CreateSession(void *env, const char *path, void *opts, _Out_ void **session)');
     const releaseSession = fn(SLOT.ReleaseSession, 'void ReleaseSession(void *session)');
@@ -155,6 +168,8 @@ function bind(): Api | null {
           // Idle intra-op threads sleep instead of spinning: a spinning pool thread takes a core from
           // the event loop, which answers probes and 503s while a model runs on its worker thread.
           check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', '0'));
+          // 0: ONNX Runtime's default (a thread per physical core, the calling one included).
+          if (intraOpThreads > 0) check(setIntraOp(opts[0], intraOpThreads));
           if (envAllocator) check(addConfigEntry(opts[0], 'session.use_env_allocators', '1'));
           const s = out();
           check(createSession(env[0], file, opts[0], s));

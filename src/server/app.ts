@@ -16,7 +16,7 @@ import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
-import { nextTurn } from './turns.js';
+import { nextTurn, noteArrival } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
@@ -39,6 +39,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
   app.post('/query', (_req, res, next) => {
+    noteArrival(); // a burst still arriving holds back preparation (turns.ts)
     const ticket = admission.ticket();
     // Answered here, not through the error middleware: walking the rest of the routes to it is work
     // every shed request of a burst did before the next one was read.

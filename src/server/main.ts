@@ -3,9 +3,11 @@ import { ConfigError, loadConfig, type Config } from '../config/config.js';
 import { describeKvPool } from '../guards/budget.js';
 import { loadModels, RagService } from '../rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
+import { lowerOtherThreads } from '../runtime/thread-priority.js';
 import { createApp } from './app.js';
 import { createLogger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
+import { warmUp } from './warmup.js';
 import { logCapacity, logModels, startProgress } from './startup-log.js';
 
 async function main(): Promise<void> {
@@ -39,13 +41,20 @@ async function main(): Promise<void> {
     progress.stop();
   }
   logCapacity(log, service);
+  // After the models are loaded and profiled: their threads exist now (thread-priority.ts says why).
+  const lowered = lowerOtherThreads(cfg.workerThreadNice);
+  log.info({ nice: cfg.workerThreadNice, ...lowered }, lowered.skipped ?? `${lowered.threads} threads besides the event loop's at nice ${cfg.workerThreadNice}`);
   log.info({ kv_pool_bytes: service.budget.kvPoolBytes }, describeKvPool(service.budget, cfg.maxNumSeqs));
   const lifecycle = new Lifecycle();
   const server = createApp(service, { logger: log, lifecycle }).listen(cfg.port, cfg.host, () => {
     const addr = server.address();
     const port = typeof addr === 'object' && addr ? addr.port : cfg.port;
-    log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
-      `ragguard listening on http://${cfg.host}:${port}`);
+    // One query through every request path before the first client (warmup.ts says why).
+    void (cfg.warmup ? warmUp(cfg.host, port, cfg.apiKey) : Promise.resolve(undefined)).then((w) => {
+      if (w) (w.status === 200 ? log.info.bind(log) : log.warn.bind(log))({ warmup_ms: w.ms, status: w.status, error: w.error }, 'warm-up query');
+      log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
+        `ragguard listening on http://${cfg.host}:${port}`);
+    });
   });
   let stopping = false;
   const stop = async (sig: string) => {
