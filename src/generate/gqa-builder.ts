@@ -225,18 +225,28 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   const add = (op: string, inputs: string[], outputs: string[], extra: Partial<NodeSpec> = {}) => nodes.push({ op, inputs, outputs, ...extra });
   // The input width of each projection: the hidden size, or the MLP's intermediate size for down_proj.
   const inDimOf = (p: string) => (p.endsWith('down_proj') ? cfg.intermediate_size : H);
-  /** MatMulNBits of `x` by `b` into `out` (plus the blocks' min term where they have one). */
-  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight) => {
+  /**
+   * MatMulNBits of `x` by `b` into `out` (plus the blocks' min term where they have one), with `bias`
+   * (an initializer's name) added inside the product where given.
+   */
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
     const blocks = b.k / b.blockSize;
     inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [b.n, blocks, (b.blockSize * b.bits) / 8], data: b.data });
     inits.push(tensor(`${name}.scales`, dtype, [b.n, blocks], b.scales));
     const ins = [x, `${name}.qweight`, `${name}.scales`];
-    // Zero points always given (the default 2^(bits-1) where the blocks have none): measured, ONNX
+    // 4 bits: zero points always given (the default 8 where the blocks have none): measured, ONNX
     // Runtime's 4-bit kernel took 0.58 ms for a 1536 x 576 product without them and 0.11 ms with.
-    const zpBytes = b.n * Math.ceil((blocks * b.bits) / 8);
-    const mid = b.bits === 4 ? 0x88 : 0x80;
-    inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [b.n, zpBytes / b.n], data: b.zeroPoints ?? new Uint8Array(zpBytes).fill(mid) });
-    ins.push(`${name}.zero_points`);
+    // 8 bits: none where the blocks have the default 128 (Q8_0, and Q5_0 and Q6_K as gguf-weights.ts
+    // stores them): measured, the 8-bit kernel (accuracy level 4) ran a 4864 x 896 product 10-15 %
+    // faster without them, and packs no zero-point term.
+    if (b.bits === 4 || b.zeroPoints) {
+      const zpBytes = b.n * Math.ceil((blocks * b.bits) / 8);
+      inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [b.n, zpBytes / b.n], data: b.zeroPoints ?? new Uint8Array(zpBytes).fill(0x88) });
+      ins.push(`${name}.zero_points`);
+    }
+    // The bias is MatMulNBits' sixth input (after the zero points and g_idx, absent here): one node
+    // fewer per biased projection (qwen2's q/k/v) than a separate Add.
+    if (bias) ins.push(...new Array<string>(5 - ins.length).fill(''), bias);
     const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY[b.bits] } };
     if (!b.mins) {
       add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
@@ -254,43 +264,45 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     add('MatMul', [`${name}.x_block_sums`, `${name}.mins`], [`${out}_min`]);
     add('Add', [`${out}_q`, `${out}_min`], [out]);
   };
-  /** x times the parts' weights side by side: one MatMulNBits where they share a block form, else one node each and a Concat. */
-  const projection = (name: string, x: string, out: string, parts: string[]): number => {
+  /**
+   * x times the parts' weights side by side: one MatMulNBits where they share a block form, else one
+   * node each and a Concat. `bias` (made on demand: an initializer's name) is added inside a single
+   * MatMulNBits, else by an Add after the product.
+   */
+  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string): void => {
     const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
     if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
-      const b = stackBlocks(qs as BlockWeight[]);
-      nbitsMatMul(name, x, out, b);
-      return b.n;
+      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.());
+      return;
     }
+    const product = bias ? `${out}_nobias` : out;
     if (nbits && qs.some((q) => q !== undefined)) {
-      let total = 0;
-      parts.forEach((p, i) => {
-        total += projection(`${name}.${i}`, x, `${out}.${i}`, [p]);
-      });
-      add('Concat', parts.map((_p, i) => `${out}.${i}`), [out], { attrs: { axis: { int: -1 } } });
-      return total;
+      parts.forEach((p, i) => projection(`${name}.${i}`, x, `${product}.${i}`, [p]));
+      add('Concat', parts.map((_p, i) => `${product}.${i}`), [product], { attrs: { axis: { int: -1 } } });
+    } else {
+      const inDim = inDimOf(parts[0]!);
+      const { values, outDim } = stackTransposed(parts.map((p) => need(`${p}.weight`)), inDim);
+      inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
+      add('MatMul', [x, `${name}.weight`], [product]);
     }
-    const inDim = inDimOf(parts[0]!);
-    const { values, outDim } = stackTransposed(parts.map((p) => need(`${p}.weight`)), inDim);
-    inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
-    add('MatMul', [x, `${name}.weight`], [out]);
-    return outDim;
+    if (bias) add('Add', [product, bias()], [out]);
   };
   const linear = (name: string, x: string, out: string, parts: string[]) => {
     const bs = parts.map((p) => w.floats(`${p}.bias`));
     const hasBias = bs.some((b) => b !== undefined);
-    const outDim = projection(name, x, hasBias ? `${out}_nobias` : lora ? `${out}_base` : out, parts);
-    if (hasBias) {
-      const bias = new Float32Array(outDim);
+    // The parts' biases side by side, as one initializer (made when the projection takes it, or after).
+    const biasInit = () => {
+      const rowsOf = parts.map((p) => w.rows?.(`${p}.weight`) ?? need(`${p}.weight`).length / inDimOf(p));
+      const bias = new Float32Array(rowsOf.reduce((a, b) => a + b, 0));
       let at = 0;
-      parts.forEach((p, i) => {
-        const rows = w.rows?.(`${p}.weight`) ?? need(`${p}.weight`).length / inDimOf(p);
+      parts.forEach((_p, i) => {
         if (bs[i]) bias.set(bs[i], at);
-        at += rows;
+        at += rowsOf[i]!;
       });
-      inits.push(tensor(`${name}.bias`, dtype, [outDim], bias));
-      add('Add', [`${out}_nobias`, `${name}.bias`], [lora ? `${out}_base` : out]);
-    }
+      inits.push(tensor(`${name}.bias`, dtype, [bias.length], bias));
+      return `${name}.bias`;
+    };
+    projection(name, x, lora ? `${out}_base` : out, parts, hasBias ? biasInit : undefined);
     if (lora) {
       // The low-rank path: each row's entry of A and B ([b, in, r], [b, r, out], alive only for this
       // projection), then [b, s, in] x [b, in, r] -> [b, s, r] x [b, r, out]; zeros at rank 0.
