@@ -303,6 +303,10 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       return `${name}.bias`;
     };
     projection(name, x, lora ? `${out}_base` : out, parts, hasBias ? biasInit : undefined);
+    loraPath(name, x, out);
+  };
+  /** The LoRA path of projection `name` on `x`, added to `${out}_base` into `out` (nothing without LoRA). */
+  const loraPath = (name: string, x: string, out: string) => {
     if (lora) {
       // The low-rank path: each row's entry of A and B ([b, in, r], [b, r, out], alive only for this
       // projection), then [b, s, in] x [b, in, r] -> [b, s, r] x [b, r, out]; zeros at rank 0.
@@ -362,8 +366,22 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     linear(`${p}.self_attn.o_proj`, `${p}.attn`, `${p}.attn_out`, [`${p}.self_attn.o_proj`]);
     add('Add', [h, `${p}.attn_out`], [`${p}.h_attn`]);
     norm(`${p}.post_attention_layernorm.weight`, `${p}.h_attn`, `${p}.mlp_in`);
-    linear(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`, [`${p}.mlp.gate_proj`]);
-    linear(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`, [`${p}.mlp.up_proj`]);
+    const gateBlocks = nbits ? w.blocks!(`${p}.mlp.gate_proj.weight`) : undefined;
+    const upBlocks = nbits ? w.blocks!(`${p}.mlp.up_proj.weight`) : undefined;
+    const mlpBias = w.floats(`${p}.mlp.gate_proj.bias`) ?? w.floats(`${p}.mlp.up_proj.bias`);
+    if (gateBlocks && upBlocks && sameBlockForm(gateBlocks, upBlocks) && !mlpBias) {
+      // gate and up as one MatMulNBits (same input, same block form), split after: one product of
+      // 2 x intermediate columns instead of two, which ONNX Runtime spreads over its threads better.
+      const I = cfg.intermediate_size;
+      if (!inits.some((t) => t.name === `split_${I}_${I}`)) inits.push(int64s(`split_${I}_${I}`, [BigInt(I), BigInt(I)]));
+      nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.gate_up`, stackBlocks([gateBlocks, upBlocks]));
+      add('Split', [`${p}.gate_up`, `split_${I}_${I}`], lora ? [`${p}.gate_base`, `${p}.up_base`] : [`${p}.gate`, `${p}.up`], { attrs: { axis: { int: -1 } } });
+      loraPath(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`);
+      loraPath(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`);
+    } else {
+      linear(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`, [`${p}.mlp.gate_proj`]);
+      linear(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`, [`${p}.mlp.up_proj`]);
+    }
     add('Sigmoid', [`${p}.gate`], [`${p}.gate_sig`]);
     add('Mul', [`${p}.gate`, `${p}.gate_sig`], [`${p}.gate_silu`]);
     add('Mul', [`${p}.gate_silu`, `${p}.up`], [`${p}.act`]);
