@@ -9,7 +9,8 @@
  * - q/k/v's biases are MatMulNBits' bias input, and a layer's Q5_0 and Q8_0 q/k/v are one product;
  * - gate and up are one product, split after;
  * - and the graph computes the model: its logits against the same weights dequantized to float32
- *   (the dequant mode's graph), greedy ids equal, within the int8 activations' error.
+ *   (the dequant mode's graph), greedy ids equal, within the int8 activations' error, with a LoRA
+ *   adapter on the fused gate and up too.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -131,8 +132,8 @@ test('q/k/v one product with its bias inside (Q5_0 beside Q8_0), gate and up one
   }
 });
 
-/** Last-position logits of `ids` through graph `g` (no adapters, an empty KV cache). */
-async function logits(g: GqaGraph, ids: number[]): Promise<Float32Array> {
+/** Last-position logits of `ids` through graph `g` (an empty KV cache; LoRA slots given in `lora`, the others rank 0). */
+async function logits(g: GqaGraph, ids: number[], lora: ReadonlyMap<string, ort.Tensor> = new Map()): Promise<Float32Array> {
   const model = writeModel({ name: 't', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
   const s = await ort.InferenceSession.create(model);
   try {
@@ -145,8 +146,8 @@ async function logits(g: GqaGraph, ids: number[]): Promise<Float32Array> {
       for (const kv of ['key', 'value']) feeds[`past_key_values.${l}.${kv}`] = new ort.Tensor('float32', new Float32Array(2 * 16 * 64), [1, 2, 16, 64]);
     }
     for (const slot of loraSlots({ numLayers: 2, hiddenSize: H, numHeads: 4, numKvHeads: 2, headDim: 64, intermediateSize: I })) {
-      feeds[slot.a] = new ort.Tensor('float32', new Float32Array(0), [1, slot.inDim, 0]);
-      feeds[slot.b] = new ort.Tensor('float32', new Float32Array(0), [1, 0, slot.outDim]);
+      feeds[slot.a] = lora.get(slot.a) ?? new ort.Tensor('float32', new Float32Array(0), [1, slot.inDim, 0]);
+      feeds[slot.b] = lora.get(slot.b) ?? new ort.Tensor('float32', new Float32Array(0), [1, 0, slot.outDim]);
     }
     const out = await s.run(feeds);
     return Float32Array.from(out['logits']!.data as Float32Array);
@@ -155,12 +156,19 @@ async function logits(g: GqaGraph, ids: number[]): Promise<Float32Array> {
   }
 }
 
-test('the quantized graph computes the same model as its weights dequantized to float32', async () => {
+test('the quantized graph computes the same model as its weights dequantized to float32, with and without LoRA', async () => {
   const src = source(3);
-  const prompts = [[1, 17, 42, 99, 250], [7, 7, 200], [150, 3, 88, 12, 64, 5, 299]];
-  for (const ids of prompts) {
-    const q = await logits(buildGqaDecoder(cfg, src, { weights: 'nbits', rotary: {} }), ids);
-    const f = await logits(buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {} }), ids);
+  const r = seededRandom(4);
+  // An adapter on layer 0's gate and up (rank 2, each its own): the fused product's split feeds each its own path.
+  const adapter = new Map<string, ort.Tensor>();
+  for (const [m, scale] of [['gate', 0.05], ['up', 0.08]] as const) {
+    adapter.set(`model.layers.0.mlp.${m}_proj.lora_A`, new ort.Tensor('float32', Float32Array.from({ length: H * 2 }, () => (r() - 0.5) * scale), [1, H, 2]));
+    adapter.set(`model.layers.0.mlp.${m}_proj.lora_B`, new ort.Tensor('float32', Float32Array.from({ length: 2 * I }, () => (r() - 0.5) * scale), [1, 2, I]));
+  }
+  const prompts: [number[], ReadonlyMap<string, ort.Tensor>][] = [[[1, 17, 42, 99, 250], new Map()], [[7, 7, 200], new Map()], [[150, 3, 88, 12, 64, 5, 299], adapter], [[1, 17, 42, 99, 250], adapter]];
+  for (const [ids, lora] of prompts) {
+    const q = await logits(buildGqaDecoder(cfg, src, { weights: 'nbits', rotary: {} }), ids, lora);
+    const f = await logits(buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {} }), ids, lora);
     const argmax = (x: Float32Array) => x.reduce((best, v, i) => (v > x[best]! ? i : best), 0);
     assert.equal(argmax(q), argmax(f), `greedy id of ${ids}`);
     const spread = Math.max(...f) - Math.min(...f);
