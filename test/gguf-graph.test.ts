@@ -161,7 +161,7 @@ test('the quantized graph computes the same model as its weights dequantized to 
   const r = seededRandom(4);
   // An adapter on layer 0's gate and up (rank 2, each its own): the fused product's split feeds each its own path.
   const adapter = new Map<string, ort.Tensor>();
-  for (const [m, scale] of [['gate', 0.05], ['up', 0.08]] as const) {
+  for (const [m, scale] of [['gate', 0.6], ['up', 1.0]] as const) {
     adapter.set(`model.layers.0.mlp.${m}_proj.lora_A`, new ort.Tensor('float32', Float32Array.from({ length: H * 2 }, () => (r() - 0.5) * scale), [1, H, 2]));
     adapter.set(`model.layers.0.mlp.${m}_proj.lora_B`, new ort.Tensor('float32', Float32Array.from({ length: 2 * I }, () => (r() - 0.5) * scale), [1, 2, I]));
   }
@@ -176,5 +176,11 @@ test('the quantized graph computes the same model as its weights dequantized to 
     // int8 activations in the 8-bit products: a few hundredths of the logits' range; a wrong zero
     // point, a lost bias or gate and up swapped move them by the range itself.
     assert.ok(worst < 0.05 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
+    if (lora.size) {
+      // The adapter moves the logits by far more than the products' error: a path on the wrong split is seen.
+      const base = await logits(buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {} }), ids);
+      const moved = f.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0);
+      assert.ok(moved > 0.3 * spread, `${ids}: the adapter moves the logits by ${moved} only (range ${spread})`);
+    }
   }
 });
