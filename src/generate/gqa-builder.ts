@@ -166,7 +166,10 @@ export interface GqaOptions {
  * at level 0 ONNX Runtime 1.30 has no 8-bit kernel on this CPU and dequantizes the whole weight every
  * run (measured: 457 ms for a 49152 x 576 head, against 7 ms at level 4). Level 4 at 4 bits too cut a
  * 1536 x 576 product's CPU time 2-3.5 times, but moved SmolLM2-135M's log-probabilities by up to 1.6
- * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken.
+ * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken. On Qwen2.5-Coder-0.5B's
+ * Q4_K down projections it took 10-15 % off a decode step but moved the log-probabilities from 0.35 to
+ * 1.05 off llama.cpp's (and widened to 8-bit blocks at level 4, 1.2 and one greedy id of 72): not taken
+ * either (a down projection's input has the outliers that int8 blocks of 32 lose most to).
  */
 const NBITS_ACCURACY: Record<4 | 8, number> = { 4: 0, 8: 4 };
 
