@@ -34,7 +34,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import { halfsToFloats } from '../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
-import { DirectSession, directUnavailable, HostTensor, type SessionValueInfo } from '../runtime/ort-direct.js';
+import { DirectSession, directUnavailable, HostTensor, type DirectSessionOptions, type SessionValueInfo } from '../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
 import { gatedRun } from '../runtime/run-gate.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
@@ -82,6 +82,8 @@ export type KvLayout = 'optimum' | 'genai';
 export interface DecoderLoadOptions extends SessionExtras {
   /** genai layout on the CPU: run through ONNX Runtime's C API with buffers in place (default true). */
   direct?: boolean;
+  /** That direct session's threads, spinning and profiler (ort-direct.ts). */
+  directOptions?: DirectSessionOptions;
 }
 
 /**
@@ -176,13 +178,13 @@ export class DecoderModel {
     const tokenizer = await TextTokenizer.load(dir);
     const wantDirect = layout === 'genai' && extras.direct !== false;
     // genai asked for on the CPU goes straight to the C API's session: the model loads once.
-    let direct = wantDirect && ep === 'cpu' ? DirectSession.create(files.onnx) : null;
+    let direct = wantDirect && ep === 'cpu' ? DirectSession.create(files.onnx, extras.directOptions) : null;
     let loaded: LoadedSession | null = null;
     if (!direct) {
       // genai's present is the past buffer itself, given as a host output: it stays where the past is.
       const node = await createSession(files.onnx, ep, { ...extras, deviceOutputs: layout === 'genai' ? [] : presentNames(cfg.num_hidden_layers) });
       // 'auto' that settled on the CPU: the C API's session takes over from onnxruntime-node's.
-      direct = wantDirect && node.provider === 'cpu' ? DirectSession.create(files.onnx) : null;
+      direct = wantDirect && node.provider === 'cpu' ? DirectSession.create(files.onnx, extras.directOptions) : null;
       if (direct) await node.session.release();
       else loaded = node;
     }

@@ -200,15 +200,18 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
     }
     case GGML.Q5_0: {
       // 5-bit q with zero point 16 and scale d: 8-bit blocks of 32, exact (ONNX Runtime has no 5-bit kernel).
+      // Stored as q + 112 against MatMulNBits' default zero point 128 ((q + 112) - 128 = q - 16): the
+      // product then takes no zero-point input, which ONNX Runtime's 8-bit kernel runs faster without, and
+      // shares one form with Q8_0 blocks (a layer's q/k/v of both types fuse into one product).
       const blocks = k / 32;
       const data = new Uint8Array(n * k);
       const scales = new Float32Array(n * blocks);
       for (let blk = 0; blk < n * blocks; blk++) {
         const at = blk * 22;
         scales[blk] = f16(raw, at);
-        for (let j = 0; j < 32; j++) data[blk * 32 + j] = q5Value(raw, at, j);
+        for (let j = 0; j < 32; j++) data[blk * 32 + j] = q5Value(raw, at, j) + 112;
       }
-      return { bits: 8, blockSize: 32, n, k, data, scales, zeroPoints: new Uint8Array(n * blocks).fill(16) };
+      return { bits: 8, blockSize: 32, n, k, data, scales };
     }
     case GGML.Q4_K: {
       // A super-block of 256 is 8 blocks of 32, each scale d * sc and min -dmin * m.
@@ -233,7 +236,8 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
       return { bits: 4, blockSize: 32, n, k, data, scales, mins, zeroPoints: new Uint8Array(n * Math.ceil(blocks / 2)) };
     }
     case GGML.Q6_K: {
-      // 16 blocks of 16 per super-block, 6-bit q with zero point 32 and scale d * sc: 8-bit blocks of 16.
+      // 16 blocks of 16 per super-block, 6-bit q with zero point 32 and scale d * sc: 8-bit blocks of 16,
+      // stored as q + 96 against the default zero point 128 (as Q5_0 above).
       const blocks = k / 16;
       const data = new Uint8Array(n * k);
       const scales = new Float32Array(n * blocks);
@@ -246,15 +250,15 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
           const y = sb * 256 + 128 * half;
           for (let l = 0; l < 32; l++) {
             const h = raw[qh + l]!;
-            data[y + l] = (raw[ql + l]! & 0x0f) | ((h & 3) << 4);
-            data[y + l + 32] = (raw[ql + l + 32]! & 0x0f) | (((h >> 2) & 3) << 4);
-            data[y + l + 64] = (raw[ql + l]! >> 4) | (((h >> 4) & 3) << 4);
-            data[y + l + 96] = (raw[ql + l + 32]! >> 4) | (((h >> 6) & 3) << 4);
+            data[y + l] = ((raw[ql + l]! & 0x0f) | ((h & 3) << 4)) + 96;
+            data[y + l + 32] = ((raw[ql + l + 32]! & 0x0f) | (((h >> 2) & 3) << 4)) + 96;
+            data[y + l + 64] = ((raw[ql + l]! >> 4) | (((h >> 4) & 3) << 4)) + 96;
+            data[y + l + 96] = ((raw[ql + l + 32]! >> 4) | (((h >> 6) & 3) << 4)) + 96;
           }
           for (let i = 0; i < 8; i++) scales[sb * 16 + half * 8 + i] = Math.fround(d * ((raw[at + 192 + 8 * half + i]! << 24) >> 24));
         }
       }
-      return { bits: 8, blockSize: 16, n, k, data, scales, zeroPoints: new Uint8Array(n * blocks).fill(32) };
+      return { bits: 8, blockSize: 16, n, k, data, scales };
     }
     default:
       if (rb === 0) throw new Error(`ggml type ${ggmlTypeName(type)} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K are)`);

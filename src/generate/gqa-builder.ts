@@ -166,7 +166,10 @@ export interface GqaOptions {
  * at level 0 ONNX Runtime 1.30 has no 8-bit kernel on this CPU and dequantizes the whole weight every
  * run (measured: 457 ms for a 49152 x 576 head, against 7 ms at level 4). Level 4 at 4 bits too cut a
  * 1536 x 576 product's CPU time 2-3.5 times, but moved SmolLM2-135M's log-probabilities by up to 1.6
- * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken.
+ * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken. On Qwen2.5-Coder-0.5B's
+ * Q4_K down projections it took 10-15 % off a decode step but moved the log-probabilities from 0.35 to
+ * 1.05 off llama.cpp's (and widened to 8-bit blocks at level 4, 1.2 and one greedy id of 72): not taken
+ * either (a down projection's input has the outliers that int8 blocks of 32 lose most to).
  */
 const NBITS_ACCURACY: Record<4 | 8, number> = { 4: 0, 8: 4 };
 
@@ -225,18 +228,28 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   const add = (op: string, inputs: string[], outputs: string[], extra: Partial<NodeSpec> = {}) => nodes.push({ op, inputs, outputs, ...extra });
   // The input width of each projection: the hidden size, or the MLP's intermediate size for down_proj.
   const inDimOf = (p: string) => (p.endsWith('down_proj') ? cfg.intermediate_size : H);
-  /** MatMulNBits of `x` by `b` into `out` (plus the blocks' min term where they have one). */
-  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight) => {
+  /**
+   * MatMulNBits of `x` by `b` into `out` (plus the blocks' min term where they have one), with `bias`
+   * (an initializer's name) added inside the product where given.
+   */
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
     const blocks = b.k / b.blockSize;
     inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [b.n, blocks, (b.blockSize * b.bits) / 8], data: b.data });
     inits.push(tensor(`${name}.scales`, dtype, [b.n, blocks], b.scales));
     const ins = [x, `${name}.qweight`, `${name}.scales`];
-    // Zero points always given (the default 2^(bits-1) where the blocks have none): measured, ONNX
+    // 4 bits: zero points always given (the default 8 where the blocks have none): measured, ONNX
     // Runtime's 4-bit kernel took 0.58 ms for a 1536 x 576 product without them and 0.11 ms with.
-    const zpBytes = b.n * Math.ceil((blocks * b.bits) / 8);
-    const mid = b.bits === 4 ? 0x88 : 0x80;
-    inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [b.n, zpBytes / b.n], data: b.zeroPoints ?? new Uint8Array(zpBytes).fill(mid) });
-    ins.push(`${name}.zero_points`);
+    // 8 bits: none where the blocks have the default 128 (Q8_0, and Q5_0 and Q6_K as gguf-weights.ts
+    // stores them): measured, the 8-bit kernel (accuracy level 4) ran a 4864 x 896 product 10-15 %
+    // faster without them, and packs no zero-point term.
+    if (b.bits === 4 || b.zeroPoints) {
+      const zpBytes = b.n * Math.ceil((blocks * b.bits) / 8);
+      inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [b.n, zpBytes / b.n], data: b.zeroPoints ?? new Uint8Array(zpBytes).fill(0x88) });
+      ins.push(`${name}.zero_points`);
+    }
+    // The bias is MatMulNBits' sixth input (after the zero points and g_idx, absent here): one node
+    // fewer per biased projection (qwen2's q/k/v) than a separate Add.
+    if (bias) ins.push(...new Array<string>(5 - ins.length).fill(''), bias);
     const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY[b.bits] } };
     if (!b.mins) {
       add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
@@ -254,43 +267,49 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     add('MatMul', [`${name}.x_block_sums`, `${name}.mins`], [`${out}_min`]);
     add('Add', [`${out}_q`, `${out}_min`], [out]);
   };
-  /** x times the parts' weights side by side: one MatMulNBits where they share a block form, else one node each and a Concat. */
-  const projection = (name: string, x: string, out: string, parts: string[]): number => {
+  /**
+   * x times the parts' weights side by side: one MatMulNBits where they share a block form, else one
+   * node each and a Concat. `bias` (made on demand: an initializer's name) is added inside a single
+   * MatMulNBits, else by an Add after the product.
+   */
+  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string): void => {
     const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
     if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
-      const b = stackBlocks(qs as BlockWeight[]);
-      nbitsMatMul(name, x, out, b);
-      return b.n;
+      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.());
+      return;
     }
+    const product = bias ? `${out}_nobias` : out;
     if (nbits && qs.some((q) => q !== undefined)) {
-      let total = 0;
-      parts.forEach((p, i) => {
-        total += projection(`${name}.${i}`, x, `${out}.${i}`, [p]);
-      });
-      add('Concat', parts.map((_p, i) => `${out}.${i}`), [out], { attrs: { axis: { int: -1 } } });
-      return total;
+      parts.forEach((p, i) => projection(`${name}.${i}`, x, `${product}.${i}`, [p]));
+      add('Concat', parts.map((_p, i) => `${product}.${i}`), [product], { attrs: { axis: { int: -1 } } });
+    } else {
+      const inDim = inDimOf(parts[0]!);
+      const { values, outDim } = stackTransposed(parts.map((p) => need(`${p}.weight`)), inDim);
+      inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
+      add('MatMul', [x, `${name}.weight`], [product]);
     }
-    const inDim = inDimOf(parts[0]!);
-    const { values, outDim } = stackTransposed(parts.map((p) => need(`${p}.weight`)), inDim);
-    inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
-    add('MatMul', [x, `${name}.weight`], [out]);
-    return outDim;
+    if (bias) add('Add', [product, bias()], [out]);
   };
   const linear = (name: string, x: string, out: string, parts: string[]) => {
     const bs = parts.map((p) => w.floats(`${p}.bias`));
     const hasBias = bs.some((b) => b !== undefined);
-    const outDim = projection(name, x, hasBias ? `${out}_nobias` : lora ? `${out}_base` : out, parts);
-    if (hasBias) {
-      const bias = new Float32Array(outDim);
+    // The parts' biases side by side, as one initializer (made when the projection takes it, or after).
+    const biasInit = () => {
+      const rowsOf = parts.map((p) => w.rows?.(`${p}.weight`) ?? need(`${p}.weight`).length / inDimOf(p));
+      const bias = new Float32Array(rowsOf.reduce((a, b) => a + b, 0));
       let at = 0;
-      parts.forEach((p, i) => {
-        const rows = w.rows?.(`${p}.weight`) ?? need(`${p}.weight`).length / inDimOf(p);
+      parts.forEach((_p, i) => {
         if (bs[i]) bias.set(bs[i], at);
-        at += rows;
+        at += rowsOf[i]!;
       });
-      inits.push(tensor(`${name}.bias`, dtype, [outDim], bias));
-      add('Add', [`${out}_nobias`, `${name}.bias`], [lora ? `${out}_base` : out]);
-    }
+      inits.push(tensor(`${name}.bias`, dtype, [bias.length], bias));
+      return `${name}.bias`;
+    };
+    projection(name, x, lora ? `${out}_base` : out, parts, hasBias ? biasInit : undefined);
+    loraPath(name, x, out);
+  };
+  /** The LoRA path of projection `name` on `x`, added to `${out}_base` into `out` (nothing without LoRA). */
+  const loraPath = (name: string, x: string, out: string) => {
     if (lora) {
       // The low-rank path: each row's entry of A and B ([b, in, r], [b, r, out], alive only for this
       // projection), then [b, s, in] x [b, in, r] -> [b, s, r] x [b, r, out]; zeros at rank 0.
@@ -350,8 +369,22 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     linear(`${p}.self_attn.o_proj`, `${p}.attn`, `${p}.attn_out`, [`${p}.self_attn.o_proj`]);
     add('Add', [h, `${p}.attn_out`], [`${p}.h_attn`]);
     norm(`${p}.post_attention_layernorm.weight`, `${p}.h_attn`, `${p}.mlp_in`);
-    linear(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`, [`${p}.mlp.gate_proj`]);
-    linear(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`, [`${p}.mlp.up_proj`]);
+    const gateBlocks = nbits ? w.blocks!(`${p}.mlp.gate_proj.weight`) : undefined;
+    const upBlocks = nbits ? w.blocks!(`${p}.mlp.up_proj.weight`) : undefined;
+    const mlpBias = w.floats(`${p}.mlp.gate_proj.bias`) ?? w.floats(`${p}.mlp.up_proj.bias`);
+    if (gateBlocks && upBlocks && sameBlockForm(gateBlocks, upBlocks) && !mlpBias) {
+      // gate and up as one MatMulNBits (same input, same block form), split after: one product of
+      // 2 x intermediate columns instead of two, which ONNX Runtime spreads over its threads better.
+      const I = cfg.intermediate_size;
+      if (!inits.some((t) => t.name === `split_${I}_${I}`)) inits.push(int64s(`split_${I}_${I}`, [BigInt(I), BigInt(I)]));
+      nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.gate_up`, stackBlocks([gateBlocks, upBlocks]));
+      add('Split', [`${p}.gate_up`, `split_${I}_${I}`], lora ? [`${p}.gate_base`, `${p}.up_base`] : [`${p}.gate`, `${p}.up`], { attrs: { axis: { int: -1 } } });
+      loraPath(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`);
+      loraPath(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`);
+    } else {
+      linear(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`, [`${p}.mlp.gate_proj`]);
+      linear(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`, [`${p}.mlp.up_proj`]);
+    }
     add('Sigmoid', [`${p}.gate`], [`${p}.gate_sig`]);
     add('Mul', [`${p}.gate`, `${p}.gate_sig`], [`${p}.gate_silu`]);
     add('Mul', [`${p}.gate_silu`, `${p}.up`], [`${p}.act`]);

@@ -36,7 +36,7 @@ function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
 
 /** OrtApi function-table slots used here (onnxruntime_c_api.h). */
 const SLOT = {
-  GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, DisableMemPattern: 17, DisableCpuMemArena: 19,
+  GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, EnableProfiling: 14, DisableMemPattern: 17, DisableCpuMemArena: 19,
   SetSessionGraphOptimizationLevel: 23, SetIntraOpNumThreads: 24, SessionGetInputCount: 30, SessionGetOutputCount: 31, SessionGetInputTypeInfo: 33, SessionGetOutputTypeInfo: 34,
   SessionGetInputName: 36, SessionGetOutputName: 37,
   CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
@@ -47,7 +47,7 @@ const SLOT = {
 
 interface Api {
   check(status: unknown): void;
-  createSession(file: string): unknown;
+  createSession(file: string, options?: DirectSessionOptions): unknown;
   /** The session's inputs or outputs: names, and element types where they are tensors of a type handled here. */
   io(session: unknown, side: 'input' | 'output'): SessionValueInfo[];
   createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
@@ -114,6 +114,7 @@ function bind(): Api | null {
     const disablePattern = fn(SLOT.DisableMemPattern, 'void *DisableMemPattern(void *opts)');
     const setOptLevel = fn(SLOT.SetSessionGraphOptimizationLevel, 'void *SetSessionGraphOptimizationLevel(void *opts, int level)');
     const setIntraOp = fn(SLOT.SetIntraOpNumThreads, 'void *SetIntraOpNumThreads(void *opts, int n)');
+    const enableProfiling = fn(SLOT.EnableProfiling, 'void *EnableProfiling(void *opts, const char *prefix)');
     const releaseOptions = fn(SLOT.ReleaseSessionOptions, 'void ReleaseSessionOptions(void *opts)');
     const createSession = fn(SLOT.CreateSession, 'void *CreateSession(void *env, const char *path, void *opts, _Out_ void **session)');
     const releaseSession = fn(SLOT.ReleaseSession, 'void ReleaseSession(void *session)');
@@ -158,7 +159,7 @@ function bind(): Api | null {
     };
     api = {
       check,
-      createSession(file) {
+      createSession(file, options = {}) {
         const opts = out();
         check(createOptions(opts));
         try {
@@ -167,9 +168,12 @@ function bind(): Api | null {
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
           // Idle intra-op threads sleep instead of spinning: a spinning pool thread takes a core from
           // the event loop, which answers probes and 503s while a model runs on its worker thread.
-          check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', '0'));
-          // 0: ONNX Runtime's default (a thread per physical core, the calling one included).
-          if (intraOpThreads > 0) check(setIntraOp(opts[0], intraOpThreads));
+          check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', options.spinning ? '1' : '0'));
+          // The session's own count where given (scripts, tests), else the server's setting; 0: ONNX
+          // Runtime's default (a thread per physical core, the calling one included).
+          const threads = options.intraOpThreads ?? intraOpThreads;
+          if (threads > 0) check(setIntraOp(opts[0], threads));
+          if (options.profilePrefix !== undefined) check(enableProfiling(opts[0], options.profilePrefix));
           if (envAllocator) check(addConfigEntry(opts[0], 'session.use_env_allocators', '1'));
           const s = out();
           check(createSession(env[0], file, opts[0], s));
@@ -277,6 +281,16 @@ export function directUnavailable(): string {
   return unavailable;
 }
 
+/** What a direct session may set beyond the options every CPU session here gets. */
+export interface DirectSessionOptions {
+  /** Intra-op threads (0 or absent: ONNX Runtime's default, one per core). */
+  intraOpThreads?: number;
+  /** Let idle intra-op threads spin (default false: they sleep; see createSession). */
+  spinning?: boolean;
+  /** ONNX Runtime's profiler on, its JSON written as `<prefix>_<time>.json` when the session is released. */
+  profilePrefix?: string;
+}
+
 /** A tensor in host memory that ONNX Runtime owns; `data` views it without a copy until dispose(). */
 export class HostTensor {
   readonly location = 'cpu' as const;
@@ -320,9 +334,9 @@ export class DirectSession {
   }
 
   /** Null where the C API cannot be bound (see directUnavailable()). */
-  static create(modelFile: string): DirectSession | null {
+  static create(modelFile: string, options?: DirectSessionOptions): DirectSession | null {
     const a = bind();
-    return a ? new DirectSession(a, a.createSession(modelFile)) : null;
+    return a ? new DirectSession(a, a.createSession(modelFile, options)) : null;
   }
 
   /** An uninitialised tensor (the registered CPU allocator where there is one, else ONNX Runtime's default: malloc). */

@@ -1,0 +1,186 @@
+/**
+ * The converted graph of a quantized GGUF decoder, as Qwen2.5-Coder-0.5B's Q4_K_M file mixes its types
+ * (Q5_0 and Q8_0 projections, Q4_K and Q6_K down projections, a Q8_0 head, q/k/v biases), built from
+ * random stored blocks:
+ *
+ * - the head is a MatMulNBits whose output is the logits (8-bit, as Q8_0 stores it), never a float copy;
+ * - 8-bit products take no zero-point input (Q5_0 and Q6_K stored against the default 128), 4-bit
+ *   ones do;
+ * - q/k/v's biases are MatMulNBits' bias input, and a layer's Q5_0 and Q8_0 q/k/v are one product;
+ * - gate and up are one product, split after;
+ * - and the graph computes the model: its logits against the same weights dequantized to float32
+ *   (the dequant mode's graph), greedy ids equal, within the int8 activations' error, with a LoRA
+ *   adapter on the fused gate and up too.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import * as ort from 'onnxruntime-node';
+import { toBlocks } from '../src/generate/gguf-weights.js';
+import { buildGqaDecoder, type GqaGraph, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
+import { loraSlots } from '../src/generate/lora.js';
+import { dequantize, GGML, rowBytes } from '../src/runtime/gguf.js';
+import { writeModel } from '../src/runtime/onnx-proto.js';
+import { seededRandom } from '../src/generate/sampler.js';
+
+const H = 256;
+const I = 512;
+const V = 300;
+const cfg: GqaSourceConfig = {
+  model_type: 'qwen2', vocab_size: V, hidden_size: H, intermediate_size: I, num_hidden_layers: 2, num_attention_heads: 4,
+  num_key_value_heads: 2, head_dim: 64, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 64,
+};
+
+/** An f16 near `x` (normal halves only), little-endian. */
+function half(x: number): [number, number] {
+  const u = new Uint32Array(new Float32Array([x]).buffer)[0]!;
+  const e = ((u >> 23) & 0xff) - 127 + 15;
+  const h = ((u >> 16) & 0x8000) | (e << 10) | ((u >> 13) & 0x3ff);
+  return [h & 0xff, h >> 8];
+}
+
+/** Random stored blocks of `type` for `n` rows of `k`, with small f16 scales where the type keeps them. */
+function stored(type: number, n: number, k: number, r: () => number): Uint8Array {
+  const out = new Uint8Array(n * rowBytes(type, k));
+  for (let i = 0; i < out.length; i++) out[i] = Math.floor(r() * 256);
+  const layout: Record<number, { bytes: number; halves: number[] }> = {
+    [GGML.Q5_0]: { bytes: 22, halves: [0] }, [GGML.Q8_0]: { bytes: 34, halves: [0] },
+    [GGML.Q4_K]: { bytes: 144, halves: [0, 2] }, [GGML.Q6_K]: { bytes: 210, halves: [208] },
+  };
+  const { bytes, halves } = layout[type]!;
+  for (let b = 0; b < out.length / bytes; b++) {
+    for (const h of halves) out.set(half(0.004 + r() * 0.004), b * bytes + h);
+  }
+  return out;
+}
+
+/** A GGUF-like source: each module's stored type, blocks through toBlocks, floats dequantized. */
+function source(seed: number): WeightSource {
+  const r = seededRandom(seed);
+  const tensors = new Map<string, { type: number; n: number; k: number; raw: Uint8Array }>();
+  const floats = new Map<string, Float32Array>();
+  const put = (name: string, type: number, n: number, k: number) => tensors.set(name, { type, n, k, raw: stored(type, n, k, r) });
+  put('model.embed_tokens.weight', GGML.Q5_0, V, H);
+  put('lm_head.weight', GGML.Q8_0, V, H);
+  floats.set('model.norm.weight', Float32Array.from({ length: H }, () => 1 + (r() - 0.5) * 0.2));
+  for (let l = 0; l < 2; l++) {
+    const p = `model.layers.${l}`;
+    put(`${p}.self_attn.q_proj.weight`, GGML.Q5_0, H, H);
+    put(`${p}.self_attn.k_proj.weight`, GGML.Q5_0, 128, H);
+    // Q8_0 in one layer, Q5_0 in the other: Q4_K_M's mix.
+    put(`${p}.self_attn.v_proj.weight`, l === 0 ? GGML.Q8_0 : GGML.Q5_0, 128, H);
+    put(`${p}.self_attn.o_proj.weight`, GGML.Q5_0, H, H);
+    put(`${p}.mlp.gate_proj.weight`, GGML.Q5_0, I, H);
+    put(`${p}.mlp.up_proj.weight`, GGML.Q5_0, I, H);
+    put(`${p}.mlp.down_proj.weight`, l === 0 ? GGML.Q4_K : GGML.Q6_K, H, I);
+    for (const [m, n] of [['q', H], ['k', 128], ['v', 128]] as const) {
+      floats.set(`${p}.self_attn.${m}_proj.bias`, Float32Array.from({ length: n }, () => (r() - 0.5) * 0.5));
+    }
+    floats.set(`${p}.input_layernorm.weight`, Float32Array.from({ length: H }, () => 1 + (r() - 0.5) * 0.2));
+    floats.set(`${p}.post_attention_layernorm.weight`, Float32Array.from({ length: H }, () => 1 + (r() - 0.5) * 0.2));
+  }
+  return {
+    floats: (name) => {
+      const t = tensors.get(name);
+      return t ? dequantize(t.type, t.raw, t.n * t.k) : floats.get(name);
+    },
+    blocks: (name) => {
+      const t = tensors.get(name);
+      return t && name !== 'model.embed_tokens.weight' ? toBlocks(t.type, t.raw, t.n, t.k) : undefined;
+    },
+    rows: (name) => tensors.get(name)?.n ?? floats.get(name)?.length,
+  };
+}
+
+const byOutput = (g: GqaGraph, name: string) => g.nodes.find((n) => n.outputs.includes(name));
+const initializer = (g: GqaGraph, name: string) => g.initializers.find((t) => t.name === name);
+
+test('the head is an 8-bit MatMulNBits writing the logits; 8-bit products take no zero points, 4-bit ones do', () => {
+  const g = buildGqaDecoder(cfg, source(1), { weights: 'nbits', rotary: {} });
+  const head = byOutput(g, 'logits')!;
+  assert.equal(head.op, 'MatMulNBits');
+  assert.deepEqual(head.attrs?.['bits'], { int: 8 });
+  assert.deepEqual(head.attrs?.['N'], { int: V });
+  assert.equal(g.initializers.some((t) => t.name === 'lm_head.weight'), false, 'no float copy of the head');
+  const products = g.nodes.filter((n) => n.op === 'MatMulNBits');
+  for (const n of products) {
+    const bits = (n.attrs?.['bits'] as { int: number }).int;
+    const zp = n.inputs[3];
+    if (bits === 8) assert.ok(zp === undefined || zp === '', `${n.outputs[0]}: 8-bit with a zero-point input`);
+    else assert.ok(zp && initializer(g, zp), `${n.outputs[0]}: 4-bit without zero points`);
+    assert.deepEqual(n.attrs?.['accuracy_level'], { int: bits === 8 ? 4 : 0 });
+  }
+  // The layer with a Q4_K down projection has one 4-bit product; every other product is 8-bit.
+  assert.equal(products.filter((n) => (n.attrs?.['bits'] as { int: number }).int === 4).length, 1);
+});
+
+test('q/k/v one product with its bias inside (Q5_0 beside Q8_0), gate and up one product split after', () => {
+  const g = buildGqaDecoder(cfg, source(2), { weights: 'nbits', rotary: {} });
+  for (let l = 0; l < 2; l++) {
+    const p = `model.layers.${l}`;
+    const qkv = byOutput(g, `${p}.qkv_base`)!;
+    assert.equal(qkv.op, 'MatMulNBits', `layer ${l}: q/k/v are one product`);
+    assert.deepEqual(qkv.attrs?.['N'], { int: H + 256 });
+    assert.equal(qkv.inputs[5], `${p}.self_attn.qkv_proj.bias`);
+    assert.equal(initializer(g, qkv.inputs[5]!)!.dims[0], H + 256);
+    assert.equal(g.nodes.some((n) => n.op === 'Add' && n.outputs.includes(`${p}.qkv_base`)), false);
+    const split = byOutput(g, `${p}.gate_base`)!;
+    assert.equal(split.op, 'Split');
+    assert.deepEqual(split.outputs, [`${p}.gate_base`, `${p}.up_base`]);
+    const gateUp = byOutput(g, split.inputs[0]!)!;
+    assert.equal(gateUp.op, 'MatMulNBits');
+    assert.deepEqual(gateUp.attrs?.['N'], { int: 2 * I });
+  }
+});
+
+/** Last-position logits of `ids` through graph `g` (an empty KV cache; LoRA slots given in `lora`, the others rank 0). */
+async function logits(g: GqaGraph, ids: number[], lora: ReadonlyMap<string, ort.Tensor> = new Map()): Promise<Float32Array> {
+  const model = writeModel({ name: 't', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
+  const s = await ort.InferenceSession.create(model);
+  try {
+    const feeds: Record<string, ort.Tensor> = {
+      input_ids: new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
+      attention_mask: new ort.Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]),
+      lora_index: new ort.Tensor('int64', new BigInt64Array(1), [1]),
+    };
+    for (let l = 0; l < 2; l++) {
+      for (const kv of ['key', 'value']) feeds[`past_key_values.${l}.${kv}`] = new ort.Tensor('float32', new Float32Array(2 * 16 * 64), [1, 2, 16, 64]);
+    }
+    for (const slot of loraSlots({ numLayers: 2, hiddenSize: H, numHeads: 4, numKvHeads: 2, headDim: 64, intermediateSize: I })) {
+      feeds[slot.a] = lora.get(slot.a) ?? new ort.Tensor('float32', new Float32Array(0), [1, slot.inDim, 0]);
+      feeds[slot.b] = lora.get(slot.b) ?? new ort.Tensor('float32', new Float32Array(0), [1, 0, slot.outDim]);
+    }
+    const out = await s.run(feeds);
+    return Float32Array.from(out['logits']!.data as Float32Array);
+  } finally {
+    await s.release();
+  }
+}
+
+test('the quantized graph computes the same model as its weights dequantized to float32, with and without LoRA', async () => {
+  const src = source(3);
+  const r = seededRandom(4);
+  // An adapter on layer 0's gate and up (rank 2, each its own): the fused product's split feeds each its own path.
+  const adapter = new Map<string, ort.Tensor>();
+  for (const [m, scale] of [['gate', 0.6], ['up', 1.0]] as const) {
+    adapter.set(`model.layers.0.mlp.${m}_proj.lora_A`, new ort.Tensor('float32', Float32Array.from({ length: H * 2 }, () => (r() - 0.5) * scale), [1, H, 2]));
+    adapter.set(`model.layers.0.mlp.${m}_proj.lora_B`, new ort.Tensor('float32', Float32Array.from({ length: 2 * I }, () => (r() - 0.5) * scale), [1, 2, I]));
+  }
+  const prompts: [number[], ReadonlyMap<string, ort.Tensor>][] = [[[1, 17, 42, 99, 250], new Map()], [[7, 7, 200], new Map()], [[150, 3, 88, 12, 64, 5, 299], adapter], [[1, 17, 42, 99, 250], adapter]];
+  for (const [ids, lora] of prompts) {
+    const q = await logits(buildGqaDecoder(cfg, src, { weights: 'nbits', rotary: {} }), ids, lora);
+    const f = await logits(buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {} }), ids, lora);
+    const argmax = (x: Float32Array) => x.reduce((best, v, i) => (v > x[best]! ? i : best), 0);
+    assert.equal(argmax(q), argmax(f), `greedy id of ${ids}`);
+    const spread = Math.max(...f) - Math.min(...f);
+    const worst = q.reduce((m, v, i) => Math.max(m, Math.abs(v - f[i]!)), 0);
+    // int8 activations in the 8-bit products: a few hundredths of the logits' range; a wrong zero
+    // point, a lost bias or gate and up swapped move them by the range itself.
+    assert.ok(worst < 0.05 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
+    if (lora.size) {
+      // The adapter moves the logits by far more than the products' error: a path on the wrong split is seen.
+      const base = await logits(buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {} }), ids);
+      const moved = f.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0);
+      assert.ok(moved > 0.3 * spread, `${ids}: the adapter moves the logits by ${moved} only (range ${spread})`);
+    }
+  }
+});
