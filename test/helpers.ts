@@ -1,4 +1,5 @@
 /** Shared test fixtures: configuration on a temporary index, a small slice of the shipped corpus. */
+import { spawn, type ChildProcess } from 'node:child_process';
 import { copyFile, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -54,4 +55,33 @@ export async function holdRuns(): Promise<() => void> {
   });
   await isHeld;
   return release;
+}
+
+/**
+ * The server as a process (src/server/main.ts on the test models, a fresh index, a free port), resolved
+ * once it reports listening; `log()` is its output so far, `kill()` ends it (SIGKILL) and waits.
+ */
+export async function spawnListening(env: Record<string, string>): Promise<{ proc: ChildProcess; log: () => string; kill: () => Promise<void> }> {
+  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], {
+    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', RAGGUARD_INDEX_DIR: await tempDir(), ...env },
+  });
+  let out = '';
+  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
+  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
+  const exited = new Promise<number | null>((resolve) => proc.on('exit', resolve));
+  const kill = async () => {
+    proc.kill('SIGKILL');
+    await exited;
+  };
+  try {
+    await new Promise<void>((resolve, reject) => {
+      proc.stdout!.on('data', () => /listening on http:/.test(out) && resolve());
+      void exited.then((code) => reject(new Error(`server exited (${code}) before listening:\n${out}`)));
+    });
+  } catch (e) {
+    await kill();
+    throw e;
+  }
+  return { proc, log: () => out, kill };
 }

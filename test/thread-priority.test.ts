@@ -4,14 +4,13 @@
  * ONNX Runtime session (its intra-op pool and libuv's pool exist), and on a spawned server.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
 import { EncoderSession } from '../src/runtime/encoder-session.js';
 import { lowerOtherThreads } from '../src/runtime/thread-priority.js';
-import { ROOT, smallCorpus, tempDir, TEST_ENV } from './helpers.js';
+import { ROOT, smallCorpus, spawnListening } from './helpers.js';
 
 const linux = process.platform === 'linux';
 
@@ -75,28 +74,16 @@ test('every thread but the main one, the model runtime\'s included, gets the nic
 });
 
 test('the server sets RAGGUARD_WORKER_NICE at start-up: its model threads lowered, its event loop not', { skip: !linux && 'Linux only' }, async () => {
-  const env = {
-    ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', RAGGUARD_WORKER_NICE: '7',
-    RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']),
-  };
-  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  proc.stdout.on('data', (c: Buffer) => (out += c.toString()));
-  proc.stderr.on('data', (c: Buffer) => (out += c.toString()));
-  const exited = new Promise<number | null>((resolve) => proc.on('exit', resolve));
+  const server = await spawnListening({ RAGGUARD_WORKER_NICE: '7', RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']) });
+  const { proc } = server;
   try {
-    await new Promise<void>((resolve, reject) => {
-      proc.stdout.on('data', () => /listening on http:/.test(out) && resolve());
-      void exited.then((code) => reject(new Error(`server exited (${code}) before listening:\n${out}`)));
-    });
     const nice = niceByThread(proc.pid!);
     assert.equal(nice.get(proc.pid!), 0, 'the event loop');
     const others = [...nice].filter(([tid]) => tid !== proc.pid);
     assert.ok(others.length > 2);
     for (const [tid, n] of others) assert.equal(n, 7, `thread ${tid}`);
-    assert.match(out, /threads besides the event loop's at nice 7/);
+    assert.match(server.log(), /threads besides the event loop's at nice 7/);
   } finally {
-    proc.kill('SIGKILL');
-    await exited;
+    await server.kill();
   }
 });
