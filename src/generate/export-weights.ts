@@ -106,6 +106,24 @@ const isFloat = (t: Initializer) => t.dataType === ONNX_FLOAT || t.dataType === 
 const count = (t: Initializer) => t.dims.reduce((a, b) => a * b, 1);
 
 /** A module name as an unfolded export writes it (wrapper prefix and '_fp16' suffix dropped), or undefined. */
+/**
+ * Depth first from `start` along `next`, at most `maxDepth` steps away, each key once (a `seen` shared by
+ * several walks visits each key once in all); `next` returns a key's neighbours, or null to end the walk
+ * there (it found what it looked for). The converter's local searches of the graph are bounded so, since a
+ * pattern it recognises lies a few nodes from where the search starts.
+ */
+function walkWithin<K>(start: K, maxDepth: number, next: (k: K) => readonly K[] | null, seen = new Set<K>()): void {
+  const todo: [K, number][] = [[start, 0]];
+  while (todo.length) {
+    const [k, depth] = todo.pop()!;
+    if (seen.has(k) || depth > maxDepth) continue;
+    seen.add(k);
+    const more = next(k);
+    if (more === null) return;
+    for (const m of more) todo.push([m, depth + 1]);
+  }
+}
+
 function moduleName(name: string): string | undefined {
   const n = name.replace(/_fp16$/, '');
   const at = n.search(/(^|\.)(model\.|lm_head\.)/);
@@ -261,28 +279,21 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
     // x * r with r = 1 / sqrt(mean(y^2) + eps) (Div, Reciprocal, or Pow -0.5), or x / sqrt(...).
     const i = producer.get(origin(x, false));
     if (i === undefined) return false;
-    const seen = new Set<number>();
-    const todo: [number, number][] = [[i, 0]];
-    while (todo.length) {
-      const [k, depth] = todo.pop()!;
-      if (seen.has(k) || depth > 6) continue;
-      seen.add(k);
+    let rms = false;
+    walkWithin(i, 6, (k) => {
       const n = nodes[k]!;
       if (n.op === 'ReduceMean') {
         const sq = producer.get(origin(n.inputs[0]!, false));
         const s = sq === undefined ? undefined : nodes[sq]!;
         if (s && (s.op === 'Pow' || (s.op === 'Mul' && s.inputs[0] === s.inputs[1]))) {
           const y = producer.get(origin(s.inputs[0]!, false));
-          return y === undefined || nodes[y]!.op !== 'Sub'; // a mean subtracted first: LayerNorm
+          rms = y === undefined || nodes[y]!.op !== 'Sub'; // a mean subtracted first: LayerNorm
         }
-        return false;
+        return null;
       }
-      for (const inp of n.inputs) {
-        const j = producer.get(inp);
-        if (j !== undefined) todo.push([j, depth + 1]);
-      }
-    }
-    return false;
+      return n.inputs.map((inp) => producer.get(inp)).filter((j): j is number => j !== undefined);
+    });
+    return rms;
   };
   const norms: Norm[] = [];
   nodes.forEach((n, i) => {
@@ -435,18 +446,19 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
   // mapped weight accounts for would be a part of the model that the conversion drops.
   const used = new Set([...weights.values()].map((h) => h.tensor.name));
   const rotary = (t: string): boolean => {
-    const seen = new Set<string>();
-    const todo: [string, number][] = [[t, 0]];
-    while (todo.length) {
-      const [x, d] = todo.pop()!;
-      if (seen.has(x) || d > 6) continue;
-      seen.add(x);
+    let hit = false;
+    walkWithin(t, 6, (x) => {
+      const outs: string[] = [];
       for (const c of consumers.get(x) ?? []) {
-        if (nodes[c]!.op === 'Cos' || nodes[c]!.op === 'Sin') return true;
-        for (const y of nodes[c]!.outputs) todo.push([y, d + 1]);
+        if (nodes[c]!.op === 'Cos' || nodes[c]!.op === 'Sin') {
+          hit = true;
+          return null;
+        }
+        outs.push(...nodes[c]!.outputs);
       }
-    }
-    return false;
+      return outs;
+    });
+    return hit;
   };
   nodes.forEach((n: ReadNode, i) => {
     if (!['Mul', 'Add', 'Sub', 'Div', 'MatMul', 'Gemm', 'FusedMatMul'].includes(n.op)) return;
@@ -468,18 +480,16 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
   const seen = new Set<number>();
   nodes.forEach((n, i) => {
     if (n.op !== 'Cos') return;
-    const todo: [number, number][] = [[i, 0]];
-    while (todo.length) {
-      const [k, depth] = todo.pop()!;
-      if (seen.has(k) || depth > 8) continue;
-      seen.add(k);
+    walkWithin(i, 8, (k) => {
+      const up: number[] = [];
       for (const x of nodes[k]!.inputs) {
         const j = producer.get(x);
         const t = graph.initializers.get(x) ?? (j !== undefined && nodes[j]!.op === 'Constant' ? constOf(x)?.tensor : undefined);
         if (t && isFloat(t) && count(t) === D / 2) found.push({ name: x, values: floatsOf(t, where) });
-        else if (j !== undefined) todo.push([j, depth + 1]);
+        else if (j !== undefined) up.push(j);
       }
-    }
+      return up;
+    }, seen);
   });
   const off = (v: Float32Array) => Math.max(...expected.map((e, i) => Math.abs(v[i]! - e) / e));
   if (found.length > 0 && found.every((f) => off(f.values) > 1e-4)) {
