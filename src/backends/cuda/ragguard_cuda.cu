@@ -302,6 +302,19 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
 // head; P x V: a lane per output dimension. With splits > 1 each CTA takes a share of the chunks and
 // writes its partial max, sum and accumulator for attn_combine.
 
+// A token's context length (itself included; 0 for a padding row) and how attention_kernel shares its
+// CHUNK-key chunks among `splits` CTAs: `per` chunks each, `active` CTAs that have keys (at least 1).
+// attn_combine_kernel reads the same plan, so only the active splits' partials are combined.
+struct SplitPlan { int L, nchunks, per, active; };
+__device__ __forceinline__ SplitPlan split_plan(const StepView& v, int t, int splits) {
+  SplitPlan p;
+  p.L = v.slots()[t] < 0 ? 0 : v.positions()[t] + 1;
+  p.nchunks = (p.L + CHUNK - 1) / CHUNK;
+  p.per = (p.nchunks + splits - 1) / splits;
+  p.active = p.per > 0 ? (p.nchunks + p.per - 1) / p.per : 1;
+  return p;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
     StepView v, const T* __restrict__ qkv, const T* __restrict__ kcache, const T* __restrict__ vcache,
@@ -312,8 +325,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
   if (t >= v.T()) return;
   const int G = nh / nkv;
   const int seq = v.token_seq()[t];
-  const int slot = v.slots()[t];
-  const int L = slot < 0 ? 0 : v.positions()[t] + 1;  // context incl. itself
   const int W = v.W();
   const int* table = v.block_tables() + (size_t)seq * W;
   const int ldk = hd + 1;
@@ -325,12 +336,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
   // The splits that have keys: a graph is captured for the longest context's split count, and a short
   // context leaves most of them empty; those return at once and attn_combine reads only the active ones.
   // With one active split the output is written here directly (attn_combine then has nothing to do).
-  const int nchunks = (L + CHUNK - 1) / CHUNK;
-  const int per = (nchunks + splits - 1) / splits;
-  const int active = per > 0 ? (nchunks + per - 1) / per : 1;
-  if (split >= active) return;
-  const bool direct = active == 1;
-  const int c0 = split * per, c1 = min(nchunks, c0 + per);
+  const SplitPlan plan = split_plan(v, t, splits);
+  const int L = plan.L;
+  if (split >= plan.active) return;
+  const bool direct = plan.active == 1;
+  const int c0 = split * plan.per, c1 = min(plan.nchunks, c0 + plan.per);
   const T* qrow = qkv + (size_t)t * width + (size_t)kh * G * hd;
   for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = to_f(qrow[i]) * scale;
 
@@ -347,18 +357,19 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
     for (int b = 0; b < DPL; ++b) acc[a][b] = 0.f;
   }
   const size_t head_stride = (size_t)block_size * hd;
+  const bool vec = (hd & 7) == 0;
   for (int c = c0; c < c1; ++c) {
     const int k0 = c * CHUNK;
     const int n = min(CHUNK, L - k0);
     __syncthreads();
-    if ((hd & 7) == 0) {
-      // Eight dimensions a load: a key's row is hd / 8 16-byte accesses.
-      const int hv = hd >> 3;
-      for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
-        const int k = i / hv, d = (i - k * hv) << 3;
-        const int pos = k0 + k;
-        const int blk = table[pos / block_size];
-        const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+    // Eight dimensions a load where the head allows (a key's row is hd / 8 16-byte accesses), else one.
+    const int vw = vec ? 8 : 1, hv = hd / vw;
+    for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
+      const int k = i / hv, d = (i - k * hv) * vw;
+      const int pos = k0 + k;
+      const int blk = table[pos / block_size];
+      const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+      if (vec) {
         float kf[8], vf[8];
         load8(kcache + off, kf);
         load8(vcache + off, vf);
@@ -367,13 +378,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
           k_s[k * ldk + d + e] = kf[e];
           v_s[k * ldk + d + e] = vf[e];
         }
-      }
-    } else {
-      for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
-        const int k = i / hd, d = i % hd;
-        const int pos = k0 + k;
-        const int blk = table[pos / block_size];
-        const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+      } else {
         k_s[k * ldk + d] = to_f(kcache[off]);
         v_s[k * ldk + d] = to_f(vcache[off]);
       }
@@ -449,12 +454,8 @@ __global__ void attn_combine_kernel(StepView v, const float* __restrict__ part_a
                                     T* __restrict__ out, int nh, int hd, int splits) {
   const int t = blockIdx.x, qh = blockIdx.y;
   if (t >= v.T()) return;
-  // attention_kernel's split count for this token's context (only those wrote partials; one: it wrote
-  // the output itself).
-  const int L = v.slots()[t] < 0 ? 0 : v.positions()[t] + 1;
-  const int nchunks = (L + CHUNK - 1) / CHUNK;
-  const int per = (nchunks + splits - 1) / splits;
-  const int active = per > 0 ? (nchunks + per - 1) / per : 1;
+  // Only attention_kernel's active splits wrote partials; with one, it wrote the output itself.
+  const int active = split_plan(v, t, splits).active;
   if (active == 1) return;
   const size_t base = ((size_t)t * nh + qh) * splits;
   float mmax = -INFINITY;
