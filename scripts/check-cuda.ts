@@ -23,7 +23,7 @@ import { Engine } from '../src/generate/engine.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
 import { checkLora, hasLoraReference, LORA_SLOTS } from './check-cuda-lora.js';
-import { prefillAgainst } from './logit-compare.js';
+import { logitsAgainst, prefillLogits } from './logit-compare.js';
 
 interface Case { prompt_ids: number[]; greedy_ids: number[]; margins: number[]; logit_scale: number }
 interface Reference { max_new_tokens: number; cases: Case[] }
@@ -65,8 +65,8 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   };
 
   // 1. Logits of each prompt's prefill against torch's.
-  const { worst, argmaxEqual } = await prefillAgainst(runner, ref.cases, torchLogits, V,
-    (ids) => engineWith(numBlocks).generate(ids, { ...greedy, maxNewTokens: 1 }));
+  const ours = await prefillLogits(runner, ref.cases, (ids) => engineWith(numBlocks).generate(ids, { ...greedy, maxNewTokens: 1 }));
+  const { worst, argmaxEqual } = logitsAgainst(ours, ref.cases, torchLogits, V);
   out.logits = { max_rel_diff: Number(worst.toExponential(3)), argmax_equal: argmaxEqual, cases: ref.cases.length };
   if (worst > LOGIT_TOL[runner.dtype]) failures.push(`prefill logits differ from torch's by ${worst} of the logit scale`);
 

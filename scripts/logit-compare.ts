@@ -22,23 +22,33 @@ export interface LogitSource {
 }
 
 /**
- * Each case's prompt prefilled (`prefill` runs it for one token) with the runner keeping its logits,
- * against the reference's last-position logits ([cases, vocab] in `reference`): the largest |difference|
- * relative to the case's logit scale, and how many argmaxes agree.
+ * Each case's prompt prefilled (`prefill` runs it for one token) with the runner keeping its logits: the
+ * last position's logits, one copy per case.
  */
-export async function prefillAgainst(runner: LogitSource, cases: readonly LogitCase[], reference: Float32Array, vocab: number,
-  prefill: (ids: number[]) => Promise<unknown>): Promise<{ worst: number; argmaxEqual: number }> {
+export async function prefillLogits(runner: LogitSource, cases: readonly LogitCase[], prefill: (ids: number[]) => Promise<unknown>): Promise<Float32Array[]> {
   runner.keepLogits = true;
-  let worst = 0, argmaxEqual = 0;
+  const out: Float32Array[] = [];
   try {
-    for (const [i, c] of cases.entries()) {
+    for (const c of cases) {
       await prefill(c.prompt_ids);
-      const { maxDiff, argmaxEqual: same } = compareLogits(runner.lastLogits!, reference.subarray(i * vocab, (i + 1) * vocab), vocab);
-      worst = Math.max(worst, maxDiff / c.logit_scale);
-      if (same) argmaxEqual++;
+      out.push(runner.lastLogits!.slice());
     }
   } finally {
     runner.keepLogits = false;
   }
+  return out;
+}
+
+/**
+ * Each case's logits against the reference's last-position logits ([cases, vocab] in `reference`): the
+ * largest |difference| relative to the case's logit scale, and how many argmaxes agree.
+ */
+export function logitsAgainst(logits: readonly Float32Array[], cases: readonly LogitCase[], reference: Float32Array, vocab: number): { worst: number; argmaxEqual: number } {
+  let worst = 0, argmaxEqual = 0;
+  cases.forEach((c, i) => {
+    const { maxDiff, argmaxEqual: same } = compareLogits(logits[i]!, reference.subarray(i * vocab, (i + 1) * vocab), vocab);
+    worst = Math.max(worst, maxDiff / c.logit_scale);
+    if (same) argmaxEqual++;
+  });
   return { worst, argmaxEqual };
 }
