@@ -57,31 +57,35 @@ export async function holdRuns(): Promise<() => void> {
   return release;
 }
 
+/** A spawned server, listening. */
+export interface Server {
+  proc: ChildProcess;
+  port: number;
+  /** Everything it printed so far. */
+  log(): string;
+  exited: Promise<number | null>;
+}
+
 /**
- * The server as a process (src/server/main.ts on the test models, a fresh index, a free port), resolved
- * once it reports listening; `log()` is its output so far, `kill()` ends it (SIGKILL) and waits.
+ * The server as a process on the test models and a free port, resolved once it reports listening:
+ * src/server/main.ts under node, or `npm start` (`npm`: as an operator starts it, signals included).
  */
-export async function spawnListening(env: Record<string, string>): Promise<{ proc: ChildProcess; log: () => string; kill: () => Promise<void> }> {
-  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], {
-    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', RAGGUARD_INDEX_DIR: await tempDir(), ...env },
-  });
+export async function startServer(env: Record<string, string>, npm = false): Promise<Server> {
+  const fullEnv = { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env };
+  const proc = npm
+    ? spawn('npm', ['start', '--silent'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] })
+    : spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
-  const exited = new Promise<number | null>((resolve) => proc.on('exit', resolve));
-  const kill = async () => {
-    proc.kill('SIGKILL');
-    await exited;
-  };
-  try {
-    await new Promise<void>((resolve, reject) => {
-      proc.stdout!.on('data', () => /listening on http:/.test(out) && resolve());
-      void exited.then((code) => reject(new Error(`server exited (${code}) before listening:\n${out}`)));
-    });
-  } catch (e) {
-    await kill();
-    throw e;
-  }
-  return { proc, log: () => out, kill };
+  const exited = new Promise<number | null>((resolve) => proc.on('exit', (code) => resolve(code)));
+  const port = await new Promise<number>((resolve, reject) => {
+    const look = () => {
+      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(out);
+      if (m) resolve(Number(m[1]));
+    };
+    proc.stdout!.on('data', look);
+    void exited.then((code) => reject(new Error(`server exited (${code}) before listening:\n${out}`)));
+  });
+  return { proc, port, log: () => out, exited };
 }

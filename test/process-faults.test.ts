@@ -6,21 +6,13 @@
  * snapshot stops start-up naming the file and the section.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import path from 'node:path';
 import { describe, test } from 'node:test';
 import { readCorpus } from '../src/rag.js';
-import { CORPUS, ROOT, smallCorpus, tempDir, TEST_ENV } from './helpers.js';
-
-interface Server {
-  proc: ChildProcess;
-  port: number;
-  /** Everything it printed so far. */
-  log(): string;
-  exited: Promise<number | null>;
-}
+import { CORPUS, ROOT, smallCorpus, startServer, tempDir, TEST_ENV } from './helpers.js';
 
 interface Reply {
   status: number;
@@ -29,26 +21,6 @@ interface Reply {
 }
 
 const SMALL = ['task-scheduling-cron-atd', 'quotas', 'syslog'];
-
-async function startServer(env: Record<string, string>, npm = false): Promise<Server> {
-  const fullEnv = { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env };
-  const proc = npm
-    ? spawn('npm', ['start', '--silent'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] })
-    : spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
-  proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));
-  const exited = new Promise<number | null>((resolve) => proc.on('exit', (code) => resolve(code)));
-  const port = await new Promise<number>((resolve, reject) => {
-    const look = () => {
-      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    };
-    proc.stdout!.on('data', look);
-    void exited.then((code) => reject(new Error(`server exited (${code}) before listening:\n${out}`)));
-  });
-  return { proc, port, log: () => out, exited };
-}
 
 /** Starts the server and expects it to fail start-up; resolves with its exit code and output. */
 async function failedStart(env: Record<string, string>): Promise<{ code: number | null; log: string }> {

@@ -10,7 +10,7 @@ import { test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
 import { EncoderSession } from '../src/runtime/encoder-session.js';
 import { lowerOtherThreads } from '../src/runtime/thread-priority.js';
-import { ROOT, smallCorpus, spawnListening } from './helpers.js';
+import { ROOT, smallCorpus, startServer, tempDir } from './helpers.js';
 
 const linux = process.platform === 'linux';
 
@@ -74,7 +74,7 @@ test('every thread but the main one, the model runtime\'s included, gets the nic
 });
 
 test('the server sets RAGGUARD_WORKER_NICE at start-up: its model threads lowered, its event loop not', { skip: !linux && 'Linux only' }, async () => {
-  const server = await spawnListening({ RAGGUARD_WORKER_NICE: '7', RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']) });
+  const server = await startServer({ RAGGUARD_WORKER_NICE: '7', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']) });
   const { proc } = server;
   try {
     const nice = niceByThread(proc.pid!);
@@ -84,6 +84,7 @@ test('the server sets RAGGUARD_WORKER_NICE at start-up: its model threads lowere
     for (const [tid, n] of others) assert.equal(n, 7, `thread ${tid}`);
     assert.match(server.log(), /threads besides the event loop's at nice 7/);
   } finally {
-    await server.kill();
+    proc.kill('SIGKILL');
+    await server.exited;
   }
 });

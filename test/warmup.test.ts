@@ -4,12 +4,13 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { smallCorpus, spawnListening } from './helpers.js';
+import { smallCorpus, startServer, tempDir } from './helpers.js';
 
 /** Starts the server, waits until it reports listening, kills it; resolves with its log lines (JSON). */
 async function startLog(env: Record<string, string>): Promise<Record<string, unknown>[]> {
-  const server = await spawnListening({ RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']), ...env });
-  await server.kill();
+  const server = await startServer({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']), ...env });
+  server.proc.kill('SIGKILL');
+  await server.exited;
   return server.log().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>);
 }
 
