@@ -12,7 +12,10 @@
  * and free heap returned to the OS before each window). With the models on a GPU
  * (RAGGUARD_EXECUTION_PROVIDER=webgpu), by NVML's device memory sampled every ms:
  *   overflow            a burst whose peak growth, by either meter, exceeds the workspace the budget
- *                       leaves (budget - weights - index - KV pool): the process went over its budget.
+ *                       leaves that server (budget - weights - adapter slots - index - KV pool, its own
+ *                       figures: with the CUDA decoder its device bytes are the accountant's for the pool
+ *                       that server allocated, which BENCH_GUARD_WORKSPACE_MB only approximates): the
+ *                       process went over its budget.
  *   prediction_error    per request run alone: |predicted - measured| / measured, where predicted is the
  *                       memory model's workspace for the request as it ran (calibrated at start-up by
  *                       the profile run, on the meter RAGGUARD_HOST_METER names: accounted bytes by
@@ -177,7 +180,8 @@ const on = await listen(guarded);
 const errors: number[] = [];
 const adapterErrors: number[] = [];
 const residentErrors: number[] = [];
-console.log(`budget ${mb(Number(budget))} MiB: weights+adapter slots+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)}`);
+console.log(`budget ${mb(Number(budget))} MiB: weights+adapter slots+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)} ` +
+  `(as the guarded server sizes it: ${mb(guarded.workspaceBytes)}; the unguarded: ${mb(unguarded.workspaceBytes)})`);
 console.log(`adapters in the mix: ${usable.join(', ') || 'none (none fits this decoder)'}`);
 console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);
 console.log('\nalone: predicted vs measured workspace (MiB)');
@@ -216,7 +220,7 @@ setRunObserver(undefined);
 
 // 2. Bursts, guards on then off, the same requests.
 const bursts = Array.from({ length: BURSTS }, () => mix(BURST));
-async function burstPhase(url: string): Promise<{ overflows: number; peaks: number[]; residentPeaks: number[]; replies: Reply[] }> {
+async function burstPhase(url: string, workspace: number): Promise<{ overflows: number; peaks: number[]; residentPeaks: number[]; replies: Reply[] }> {
   let overflows = 0;
   const peaks: number[] = [];
   const residentPeaks: number[] = [];
@@ -226,16 +230,16 @@ async function burstPhase(url: string): Promise<{ overflows: number; peaks: numb
     replies.push(...value);
     peaks.push(bytes);
     residentPeaks.push(residentBytes);
-    if (Math.max(bytes, residentBytes) > WORKSPACE) overflows++;
+    if (Math.max(bytes, residentBytes) > workspace) overflows++;
   }
   return { overflows, peaks, residentPeaks, replies };
 }
 let g!: Awaited<ReturnType<typeof burstPhase>>;
 let u!: Awaited<ReturnType<typeof burstPhase>>;
-const deviceGuarded = await measureDevice(async () => { g = await burstPhase(on.url); });
+const deviceGuarded = await measureDevice(async () => { g = await burstPhase(on.url, guarded.workspaceBytes); });
 await on.close();
 const off = await listen(unguarded);
-const deviceUnguarded = await measureDevice(async () => { u = await burstPhase(off.url); });
+const deviceUnguarded = await measureDevice(async () => { u = await burstPhase(off.url, unguarded.workspaceBytes); });
 await off.close();
 const runner = guarded.engine.runner;
 const deviceFigures = runner instanceof CudaModelRunner ? {
@@ -276,7 +280,8 @@ console.log(JSON.stringify({
   reshaped_requests: g.replies.filter((r) => (r.body.guard?.reshaped?.length ?? 0) > 0).length,
   unguarded_served_fraction: +(count(u.replies, 200) / u.replies.length).toFixed(3),
   budget_bytes: Number(budget),
-  workspace_bytes: WORKSPACE,
+  workspace_bytes: guarded.workspaceBytes,
+  unguarded_workspace_bytes: unguarded.workspaceBytes,
   peak_workspace_bytes: Math.max(...g.peaks, ...g.residentPeaks),
   unguarded_peak_workspace_bytes: Math.max(...u.peaks, ...u.residentPeaks),
   measured_by: onGpu ? 'NVML device memory used, sampled every ms'

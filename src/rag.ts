@@ -368,11 +368,14 @@ export class RagService {
   }
 
   /** Answers the query; an abort of `signal` (client gone, shutdown) stops it between stages or at the engine's next step. */
-  async query(q: QueryInput, signal?: AbortSignal): Promise<QueryResult> {
+  async query(q: QueryInput, requestSignal?: AbortSignal): Promise<QueryResult> {
     const { embedder, reranker, decoder } = this.models;
+    // The request's signal (a hang-up, shutdown) and a stream's own (a closed stream) both stop every stage.
+    const signals = [requestSignal, q.hooks?.signal].filter((x): x is AbortSignal => x !== undefined);
+    const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0];
     signal?.throwIfAborted();
     let t = performance.now();
-    const qv = await embedder.embed([q.query]);
+    const qv = await embedder.embed([q.query], undefined, signal);
     const embedMs = ms(t);
     // Retrieval and prompt assembly (a few ms of the main thread) on a turn of their own (server/turns.ts).
     await nextTurn();
@@ -387,7 +390,7 @@ export class RagService {
     const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
     // Rerank off: the first stage's order and scores stand, and no pair is scored.
     const { scores, pairTokens, runs: rerankRuns } = this.cfg.rerank
-      ? await reranker.score(q.query, unique.map(titled), q.rerankBatch)
+      ? await reranker.score(q.query, unique.map(titled), q.rerankBatch, signal)
       : { scores: unique.map((h) => h.score), pairTokens: 0, runs: [] };
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
@@ -418,9 +421,7 @@ export class RagService {
     const lease = q.adapter === undefined ? undefined : await this.adapters.acquire(q.adapter, signal);
     let gen: Generation;
     try {
-      // The request's signal (a hang-up, shutdown) and a stream's own (a closed stream) both stop it.
-      const abort = [signal, q.hooks?.signal].filter((x): x is AbortSignal => x !== undefined);
-      const hooks = { ...q.hooks, signal: abort.length > 1 ? AbortSignal.any(abort) : abort[0] };
+      const hooks = { ...q.hooks, signal };
       gen = await this.engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, hooks);
     } finally {
       lease?.release();

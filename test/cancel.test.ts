@@ -17,6 +17,7 @@ import { Engine } from '../src/generate/engine.js';
 import { Admission } from '../src/guards/admission.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
+import { gateStats } from '../src/runtime/run-gate.js';
 import { holdRuns, ROOT, smallCorpus, tempDir, testConfig, turn } from './helpers.js';
 
 
@@ -87,6 +88,29 @@ describe('with the shipped decoder', () => {
     await engine.idle();
     assert.equal(blocks.stats().usedBlocks, 0);
   });
+  test('a step whose every sequence was abandoned stops: its run leaves the gate unrun, its blocks are freed and kept from prefix hits', async () => {
+    const blocks = new BlockManager({ numBlocks: 128, blockSize: 16, watermark: 0.01, enablePrefixCaching: true });
+    const engine = new Engine(model, blocks, { numBlocks: 128, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
+    const prompt = [1, ...model.tokenizer.encode('Context:\n[1] quota: edquota sets the limits of one user; repquota reports them all.\n\nQuestion: how do I set a disk quota?\nAnswer:')];
+    assert.ok(prompt.length > 32, 'full blocks that a prefix hit could find');
+    const release = await holdRuns();
+    const runs = gateStats().runs;
+    const ac = new AbortController();
+    const gone = engine.generate(prompt, { maxNewTokens: 8, temperature: 0 }, { signal: ac.signal });
+    while (gateStats().waiting === 0) await turn(); // its prefill waits for the gate
+    ac.abort(new Gone('client left'));
+    await assert.rejects(gone, Gone);
+    assert.equal(gateStats().waiting, 0, 'its run left the line at once');
+    assert.equal(engine.stats.cancelled, 1);
+    assert.equal(blocks.stats().usedBlocks, 0, 'its blocks are free');
+    release();
+    await engine.idle();
+    assert.equal(gateStats().runs, runs, 'no model run happened for it');
+    // The same prompt again finds nothing cached: the stopped step's blocks never held its KV.
+    const again = await engine.generate(prompt, { maxNewTokens: 4, temperature: 0 });
+    assert.equal(again.cachedTokens, 0);
+    assert.equal(again.ids.length, 4);
+  });
 });
 
 describe('over HTTP', () => {
@@ -153,6 +177,20 @@ describe('over HTTP', () => {
     assert.equal(service.engine.stats.cancelled, cancelled + 1, 'A left the engine; B never reached it');
     assert.equal(service.blocks.stats().usedBlocks, 0, 'its blocks are free');
     assert.equal(service.guard.reserved, 0, 'its reservation is released');
+    assert.equal(service.engine.scheduler.hasWork, false);
+  });
+  test('a client that hangs up while its query waits for a model run: the run never happens', async () => {
+    const release = await holdRuns();
+    const runs = gateStats().runs;
+    const a = send({ query: 'Where does apt keep its list of package sources?', max_new_tokens: 8 });
+    while (gateStats().waiting === 0) await turn(); // its embedding waits for the gate
+    a.req.destroy();
+    assert.ok((await a.reply) instanceof Error);
+    while (gateStats().waiting > 0) await turn(); // it left the line
+    release();
+    while (service.guard.reserved > 0) await turn();
+    await service.engine.idle();
+    assert.equal(gateStats().runs, runs, 'nothing ran for it: not its embedding, its rerank nor its generation');
     assert.equal(service.engine.scheduler.hasWork, false);
   });
 });

@@ -10,8 +10,10 @@ import * as ort from 'onnxruntime-node';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { generate } from '../src/generate/generator.js';
 import { loraSlots } from '../src/generate/lora.js';
-import { DirectSession, directUnavailable, type HostTensor } from '../src/runtime/ort-direct.js';
-import { ROOT } from './helpers.js';
+import { writeFile } from 'node:fs/promises';
+import { ONNX_FLOAT, writeModel } from '../src/runtime/onnx-proto.js';
+import { DirectSession, directUnavailable, RunInterrupted, type HostTensor } from '../src/runtime/ort-direct.js';
+import { ROOT, tempDir } from './helpers.js';
 
 const DIR = path.join(ROOT, 'models', 'decoder-gqa');
 const FILE = path.join(DIR, 'model.onnx');
@@ -106,4 +108,35 @@ test('the genai decoder runs direct on the CPU, and generates the same through o
   const b = await generate(viaNode, prompt, opts);
   assert.deepEqual(a.ids, b.ids);
   assert.equal(a.ids.length, 80);
+});
+
+test('an abort while a run is on its worker thread stops it between nodes (RunInterrupted, the abort\'s reason); the session runs on', async () => {
+  // A chain of 2000 [n, n] x [n, n] products: at n = 512 some 540 GFLOP, seconds on any CPU, where the
+  // flag, set in the same synchronous stretch that started the run, stops it within a node.
+  const chain = 2000;
+  const file = path.join(await tempDir('ragguard-chain-'), 'chain.onnx');
+  await writeFile(file, writeModel({
+    name: 'chain',
+    nodes: Array.from({ length: chain }, (_, i) => ({ op: 'MatMul', inputs: [i === 0 ? 'x' : `y${i - 1}`, 'x'], outputs: [i === chain - 1 ? 'y' : `y${i}`] })),
+    initializers: [],
+    inputs: [{ name: 'x', elemType: ONNX_FLOAT, dims: ['n', 'n'] }],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: ['n', 'n'] }],
+    opsets: { '': 17 },
+  }));
+  const s = DirectSession.create(file)!;
+  const big = s.tensor('float32', [512, 512]);
+  (big.data as Float32Array).fill(1 / 512);
+  const ac = new AbortController();
+  const run = s.run({ x: big }, { y: null }, ac.signal);
+  ac.abort(new Error('client left'));
+  await assert.rejects(run, (e: unknown) => e instanceof RunInterrupted && (e.reason as Error).message === 'client left');
+  // Already aborted: refused before anything runs.
+  await assert.rejects(s.run({ x: big }, { y: null }, ac.signal), /client left/);
+  // The session (and a signal that never fires) goes on: [[1/2, 1/2], [1/2, 1/2]] is its own square.
+  const small = s.tensor('float32', [2, 2]);
+  (small.data as Float32Array).fill(0.5);
+  const out = await s.run({ x: small }, { y: null }, new AbortController().signal);
+  assert.deepEqual(Array.from(out['y']!.data as Float32Array), [0.5, 0.5, 0.5, 0.5]);
+  for (const t of [out['y']!, big, small]) t.dispose();
+  s.dispose();
 });

@@ -104,6 +104,8 @@ export interface ForwardInput {
   width: number;
   /** Each row's LoRA adapter (undefined: the base model); absent: no row has one. */
   adapters?: readonly (DecoderAdapter | undefined)[];
+  /** Stops the run (RunInterrupted) once aborted: its KV outputs are then partial, not to be kept. */
+  signal?: AbortSignal;
 }
 
 export interface ForwardOutput {
@@ -408,8 +410,8 @@ export class DecoderModel {
     let run: RunResult;
     try {
       run = this.direct
-        ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past, lora.feeds)
-        : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths, lora.feeds);
+        ? await this.runDirect(this.direct, ids, [batch, seq], mask, [batch, maskWidth], past, lora.feeds, input.signal)
+        : await this.runBinding(ids, [batch, seq], mask, [batch, maskWidth], past, lengths, lora.feeds, input.signal);
     } finally {
       for (const t of lora.made) t.dispose();
     }
@@ -427,7 +429,7 @@ export class DecoderModel {
   }
 
   private async runDirect(session: DirectSession, ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
-    past: readonly KvTensor[], lora: Readonly<Record<string, KvTensor>>): Promise<RunResult> {
+    past: readonly KvTensor[], lora: Readonly<Record<string, KvTensor>>, signal?: AbortSignal): Promise<RunResult> {
     const hostPast = past.map((t) => {
       if (!(t instanceof HostTensor)) throw new Error('a direct run takes past tensors from allocPast');
       return t;
@@ -450,7 +452,7 @@ export class DecoderModel {
       fetches[name] = hostPast[i]!; // written in place
     });
     try {
-      const out = await gatedRun(() => session.run(feeds, fetches));
+      const out = await gatedRun(() => session.run(feeds, fetches, signal), signal);
       const logits = out['logits']!;
       return {
         logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast, reused: step,
@@ -463,7 +465,7 @@ export class DecoderModel {
   }
 
   private async runBinding(ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
-    past: readonly KvTensor[], lengths: readonly number[], lora: Readonly<Record<string, KvTensor>>): Promise<RunResult> {
+    past: readonly KvTensor[], lengths: readonly number[], lora: Readonly<Record<string, KvTensor>>, signal?: AbortSignal): Promise<RunResult> {
     if (!this.loaded) throw new Error('this decoder runs through a direct session');
     const { session } = this.loaded;
     const [batch, seq] = idsDims as [number, number];
@@ -483,7 +485,8 @@ export class DecoderModel {
       // genai: the past buffer is also the present output, written in place (and handed back as a copy).
       fetches[name] = this.layout === 'genai' ? t : null;
     });
-    const result = await gatedRun(() => session.run(feeds, fetches));
+    // onnxruntime-node's run cannot be stopped once started: the signal only shortens the wait for the gate.
+    const result = await gatedRun(() => session.run(feeds, fetches), signal);
     const logits = result['logits']!;
     return {
       logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!,

@@ -172,14 +172,41 @@ export class Engine {
       for (const seq of plan.prefills) seq.cachedPrefix ??= seq.numComputed;
       this.counters.prefills += plan.prefills.length;
       this.counters.decodeRows += plan.decodes.length;
+      const stepSeqs = [...plan.prefills, ...plan.decodes];
+      const abandoned = this.abandonedTogether(stepSeqs);
       try {
-        await this.runner.execute({ decodes: plan.decodes, prefills: plan.prefills, blocks: this.blocksOf }, this.sink);
+        await this.runner.execute({ decodes: plan.decodes, prefills: plan.prefills, blocks: this.blocksOf, signal: abandoned?.signal }, this.sink);
       } catch (e) {
         // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
+        // A stopped one (every sequence abandoned) the same, each with its own abort as the reason.
         this.runner.abandon();
-        for (const seq of [...plan.prefills, ...plan.decodes]) if (seq.status === 'running') this.settle(seq, e as Error);
+        const stopped = abandoned?.signal.aborted === true;
+        for (const seq of stepSeqs) {
+          if (seq.status !== 'running') continue;
+          if (stopped) this.counters.cancelled++;
+          this.settle(seq, stopped ? abortReason(this.pending.get(seq)!.hooks.signal!) : e as Error);
+        }
+      } finally {
+        abandoned?.dispose();
       }
     }
+  }
+
+  /**
+   * A signal aborted once every one of `seqs` has been abandoned (each request's own signal fired);
+   * undefined where one of them has no signal. dispose() removes its listeners after the step.
+   */
+  private abandonedTogether(seqs: readonly Sequence[]): { signal: AbortSignal; dispose(): void } | undefined {
+    const signals = seqs.map((s) => this.pending.get(s)?.hooks.signal);
+    if (signals.length === 0 || signals.some((s) => s === undefined)) return undefined;
+    const all = new AbortController();
+    let left = signals.filter((s) => !s!.aborted).length;
+    const one = () => {
+      if (--left === 0) all.abort(new DOMException('every request of the step was abandoned', 'AbortError'));
+    };
+    if (left === 0) all.abort(new DOMException('every request of the step was abandoned', 'AbortError'));
+    for (const s of signals) if (!s!.aborted) s!.addEventListener('abort', one, { once: true });
+    return { signal: all.signal, dispose: () => { for (const s of signals) s!.removeEventListener('abort', one); } };
   }
 
   /** At the barrier: sequences whose signal fired are finished (blocks freed) and their promises rejected. */

@@ -26,6 +26,12 @@ export interface RunnerStep {
   prefills: readonly Sequence[];
   /** A sequence's physical block ids in logical order. */
   blocks(seq: Sequence): ArrayLike<number>;
+  /**
+   * Aborted once every sequence of the step was abandoned (its client gone): nobody waits for the
+   * step's results, so a runner may stop its runs then (execute rejects, and the engine finishes the
+   * step's sequences, their KV discarded). Undefined where some sequence cannot be abandoned.
+   */
+  signal?: AbortSignal;
 }
 
 /** The engine's side of a step: what a runner reports back as results come in. */

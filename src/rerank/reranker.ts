@@ -61,15 +61,16 @@ export class Reranker {
   /**
    * One relevance logit per passage, in the passages' order; the longest pair fed to the model; and
    * each run's shape, [pairs, width] (a batch is padded to its own longest pair): the memory model sizes
-   * the rerank stage as it ran by its largest run.
+   * the rerank stage as it ran by its largest run. An abort of `signal` stops the runs not yet done,
+   * the one going included (RunInterrupted).
    */
-  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     const scores: number[] = [];
     const runs: [number, number][] = [];
     for (let s = 0; s < passages.length; s += batchSize) {
       const pairs = passages.slice(s, s + batchSize).map((p) => this.pairInput(query, p));
       runs.push([pairs.length, Math.max(...pairs.map((p) => p.ids.length))]);
-      scores.push(...(await this.scoreBatch(pairs)));
+      scores.push(...(await this.scoreBatch(pairs, signal)));
     }
     return { scores, pairTokens: Math.max(0, ...runs.map(([, w]) => w)), runs };
   }
@@ -79,10 +80,10 @@ export class Reranker {
     await this.session.dummyRun(pairs, tokens, this.padId);
   }
 
-  private async scoreBatch(pairs: PairEncoding[]): Promise<number[]> {
+  private async scoreBatch(pairs: PairEncoding[], signal?: AbortSignal): Promise<number[]> {
     const { session } = this;
     const name = session.outputNames.includes('logits') ? 'logits' : session.outputNames[0]!;
-    const logits = (await session.run('rerank', name, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds))).data;
+    const logits = (await session.run('rerank', name, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds), signal)).data;
     const labels = logits.length / pairs.length;
     const out = pairs.map((_, i) => logits[i * labels]!);
     return out;

@@ -139,15 +139,18 @@ export class Embedder {
     return truncateSpecial(this.tokenizer.encode(text, true), this.maxTokens);
   }
 
-  /** Unit-length embeddings, row-major: row i is texts[i]. */
-  async embed(texts: readonly string[], batchSize = 32): Promise<Float32Array> {
+  /**
+   * Unit-length embeddings, row-major: row i is texts[i]. An abort of `signal` (the request was
+   * abandoned) stops the runs not yet done, the one going included (RunInterrupted).
+   */
+  async embed(texts: readonly string[], batchSize = 32, signal?: AbortSignal): Promise<Float32Array> {
     const out = new Float32Array(texts.length * this.dimension);
     const rows = texts.map((t) => this.inputIds(t));
     // Length-sorted batches waste little on padding.
     const order = rows.map((_, i) => i).sort((a, b) => rows[a]!.length - rows[b]!.length);
     for (let s = 0; s < order.length; s += batchSize) {
       const idx = order.slice(s, s + batchSize);
-      const vecs = await this.embedBatch(idx.map((i) => rows[i]!));
+      const vecs = await this.embedBatch(idx.map((i) => rows[i]!), signal);
       idx.forEach((i, r) => out.set(vecs.subarray(r * this.dimension, (r + 1) * this.dimension), i * this.dimension));
     }
     return out;
@@ -175,8 +178,8 @@ export class Embedder {
   }
 
   /** One run (gated, metered) reading the selected output; width: a per-token output's token count (0 when pooled). */
-  private async runRaw(rows: number[][]): Promise<{ data: Float32Array; dims: readonly number[]; width: number }> {
-    const { data, dims } = await this.session.run('embed', this.output.name, rows, this.padId);
+  private async runRaw(rows: number[][], signal?: AbortSignal): Promise<{ data: Float32Array; dims: readonly number[]; width: number }> {
+    const { data, dims } = await this.session.run('embed', this.output.name, rows, this.padId, undefined, signal);
     if (!(data instanceof Float32Array)) {
       throw new Error(`embedder ${this.files.dir}: output '${this.output.name}' is not float32`);
     }
@@ -184,8 +187,8 @@ export class Embedder {
     return { data, dims, width };
   }
 
-  private async embedBatch(rows: number[][]): Promise<Float32Array> {
-    const { data: h, width } = await this.runRaw(rows);
+  private async embedBatch(rows: number[][], signal?: AbortSignal): Promise<Float32Array> {
+    const { data: h, width } = await this.runRaw(rows, signal);
     const d = this.dimension;
     const out = new Float32Array(rows.length * d);
     for (let r = 0; r < rows.length; r++) {

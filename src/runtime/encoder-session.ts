@@ -75,14 +75,16 @@ export class EncoderSession {
 
   /**
    * One run over token-id rows (padded with `padId`; `typeRows` for token_type_ids, zeros without),
-   * returning the `output` tensor (a copy), tagged `stage` for the run meter (none: a profile run).
+   * returning the `output` tensor (a copy), tagged `stage` for the run meter (none: a profile run). An
+   * abort of `signal` leaves the run gate's line, or stops a direct run already going (RunInterrupted).
    */
   async run(stage: RunStage | undefined, output: string, rows: readonly (readonly number[])[], padId: number,
-    typeRows?: readonly (readonly number[])[]): Promise<EncoderOutput> {
+    typeRows?: readonly (readonly number[])[], signal?: AbortSignal): Promise<EncoderOutput> {
     if (this.node) {
       const session = this.node;
       const feeds = encoderFeeds(session, rows, padId, typeRows);
-      const result = await gatedRun(() => (stage ? metered(stage, () => session.run(feeds)) : session.run(feeds)));
+      // onnxruntime-node's run cannot be stopped once started: the signal only shortens the wait for the gate.
+      const result = await gatedRun(() => (stage ? metered(stage, () => session.run(feeds)) : session.run(feeds)), signal);
       const t = result[output]!;
       const out = { data: t.data as Float32Array, dims: [...t.dims] };
       for (const r of Object.values(result)) r.dispose();
@@ -106,8 +108,8 @@ export class EncoderSession {
       feeds[name] = t;
     }
     try {
-      const go = () => session.run(feeds, { [output]: null });
-      const result = await gatedRun(() => (stage ? metered(stage, go) : go()));
+      const go = () => session.run(feeds, { [output]: null }, signal);
+      const result = await gatedRun(() => (stage ? metered(stage, go) : go()), signal);
       const t = result[output]!;
       try {
         if (t.type !== 'float32') throw new Error(`encoder output '${output}' is ${t.type}, float32 expected`);

@@ -38,10 +38,10 @@ function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
 const SLOT = {
   GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, EnableProfiling: 14, DisableMemPattern: 17, DisableCpuMemArena: 19,
   SetSessionGraphOptimizationLevel: 23, SetIntraOpNumThreads: 24, SessionGetInputCount: 30, SessionGetOutputCount: 31, SessionGetInputTypeInfo: 33, SessionGetOutputTypeInfo: 34,
-  SessionGetInputName: 36, SessionGetOutputName: 37,
+  SessionGetInputName: 36, SessionGetOutputName: 37, CreateRunOptions: 39, RunOptionsSetTerminate: 46,
   CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
   GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
-  ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
+  ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseRunOptions: 97, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
   ReleaseSessionOptions: 100, CreateCpuMemoryInfo: 69, AddSessionConfigEntry: 130, RegisterAllocator: 176,
 } as const;
 
@@ -52,7 +52,11 @@ interface Api {
   io(session: unknown, side: 'input' | 'output'): SessionValueInfo[];
   createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
   wrapOutput(value: unknown): { type: HostTensorType; dims: number[]; data: HostArray };
-  run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[]): Promise<void>;
+  /**
+   * One run on a worker thread. An abort of `signal` while it runs sets the run's terminate flag:
+   * ONNX Runtime stops between two nodes and the run rejects with the signal's reason (RunInterrupted).
+   */
+  run(session: unknown, inNames: string[], inValues: unknown[], outNames: string[], outValues: unknown[], signal?: AbortSignal): Promise<void>;
   releaseValue(value: unknown): void;
   releaseSession(session: unknown): void;
   /**
@@ -127,6 +131,9 @@ function bind(): Api | null {
     const getDims = fn(SLOT.GetDimensions, 'void *GetDimensions(void *info, _Out_ int64_t *dims, size_t n)');
     const releaseInfo = fn(SLOT.ReleaseTensorTypeAndShapeInfo, 'void ReleaseTensorTypeAndShapeInfo(void *info)');
     const releaseValue = fn(SLOT.ReleaseValue, 'void ReleaseValue(void *value)');
+    const createRunOptions = fn(SLOT.CreateRunOptions, 'void *CreateRunOptions(_Out_ void **options)');
+    const setTerminate = fn(SLOT.RunOptionsSetTerminate, 'void *RunOptionsSetTerminate(void *options)');
+    const releaseRunOptions = fn(SLOT.ReleaseRunOptions, 'void ReleaseRunOptions(void *options)');
     const side = (s: 'Input' | 'Output') => ({
       count: fn(SLOT[`SessionGet${s}Count`], `void *SessionGet${s}Count(void *session, _Out_ size_t *n)`),
       name: fn(SLOT[`SessionGet${s}Name`], `void *SessionGet${s}Name(void *session, size_t i, void *alloc, _Out_ void **name)`),
@@ -230,21 +237,41 @@ function bind(): Api | null {
           releaseInfo(info[0]);
         }
       },
-      run(session, inNames, inValues, outNames, outValues) {
+      run(session, inNames, inValues, outNames, outValues, signal) {
         // On a worker thread (koffi's async call), so that the event loop answers probes, new requests
         // and load-shedding 503s while a model runs. Runs stay serialised all the same (run-gate.ts: the
         // guards' per-run accounting assumes no two overlap); an earlier version that let a decoder run
         // overlap the encoders' spread memory across malloc arenas and bursts went 3-43 % over budget.
+        signal?.throwIfAborted();
+        // Run options only where the run can be stopped: their terminate flag is how a run already on the
+        // worker thread is told to end (ONNX Runtime checks it between nodes).
+        let options: unknown = null;
+        if (signal) {
+          const o = out();
+          check(createRunOptions(o));
+          options = o[0];
+        }
+        const stop = () => check(setTerminate(options));
+        signal?.addEventListener('abort', stop, { once: true });
         return new Promise((resolve, reject) => {
           (runFn as unknown as { async(...args: unknown[]): void }).async(
-            session, null, inNames, inValues, inNames.length, outNames, outNames.length, outValues,
+            session, options, inNames, inValues, inNames.length, outNames, outNames.length, outValues,
             (err: unknown, status: unknown) => {
+              signal?.removeEventListener('abort', stop);
               try {
                 if (err) throw err;
-                check(status);
+                try {
+                  check(status);
+                } catch (e) {
+                  // Stopped by the flag (or failing after the abort): the abort is why.
+                  if (signal?.aborted) throw new RunInterrupted(signal.reason);
+                  throw e;
+                }
                 resolve();
               } catch (e) {
                 reject(e as Error);
+              } finally {
+                if (options !== null) releaseRunOptions(options);
               }
             },
           );
@@ -273,6 +300,17 @@ export function registerCpuAllocator(allocator: (info: unknown) => unknown): voi
   const a = bind();
   if (!a) throw new Error(`onnxruntime C API unavailable: ${unavailable}`);
   a.registerCpuAllocator(allocator);
+}
+
+/**
+ * A run stopped because its signal was aborted (every request it served was abandoned): its outputs,
+ * in-place KV buffers included, are not to be trusted. `reason` is the signal's.
+ */
+export class RunInterrupted extends Error {
+  override readonly name = 'RunInterrupted';
+  constructor(readonly reason: unknown) {
+    super(`run interrupted: ${reason instanceof Error ? reason.message : String(reason)}`);
+  }
 }
 
 /** Why direct sessions cannot be used here ('' when they can). */
@@ -348,14 +386,15 @@ export class DirectSession {
   /**
    * One run (callers pass the run gate, run-gate.ts: the C call itself runs on a worker thread). An output given a tensor is written into it (it may be an input too: the operator then
    * works in place, as GroupQueryAttention does with its KV buffer); one given null is allocated by
-   * ONNX Runtime and returned (the caller disposes it).
+   * ONNX Runtime and returned (the caller disposes it). An abort of `signal` stops the run between two of
+   * its nodes (it rejects with RunInterrupted; an output given then holds partial results).
    */
-  async run(inputs: Readonly<Record<string, HostTensor>>, outputs: Readonly<Record<string, HostTensor | null>>): Promise<Record<string, HostTensor>> {
+  async run(inputs: Readonly<Record<string, HostTensor>>, outputs: Readonly<Record<string, HostTensor | null>>, signal?: AbortSignal): Promise<Record<string, HostTensor>> {
     if (this.handle === null) throw new Error('session disposed');
     const inNames = Object.keys(inputs);
     const outNames = Object.keys(outputs);
     const outValues = outNames.map((n) => outputs[n]?.handle ?? null);
-    await this.a.run(this.handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues);
+    await this.a.run(this.handle, inNames, inNames.map((n) => inputs[n]!.handle), outNames, outValues, signal);
     const result: Record<string, HostTensor> = {};
     outNames.forEach((n, i) => {
       const given = outputs[n];

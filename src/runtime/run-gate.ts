@@ -11,6 +11,8 @@
  * for /healthz in a burst of 200). Through the gate at most one run sits between two polls for I/O.
  */
 
+import { RunInterrupted } from './ort-direct.js';
+
 interface Waiter {
   resolve(): void;
 }
@@ -19,10 +21,30 @@ const waiters: Waiter[] = [];
 let busy = false;
 let runs = 0;
 
-/** Runs `run` alone: after every run admitted before it has ended, on a later turn of the event loop. */
-export async function gatedRun<T>(run: () => Promise<T>): Promise<T> {
+/**
+ * Runs `run` alone: after every run admitted before it has ended, on a later turn of the event loop.
+ * An abort of `signal` while it waits takes it out of the line (RunInterrupted; `run` never starts):
+ * an abandoned request's runs do not hold up the ones behind them.
+ */
+export async function gatedRun<T>(run: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+  if (signal?.aborted) throw new RunInterrupted(signal.reason);
   if (busy || waiters.length > 0) {
-    await new Promise<void>((resolve) => waiters.push({ resolve }));
+    await new Promise<void>((resolve, reject) => {
+      const waiter: Waiter = {
+        resolve: () => {
+          signal?.removeEventListener('abort', leave);
+          resolve();
+        },
+      };
+      const leave = () => {
+        const i = waiters.indexOf(waiter);
+        if (i < 0) return; // already let through: it runs (and its run sees the signal)
+        waiters.splice(i, 1);
+        reject(new RunInterrupted(signal!.reason));
+      };
+      signal?.addEventListener('abort', leave, { once: true });
+      waiters.push(waiter);
+    });
   } else {
     busy = true;
   }

@@ -16,6 +16,7 @@ import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
+import { RunInterrupted } from '../runtime/ort-direct.js';
 import { nextTurn, noteArrival } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
@@ -161,6 +162,8 @@ async function inspectAdapter(service: RagService, name: string): Promise<void> 
 /** body-parser's errors carry a status and a type; anything else unknown is a 500. */
 export function toHttpError(err: unknown): HttpError {
   if (err instanceof HttpError) return err;
+  // A run stopped because its request was abandoned or drained: the abort's own reason is the reply.
+  if (err instanceof RunInterrupted) return err.reason instanceof HttpError ? err.reason : new HttpError(499, 'client_closed_request', err.message);
   if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
   if (err instanceof UnsupportedSamplingError) return new HttpError(422, 'unsupported_sampling', err.message);
   if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });

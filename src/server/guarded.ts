@@ -4,11 +4,14 @@
  * slot, then for its workspace reservation, and releases it when done. The streamed /query and the
  * /v1 routes use this; the reply's `guard` object is built the same way as /query's.
  */
+import type { Response } from 'express';
 import type { Admission } from '../guards/admission.js';
 import type { RequestShape } from '../guards/memory-model.js';
 import type { Decision } from '../guards/policy.js';
 import type { RagService } from '../rag.js';
 import { HttpError } from './errors.js';
+import { requestSignal } from './shutdown.js';
+import type { SseStream } from './sse.js';
 
 export type Admitted = Exclude<Decision, { action: 'reject' }>;
 
@@ -21,7 +24,7 @@ export interface GuardedRun<T> {
 export interface GuardOptions {
   /** The prompt is the client's own (a completion, a chat without retrieval): it cannot be shortened by a reshape. */
   fixedPrompt?: boolean;
-  /** Aborted while queued: the work is not started. */
+  /** Aborted while queued (for an admission slot or for workspace): the work is not started. */
   signal?: AbortSignal;
 }
 
@@ -48,13 +51,21 @@ export async function runGuarded<T>(service: RagService, admission: Admission, d
   return admission.run(async () => {
     if (opts.signal?.aborted) throw opts.signal.reason instanceof Error ? opts.signal.reason : new Error('aborted');
     if (!decision) return work(undefined);
-    const release = await service.guard.reserve(decision.prediction.reserveBytes, service.cfg.queueTimeoutMs);
+    const release = await service.guard.reserve(decision.prediction.reserveBytes, service.cfg.queueTimeoutMs, opts.signal);
     try {
       return await work(decision.shape);
     } finally {
       release();
     }
-  });
+  }, opts.signal);
+}
+
+/**
+ * What stops a request's work: its client leaving or a drain ending it (the request's signal), and for
+ * a stream also the stream closing.
+ */
+export function workSignal(res: Response, sse?: SseStream): AbortSignal {
+  return sse ? AbortSignal.any([requestSignal(res), sse.signal]) : requestSignal(res);
 }
 
 /** The reply's `guard` object, as /query gives it (app.ts), for a request that ran as `asRun`. */

@@ -28,10 +28,11 @@ import type { Admission } from '../guards/admission.js';
 import type { Citation, RagService } from '../rag.js';
 import { toHttpError } from './app.js';
 import { HttpError } from './errors.js';
-import { decideOrReject, generationShape, guardReport, runGuarded, type Admitted } from './guarded.js';
+import { decideOrReject, generationShape, guardReport, runGuarded, workSignal, type Admitted } from './guarded.js';
 import { openapiDocument } from './openapi.js';
 import { parseBody, type ChatCompletionBody, type CompletionBody } from './schemas.js';
 import { samplingOptions, schemasFor } from './validate.js';
+import { requestSignal } from './shutdown.js';
 import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
 import { checkQueryShape } from '../guards/request-shape.js';
@@ -139,7 +140,8 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     if (over >= 0) {
       throw new HttpError(413, 'input_too_long', `input[${over}] has more than the embedder's ${embedder.maxTokens} tokens`, { param: 'input' });
     }
-    const vectors = await admission.run(() => embedder.embed(texts));
+    const signal = requestSignal(res);
+    const vectors = await admission.run(() => embedder.embed(texts, undefined, signal), signal);
     const d = embedder.dimension;
     res.json({
       object: 'list',
@@ -226,18 +228,19 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     }
     const shaped = decision ? { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens, rerankBatch: decision.shape.rerankBatch } : q;
     const sse = stream ? new SseStream(res) : undefined;
+    const signal = workSignal(res, sse);
     try {
       const r = await runGuarded(service, admission, decision, () => service.query({
         ...shaped,
         hooks: {
-          signal: sse?.signal,
+          signal,
           // The citations ride on the first chunk (a field OpenAI's clients ignore).
           onCitations: (citations) => sse?.send({ ...shapes.chunk('', true), citations }),
           onToken: (t) => {
             if (sse && t.text) sse.send(shapes.chunk(t.text, false));
           },
         },
-      }), { signal: sse?.signal });
+      }), { signal });
       const u = usage(r.usage.prompt_tokens, r.usage.completion_tokens);
       const guard = guardReport(service, decision, r.shape);
       const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason };
@@ -269,14 +272,15 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens), { fixedPrompt: true });
     const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
     const sse = stream ? new SseStream(res) : undefined;
+    const signal = workSignal(res, sse);
     let first = true;
     try {
       const g = await runGuarded(service, admission, decision, async () => {
         // The adapter loads for this generation (or shares a running one's slot) and is released after.
-        const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter);
+        const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter, signal);
         try {
           return await service.engine.generate(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, {
-            signal: sse?.signal,
+            signal,
             onToken: (t) => {
               if (sse && t.text) {
                 sse.send(shapes.chunk(t.text, first));
@@ -287,7 +291,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         } finally {
           lease?.release();
         }
-      }, { signal: sse?.signal });
+      }, { signal });
       const u = usage(ids.length, g.ids.length);
       if (!sse) {
         res.json(shapes.reply(g, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens), cachedTokens: g.cachedTokens ?? 0 })));

@@ -15,7 +15,7 @@ import type { Response } from 'express';
 import type { Admission } from '../guards/admission.js';
 import type { QueryInput, RagService } from '../rag.js';
 import { toHttpError } from './app.js';
-import { decideOrReject, guardReport, runGuarded } from './guarded.js';
+import { decideOrReject, guardReport, runGuarded, workSignal } from './guarded.js';
 import { SseStream } from './sse.js';
 
 export async function streamQuery(service: RagService, admission: Admission, q: QueryInput, res: Response): Promise<void> {
@@ -24,17 +24,18 @@ export async function streamQuery(service: RagService, admission: Admission, q: 
     ? { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens, rerankBatch: decision.shape.rerankBatch }
     : q;
   const sse = new SseStream(res);
+  const signal = workSignal(res, sse);
   try {
     const { shape, answer, citations: _c, ...rest } = await runGuarded(service, admission, decision, () => service.query({
       ...shaped,
       hooks: {
-        signal: sse.signal,
+        signal,
         onCitations: (citations) => sse.send({ citations }, 'citations'),
         onToken: (t) => {
           if (t.text) sse.send({ text: t.text }, 'token');
         },
       },
-    }), { signal: sse.signal });
+    }), { signal });
     sse.send({ answer, ...rest, guard: guardReport(service, decision, shape) }, 'done');
   } catch (e) {
     if (sse.closed) return; // the client is gone: nobody to tell

@@ -158,7 +158,7 @@ export class OrtModelRunner implements ModelRunner {
     const tokens = seq.pending;
     const past = seq.numComputed;
     const rows: GatherRow[] = [{ blocks: step.blocks(seq), length: past }];
-    const { logits, present, width } = await this.forward([seq], rows, [tokens]);
+    const { logits, present, width } = await this.forward([seq], rows, [tokens], undefined, step.signal);
     const length = past + tokens.length;
     if (this.carry?.seqs.every((s) => s.status === 'finished')) {
       // The last batch has ended (its KV is in the pool): release it at the barrier.
@@ -206,7 +206,7 @@ export class OrtModelRunner implements ModelRunner {
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
     if (reuse) this.stats.pastReused++;
-    const { logits, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined);
+    const { logits, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined, step.signal);
     const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry!.synced[r]! : s.numComputed));
     const finished = seqs.map((s, r) => sink.accept(s, 1, this.sample(s, logits, r)));
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
@@ -224,7 +224,8 @@ export class OrtModelRunner implements ModelRunner {
    * stays in the present tensors (the caller writes back). Returns the last logits and the present KV
    * tensors (the caller releases them) with their width.
    */
-  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry): Promise<{ logits: Float32Array; present: KvTensor[]; width: number }> {
+  /** `signal`: the step's (RunnerStep.signal), which stops the run once every sequence of the step was abandoned. */
+  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry, signal?: AbortSignal): Promise<{ logits: Float32Array; present: KvTensor[]; width: number }> {
     const s = tokens[0]!.length;
     const lengths = rows.map((r) => r.length);
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
@@ -236,7 +237,7 @@ export class OrtModelRunner implements ModelRunner {
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
     const adapters = seqs.some((q) => q.params.adapter) ? seqs.map((q) => q.params.adapter) : undefined;
-    const out = await this.model.forward({ tokens, lengths, past, width, adapters });
+    const out = await this.model.forward({ tokens, lengths, past, width, adapters, signal });
     if (!this.lazy) {
       await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
     }
