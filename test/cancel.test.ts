@@ -129,10 +129,10 @@ describe('over HTTP', () => {
   });
   after(() => new Promise<void>((r) => server.close(() => r())));
 
-  /** A query whose client can hang up: destroy() closes the connection. */
-  function send(body: unknown): { req: http.ClientRequest; reply: Promise<number | Error> } {
+  /** A query (or another POST) whose client can hang up: destroy() closes the connection. */
+  function send(body: unknown, route = '/query'): { req: http.ClientRequest; reply: Promise<number | Error> } {
     const data = Buffer.from(JSON.stringify(body));
-    const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/query', headers: { 'content-type': 'application/json', 'content-length': data.length } });
+    const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: route, headers: { 'content-type': 'application/json', 'content-length': data.length } });
     const reply = new Promise<number | Error>((resolve) => {
       req.on('response', (res) => {
         res.resume();
@@ -191,6 +191,22 @@ describe('over HTTP', () => {
     while (service.guard.reserved > 0) await turn();
     await service.engine.idle();
     assert.equal(gateStats().runs, runs, 'nothing ran for it: not its embedding, its rerank nor its generation');
+    assert.equal(service.engine.scheduler.hasWork, false);
+  });
+  test('a client that hangs up on a /v1 completion (not streamed) stops its generation at the next step', async () => {
+    const cancelled = service.engine.stats.cancelled;
+    const release = await holdRuns();
+    const a = send({ model: 'decoder-gqa', prompt: 'Context:\n[1] apt: a package tool\n\nQuestion: What is apt?\nAnswer:', max_tokens: 200, temperature: 0 }, '/v1/completions');
+    // Scheduled: its first step waits for the held gate.
+    while (service.engine.scheduler.running.length === 0) await turn();
+    a.req.destroy();
+    assert.ok((await a.reply) instanceof Error);
+    // Before any run is let through: the step, abandoned by its only request, leaves the gate's line.
+    while (service.engine.stats.cancelled === cancelled) await turn();
+    release();
+    await service.engine.idle();
+    while (service.guard.reserved > 0) await turn();
+    assert.equal(service.blocks.stats().usedBlocks, 0, 'its blocks are free');
     assert.equal(service.engine.scheduler.hasWork, false);
   });
 });
