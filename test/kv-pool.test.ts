@@ -53,3 +53,26 @@ test('copyBlock duplicates every layer of a block (copy-on-write)', () => {
   pool.copyBlock(0, 2);
   assert.deepEqual(pool.gather([{ blocks: [2], length: 4 }], 4), pool.gather([{ blocks: [0], length: 4 }], 4));
 });
+
+test('a paced gather copies the same as gather, letting the event loop run between its slices', async () => {
+  const pool = new KvCachePool(shape, 8, BS);
+  const p = present(2, 6);
+  pool.scatter(p, 2, 6, 0, 0, [5, 2], 0, 6);
+  pool.scatter(p, 2, 6, 1, 3, [7], 0, 3);
+  const rows = [{ blocks: [5, 2], length: 6 }, { blocks: [7], length: 3 }];
+  const want = pool.gather(rows, 6, 'left');
+  const got = want.map((a) => new Float32Array(a.length));
+  // A callback on every turn of the event loop, counting the turns the gather let pass.
+  let turns = 0;
+  let done = false;
+  const tick = () => {
+    turns++;
+    if (!done) setImmediate(tick);
+  };
+  setImmediate(tick);
+  // sliceMs 0: a pause after every row of every layer's keys or values (8 of them here).
+  await pool.gatherIntoPaced(rows, 6, 'left', got, 0);
+  done = true;
+  assert.deepEqual(got, want);
+  assert.ok(turns >= 4, `the event loop turned while it copied (${turns} turns; a gather in one go lets none)`);
+});

@@ -85,12 +85,34 @@ export class KvCachePool {
 
   /** gather into given arrays (one per layer key/value); positions outside the rows' tokens are left as they are. */
   gatherInto(rows: readonly GatherRow[], width: number, placement: 'right' | 'left', outs: readonly KvArray[]): void {
+    for (const _ of this.gatherSteps(rows, width, placement, outs));
+  }
+
+  /**
+   * gatherInto in slices of about `sliceMs` of copying, each on its own turn of the event loop. A batch's
+   * past can be a gigabyte (32 rows of 1600 tokens of a 24-layer decoder in float32): copied in one go on
+   * the main thread, it held health probes and load-shedding replies for up to a second. Nothing moves
+   * the pool's blocks meanwhile: only the runner writes them, and it is inside this step.
+   */
+  async gatherIntoPaced(rows: readonly GatherRow[], width: number, placement: 'right' | 'left', outs: readonly KvArray[], sliceMs = 8): Promise<void> {
+    let since = performance.now();
+    for (const _ of this.gatherSteps(rows, width, placement, outs)) {
+      if (performance.now() - since < sliceMs) continue;
+      await new Promise<void>((r) => setImmediate(r));
+      since = performance.now();
+    }
+  }
+
+  /** The gather's copies, pausing after each row of each layer's keys or values. */
+  private *gatherSteps(rows: readonly GatherRow[], width: number, placement: 'right' | 'left', outs: readonly KvArray[]): Generator<void> {
     const { numKvHeads: H, headDim: D } = this.shape;
     const bs = this.blockSize;
-    this.data.forEach((src, i) => {
+    for (let i = 0; i < this.data.length; i++) {
+      const src = this.data[i]!;
       const out = outs[i]!;
       if (out.length !== rows.length * H * width * D) throw new Error('gather target has an unexpected size');
-      rows.forEach((row, r) => {
+      for (let r = 0; r < rows.length; r++) {
+        const row = rows[r]!;
         const start = placement === 'right' ? width - row.length : 0;
         for (let h = 0; h < H; h++) {
           const dstBase = ((r * H + h) * width + start) * D;
@@ -100,8 +122,9 @@ export class KvCachePool {
             out.set(src.subarray(s, s + n * D), dstBase + t * D);
           }
         }
-      });
-    });
+        yield;
+      }
+    }
   }
 
   /**

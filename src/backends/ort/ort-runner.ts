@@ -232,7 +232,8 @@ export class OrtModelRunner implements ModelRunner {
     let past = carry?.present;
     if (!past) {
       past = this.model.allocPast(rows.length, width);
-      this.kv.gatherInto(rows, width, this.model.kvPlacement, presentData(past));
+      // Paced: a large batch's gather would hold the event loop (health probes, 503s) for up to a second.
+      await this.kv.gatherIntoPaced(rows, width, this.model.kvPlacement, presentData(past));
     }
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
