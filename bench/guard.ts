@@ -250,7 +250,9 @@ const deviceFigures = runner instanceof CudaModelRunner ? {
   nvml_growth_bursts_guarded_bytes: deviceGuarded,
   nvml_growth_bursts_unguarded_bytes: deviceUnguarded,
   nvml_used_at_start_bytes: deviceBefore,
-  device_prediction_error: +(Math.max(deviceAlone, deviceGuarded, deviceUnguarded) / runner.memory().total).toFixed(4),
+  // NVML's growth beyond the accountant's figures, relative to them: the decoder's error, where nothing
+  // else of the process is on the device (with the encoders there too, their buffers grow it as well).
+  device_prediction_error: onGpu ? null : +(Math.max(deviceAlone, deviceGuarded, deviceUnguarded) / runner.memory().total).toFixed(4),
 } : {};
 
 const count = (rs: Reply[], s: number) => rs.filter((r) => r.status === s).length;

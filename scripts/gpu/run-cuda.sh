@@ -77,15 +77,18 @@ fi
 if has guard; then
   # The reranker on, so that requests' runs (the encoders', on the CPU here) need workspace worth guarding.
   # A workspace the unguarded server's reranker bursts overflow (their peaks reached 91 MiB here).
-  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-64} node --import tsx bench/guard.ts; }
+  # Through scripts/tuned.sh, as npm run bench:guard runs it: without one malloc arena, the 16 cores'
+  # threads kept their own arenas and resident peaks were 3-6x the accounted ones, guards on or off.
+  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-64} sh scripts/tuned.sh node --import tsx bench/guard.ts; }
   record guard guard_cuda
 fi
 if has guard-webgpu; then
-  # The encoders on the GPU too (WebGPU, its buffer cache off so that NVML sees each run's peak): then
-  # requests' runs do grow device memory, and the guard has something to stop there.
+  # The encoders on the GPU too (WebGPU, its buffer cache off): NVML does not see a run alone (Dawn pools
+  # its buffers) but does see concurrent ones grow device memory (28-34 MiB in unguarded bursts here, none
+  # guarded), so the workspace is one those bursts overflow.
   guard_webgpu() {
     env "${cuda_env[@]}" RAGGUARD_EMBEDDER_EP=webgpu RAGGUARD_RERANKER_EP=webgpu RAGGUARD_WEBGPU_BUFFER_CACHE=disabled \
-      RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} node --import tsx bench/guard.ts
+      RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-16} sh scripts/tuned.sh node --import tsx bench/guard.ts
   }
   record guard-webgpu guard_webgpu
 fi
