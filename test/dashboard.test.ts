@@ -132,7 +132,7 @@ describe('the memory page in headless Chromium', { skip: NO_BROWSER }, () => {
     // of the columns at least. Not more: a flat line may be drawn over by another series at a nearby value
     // (its own colour was seen in 492 of 960 pixels once, in 310 another time).
     const spans = await page.$$eval('#chart polyline.series', (els) => els.map((e) => {
-      const xs = (e.getAttribute('points') ?? '').trim().split(/\s+/).filter(Boolean).map((p) => Number(p.split(',')[0]));
+      const xs = (e.getAttribute('points') ?? '').trim().split(/\s+/).filter(Boolean).map((p: string) => Number(p.split(',')[0]));
       return { name: e.getAttribute('data-name'), span: xs.length > 1 ? Math.max(...xs) - Math.min(...xs) : 0 };
     }));
     const chartWidth = await page.$eval('#chart', (el) => el.getBoundingClientRect().width);

@@ -200,11 +200,12 @@ export class Engine {
     const signals = seqs.map((s) => this.pending.get(s)?.hooks.signal);
     if (signals.length === 0 || signals.some((s) => s === undefined)) return undefined;
     const all = new AbortController();
+    const stop = () => all.abort(new DOMException('every request of the step was abandoned', 'AbortError'));
     let left = signals.filter((s) => !s!.aborted).length;
     const one = () => {
-      if (--left === 0) all.abort(new DOMException('every request of the step was abandoned', 'AbortError'));
+      if (--left === 0) stop();
     };
-    if (left === 0) all.abort(new DOMException('every request of the step was abandoned', 'AbortError'));
+    if (left === 0) stop();
     for (const s of signals) if (!s!.aborted) s!.addEventListener('abort', one, { once: true });
     return { signal: all.signal, dispose: () => { for (const s of signals) s!.removeEventListener('abort', one); } };
   }

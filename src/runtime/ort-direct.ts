@@ -242,7 +242,7 @@ function bind(): Api | null {
         // and load-shedding 503s while a model runs. Runs stay serialised all the same (run-gate.ts: the
         // guards' per-run accounting assumes no two overlap); an earlier version that let a decoder run
         // overlap the encoders' spread memory across malloc arenas and bursts went 3-43 % over budget.
-        signal?.throwIfAborted();
+        if (signal?.aborted) throw new RunInterrupted(signal.reason);
         // Run options only where the run can be stopped: their terminate flag is how a run already on the
         // worker thread is told to end (ONNX Runtime checks it between nodes).
         let options: unknown = null;
