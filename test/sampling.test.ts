@@ -67,6 +67,43 @@ describe('the sampler on small logits', () => {
     for (let i = 0; i < 400; i++) seen.add(sampleNext(logits, { temperature: 1, topP: 0.8 }, r, [], []));
     assert.deepEqual([...seen].sort(), [0, 4]);
   });
+
+  test('top_k and top_p draw what a full sort of the vocabulary gives, seed for seed (ties by lower id)', () => {
+    /** The candidates by sorting every id, as the sampler did before taking them from a heap. */
+    function bySort(l: Float32Array, temperature: number, topK: number, topP: number, random: () => number): number {
+      const order = Array.from({ length: l.length }, (_, i) => i).sort((a, b) => l[b]! - l[a]! || a - b).slice(0, topK || l.length);
+      const p = order.map((i) => Math.exp((l[i]! - l[order[0]!]!) / temperature));
+      let sum = p.reduce((a, b) => a + b, 0);
+      let keep = p.length;
+      if (topP < 1) {
+        let acc = 0;
+        for (let i = 0; i < p.length; i++) {
+          acc += p[i]! / sum;
+          if (acc >= topP) {
+            keep = i + 1;
+            break;
+          }
+        }
+        sum = p.slice(0, keep).reduce((a, b) => a + b, 0);
+      }
+      let r = random() * sum;
+      for (let i = 0; i < keep; i++) {
+        r -= p[i]!;
+        if (r <= 0) return order[i]!;
+      }
+      return order[keep - 1]!;
+    }
+    const values = seededRandom(11);
+    // 4096 logits on a coarse grid, so that many tie.
+    const l = Float32Array.from({ length: 4096 }, () => Math.round(values() * 64) / 8);
+    for (const [topK, topP] of [[5, 1], [50, 0.9], [0, 0.5], [0, 0.95], [400, 0.99]] as const) {
+      const a = seededRandom(5), b = seededRandom(5);
+      for (let i = 0; i < 300; i++) {
+        const want = bySort(l, 0.7, topK, topP, a);
+        assert.equal(sampleNext(l, { temperature: 0.7, topK, topP }, b, [], []), want, `top_k ${topK}, top_p ${topP}, draw ${i}`);
+      }
+    }
+  });
 });
 
 describe('incremental detokenization', () => {
