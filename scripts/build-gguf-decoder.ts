@@ -6,6 +6,7 @@
  */
 import { loadConfig } from '../src/config/config.js';
 import { ggufDecoderDir } from '../src/generate/gguf-decoder.js';
+import { loraWanted } from '../src/generate/adapters.js';
 
 const [file] = process.argv.slice(2);
 if (!file) {
@@ -13,5 +14,5 @@ if (!file) {
   process.exit(2);
 }
 const cfg = loadConfig(process.env);
-const dir = await ggufDecoderDir(file, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, log: (m) => console.log(m) });
+const dir = await ggufDecoderDir(file, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, lora: loraWanted(cfg, (m) => console.log(m)), log: (m) => console.log(m) });
 console.log(`[gguf] ${file}: ${dir}`);

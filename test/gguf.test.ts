@@ -13,12 +13,14 @@ import path from 'node:path';
 import { describe, test } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { DecoderModel } from '../src/generate/decoder-model.js';
+import { loraWanted } from '../src/generate/adapters.js';
 import { ggufDecoderDir } from '../src/generate/gguf-decoder.js';
 import { toBlocks } from '../src/generate/gguf-weights.js';
 import { buildGqaDecoder, type BlockWeight, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
 import { dequantize, GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type GgufValueType } from '../src/runtime/gguf.js';
 import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type NodeSpec } from '../src/runtime/onnx-proto.js';
 import { seededRandom } from '../src/generate/sampler.js';
+import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { ROOT, tempDir } from './helpers.js';
 
 /** A seeded generator (the sampler's mulberry32): the same bytes every run. */
@@ -340,6 +342,42 @@ describe('GGUF decoders, small synthetic models', () => {
       assert.deepEqual((await readdir(cache)).sort(), [path.basename(again), path.basename(nbits)].sort());
     });
   }
+
+  test('LoRA inputs: on, off, or auto from the adapter directory (on only where an adapter fits the model); each a conversion of its own', async () => {
+    const dir = await tempDir('ragguard-gguf-');
+    const file = path.join(dir, 'qwen2.gguf');
+    await writeFile(file, tinyGguf('qwen2', tinyModel('qwen2', 8)));
+    const cache = path.join(dir, 'cache');
+    const hasLora = async (d: string) => (await DecoderModel.load(d, 'cpu')).loraSlots !== null;
+    const adapters = path.join(dir, 'adapters');
+    /** A PEFT adapter on layer 0's q_proj for a model of hidden size `h`. */
+    const adapter = async (name: string, h: number) => {
+      await mkdir(path.join(adapters, name), { recursive: true });
+      await writeFile(path.join(adapters, name, 'adapter_config.json'), JSON.stringify({ peft_type: 'LORA', r: 2, lora_alpha: 2 }));
+      await writeFile(path.join(adapters, name, 'adapter_model.safetensors'), writeSafetensors(new Map([
+        ['base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight', { shape: [2, h], values: new Float32Array(2 * h) }],
+        ['base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight', { shape: [h, 2], values: new Float32Array(2 * h) }],
+      ])));
+    };
+    const auto = (log?: (m: string) => void) => loraWanted({ decoderLora: 'auto', adapterDir: adapters, maxLoraRank: 16 }, log);
+    const said: string[] = [];
+    // No adapter directory yet, then one whose only adapter is for another model (hidden size 512, not 64): off.
+    const none = await ggufDecoderDir(file, { cacheDir: cache, weights: 'dequant', lora: auto((m) => said.push(m)) });
+    assert.equal(await hasLora(none), false);
+    await adapter('other', 512);
+    assert.equal(await ggufDecoderDir(file, { cacheDir: cache, weights: 'dequant', lora: auto((m) => said.push(m)) }), none);
+    assert.match(said[1]!, /LoRA inputs: off \(no adapter in .* fits the decoder; RAGGUARD_DECODER_LORA=on adds them\)/);
+    // One that fits: on, another directory; both conversions stay in the cache.
+    await adapter('fits', 64);
+    const withLora = await ggufDecoderDir(file, { cacheDir: cache, weights: 'dequant', lora: auto((m) => said.push(m)) });
+    assert.notEqual(withLora, none);
+    assert.equal(await hasLora(withLora), true);
+    assert.match(said[2]!, /LoRA inputs: on \(adapter 'fits' in .* fits the decoder\)/);
+    assert.equal((await readdir(cache)).length, 2);
+    // on and off as asked, whatever the directory holds.
+    assert.equal(await ggufDecoderDir(file, { cacheDir: cache, weights: 'dequant', lora: loraWanted({ decoderLora: 'off', adapterDir: adapters, maxLoraRank: 16 }) }), none);
+    assert.equal(await ggufDecoderDir(file, { cacheDir: cache, weights: 'dequant', lora: loraWanted({ decoderLora: 'on', adapterDir: '', maxLoraRank: 16 }) }), withLora);
+  });
 
   test('refuses what it cannot represent, naming it', async () => {
     const dir = await tempDir('ragguard-gguf-');

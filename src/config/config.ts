@@ -23,6 +23,8 @@ export interface Config {
   decoderPath: string;
   /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
   ggufWeights: 'nbits' | 'dequant';
+  /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */
+  decoderLora: 'auto' | 'on' | 'off';
   ggufCacheDir: string;
   /** An Optimum export as the decoder: converted into the genai layout (cached) on the CPU, always, or never (export-decoder.ts). */
   decoderConvert: 'auto' | 'genai' | 'off';
@@ -203,6 +205,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_GGUF_WEIGHTS', default: 'nbits',
     doc: "A .gguf RAGGUARD_DECODER's weights in the converted graph: nbits (quantized projections stay quantized, ONNX Runtime's MatMulNBits: 4 bits a weight for Q4_0/Q4_1/Q4_K, 8 for Q8_0/Q6_K/Q5_0, plus a scale per block) or dequant (float32 everywhere).",
     apply: oneOf(['nbits', 'dequant'] as const, (c, v) => (c.ggufWeights = v)),
+  },
+  {
+    name: 'RAGGUARD_DECODER_LORA', default: 'auto',
+    doc: "LoRA inputs in a .gguf RAGGUARD_DECODER's converted graph: on, off, or auto (on where RAGGUARD_ADAPTER_DIR holds an adapter that fits the decoder at start-up, else off). Each projection's LoRA path costs its small ops even for base-model rows: measured on Qwen2.5-Coder-0.5B Q4_K_M, a CPU decode step took 51 ms with them and 39 ms without at batch 1, 116 and 93 ms at batch 8. Without them a request naming an adapter is refused (400 adapter_not_found, saying why); an adapter added later needs on, or a restart that finds it.",
+    apply: oneOf(['auto', 'on', 'off'] as const, (c, v) => (c.decoderLora = v)),
   },
   {
     name: 'RAGGUARD_GGUF_CACHE', default: 'models/gguf-cache',

