@@ -173,9 +173,21 @@ export class Engine {
       this.counters.prefills += plan.prefills.length;
       this.counters.decodeRows += plan.decodes.length;
       const stepSeqs = [...plan.prefills, ...plan.decodes];
-      const abandoned = this.abandonedTogether(stepSeqs);
+      // Made when the runner first asks for it (a runner whose steps take milliseconds never does): its
+      // listeners on every request's signal are a cost a step should not pay for nothing.
+      let abandoned: ReturnType<Engine['abandonedTogether']>;
+      let asked = false;
+      const watch = () => this.abandonedTogether(stepSeqs);
+      const step: RunnerStep = {
+        decodes: plan.decodes, prefills: plan.prefills, blocks: this.blocksOf,
+        get signal() {
+          if (!asked) abandoned = watch();
+          asked = true;
+          return abandoned?.signal;
+        },
+      };
       try {
-        await this.runner.execute({ decodes: plan.decodes, prefills: plan.prefills, blocks: this.blocksOf, signal: abandoned?.signal }, this.sink);
+        await this.runner.execute(step, this.sink);
       } catch (e) {
         // A failed run leaves the step's sequences without KV for their tokens: fail them, keep serving.
         // A stopped one (every sequence abandoned) the same, each with its own abort as the reason.
