@@ -59,6 +59,20 @@ interface DecoderConfig {
   pad_token_id?: number | null;
 }
 
+/** A decoder's layer dimensions from its transformers config (transformers' defaults where a field is absent). */
+export function configDims(cfg: Pick<DecoderConfig, 'hidden_size' | 'intermediate_size' | 'num_hidden_layers' | 'num_attention_heads' | 'num_key_value_heads' | 'head_dim'>):
+  Pick<DecoderShape, 'numLayers' | 'hiddenSize' | 'numHeads' | 'numKvHeads' | 'headDim' | 'intermediateSize'> {
+  const heads = cfg.num_attention_heads;
+  return {
+    numLayers: cfg.num_hidden_layers,
+    hiddenSize: cfg.hidden_size,
+    numHeads: heads,
+    intermediateSize: cfg.intermediate_size ?? 4 * cfg.hidden_size,
+    numKvHeads: cfg.num_key_value_heads ?? heads,
+    headDim: cfg.head_dim ?? cfg.hidden_size / heads,
+  };
+}
+
 interface GenerationConfig {
   eos_token_id?: number | number[];
   bos_token_id?: number;
@@ -192,16 +206,10 @@ export class DecoderModel {
     }
     const inputs: readonly SessionValueInfo[] = direct?.inputs
       ?? loaded?.session.inputMetadata.map((m) => ({ name: m.name, type: m.isTensor ? m.type : undefined })) ?? [];
-    const heads = cfg.num_attention_heads;
     const kvType = inputs.find((m) => m.name === 'past_key_values.0.key')?.type ?? 'float32';
     if (kvType !== 'float32' && kvType !== 'float16') throw new Error(`decoder ${files.onnx}: KV of type ${kvType} is not supported`);
     const shape: DecoderShape = {
-      numLayers: cfg.num_hidden_layers,
-      hiddenSize: cfg.hidden_size,
-      numHeads: heads,
-      intermediateSize: cfg.intermediate_size ?? 4 * cfg.hidden_size,
-      numKvHeads: cfg.num_key_value_heads ?? heads,
-      headDim: cfg.head_dim ?? cfg.hidden_size / heads,
+      ...configDims(cfg),
       vocabSize: cfg.vocab_size,
       maxPositions: cfg.max_position_embeddings ?? 2048,
       kvDtype: kvType,

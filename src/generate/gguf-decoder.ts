@@ -23,6 +23,7 @@ import { fileURLToPath } from 'node:url';
 import { GgufFile } from '../runtime/gguf.js';
 import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
 import { writeModel } from '../runtime/onnx-proto.js';
+import { configDims } from './decoder-model.js';
 import { buildGqaDecoder } from './gqa-builder.js';
 import { ggufModel } from './gguf-weights.js';
 import type { LoraShape } from './lora.js';
@@ -46,12 +47,7 @@ export interface GgufConvertOptions {
 function ggufLoraShape(file: string): LoraShape {
   const f = GgufFile.open(file);
   try {
-    const c = ggufModel(f).config;
-    const numHeads = c.num_attention_heads;
-    return {
-      numLayers: c.num_hidden_layers, hiddenSize: c.hidden_size, numHeads, numKvHeads: c.num_key_value_heads ?? numHeads,
-      headDim: c.head_dim ?? c.hidden_size / numHeads, intermediateSize: c.intermediate_size ?? 4 * c.hidden_size,
-    };
+    return configDims(ggufModel(f).config);
   } finally {
     f.close();
   }
