@@ -32,8 +32,7 @@ import { loadConfig } from '../src/config/config.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
-import { ggufDecoderDir } from '../src/generate/gguf-decoder.js';
-import { loraWanted } from '../src/generate/adapters.js';
+import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -46,7 +45,7 @@ const THREADS = availableParallelism();
 const LLAMA_THREADS = (process.env['BENCH_GGUF_LLAMA_THREADS'] ?? `1,${THREADS}`).split(',').map(Number).filter((n, i, a) => n > 0 && a.indexOf(n) === i);
 
 const cfg = loadConfig(process.env);
-const dir = await ggufDecoderDir(GGUF, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, lora: loraWanted(cfg, (m) => console.log(m)), log: (m) => console.log(m) });
+const dir = await ggufDecoderDir(GGUF, ggufOptionsFor(cfg, (m) => console.log(m)));
 const model = await DecoderModel.load(dir, 'cpu');
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
 const prompts = Array.from({ length: REQUESTS }, (_, i) =>

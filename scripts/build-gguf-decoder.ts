@@ -5,8 +5,7 @@
  *   tsx scripts/build-gguf-decoder.ts <model.gguf>
  */
 import { loadConfig } from '../src/config/config.js';
-import { ggufDecoderDir } from '../src/generate/gguf-decoder.js';
-import { loraWanted } from '../src/generate/adapters.js';
+import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
 
 const [file] = process.argv.slice(2);
 if (!file) {
@@ -14,5 +13,5 @@ if (!file) {
   process.exit(2);
 }
 const cfg = loadConfig(process.env);
-const dir = await ggufDecoderDir(file, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, lora: loraWanted(cfg, (m) => console.log(m)), log: (m) => console.log(m) });
+const dir = await ggufDecoderDir(file, ggufOptionsFor(cfg, (m) => console.log(m)));
 console.log(`[gguf] ${file}: ${dir}`);

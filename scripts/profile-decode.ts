@@ -15,8 +15,7 @@ import { readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/config.js';
-import { isGguf, ggufDecoderDir } from '../src/generate/gguf-decoder.js';
-import { loraWanted } from '../src/generate/adapters.js';
+import { isGguf, ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
 import { loraSlots } from '../src/generate/lora.js';
 import { readJson } from '../src/runtime/model-dir.js';
 import { DirectSession, directUnavailable, type HostTensor } from '../src/runtime/ort-direct.js';
@@ -33,7 +32,7 @@ const steps = Number(flag('steps', '16'));
 const seq = Number(flag('seq', '1'));
 const cfgEnv = loadConfig(process.env);
 const target = args[0] ?? 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf';
-const dir = isGguf(target) ? await ggufDecoderDir(target, { cacheDir: cfgEnv.ggufCacheDir, weights: cfgEnv.ggufWeights, lora: loraWanted(cfgEnv, console.log), log: console.log }) : target;
+const dir = isGguf(target) ? await ggufDecoderDir(target, ggufOptionsFor(cfgEnv, console.log)) : target;
 
 interface Cfg { num_hidden_layers: number; num_attention_heads: number; num_key_value_heads?: number; hidden_size: number; head_dim?: number; intermediate_size: number; vocab_size: number }
 const cfg = await readJson<Cfg>(path.join(dir, 'config.json'));

@@ -9,14 +9,14 @@ import { readdir, readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import path from 'node:path';
 import type { Config } from './config/config.js';
-import { AdapterRegistry, loraWanted } from './generate/adapters.js';
+import { AdapterRegistry } from './generate/adapters.js';
 import { BlockManager } from './generate/block-manager.js';
 import { CudaDecoder, type CudaDecoderLimits } from './backends/cuda/cuda-decoder.js';
 import { CudaModelRunner } from './backends/cuda/cuda-runner.js';
 import { DecoderModel } from './generate/decoder-model.js';
 import { Engine, type GenerateHooks } from './generate/engine.js';
 import type { SamplingParams } from './generate/sequence.js';
-import { ggufDecoderDir, isGguf } from './generate/gguf-decoder.js';
+import { ggufDecoderDir, ggufOptionsFor, isGguf } from './generate/gguf-decoder.js';
 import { exportDecoderDir } from './generate/export-decoder.js';
 import type { FinishReason, Generation } from './generate/generator.js';
 import { chatContextPrompt } from './generate/chat-prompt.js';
@@ -145,7 +145,7 @@ export async function loadModels(cfg: Config): Promise<Models> {
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
-  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, lora: loraWanted(cfg, (m) => console.log(m)), log: (m) => console.log(m) })
+  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, ggufOptionsFor(cfg, (m) => console.log(m)))
     : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: (m) => console.log(m) });
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };

@@ -84,8 +84,8 @@ if has guard; then
 fi
 if has guard-webgpu; then
   # The encoders on the GPU too (WebGPU, its buffer cache off): NVML does not see a run alone (Dawn pools
-  # its buffers) but does see concurrent ones grow device memory (28-34 MiB in unguarded bursts here, none
-  # guarded), so the workspace is one those bursts overflow.
+  # its buffers); concurrent ones grew device memory by 28-34 MiB in one run's unguarded bursts and by
+  # 0.1 MiB in the next (none guarded), so a workspace the first would overflow, not a reproducible one.
   guard_webgpu() {
     env "${cuda_env[@]}" RAGGUARD_EMBEDDER_EP=webgpu RAGGUARD_RERANKER_EP=webgpu RAGGUARD_WEBGPU_BUFFER_CACHE=disabled \
       RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-16} sh scripts/tuned.sh node --import tsx bench/guard.ts

@@ -23,6 +23,8 @@ import { fileURLToPath } from 'node:url';
 import { GgufFile } from '../runtime/gguf.js';
 import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
 import { writeModel } from '../runtime/onnx-proto.js';
+import type { Config } from '../config/config.js';
+import { loraWanted } from './adapters.js';
 import { configDims } from './decoder-model.js';
 import { buildGqaDecoder } from './gqa-builder.js';
 import { ggufModel } from './gguf-weights.js';
@@ -51,6 +53,15 @@ function ggufLoraShape(file: string): LoraShape {
   } finally {
     f.close();
   }
+}
+
+/**
+ * The conversion the configuration asks for (RAGGUARD_GGUF_CACHE, RAGGUARD_GGUF_WEIGHTS, RAGGUARD_DECODER_LORA):
+ * the server, setup and the tools ask through this, so they find the same conversion.
+ */
+export function ggufOptionsFor(cfg: Pick<Config, 'ggufCacheDir' | 'ggufWeights' | 'decoderLora' | 'adapterDir' | 'maxLoraRank'>,
+  log?: (msg: string) => void): GgufConvertOptions {
+  return { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, lora: loraWanted(cfg, log), log };
 }
 
 export function isGguf(p: string): boolean {
