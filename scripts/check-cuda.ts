@@ -10,7 +10,8 @@
  * prefix-cache hit: blocks reused, not recomputed), and all with a pool so small that the scheduler
  * preempts. Greedy ids must equal torch's; where they part, torch's own top-1/top-2 margin at that step
  * must be a near-tie (rounding, not a bug), and such cases are counted. Seeded sampling must repeat
- * itself in any batch. Also: the accountant's device total against NVML's used bytes. Where the
+ * itself in any batch. Penalties (repetition, presence, frequency) applied on the device choose what the
+ * CPU sampler chooses from the same context's logits. Also: the accountant's device total against NVML's used bytes. Where the
  * checkpoint has a LoRA adapter (adapters/lora), the runner gets LoRA slots and scripts/check-cuda-lora.ts
  * checks them against transformers + peft (alone, mixed with base rows and a second entry, prefix hits).
  * Last line JSON; exit code 1 on any failure.
@@ -20,6 +21,7 @@ import path from 'node:path';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
+import { applyPenalties, argmax, type SamplerSettings } from '../src/generate/sampler.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
 import { checkLora, hasLoraReference, LORA_SLOTS } from './check-cuda-lora.js';
@@ -106,6 +108,44 @@ async function checkModel(dir: string): Promise<Record<string, unknown>> {
   const s2 = (await Promise.all([ref.cases[0]!, ref.cases[1]!, ref.cases[2]!].map((c) => batchEngine.generate(c.prompt_ids, sampled))))[1]!;
   out.sampling = { repeatable: s1.ids.join() === s2.ids.join(), differs_from_greedy: s1.ids.join() !== alone[1]!.join() };
   if (s1.ids.join() !== s2.ids.join()) failures.push('seeded sampling differs between alone and batched');
+  // 4. Penalties, applied by the device sampler: each penalized greedy token must be the CPU sampler's
+  //    choice (sampler.ts applyPenalties, then argmax) from the unpenalized logits of the same context,
+  //    computed apart (teacher-forced prefills), or a near-tie there. Three rows in one batch: two with
+  //    different penalties and one without, which must stay the plain greedy ids.
+  // Presence and frequency scaled to the checkpoint's logits (random weights' margins are wide), so that
+  // they change choices.
+  const penCases = [ref.cases[1]!, ref.cases[2]!];
+  const sc = (k: number) => penCases[k]!.logit_scale;
+  const penalties: SamplerSettings[] = [
+    { temperature: 0, repetitionPenalty: 1.3, presencePenalty: 0.2 * sc(0), frequencyPenalty: 0.1 * sc(0) },
+    { temperature: 0, repetitionPenalty: 0.9, presencePenalty: -0.05 * sc(1), frequencyPenalty: 0.25 * sc(1) },
+  ];
+  const penEngine = engineWith(numBlocks);
+  const [p1, p2, plain] = await Promise.all([
+    penEngine.generate(penCases[0]!.prompt_ids, { ...penalties[0]!, maxNewTokens: 24, ignoreEos: true }),
+    penEngine.generate(penCases[1]!.prompt_ids, { ...penalties[1]!, maxNewTokens: 24, ignoreEos: true }),
+    penEngine.generate(ref.cases[0]!.prompt_ids, greedy),
+  ]);
+  const penResult: Record<string, unknown> = { plain_row: compare(plain!.ids, ref.cases[0]!) };
+  if (penResult.plain_row === 'differ') failures.push('penalties: the unpenalized row of the batch differs from torch');
+  for (const [k, g] of [p1!, p2!].entries()) {
+    const c = penCases[k]!;
+    const contexts = g.ids.map((_, i) => ({ prompt_ids: [...c.prompt_ids, ...g.ids.slice(0, i)], logit_scale: c.logit_scale }));
+    const raw = await prefillLogits(runner, contexts, (ids) => engineWith(numBlocks).generate(ids, { ...greedy, maxNewTokens: 1 }));
+    let equal = 0, nearTie = 0, differ = 0, changed = 0;
+    g.ids.forEach((id, i) => {
+      const l = applyPenalties(raw[i]!, penalties[k]!, c.prompt_ids, g.ids.slice(0, i));
+      const cpu = argmax(l);
+      if (cpu !== argmax(raw[i]!)) changed++;
+      if (cpu === id) equal++;
+      else if (l[cpu]! - l[id]! < NEAR_TIE * c.logit_scale) nearTie++;
+      else differ++;
+    });
+    penResult[`row_${k}`] = { equal, near_tie: nearTie, differ, steps_the_penalty_changed: changed };
+    if (differ > 0) failures.push(`penalties: row ${k}: ${differ} tokens differ from the CPU sampler's choice away from a near-tie`);
+    if (changed === 0) failures.push(`penalties: row ${k}: the penalties changed no choice (the check shows nothing)`);
+  }
+  out.penalties = penResult;
   if (hasLoraReference(dir)) {
     const lora = await checkLora({ runner, dir, numBlocks, blockSize: BLOCK, baseCases: ref.cases, compare, logitTolerance: LOGIT_TOL[runner.dtype] });
     out.lora = lora.result;

@@ -20,7 +20,8 @@ import { Engine } from '../src/generate/engine.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../src/generate/model-runner.js';
 import type { Sequence } from '../src/generate/sequence.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
-import { standInCuda, TINY, tinyTensors } from './cuda-standin.js';
+import { sampleNext, type SamplerSettings } from '../src/generate/sampler.js';
+import { standInCuda, standInLogits, TINY, tinyTensors } from './cuda-standin.js';
 
 const tiny = TINY;
 
@@ -49,7 +50,31 @@ describe('packed steps', () => {
     assert.deepEqual([f[4 + 4 * T + 6 * S], f[4 + 4 * T + 6 * S + 1]], [0, 0.5]);
     assert.ok(Math.abs(f[4 + 4 * T + 7 * S + 1]! - 0.9) < 1e-7);
     assert.deepEqual(seq(8), [0, 0]); // no adapter: the base model
-    assert.deepEqual([...words.subarray(4 + 4 * T + 9 * S)], [5, 0, 2, 9]); // tables padded to W
+    assert.deepEqual([...words.subarray(4 + 4 * T + 14 * S)], [5, 0, 2, 9]); // tables padded to W
+    assert.equal(words[3], 0); // no penalty entries
+    assert.deepEqual([9, 10, 11, 12, 13].map(seq), [[0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]);
+  });
+
+  test('penalty entries follow the tables, each row pointing at its own', () => {
+    const plain = { temperature: 0, topK: 0, topP: 1, seed: 1, step: 0 };
+    const words = packStep([
+      { tokens: [7], start: 3, blocks: [5], sampling: { ...plain, penalties: { repetition: 1.5, presence: 0.25, frequency: 0.5, tokens: [7, 3, 9], counts: [2, 0, 1] } } },
+      { tokens: [4], start: 0, blocks: [2], sampling: plain },
+      { tokens: [6], start: 0, blocks: [1], sampling: { ...plain, penalties: { repetition: 1, presence: -1, frequency: 0, tokens: [6], counts: [1] } } },
+    ], 16);
+    const T = 3, S = 3, W = 1, P = 4;
+    assert.equal(words.length, stepWords(T, S, W, P));
+    assert.equal(words[3], P);
+    const seq = (k: number) => [...words.subarray(4 + 4 * T + k * S, 4 + 4 * T + (k + 1) * S)];
+    const f = (k: number) => [...new Float32Array(words.buffer, (4 + 4 * T + k * S) * 4, S)];
+    assert.deepEqual(f(9), [1.5, 0, 1]);
+    assert.deepEqual(f(10), [0.25, 0, -1]);
+    assert.deepEqual(f(11), [0.5, 0, 0]);
+    assert.deepEqual(seq(12), [0, 0, 3]); // where each row's entries start
+    assert.deepEqual(seq(13), [3, 0, 1]); // and how many
+    const tail = 4 + 4 * T + 14 * S + S * W;
+    assert.deepEqual([...words.subarray(tail, tail + P)], [7, 3, 9, 6]);
+    assert.deepEqual([...words.subarray(tail + P)], [2, 0, 1, 1]);
   });
 
   test('a block table too short for the positions is refused', () => {
@@ -280,6 +305,36 @@ describe('the CUDA runner over a stand-in native library', () => {
     const g = await engine.generate(long, { maxNewTokens: 2, temperature: 0, ignoreEos: true });
     assert.deepEqual(g.ids, [20, 21]);
     assert.deepEqual(steps.slice(0, 3).map(({ T, S }) => ({ T, S })), [{ T: 8, S: 1 }, { T: 8, S: 1 }, { T: 3, S: 1 }]);
+    runner.close();
+  });
+
+  test('penalties run on the device sampler: the same choices as the CPU sampler makes from the same logits', async () => {
+    const runner = await CudaModelRunner.load(dir, { numBlocks: 64, blockSize: 4, maxBatchedTokens: 16, maxSeqs: 4 }, fake);
+    assert.equal(runner.refuse({ maxNewTokens: 4, temperature: 0, frequencyPenalty: 0.5 }), undefined);
+    const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
+    const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: 4, maxNumBatchedTokens: 16 });
+    // The CPU sampler over the stand-in's logits, token by token: what the device must choose.
+    const expected = (prompt: number[], s: SamplerSettings, n: number): number[] => {
+      const out: number[] = [];
+      for (let i = 0; i < n; i++) out.push(sampleNext(standInLogits([...prompt, ...out].at(-1)!, 0, 32), s, () => 0, prompt, out));
+      return out;
+    };
+    // Prompt tokens the model would continue with (repetition), and negative presence and frequency
+    // penalties, which raise what was generated over the model's choice (a positive one lowers every
+    // token of this cyclic model alike), in one batch with an unpenalized row.
+    const cases: { prompt: number[]; s: SamplerSettings }[] = [
+      { prompt: [5, 6, 7, 4], s: { temperature: 0, repetitionPenalty: 2 } },
+      { prompt: [1], s: { temperature: 0, presencePenalty: -1.5 } },
+      { prompt: [1], s: { temperature: 0, frequencyPenalty: -0.6, presencePenalty: 0.3 } },
+      { prompt: [9, 10], s: { temperature: 0 } },
+    ];
+    const got = await Promise.all(cases.map((c) => engine.generate(c.prompt, { ...c.s, maxNewTokens: 40, ignoreEos: true })));
+    cases.forEach((c, i) => assert.deepEqual(got[i]!.ids, expected(c.prompt, c.s, 40), JSON.stringify(c)));
+    // The penalties changed something in each penalized row (or this test shows nothing).
+    const plain = (p: number[]) => expected(p, { temperature: 0 }, 40);
+    for (const c of cases.slice(0, 3)) assert.notDeepEqual(expected(c.prompt, c.s, 40), plain(c.prompt));
+    assert.deepEqual(got[3]!.ids, plain([9, 10]));
+    await engine.idle();
     runner.close();
   });
 });

@@ -14,7 +14,7 @@ import type { CudaBackend } from '../src/backends/cuda/binding.js';
 import { cudaLoraPool, LORA_PROJECTIONS } from '../src/backends/cuda/cuda-lora.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { parseConfig } from '../src/backends/cuda/hf-checkpoint.js';
-import { loraSlotBytes, packStep, planDevice, stepWords, type DeviceLimits } from '../src/backends/cuda/step-pack.js';
+import { loraSlotBytes, packStep, planDevice, SEQ_ARRAYS, stepWords, type DeviceLimits } from '../src/backends/cuda/step-pack.js';
 import { AdapterRegistry, type AdapterHost } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
@@ -69,7 +69,7 @@ describe('device LoRA slots in the accountant', () => {
     const T = 4, S = 3, W = 1;
     assert.equal(words.length, stepWords(T, S, W));
     assert.deepEqual([...words.subarray(4 + 4 * T + 8 * S, 4 + 4 * T + 9 * S)], [2, 0, 1]);
-    assert.deepEqual([...words.subarray(4 + 4 * T + 9 * S)], [5, 1, 3], 'block tables after the lora array');
+    assert.deepEqual([...words.subarray(4 + 4 * T + SEQ_ARRAYS * S)], [5, 1, 3], 'block tables after the per-sequence arrays');
   });
 });
 

@@ -1,14 +1,27 @@
 /**
  * A stand-in for the native CUDA library (binding.ts's CudaBackend) on machines without a GPU: its
- * "model" answers each sequence with (its last token + 1 + 10 x its LoRA entry) mod vocab, read from the
- * packed step as the kernels read it (an adapter's rows come out different from the base model's, each by
+ * "model" answers each sequence with (its last token + 1 + 10 x its LoRA entry) mod vocab (standInLogits,
+ * with the packed penalties applied as the kernel applies them), read from the packed step as the kernels read it (an adapter's rows come out different from the base model's, each by
  * its own entry); its plan and memory figures are step-pack.ts's, as the real library's must be. So the
  * CUDA runner's and the server's own logic run on the CPU (scripts/check-cuda.ts checks the device).
  * Also the tiny Qwen2-shaped checkpoint the CUDA tests load.
  */
 import type { CudaBackend, EngineHandle, NativeConfig, NativeMemory } from '../src/backends/cuda/binding.js';
 import { parseConfig } from '../src/backends/cuda/hf-checkpoint.js';
-import { planDevice } from '../src/backends/cuda/step-pack.js';
+import { planDevice, SEQ_ARRAYS } from '../src/backends/cuda/step-pack.js';
+import { argmax } from '../src/generate/sampler.js';
+
+/**
+ * The stand-in model's logits after `last` (LoRA entry `lora`): 1 for (last + 1 + 10 x lora) mod vocab,
+ * 0.9 for the token after it, 0 elsewhere; so a penalty on the first makes the second win.
+ */
+export function standInLogits(last: number, lora: number, vocab: number): Float32Array {
+  const l = new Float32Array(vocab);
+  const target = (last + 1 + 10 * lora) % vocab;
+  l[target] = 1;
+  l[(target + 1) % vocab] = 0.9;
+  return l;
+}
 
 /** Qwen2-shaped: hidden 8, 2 heads of 4 (q 8), 1 kv head (k, v 4), intermediate 12, 2 layers, vocab 32. */
 export const TINY = {
@@ -86,12 +99,25 @@ export function standInCuda(config: Record<string, unknown>, opts: { omitLoraFro
     loadDone: () => {},
     captureGraphs: () => 0,
     step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
-      const T = words[0]!, S = words[1]!;
+      const T = words[0]!, S = words[1]!, W = words[2]!, P = words[3]!;
       const ids = words.subarray(4, 4 + T);
       const seq = (k: number) => words.subarray(4 + 4 * T + k * S, 4 + 4 * T + (k + 1) * S);
-      const last = seq(1), lora = seq(8);
+      const f32 = (k: number) => new Float32Array(words.buffer, words.byteOffset + (4 + 4 * T + k * S) * 4, S);
+      const last = seq(1), lora = seq(8), rep = f32(9), presence = f32(10), frequency = f32(11), penStart = seq(12), penCount = seq(13);
+      const penTokens = 4 + 4 * T + SEQ_ARRAYS * S + S * W;
       s.steps.push({ T, S, lora: [...lora] });
-      for (let r = 0; r < S; r++) tokensOut[r] = (ids[last[r]!]! + 1 + 10 * lora[r]!) % vocab;
+      for (let r = 0; r < S; r++) {
+        const logits = standInLogits(ids[last[r]!]!, lora[r]!, vocab);
+        // The penalties as the kernel applies them, from the packed entries.
+        for (let i = penStart[r]!; i < penStart[r]! + penCount[r]!; i++) {
+          const tok = words[penTokens + i]!, n = words[penTokens + P + i]!;
+          let x = logits[tok]!;
+          if (rep[r]! > 0 && rep[r] !== 1) x = x > 0 ? x / rep[r]! : x * rep[r]!;
+          if (n > 0) x -= presence[r]! + frequency[r]! * n;
+          logits[tok] = x;
+        }
+        tokensOut[r] = argmax(logits);
+      }
       resolve();
     })),
     copyBlocks: () => {},

@@ -11,6 +11,7 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine, type TokenEvent } from '../src/generate/engine.js';
 import { OutputText } from '../src/generate/output-text.js';
+import { PenaltyTally } from '../src/generate/penalty-tally.js';
 import { applyPenalties, sampleNext, seededRandom } from '../src/generate/sampler.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { ROOT } from './helpers.js';
@@ -45,6 +46,34 @@ describe('the sampler on small logits', () => {
   test('presence and frequency penalties count the output only', () => {
     const out = applyPenalties(logits, { temperature: 0, presencePenalty: 0.5, frequencyPenalty: 0.25 }, [1], [4, 4, 0]);
     assert.deepEqual([...out], [2 - 0.75, 1, 0.5, -1, 3 - 1]);
+  });
+
+  test('a penalty tally lists what applyPenalties acts on: applied as the device applies it, the same logits', () => {
+    const random = seededRandom(3);
+    const prompt = [4, 9, 9, 1, 30], out: number[] = [];
+    const settings = [{ temperature: 0, repetitionPenalty: 1.3 }, { temperature: 0, presencePenalty: 0.4, frequencyPenalty: 0.25 },
+      { temperature: 0, repetitionPenalty: 0.8, presencePenalty: -0.5, frequencyPenalty: 1 }];
+    const tallies = settings.map((s) => PenaltyTally.for(s, prompt, 32)!);
+    assert.equal(PenaltyTally.for({ temperature: 0.7, repetitionPenalty: 1 }, prompt, 32), undefined, 'no penalty, no list');
+    for (let step = 0; step < 40; step++) {
+      const logits = Float32Array.from({ length: 32 }, () => random() * 4 - 2);
+      settings.forEach((s, k) => {
+        const list = tallies[k]!.list(out);
+        assert.equal(new Set(list.tokens).size, list.tokens.length, 'each token once');
+        const device = new Float32Array(logits);
+        list.tokens.forEach((t, i) => {
+          let x = device[t]!;
+          if (list.repetition !== 1) x = x > 0 ? x / list.repetition : x * list.repetition;
+          if (list.counts[i]! > 0) x = x - list.presence - list.frequency * list.counts[i]!;
+          device[t] = x;
+        });
+        // Equal up to float32 rounding (the device rounds between its operations).
+        const cpu = applyPenalties(logits, s, prompt, out);
+        device.forEach((x, i) => assert.ok(Math.abs(x - cpu[i]!) <= 1e-6 * Math.max(1, Math.abs(x)), `step ${step}, settings ${k}, token ${i}: ${x} vs ${cpu[i]}`));
+      });
+      out.push(Math.floor(random() * 12)); // repeats, so counts grow past 1
+    }
+    assert.throws(() => tallies[0]!.list([]), /shrank/);
   });
 
   test('greedy takes the argmax after penalties; top_k = 1 is greedy at any temperature', () => {

@@ -60,7 +60,7 @@ export interface SamplerSettings {
 }
 
 /** Whether any penalty would change the logits. */
-function penalized(s: SamplerSettings): boolean {
+export function penalized(s: SamplerSettings): boolean {
   return (s.repetitionPenalty !== undefined && s.repetitionPenalty !== 1) || !!s.presencePenalty || !!s.frequencyPenalty;
 }
 

@@ -25,6 +25,7 @@ import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory, type StepProfile } from './binding.js';
 import { CudaLoraPool } from './cuda-lora.js';
 import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
+import { PenaltyTally } from '../../generate/penalty-tally.js';
 import { graphBuckets, kvBytesPerToken, packStep, planDevice, type DeviceLimits, type DevicePlan, type DeviceSampling, type StepItem } from './step-pack.js';
 
 export interface CudaRunnerOptions {
@@ -92,6 +93,8 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
   /** The device LoRA slots' projections, or null without slots (maxLoras 0: adapters are refused). */
   readonly loraSlots: readonly LoraSlot[] | null;
   private readonly loraPool: CudaLoraPool | undefined;
+  /** Each penalized sequence's tokens and counts, kept as it grows (undefined: the sequence has no penalties). */
+  private readonly tallies = new WeakMap<Sequence, PenaltyTally | undefined>();
 
   private constructor(
     private readonly native: CudaBackend,
@@ -211,10 +214,8 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     return p;
   }
 
-  /** The device sampler applies no penalties yet: a request asking for them is refused, not sampled without them. */
+  /** Requests for an adapter these slots cannot run (every sampling setting, penalties included, runs on the device). */
   refuse(params: SamplingParams): string | undefined {
-    const penalized = (params.repetitionPenalty !== undefined && params.repetitionPenalty !== 1) || !!params.presencePenalty || !!params.frequencyPenalty;
-    if (penalized) return 'repetition, presence and frequency penalties are not applied by the CUDA backend yet';
     const a = params.adapter;
     if (a && !this.loraPool) return 'this CUDA decoder has no LoRA slots (RAGGUARD_MAX_LORAS)';
     if (a && (a.released || a.entry < 1 || a.entry > this.loraPool!.maxLoras)) return `adapter ${a.key} is not resident in the CUDA decoder's slots`;
@@ -313,7 +314,14 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
   }
 
   private item(seq: Sequence, tokens: readonly number[], start: number, step: RunnerStep): StepItem {
-    return { tokens, start, blocks: step.blocks(seq), sampling: deviceSampling(seq.params, seq.outputIds.length), lora: seq.params.adapter?.entry ?? 0 };
+    const sampling = deviceSampling(seq.params, seq.outputIds.length);
+    let tally = this.tallies.get(seq);
+    if (tally === undefined && !this.tallies.has(seq)) {
+      tally = PenaltyTally.for(seq.params, seq.promptIds, this.shape.vocabSize);
+      this.tallies.set(seq, tally);
+    }
+    if (tally) sampling.penalties = tally.list(seq.outputIds);
+    return { tokens, start, blocks: step.blocks(seq), sampling, lora: seq.params.adapter?.entry ?? 0 };
   }
 
   private async run(items: readonly StepItem[]): Promise<Int32Array> {

@@ -9,7 +9,8 @@
 // StepView below) that is copied to the device in one transfer: the kernels read the counts, block
 // tables and slot mapping from device memory, so that a decode step of a batch-size bucket can be
 // captured once as a CUDA graph and replayed with new inputs (one launch a step). A step returns only
-// the sampled token ids (greedy or seeded temperature / top-k / top-p, chosen on the device); logits come
+// the sampled token ids (greedy or seeded temperature / top-k / top-p after repetition / presence /
+// frequency penalties, chosen on the device); logits come
 // back only when asked for (checks).
 //
 // GEMMs go through cuBLAS (fp16/bf16 in, fp32 accumulate) with a workspace set explicitly (required for
@@ -23,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -105,13 +107,15 @@ template <typename T> __device__ __forceinline__ uint4 load8_raw(const T* p) { r
 
 // ---------------------------------------------------------------------------------------------------
 // The step's inputs, as packed by the host (binding.ts packStep): int32 words
-//   [0] T tokens, [1] S sequences, [2] W block-table width, [3] reserved
+//   [0] T tokens, [1] S sequences, [2] W block-table width, [3] P penalty entries
 //   token_ids[T] positions[T] slots[T] token_seq[T]
 //   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S]
 //   temperature[S] top_p[S] (float32 bit patterns)
 //   lora[S] (the sequence's entry in the LoRA slots; 0: the base model)
+//   repetition[S] presence[S] frequency[S] (float32) pen_start[S] pen_count[S]
 //   block_tables[S * W]
-// Padding rows of a graph bucket have slot -1, seq_len 0 and lora 0.
+//   pen_tokens[P] pen_counts[P] (a row's distinct penalized tokens and their counts in its output)
+// Padding rows of a graph bucket have slot -1, seq_len 0, lora 0 and no penalty entries.
 struct StepView {
   const int* base;
   __device__ __forceinline__ int T() const { return base[0]; }
@@ -130,12 +134,22 @@ struct StepView {
   __device__ __forceinline__ const float* temperature() const { return reinterpret_cast<const float*>(seq_arr(6)); }
   __device__ __forceinline__ const float* top_p() const { return reinterpret_cast<const float*>(seq_arr(7)); }
   __device__ __forceinline__ const int* lora() const { return seq_arr(8); }
-  __device__ __forceinline__ const int* block_tables() const { return seq_arr(9); }
+  __device__ __forceinline__ const float* repetition() const { return reinterpret_cast<const float*>(seq_arr(9)); }
+  __device__ __forceinline__ const float* presence() const { return reinterpret_cast<const float*>(seq_arr(10)); }
+  __device__ __forceinline__ const float* frequency() const { return reinterpret_cast<const float*>(seq_arr(11)); }
+  __device__ __forceinline__ const int* pen_start() const { return seq_arr(12); }
+  __device__ __forceinline__ const int* pen_count() const { return seq_arr(13); }
+  __device__ __forceinline__ const int* block_tables() const { return seq_arr(14); }
+  __device__ __forceinline__ int P() const { return base[3]; }
+  __device__ __forceinline__ const int* pen_tokens() const { return block_tables() + (size_t)S() * W(); }
+  __device__ __forceinline__ const int* pen_counts() const { return pen_tokens() + P(); }
 };
-constexpr int kSeqArrays = 9;
+constexpr int kSeqArrays = 14;
 constexpr int kLoraSeqArray = 8;
 
-size_t step_words(int T, int S, int W) { return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W; }
+size_t step_words(int T, int S, int W, int P) {
+  return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W + 2 * (size_t)P;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Kernels
@@ -563,6 +577,30 @@ __device__ __forceinline__ float gumbel(uint64_t seed, int step, int token) {
   return -__logf(-__logf(u));
 }
 
+// Repetition, presence and frequency penalties on the logits of each row's listed tokens (distinct in a
+// row, so no two threads write one logit), in place, before sampling; as sampler.ts applies them. A row
+// without entries (most, and every padding row) returns at once: in a graph this kernel costs a launch.
+__global__ void penalty_kernel(StepView v, float* __restrict__ logits, int vocab) {
+  const int s = blockIdx.x;
+  if (s >= v.S()) return;
+  const int n = v.pen_count()[s];
+  if (n <= 0) return;
+  const int start = v.pen_start()[s];
+  const float rep = v.repetition()[s], pres = v.presence()[s], freq = v.frequency()[s];
+  const int* toks = v.pen_tokens() + start;
+  const int* cnts = v.pen_counts() + start;
+  float* x = logits + (size_t)s * vocab;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int t = toks[i];
+    if (t < 0 || t >= vocab) continue;
+    float y = x[t];
+    if (rep > 0.f && rep != 1.f) y = y > 0.f ? y / rep : y * rep;
+    const int c = cnts[i];
+    if (c > 0) y = y - pres - freq * (float)c;
+    x[t] = y;
+  }
+}
+
 // One CTA per sampled row. Temperature 0: argmax (lowest index on ties). Otherwise the logits are
 // divided by the temperature, the top-k and top-p sets are cut by bisection on a threshold (a pass over
 // the vocabulary per step: no sort), and the token is drawn by the Gumbel-max trick from the kept set,
@@ -667,48 +705,74 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
 }
 
 // LoRA (punica's shrink and expand, per row): a row whose sequence has adapter entry idx > 0 adds
-// (x A[idx]) B[idx] to a projection's output; rows of the base model (idx 0) return at once. Slots are
-// A [entries, in, cap] and B [entries, cap, out] (lora.ts's layout, scale folded into B); the low-rank
-// activation stays float32 between the two.
+// (x A[idx]) B[idx] to a projection's output; rows of the base model (idx 0) return at once. On the device
+// A is kept transposed, At [entries, cap, in] (rg_lora_write transposes lora.ts's [in, cap]), so that a
+// rank column is one contiguous row; B is [entries, cap, out] (scale folded in). The low-rank activation
+// stays float32 between the two kernels. Two slots that share their input (gate and up) run as one pair:
+// columns [0, cap0) of the activation and outputs [0, out0) are the first's, the rest the second's.
 constexpr int LORA_THREADS = 256;
+constexpr int LORA_WARPS = LORA_THREADS / 32;
 
-// tmp[t, r] = x[t] . A[idx][:, r]: a CTA per (rank column, token), its threads over `in`. Their loads are
-// independent, so they overlap; the first version (a CTA per token, threads over (column, slice of `in`))
-// made each thread a chain of in / (threads / cap) dependent loads, ~30 us a projection: adapter steps ran
-// at 0.25-0.32 of the base model's tokens/s on the H200 (bench:gpu-lora).
+// tmp[t, c] = x[t] . At[idx][c]: a warp per (rank column, token), 16-byte loads along `in`, reduced by
+// shuffles. Earlier forms: a CTA per token with a chain of dependent loads per thread (~30 us a
+// projection), then a CTA per (column, token) with a block reduction (768 CTAs for q|k|v at 32 rows); the
+// LoRA kernels were about half of an adapter step's time (bench:gpu-lora: 0.54 of the base tokens/s).
 template <typename T>
 __global__ void __launch_bounds__(LORA_THREADS) lora_shrink_kernel(StepView v, const T* __restrict__ x, int ldx,
-                                                                 const T* __restrict__ A, float* __restrict__ tmp, int in, int cap) {
-  __shared__ float red[32];
-  const int r = blockIdx.x, t = blockIdx.y;
+                                                                 const T* __restrict__ A0, int cap0, const T* __restrict__ A1,
+                                                                 int cap1, float* __restrict__ tmp, int in) {
+  const int t = blockIdx.y;
   if (t >= v.T()) return;
   const int idx = v.lora()[v.token_seq()[t]];
   if (idx <= 0) return;
+  const int cap = cap0 + cap1;
+  const int col = blockIdx.x * LORA_WARPS + (threadIdx.x >> 5);
+  if (col >= cap) return;
+  const int lane = threadIdx.x & 31;
+  const T* a = col < cap0 ? A0 + ((size_t)idx * cap0 + col) * in : A1 + ((size_t)idx * cap1 + (col - cap0)) * in;
   const T* xr = x + (size_t)t * ldx;
-  const T* a = A + (size_t)idx * in * cap + r;
   float acc = 0.f;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < in; i += blockDim.x) acc += to_f(xr[i]) * to_f(a[(size_t)i * cap]);
-  acc = block_sum(acc, red);
-  if (threadIdx.x == 0) tmp[(size_t)t * cap + r] = acc;
+  if ((in & 7) == 0 && (ldx & 7) == 0) {
+    for (int i = lane * 8; i < in; i += 32 * 8) {
+      float af[8];
+      load8(a + i, af);
+      const uint4 u = load8_raw(xr + i);
+      const T* xh = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc += to_f(xh[k]) * af[k];
+    }
+  } else {
+    for (int i = lane; i < in; i += 32) acc += to_f(xr[i]) * to_f(a[i]);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) tmp[(size_t)t * cap + col] = acc;
 }
 
-// y[t, o] += tmp[t] . B[idx][:, o], rounded once to the model's type; a thread per output column.
+// y[t, o] += tmp[t] . B[idx][:, o], rounded once to the model's type; a thread per output column, over
+// out0 + out1 columns (the pair's second slot writes the columns after the first's).
 template <typename T>
-__global__ void __launch_bounds__(LORA_THREADS) lora_expand_kernel(StepView v, const float* __restrict__ tmp, int cap,
-                                                                 const T* __restrict__ B, T* __restrict__ y, int ldy, int out) {
+__global__ void __launch_bounds__(LORA_THREADS) lora_expand_kernel(StepView v, const float* __restrict__ tmp, int cap0, int cap1,
+                                                                 const T* __restrict__ B0, int out0, const T* __restrict__ B1,
+                                                                 int out1, T* __restrict__ y, int ldy) {
   extern __shared__ float ts[];
   const int t = blockIdx.y;
   if (t >= v.T()) return;
   const int idx = v.lora()[v.token_seq()[t]];
   if (idx <= 0) return;
+  const int cap = cap0 + cap1;
   for (int r = threadIdx.x; r < cap; r += blockDim.x) ts[r] = tmp[(size_t)t * cap + r];
   __syncthreads();
-  const T* b = B + (size_t)idx * cap * out;
+  const T* b0 = B0 + (size_t)idx * cap0 * out0;
+  const T* b1 = B1 ? B1 + (size_t)idx * cap1 * out1 : nullptr;
   T* yr = y + (size_t)t * ldy;
-  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < out; o += gridDim.x * blockDim.x) {
+  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < out0 + out1; o += gridDim.x * blockDim.x) {
     float acc = 0.f;
-    for (int r = 0; r < cap; ++r) acc += ts[r] * to_f(b[(size_t)r * out + o]);
+    if (o < out0) {
+      for (int r = 0; r < cap0; ++r) acc += ts[r] * to_f(b0[(size_t)r * out0 + o]);
+    } else {
+      const int o1 = o - out0;
+      for (int r = 0; r < cap1; ++r) acc += ts[cap0 + r] * to_f(b1[(size_t)r * out1 + o1]);
+    }
     yr[o] = from_f<T>(to_f(yr[o]) + acc);
   }
 }
@@ -823,7 +887,7 @@ struct Engine {
   size_t graph_bytes = 0;
   bool capturing = false;
   // LoRA slots: one allocation, [layer][projection] A then B; the shrink's float32 output in the workspace.
-  struct LoraSlot { void *a, *b; int in, cap, out; };
+  struct LoraSlot { void *a, *b; int in, cap, out; };  // a: A transposed, [entries, cap, in]
   char* lora = nullptr;
   size_t lora_bytes = 0;
   std::vector<LoraSlot> lora_slots;
@@ -901,6 +965,13 @@ size_t lora_slot_bytes(const rg_config& c) {
   return per * c.num_layers;
 }
 
+// The most penalty entries a step carries (step-pack.ts maxPenaltyEntries): a row's distinct tokens are
+// at most its positions and at most the vocabulary.
+int max_penalty_entries(const rg_config& c) {
+  const int64_t per = std::min<int64_t>(c.vocab, (int64_t)c.max_blocks_per_seq * c.block_size);
+  return (int)((int64_t)c.max_seqs * per);
+}
+
 cudaDataType_t cuda_type(const rg_config& c) { return c.dtype == 1 ? CUDA_R_16BF : CUDA_R_16F; }
 
 template <typename T, typename OutT, int R>
@@ -951,14 +1022,19 @@ int decode_splits(const Engine& e, int rows) {
 }
 
 // A projection's LoRA path, right after its GEMM wrote y: shrink into the float32 scratch, expand into y.
+// `p1` (or -1): a second slot on the same input whose outputs follow p's in y (gate then up).
 template <typename T>
-int lora_apply(Engine& e, int layer, int p, const void* x, int ldx, void* y, int ldy, int tokens) {
+int lora_apply(Engine& e, int layer, int p, int p1, const void* x, int ldx, void* y, int ldy, int tokens) {
   const Engine::LoraSlot& s = e.lora_slots[(size_t)layer * L_COUNT + p];
+  const Engine::LoraSlot* s1 = p1 >= 0 ? &e.lora_slots[(size_t)layer * L_COUNT + p1] : nullptr;
+  const int cap1 = s1 ? s1->cap : 0, out1 = s1 ? s1->out : 0;
   StepView v{e.d_step};
-  lora_shrink_kernel<T><<<dim3(s.cap, tokens), LORA_THREADS, 0, e.stream>>>(v, (const T*)x, ldx, (const T*)s.a, e.lora_t, s.in, s.cap);
-  const int gx = (s.out + LORA_THREADS - 1) / LORA_THREADS;
-  lora_expand_kernel<T><<<dim3(gx < 64 ? gx : 64, tokens), LORA_THREADS, s.cap * sizeof(float), e.stream>>>(
-      v, e.lora_t, s.cap, (const T*)s.b, (T*)y, ldy, s.out);
+  const int cap = s.cap + cap1;
+  lora_shrink_kernel<T><<<dim3((cap + LORA_WARPS - 1) / LORA_WARPS, tokens), LORA_THREADS, 0, e.stream>>>(
+      v, (const T*)x, ldx, (const T*)s.a, s.cap, s1 ? (const T*)s1->a : nullptr, cap1, e.lora_t, s.in);
+  const int gx = (s.out + out1 + LORA_THREADS - 1) / LORA_THREADS;
+  lora_expand_kernel<T><<<dim3(gx < 64 ? gx : 64, tokens), LORA_THREADS, cap * sizeof(float), e.stream>>>(
+      v, e.lora_t, s.cap, cap1, (const T*)s.b, s.out, s1 ? (const T*)s1->b : nullptr, out1, (T*)y, ldy);
   return 0;
 }
 // Profiling phases (rg_profile_read's order): the time from one mark to the next goes to the later mark's phase.
@@ -1006,7 +1082,7 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     add_rmsnorm<T>(e, tokens, -1, e.resid, l == 0 ? nullptr : e.delta, L.in_norm, e.normed);
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
-    if (e.lora_on) lora_apply<T>(e, l, L_QKV, e.normed, H, e.qkvbuf, qw, tokens);
+    if (e.lora_on) lora_apply<T>(e, l, L_QKV, -1, e.normed, H, e.qkvbuf, qw, tokens);
     e.mark(P_QKV_GEMM);
     qkv_rope_cache_kernel<T><<<tokens, rope_threads, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
                                                       (T*)e.vplane(l), nh, nkv, hd, c.block_size);
@@ -1017,19 +1093,18 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     if (splits > 1) attn_combine_kernel<T><<<dim3(tokens, nh), 64, 0, st>>>(v, e.part_acc, e.part_ml, (T*)e.attn, nh, hd, splits);
     e.mark(P_ATTENTION);
     if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
-    if (e.lora_on) lora_apply<T>(e, l, L_O, e.attn, nh * hd, e.delta, H, tokens);
+    if (e.lora_on) lora_apply<T>(e, l, L_O, -1, e.attn, nh * hd, e.delta, H, tokens);
     e.mark(P_O_GEMM);
     add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, L.post_norm, e.normed);
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
-    // gate and up are one GEMM here, two slots in lora.ts: each writes its half of gate|up.
-    if (e.lora_on) lora_apply<T>(e, l, L_GATE, e.normed, H, e.gu, 2 * I, tokens);
-    if (e.lora_on) lora_apply<T>(e, l, L_UP, e.normed, H, (T*)e.gu + I, 2 * I, tokens);
+    // gate and up are one GEMM here, two slots in lora.ts: one pair of kernels writes gate|up.
+    if (e.lora_on) lora_apply<T>(e, l, L_GATE, L_UP, e.normed, H, e.gu, 2 * I, tokens);
     e.mark(P_GATE_UP_GEMM);
     silu_mul_kernel<T><<<dim3(silu_ctas, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
     e.mark(P_SILU);
     if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
-    if (e.lora_on) lora_apply<T>(e, l, L_DOWN, e.act, I, e.delta, H, tokens);
+    if (e.lora_on) lora_apply<T>(e, l, L_DOWN, -1, e.act, I, e.delta, H, tokens);
     e.mark(P_DOWN_GEMM);
   }
   // Only the sampled rows go through the final norm and the head.
@@ -1038,6 +1113,7 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
   e.mark(P_NORM);
   if (gemm(e, e.last, e.lm_head, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
   e.mark(P_HEAD_GEMM);
+  penalty_kernel<<<seqs, 256, 0, st>>>(v, e.logits, c.vocab);
   sample_kernel<<<seqs, SAMPLE_THREADS, 0, st>>>(v, e.logits, c.vocab, e.d_tokens);
   e.mark(P_SAMPLE);
   CUDA_TRY(cudaGetLastError());
@@ -1141,7 +1217,7 @@ void* rg_create(const rg_config* cfg) {
     e->max_splits = 16;
     char* p = e->ws;
     auto take = [&](size_t bytes) { void* r = p; p += align256(bytes); return r; };
-    e->step_cap_words = step_words((int)Tm, (int)Sm, c.max_blocks_per_seq);
+    e->step_cap_words = step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, max_penalty_entries(c));
     e->d_step = (int*)take(e->step_cap_words * 4);
     e->resid = take(Tm * c.hidden * 2);
     e->normed = take(Tm * c.hidden * 2);
@@ -1200,7 +1276,8 @@ int rg_plan(const rg_config* cp, int64_t* out) {
   const size_t Tm = c.max_batched_tokens, Sm = c.max_seqs;
   const size_t qw = (size_t)(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const int splits = 16;
-  size_t ws = align256(step_words((int)Tm, (int)Sm, c.max_blocks_per_seq) * 4) + align256(Tm * c.hidden * 2) * 3 +
+  const int P = max_penalty_entries(c);
+  size_t ws = align256(step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, P) * 4) + align256(Tm * c.hidden * 2) * 3 +
               align256(Tm * qw * 2) + align256(Tm * c.num_heads * c.head_dim * 2) + align256(Tm * 2 * c.intermediate * 2) +
               align256(Tm * c.intermediate * 2) + align256(Sm * c.hidden * 2) + align256(Sm * c.vocab * 4) +
               align256(Sm * c.num_heads * splits * c.head_dim * 4) + align256(Sm * c.num_heads * splits * 2 * 4) +
@@ -1210,7 +1287,7 @@ int rg_plan(const rg_config* cp, int64_t* out) {
   out[1] = (int64_t)kv;
   out[2] = (int64_t)ws;
   out[3] = c.cublas_workspace_bytes;
-  out[4] = (int64_t)((step_words((int)Tm, (int)Sm, c.max_blocks_per_seq) + Sm) * 4);
+  out[4] = (int64_t)((step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, P) + Sm) * 4);
   out[5] = (int64_t)lora_slot_bytes(c);
   return 0;
 }
@@ -1328,13 +1405,13 @@ int rg_capture_graphs(void* h, const int32_t* buckets, int n) {
     // A padding step: b tokens, b sequences, every slot -1 (nothing written), seq_len 0.
     int* w = e->h_step;
     const int W = 1;
-    std::memset(w, 0, step_words(b, b, W) * 4);
+    std::memset(w, 0, step_words(b, b, W, 0) * 4);
     w[0] = b; w[1] = b; w[2] = W;
     int* slots = w + 4 + 2 * b;
     int* tseq = w + 4 + 3 * b;
     int* last = w + 4 + 4 * b + b;
     for (int r = 0; r < b; ++r) { slots[r] = -1; tseq[r] = r; last[r] = r; }
-    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W) * 4, cudaMemcpyHostToDevice, e->stream));
+    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W, 0) * 4, cudaMemcpyHostToDevice, e->stream));
     Graph g;
     g.batch = b;
     g.splits = decode_splits(*e, b);
@@ -1374,8 +1451,9 @@ int rg_capture_graphs(void* h, const int32_t* buckets, int n) {
 // `logits_out` is not null. Synchronous: returns once the ids are on the host.
 int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, float* logits_out) {
   auto* e = static_cast<Engine*>(h);
-  const int T = words[0], S = words[1], W = words[2];
-  if ((size_t)nwords != step_words(T, S, W)) return fail("packed step has the wrong size");
+  const int T = words[0], S = words[1], W = words[2], P = words[3];
+  if (P < 0 || P > max_penalty_entries(e->cfg)) return fail("more penalty entries than the step's staging holds");
+  if ((size_t)nwords != step_words(T, S, W, P)) return fail("packed step has the wrong size");
   if (T <= 0 || T > e->cfg.max_batched_tokens || S <= 0 || S > e->cfg.max_seqs || S > T) return fail("step exceeds the configured limits");
   if (W > e->cfg.max_blocks_per_seq) return fail("block table wider than max_blocks_per_seq");
   // Rows with an adapter: the step runs the LoRA kernels (its graph's LoRA variant); none: the base step.
@@ -1392,7 +1470,7 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
     // Pad to the bucket: rows S..b-1 write nothing and attend to nothing.
     const int b = g->batch;
     int* w = e->h_step;
-    w[0] = b; w[1] = b; w[2] = W; w[3] = 0;
+    w[0] = b; w[1] = b; w[2] = W; w[3] = P;
     const int* src = words + 4;
     int* dst = w + 4;
     for (int a = 0; a < 4; ++a) {  // token arrays
@@ -1407,7 +1485,9 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
     }
     std::memcpy(dst, src, (size_t)S * W * 4);
     std::memset(dst + (size_t)S * W, 0, (size_t)(b - S) * W * 4);
-    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W) * 4, cudaMemcpyHostToDevice, e->stream));
+    // The penalty entries as they were (rows point into them by index; padding rows have none).
+    std::memcpy(dst + (size_t)b * W, src + (size_t)S * W, 2 * (size_t)P * 4);
+    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W, P) * 4, cudaMemcpyHostToDevice, e->stream));
   } else {
     std::memcpy(e->h_step, words, (size_t)nwords * 4);
     CUDA_TRY(cudaMemcpyAsync(e->d_step, e->h_step, (size_t)nwords * 4, cudaMemcpyHostToDevice, e->stream));
@@ -1527,9 +1607,10 @@ int rg_lora_write(void* h, int layer, int projection, int entry, const float* a,
     CUDA_TRY(cudaStreamSynchronize(e->lora_stream));
     return 0;
   }
+  // A goes in transposed ([cap, in]: a rank column is one contiguous row for the shrink kernel).
   std::vector<uint16_t> host(na + nb);
   for (size_t i = 0; i < na + nb; ++i) {
-    const float x = i < na ? a[i] : b[i - na];
+    const float x = i < na ? a[(i % s.in) * s.cap + i / s.in] : b[i - na];
     if (c.dtype == 1) {
       const __nv_bfloat16 y = __float2bfloat16_rn(x);
       std::memcpy(&host[i], &y, 2);

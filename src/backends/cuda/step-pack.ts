@@ -6,13 +6,18 @@
  *
  * A step is a list of items, each a sequence feeding `tokens` from position `start` over its block
  * table. Packed layout (int32 words; StepView in ragguard_cuda.cu):
- *   [T, S, W, 0]  token_ids[T] positions[T] slots[T] token_seq[T]
+ *   [T, S, W, P]  token_ids[T] positions[T] slots[T] token_seq[T]
  *   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S] temperature[S] top_p[S]
- *   lora[S]
+ *   lora[S] repetition[S] presence[S] frequency[S] pen_start[S] pen_count[S]
  *   block_tables[S * W]
+ *   pen_tokens[P] pen_counts[P]
  * A token's slot is block_table[pos / block_size] * block_size + pos % block_size: the paged KV
  * cache's address of its key and value. lora[s] is the sequence's entry in the device LoRA slots
  * (cuda-lora.ts; 0: the base model), so one step mixes rows of different adapters and base rows.
+ * Penalties: row s's logits of pen_tokens[pen_start[s] ..][: pen_count[s]] are divided (positive) or
+ * multiplied (negative) by repetition[s] (0 or 1: off), then lowered by presence[s] + frequency[s] x
+ * their pen_counts (occurrences in the output; 0 for a token seen only in the prompt), as sampler.ts
+ * applies them on the CPU. A row without penalties has no entries, so P is 0 in most steps.
  */
 import type { CudaModelConfig, ModelDtype } from './hf-checkpoint.js';
 import { WeightKind, weightElems, type WeightKindId } from './hf-checkpoint.js';
@@ -28,6 +33,18 @@ export interface DeviceSampling {
   seed: number;
   /** The output position the token is drawn for (the same draw after a preemption). */
   step: number;
+  /** Absent: none (penalty-tally.ts builds them). */
+  penalties?: DevicePenalties;
+}
+
+/** A row's penalties: its settings and the distinct tokens they act on, each with its count in the output. */
+export interface DevicePenalties {
+  /** 1: off. */
+  repetition: number;
+  presence: number;
+  frequency: number;
+  tokens: ArrayLike<number>;
+  counts: ArrayLike<number>;
 }
 
 export interface StepItem {
@@ -41,10 +58,19 @@ export interface StepItem {
 }
 
 export const HEADER_WORDS = 4;
-export const SEQ_ARRAYS = 9;
+export const SEQ_ARRAYS = 14;
 
-export function stepWords(T: number, S: number, W: number): number {
-  return HEADER_WORDS + 4 * T + SEQ_ARRAYS * S + S * W;
+/** Words of a packed step of T tokens, S sequences, block tables W wide and P penalty entries. */
+export function stepWords(T: number, S: number, W: number, P = 0): number {
+  return HEADER_WORDS + 4 * T + SEQ_ARRAYS * S + S * W + 2 * P;
+}
+
+/**
+ * The most penalty entries a step can carry (the native side's staging is sized for it): a row's
+ * distinct tokens are at most its positions and at most the vocabulary.
+ */
+export function maxPenaltyEntries(maxSeqs: number, maxBlocksPerSeq: number, blockSize: number, vocab: number): number {
+  return maxSeqs * Math.min(vocab, maxBlocksPerSeq * blockSize);
 }
 
 /** Packs items into the kernels' step layout; `blockSize` maps positions to slots. */
@@ -52,7 +78,13 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
   const S = items.length;
   let T = 0;
   let W = 1;
+  let P = 0;
   for (const it of items) {
+    const pen = it.sampling.penalties;
+    if (pen) {
+      if (pen.tokens.length !== pen.counts.length) throw new Error('penalty tokens and counts differ in length');
+      P += pen.tokens.length;
+    }
     if (it.tokens.length === 0) throw new Error('a step item feeds no token');
     const end = it.start + it.tokens.length;
     const need = Math.ceil(end / blockSize);
@@ -60,14 +92,17 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
     T += it.tokens.length;
     W = Math.max(W, need);
   }
-  const words = new Int32Array(stepWords(T, S, W));
+  const words = new Int32Array(stepWords(T, S, W, P));
   const f32 = new Float32Array(words.buffer);
   words[0] = T;
   words[1] = S;
   words[2] = W;
+  words[3] = P;
   const ids = HEADER_WORDS, pos = ids + T, slots = pos + T, tseq = slots + T;
   const seqBase = tseq + T;
   const arr = (k: number) => seqBase + k * S;
+  const penTokens = arr(SEQ_ARRAYS) + S * W;
+  let entry = 0;
   let t = 0;
   items.forEach((it, s) => {
     for (let i = 0; i < it.tokens.length; i++, t++) {
@@ -87,7 +122,19 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
     f32[arr(6) + s] = sp.temperature;
     f32[arr(7) + s] = sp.topP;
     words[arr(8) + s] = it.lora ?? 0;
-    const table = arr(9) + s * W;
+    const pen = sp.penalties;
+    if (pen && pen.tokens.length > 0) {
+      f32[arr(9) + s] = pen.repetition;
+      f32[arr(10) + s] = pen.presence;
+      f32[arr(11) + s] = pen.frequency;
+      words[arr(12) + s] = entry;
+      words[arr(13) + s] = pen.tokens.length;
+      for (let i = 0; i < pen.tokens.length; i++, entry++) {
+        words[penTokens + entry] = pen.tokens[i]!;
+        words[penTokens + P + entry] = pen.counts[i]!;
+      }
+    }
+    const table = arr(SEQ_ARRAYS) + s * W;
     const used = Math.ceil((it.start + it.tokens.length) / blockSize);
     for (let b = 0; b < used; b++) words[table + b] = it.blocks[b]!;
   });
@@ -159,7 +206,7 @@ export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimit
   const Tm = l.maxBatchedTokens, Sm = l.maxSeqs;
   const loras = l.maxLoras ?? 0, rank = l.maxLoraRank ?? 0;
   const qw = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
-  const words = stepWords(Tm, Sm, l.maxBlocksPerSeq);
+  const words = stepWords(Tm, Sm, l.maxBlocksPerSeq, maxPenaltyEntries(Sm, l.maxBlocksPerSeq, l.blockSize, c.vocabSize));
   const workspace = align256(words * 4) + align256(Tm * c.hiddenSize * 2) * 3 + align256(Tm * qw * 2) +
     align256(Tm * c.numHeads * c.headDim * 2) + align256(Tm * 2 * c.intermediateSize * 2) + align256(Tm * c.intermediateSize * 2) +
     align256(Sm * c.hiddenSize * 2) + align256(Sm * c.vocabSize * 4) + align256(Sm * c.numHeads * MAX_SPLITS * c.headDim * 4) +
