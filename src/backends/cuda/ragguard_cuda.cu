@@ -154,6 +154,59 @@ size_t step_words(int T, int S, int W, int P) {
 // ---------------------------------------------------------------------------------------------------
 // Kernels
 
+// A LoRA expand fused into the kernel that reads the projection's output (the input norm, rotary, the
+// post-attention norm, SiLU x mul): column `col` of a token with adapter entry idx > 0 gains
+// tmp[t, c0 ..][: cap] . B[idx][:, col], rounded once to the model's type as a separate kernel would have
+// written it. b null: no LoRA (the base step's graph passes none).
+struct LoraExpand {
+  const void* b = nullptr;
+  const float* tmp = nullptr;
+  int tmp_width = 0;  // the shrink's output width (both slots of a pair)
+  int c0 = 0;         // this slot's first column in it
+  int cap = 0;
+  int out = 0;
+};
+
+// The token's adapter entry where `le` applies (0: none), its low-rank activation staged in `ts`
+// (shared, at least le.tmp_width floats); every thread of the CTA must call it (it synchronises).
+__device__ __forceinline__ int lora_stage(const StepView& v, const LoraExpand& le, int t, float* ts) {
+  if (!le.b) return 0;
+  const int idx = v.lora()[v.token_seq()[t]];
+  if (idx <= 0) return 0;
+  for (int r = threadIdx.x; r < le.tmp_width; r += blockDim.x) ts[r] = le.tmp[(size_t)t * le.tmp_width + r];
+  __syncthreads();
+  return idx;
+}
+
+// B is kept transposed on the device, Bt [entries, out, cap]: a column's `cap` values are contiguous (one
+// 16-byte load per 8 of them) instead of `cap` loads `out` apart.
+template <typename T>
+__device__ __forceinline__ float lora_delta(const LoraExpand& le, int idx, const float* ts, int col) {
+  const T* b = static_cast<const T*>(le.b) + ((size_t)idx * le.out + col) * le.cap;
+  const float* tr = ts + le.c0;
+  float acc = 0.f;
+  if ((le.cap & 7) == 0) {
+    for (int r = 0; r < le.cap; r += 8) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(b + r));
+      const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc += tr[r + k] * to_f(h[k]);
+    }
+  } else {
+    for (int r = 0; r < le.cap; ++r) acc += tr[r] * to_f(b[r]);
+  }
+  return acc;
+}
+
+// y (a projection's output element, as its GEMM rounded it) with the LoRA delta added and rounded again.
+template <typename T>
+__device__ __forceinline__ float with_lora(float y, const LoraExpand& le, int idx, const float* ts, int col) {
+  return idx > 0 ? to_f(from_f<T>(y + lora_delta<T>(le, idx, ts, col))) : y;
+}
+
+// The most rank columns a token's staged LoRA activation has (3 x max_lora_rank of 256: q|k|v).
+constexpr int LORA_MAX_TMP = 3 * 256;
+
 template <typename T>
 __global__ void embed_kernel(StepView v, const T* __restrict__ emb, T* __restrict__ out, int hidden) {
   const int t = blockIdx.x;
@@ -169,18 +222,20 @@ __global__ void embed_kernel(StepView v, const T* __restrict__ emb, T* __restric
 // explicit (the sampled rows).
 template <typename T>
 __global__ void add_rmsnorm_kernel(StepView v, int rows_fixed, T* __restrict__ residual, const T* __restrict__ delta,
-                                   const T* __restrict__ w, T* __restrict__ out, int hidden, float eps) {
+                                   const T* __restrict__ w, T* __restrict__ out, int hidden, float eps, LoraExpand le) {
   __shared__ float red[32];
+  __shared__ float ts[LORA_MAX_TMP];
   const int t = blockIdx.x;
   const int rows = rows_fixed >= 0 ? rows_fixed : v.T();
   if (t >= rows) return;
+  const int idx = delta ? lora_stage(v, le, t, ts) : 0;
   T* r = residual + (size_t)t * hidden;
   const T* d = delta ? delta + (size_t)t * hidden : nullptr;
   float ss = 0.f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
     float x;
     if (d) {
-      T s = from_f<T>(to_f(r[i]) + to_f(d[i]));
+      T s = from_f<T>(to_f(r[i]) + with_lora<T>(to_f(d[i]), le, idx, ts, i));
       r[i] = s;
       x = to_f(s);
     } else {
@@ -210,11 +265,13 @@ constexpr int MAX_G = 16;
 constexpr int NORM_VPT = 4;
 template <typename T>
 __global__ void add_rmsnorm_vec_kernel(StepView v, int rows_fixed, T* __restrict__ residual, const T* __restrict__ delta,
-                                       const T* __restrict__ w, T* __restrict__ out, int hidden, float eps) {
+                                       const T* __restrict__ w, T* __restrict__ out, int hidden, float eps, LoraExpand le) {
   __shared__ float red[32];
+  __shared__ float ts[LORA_MAX_TMP];
   const int t = blockIdx.x;
   const int rows = rows_fixed >= 0 ? rows_fixed : v.T();
   if (t >= rows) return;
+  const int idx = delta ? lora_stage(v, le, t, ts) : 0;
   const int nvec = hidden / 8;
   T* r = residual + (size_t)t * hidden;
   const T* d = delta ? delta + (size_t)t * hidden : nullptr;
@@ -230,7 +287,7 @@ __global__ void add_rmsnorm_vec_kernel(StepView v, int rows_fixed, T* __restrict
       const uint4 du = load8_raw(d + i * 8);
       const T* dh = reinterpret_cast<const T*>(&du);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) rh[e] = from_f<T>(to_f(rh[e]) + to_f(dh[e]));
+      for (int e = 0; e < 8; ++e) rh[e] = from_f<T>(to_f(rh[e]) + with_lora<T>(to_f(dh[e]), le, idx, ts, i * 8 + e));
       *reinterpret_cast<uint4*>(r + i * 8) = ru;
     }
 #pragma unroll
@@ -262,12 +319,14 @@ __global__ void add_rmsnorm_vec_kernel(StepView v, int rows_fixed, T* __restrict
 template <typename T>
 __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* __restrict__ bias,
                                       const float* __restrict__ inv_freq, T* __restrict__ kcache, T* __restrict__ vcache,
-                                      int nh, int nkv, int hd, int block_size) {
+                                      int nh, int nkv, int hd, int block_size, LoraExpand le) {
   // The rotation's sine and cosine once per frequency (not once per head: 32x fewer of the costly
   // full-range sincosf at 7B's 28 + 4 heads).
   __shared__ float sn[MAX_HD / 2], cs[MAX_HD / 2];
+  __shared__ float ts[LORA_MAX_TMP];
   const int t = blockIdx.x;
   if (t >= v.T()) return;
+  const int idx = lora_stage(v, le, t, ts);
   const int pos = v.positions()[t];
   const int slot = v.slots()[t];
   const int width = (nh + 2 * nkv) * hd;
@@ -279,7 +338,8 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
   for (int i = threadIdx.x; i < (nh + nkv) * half; i += blockDim.x) {
     const int h = i / half, j = i % half;
     const int base = h * hd;
-    float x0 = to_f(row[base + j]), x1 = to_f(row[base + j + half]);
+    float x0 = with_lora<T>(to_f(row[base + j]), le, idx, ts, base + j);
+    float x1 = with_lora<T>(to_f(row[base + j + half]), le, idx, ts, base + j + half);
     if (bias) {
       x0 = to_f(from_f<T>(x0 + to_f(bias[base + j])));
       x1 = to_f(from_f<T>(x1 + to_f(bias[base + j + half])));
@@ -303,7 +363,7 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
   for (int i = threadIdx.x; i < nkv * hd; i += blockDim.x) {
     const int kh = i / hd, d = i % hd;
     const int src = (nh + nkv) * hd + i;
-    float x = to_f(row[src]);
+    float x = with_lora<T>(to_f(row[src]), le, idx, ts, src);
     if (bias) x += to_f(bias[src]);
     vcache[(((size_t)blk * nkv + kh) * block_size + off) * hd + d] = from_f<T>(x);
   }
@@ -541,16 +601,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const T* __restri
 
 // gate|up [T, 2I] -> silu(gate) * up [T, I], rounded as transformers rounds (act, then the product).
 template <typename T>
-__global__ void silu_mul_kernel(StepView v, const T* __restrict__ gu, T* __restrict__ out, int inter) {
+__global__ void silu_mul_kernel(StepView v, const T* __restrict__ gu, T* __restrict__ out, int inter, LoraExpand lg,
+                                LoraExpand lu) {
+  __shared__ float ts[LORA_MAX_TMP];
   const int t = blockIdx.y;
   if (t >= v.T()) return;
+  const int idx = lora_stage(v, lg, t, ts);
   const T* g = gu + (size_t)t * 2 * inter;
   const T* u = g + inter;
   T* o = out + (size_t)t * inter;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < inter; i += gridDim.x * blockDim.x) {
-    const float x = to_f(g[i]);
+    const float x = with_lora<T>(to_f(g[i]), lg, idx, ts, i);
     const float a = to_f(from_f<T>(x / (1.f + __expf(-x))));
-    o[i] = from_f<T>(a * to_f(u[i]));
+    o[i] = from_f<T>(a * with_lora<T>(to_f(u[i]), lu, idx, ts, i));
   }
 }
 
@@ -706,75 +769,59 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
 
 // LoRA (punica's shrink and expand, per row): a row whose sequence has adapter entry idx > 0 adds
 // (x A[idx]) B[idx] to a projection's output; rows of the base model (idx 0) return at once. On the device
-// A is kept transposed, At [entries, cap, in] (rg_lora_write transposes lora.ts's [in, cap]), so that a
-// rank column is one contiguous row; B is [entries, cap, out] (scale folded in). The low-rank activation
-// stays float32 between the two kernels. Two slots that share their input (gate and up) run as one pair:
-// columns [0, cap0) of the activation and outputs [0, out0) are the first's, the rest the second's.
+// A and B are kept transposed, At [entries, cap, in] and Bt [entries, out, cap] (rg_lora_write transposes
+// lora.ts's [in, cap] and [cap, out]; the scale is folded into B), so that what one thread or CTA reads is
+// contiguous. The shrink is a kernel
+// after the projection's GEMM; its float32 output is expanded by the kernel that reads the projection's
+// output next (LoraExpand), so a layer's LoRA costs four launches, not eight. Two slots that share their
+// input (gate and up) shrink together: columns [0, cap0) of the activation are the first's.
 constexpr int LORA_THREADS = 256;
-constexpr int LORA_WARPS = LORA_THREADS / 32;
 
-// tmp[t, c] = x[t] . At[idx][c]: a warp per (rank column, token), 16-byte loads along `in`, reduced by
-// shuffles. Earlier forms: a CTA per token with a chain of dependent loads per thread (~30 us a
-// projection), then a CTA per (column, token) with a block reduction (768 CTAs for q|k|v at 32 rows); the
-// LoRA kernels were about half of an adapter step's time (bench:gpu-lora: 0.54 of the base tokens/s).
+// tmp[t, c] = x[t] . At[idx][c]: a CTA per (rank column, token), its threads over `in` in 16-byte loads
+// issued together (up to LORA_UNROLL each before the first is used), then one reduction. LoRA's cost is
+// latency, not bytes (a rank-8 adapter reads a few hundred KB a layer): the first form (a CTA per token,
+// each thread a chain of dependent loads) took ~30 us a projection, and a warp per column still walked
+// 19 dependent 16-byte loads along the down projection's 4864 inputs.
+constexpr int LORA_UNROLL = 4;
 template <typename T>
 __global__ void __launch_bounds__(LORA_THREADS) lora_shrink_kernel(StepView v, const T* __restrict__ x, int ldx,
                                                                  const T* __restrict__ A0, int cap0, const T* __restrict__ A1,
                                                                  int cap1, float* __restrict__ tmp, int in) {
-  const int t = blockIdx.y;
+  __shared__ float red[32];
+  const int col = blockIdx.x, t = blockIdx.y;
   if (t >= v.T()) return;
   const int idx = v.lora()[v.token_seq()[t]];
   if (idx <= 0) return;
   const int cap = cap0 + cap1;
-  const int col = blockIdx.x * LORA_WARPS + (threadIdx.x >> 5);
-  if (col >= cap) return;
-  const int lane = threadIdx.x & 31;
   const T* a = col < cap0 ? A0 + ((size_t)idx * cap0 + col) * in : A1 + ((size_t)idx * cap1 + (col - cap0)) * in;
   const T* xr = x + (size_t)t * ldx;
   float acc = 0.f;
   if ((in & 7) == 0 && (ldx & 7) == 0) {
-    for (int i = lane * 8; i < in; i += 32 * 8) {
-      float af[8];
-      load8(a + i, af);
-      const uint4 u = load8_raw(xr + i);
-      const T* xh = reinterpret_cast<const T*>(&u);
+    const int stride = blockDim.x * 8;
+    for (int i0 = threadIdx.x * 8; i0 < in; i0 += stride * LORA_UNROLL) {
+      uint4 au[LORA_UNROLL], xu[LORA_UNROLL];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc += to_f(xh[k]) * af[k];
+      for (int u = 0; u < LORA_UNROLL; ++u) {
+        const int i = i0 + u * stride;
+        if (i < in) {
+          au[u] = __ldg(reinterpret_cast<const uint4*>(a + i));
+          xu[u] = load8_raw(xr + i);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < LORA_UNROLL; ++u) {
+        if (i0 + u * stride >= in) break;
+        const T* ah = reinterpret_cast<const T*>(&au[u]);
+        const T* xh = reinterpret_cast<const T*>(&xu[u]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc += to_f(xh[k]) * to_f(ah[k]);
+      }
     }
   } else {
-    for (int i = lane; i < in; i += 32) acc += to_f(xr[i]) * to_f(a[i]);
+    for (int i = threadIdx.x; i < in; i += blockDim.x) acc += to_f(xr[i]) * to_f(a[i]);
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) tmp[(size_t)t * cap + col] = acc;
-}
-
-// y[t, o] += tmp[t] . B[idx][:, o], rounded once to the model's type; a thread per output column, over
-// out0 + out1 columns (the pair's second slot writes the columns after the first's).
-template <typename T>
-__global__ void __launch_bounds__(LORA_THREADS) lora_expand_kernel(StepView v, const float* __restrict__ tmp, int cap0, int cap1,
-                                                                 const T* __restrict__ B0, int out0, const T* __restrict__ B1,
-                                                                 int out1, T* __restrict__ y, int ldy) {
-  extern __shared__ float ts[];
-  const int t = blockIdx.y;
-  if (t >= v.T()) return;
-  const int idx = v.lora()[v.token_seq()[t]];
-  if (idx <= 0) return;
-  const int cap = cap0 + cap1;
-  for (int r = threadIdx.x; r < cap; r += blockDim.x) ts[r] = tmp[(size_t)t * cap + r];
-  __syncthreads();
-  const T* b0 = B0 + (size_t)idx * cap0 * out0;
-  const T* b1 = B1 ? B1 + (size_t)idx * cap1 * out1 : nullptr;
-  T* yr = y + (size_t)t * ldy;
-  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < out0 + out1; o += gridDim.x * blockDim.x) {
-    float acc = 0.f;
-    if (o < out0) {
-      for (int r = 0; r < cap0; ++r) acc += ts[r] * to_f(b0[(size_t)r * out0 + o]);
-    } else {
-      const int o1 = o - out0;
-      for (int r = 0; r < cap1; ++r) acc += ts[cap0 + r] * to_f(b1[(size_t)r * out1 + o1]);
-    }
-    yr[o] = from_f<T>(to_f(yr[o]) + acc);
-  }
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) tmp[(size_t)t * cap + col] = acc;
 }
 
 template <typename T>
@@ -887,7 +934,7 @@ struct Engine {
   size_t graph_bytes = 0;
   bool capturing = false;
   // LoRA slots: one allocation, [layer][projection] A then B; the shrink's float32 output in the workspace.
-  struct LoraSlot { void *a, *b; int in, cap, out; };  // a: A transposed, [entries, cap, in]
+  struct LoraSlot { void *a, *b; int in, cap, out; };  // transposed: a [entries, cap, in], b [entries, out, cap]
   char* lora = nullptr;
   size_t lora_bytes = 0;
   std::vector<LoraSlot> lora_slots;
@@ -1021,28 +1068,44 @@ int decode_splits(const Engine& e, int rows) {
   return s < 1 ? 1 : (s > e.max_splits ? e.max_splits : s);
 }
 
-// A projection's LoRA path, right after its GEMM wrote y: shrink into the float32 scratch, expand into y.
-// `p1` (or -1): a second slot on the same input whose outputs follow p's in y (gate then up).
+// A projection's LoRA shrink, right after its GEMM: x A into the float32 scratch (the consumer of the
+// GEMM's output expands it). `p1` (or -1): a second slot on the same input (up after gate).
 template <typename T>
-int lora_apply(Engine& e, int layer, int p, int p1, const void* x, int ldx, void* y, int ldy, int tokens) {
+void lora_shrink(Engine& e, int layer, int p, int p1, const void* x, int ldx, int tokens) {
   const Engine::LoraSlot& s = e.lora_slots[(size_t)layer * L_COUNT + p];
   const Engine::LoraSlot* s1 = p1 >= 0 ? &e.lora_slots[(size_t)layer * L_COUNT + p1] : nullptr;
-  const int cap1 = s1 ? s1->cap : 0, out1 = s1 ? s1->out : 0;
-  StepView v{e.d_step};
+  const int cap1 = s1 ? s1->cap : 0;
   const int cap = s.cap + cap1;
-  lora_shrink_kernel<T><<<dim3((cap + LORA_WARPS - 1) / LORA_WARPS, tokens), LORA_THREADS, 0, e.stream>>>(
+  StepView v{e.d_step};
+  // As many threads as 16-byte pieces of the input, in warps, up to LORA_THREADS.
+  const int pieces = (s.in + 7) / 8;
+  const int threads = pieces >= LORA_THREADS ? LORA_THREADS : ((pieces + 31) / 32) * 32;
+  lora_shrink_kernel<T><<<dim3(cap, tokens), threads, 0, e.stream>>>(
       v, (const T*)x, ldx, (const T*)s.a, s.cap, s1 ? (const T*)s1->a : nullptr, cap1, e.lora_t, s.in);
-  const int gx = (s.out + out1 + LORA_THREADS - 1) / LORA_THREADS;
-  lora_expand_kernel<T><<<dim3(gx < 64 ? gx : 64, tokens), LORA_THREADS, cap * sizeof(float), e.stream>>>(
-      v, e.lora_t, s.cap, cap1, (const T*)s.b, s.out, s1 ? (const T*)s1->b : nullptr, out1, (T*)y, ldy);
-  return 0;
+}
+
+// The expand of slot p for the consumer kernel (none while the step runs no LoRA, or for layer -1);
+// `pair`: the shrink also ran `other` beside `p`, whose columns come first when `second`.
+LoraExpand lora_expand(const Engine& e, int layer, int p, int other = -1, bool second = false) {
+  LoraExpand le;
+  if (!e.lora_on || layer < 0) return le;
+  const Engine::LoraSlot& s = e.lora_slots[(size_t)layer * L_COUNT + p];
+  const int other_cap = other >= 0 ? e.lora_slots[(size_t)layer * L_COUNT + other].cap : 0;
+  le.b = s.b;
+  le.tmp = e.lora_t;
+  le.tmp_width = s.cap + other_cap;
+  le.c0 = second ? other_cap : 0;
+  le.cap = s.cap;
+  le.out = s.out;
+  return le;
 }
 // Profiling phases (rg_profile_read's order): the time from one mark to the next goes to the later mark's phase.
 enum { P_EMBED = 0, P_NORM, P_QKV_GEMM, P_ROPE_CACHE, P_ATTENTION, P_O_GEMM, P_GATE_UP_GEMM, P_SILU, P_DOWN_GEMM, P_HEAD_GEMM, P_SAMPLE, P_COUNT };
 
 // residual (+)= delta; out = rmsnorm(residual) * w over `rows` rows (-1: the step's tokens).
 template <typename T>
-void add_rmsnorm(Engine& e, int grid, int rows_fixed, void* residual, const void* delta, const void* w, void* out) {
+void add_rmsnorm(Engine& e, int grid, int rows_fixed, void* residual, const void* delta, const void* w, void* out,
+                 LoraExpand le = LoraExpand{}) {
   const int H = e.cfg.hidden;
   StepView v{e.d_step};
   const int nvec = H / 8;
@@ -1050,10 +1113,10 @@ void add_rmsnorm(Engine& e, int grid, int rows_fixed, void* residual, const void
     // A vector a thread where the row allows (latency), up to NORM_VPT each in the widest rows.
     const int threads = nvec >= 1024 ? 1024 : ((nvec + 31) / 32) * 32;
     add_rmsnorm_vec_kernel<T><<<grid, threads, 0, e.stream>>>(v, rows_fixed, (T*)residual, (const T*)delta, (const T*)w,
-                                                               (T*)out, H, e.cfg.rms_eps);
+                                                               (T*)out, H, e.cfg.rms_eps, le);
   } else {
     add_rmsnorm_kernel<T><<<grid, 256, 0, e.stream>>>(v, rows_fixed, (T*)residual, (const T*)delta, (const T*)w, (T*)out,
-                                                       H, e.cfg.rms_eps);
+                                                       H, e.cfg.rms_eps, le);
   }
 }
 
@@ -1079,13 +1142,14 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
   const float scale = 1.f / sqrtf((float)hd);
   for (int l = 0; l < c.num_layers; ++l) {
     const Engine::Layer& L = e.layers[l];
-    add_rmsnorm<T>(e, tokens, -1, e.resid, l == 0 ? nullptr : e.delta, L.in_norm, e.normed);
+    // The previous layer's down projection gets its LoRA delta here, as the residual takes it.
+    add_rmsnorm<T>(e, tokens, -1, e.resid, l == 0 ? nullptr : e.delta, L.in_norm, e.normed, lora_expand(e, l - 1, L_DOWN));
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
-    if (e.lora_on) lora_apply<T>(e, l, L_QKV, -1, e.normed, H, e.qkvbuf, qw, tokens);
+    if (e.lora_on) lora_shrink<T>(e, l, L_QKV, -1, e.normed, H, tokens);
     e.mark(P_QKV_GEMM);
     qkv_rope_cache_kernel<T><<<tokens, rope_threads, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
-                                                      (T*)e.vplane(l), nh, nkv, hd, c.block_size);
+                                                      (T*)e.vplane(l), nh, nkv, hd, c.block_size, lora_expand(e, l, L_QKV));
     e.mark(P_ROPE_CACHE);
     attention_kernel<T><<<dim3(tokens, nkv, splits), ATTN_THREADS, attn_smem, st>>>(
         v, (const T*)e.qkvbuf, (const T*)e.kplane(l), (const T*)e.vplane(l), (T*)e.attn, e.part_acc, e.part_ml, nh, nkv,
@@ -1093,22 +1157,23 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     if (splits > 1) attn_combine_kernel<T><<<dim3(tokens, nh), 64, 0, st>>>(v, e.part_acc, e.part_ml, (T*)e.attn, nh, hd, splits);
     e.mark(P_ATTENTION);
     if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
-    if (e.lora_on) lora_apply<T>(e, l, L_O, -1, e.attn, nh * hd, e.delta, H, tokens);
+    if (e.lora_on) lora_shrink<T>(e, l, L_O, -1, e.attn, nh * hd, tokens);
     e.mark(P_O_GEMM);
-    add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, L.post_norm, e.normed);
+    add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, L.post_norm, e.normed, lora_expand(e, l, L_O));
     e.mark(P_NORM);
     if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
-    // gate and up are one GEMM here, two slots in lora.ts: one pair of kernels writes gate|up.
-    if (e.lora_on) lora_apply<T>(e, l, L_GATE, L_UP, e.normed, H, e.gu, 2 * I, tokens);
+    // gate and up are one GEMM here, two slots in lora.ts: one shrink for both, expanded by SiLU x mul.
+    if (e.lora_on) lora_shrink<T>(e, l, L_GATE, L_UP, e.normed, H, tokens);
     e.mark(P_GATE_UP_GEMM);
-    silu_mul_kernel<T><<<dim3(silu_ctas, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I);
+    silu_mul_kernel<T><<<dim3(silu_ctas, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I, lora_expand(e, l, L_GATE, L_UP, false),
+                                                              lora_expand(e, l, L_UP, L_GATE, true));
     e.mark(P_SILU);
     if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
-    if (e.lora_on) lora_apply<T>(e, l, L_DOWN, -1, e.act, I, e.delta, H, tokens);
+    if (e.lora_on) lora_shrink<T>(e, l, L_DOWN, -1, e.act, I, tokens);
     e.mark(P_DOWN_GEMM);
   }
   // Only the sampled rows go through the final norm and the head.
-  add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, e.final_norm, e.normed);
+  add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, e.final_norm, e.normed, lora_expand(e, c.num_layers - 1, L_DOWN));
   gather_last_kernel<T><<<seqs, nthr, 0, st>>>(v, (const T*)e.normed, (T*)e.last, H);
   e.mark(P_NORM);
   if (gemm(e, e.last, e.lm_head, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
@@ -1607,10 +1672,12 @@ int rg_lora_write(void* h, int layer, int projection, int entry, const float* a,
     CUDA_TRY(cudaStreamSynchronize(e->lora_stream));
     return 0;
   }
-  // A goes in transposed ([cap, in]: a rank column is one contiguous row for the shrink kernel).
+  // A and B go in transposed (A [cap, in]: a rank column is one contiguous row for the shrink; B [out,
+  // cap]: an output column's rank values are contiguous for the expand).
   std::vector<uint16_t> host(na + nb);
   for (size_t i = 0; i < na + nb; ++i) {
-    const float x = i < na ? a[(i % s.in) * s.cap + i / s.in] : b[i - na];
+    const size_t j = i - na;
+    const float x = i < na ? a[(i % s.in) * s.cap + i / s.in] : b[(j % s.cap) * s.out + j / s.cap];
     if (c.dtype == 1) {
       const __nv_bfloat16 y = __float2bfloat16_rn(x);
       std::memcpy(&host[i], &y, 2);
