@@ -71,6 +71,16 @@ test('inside a batch of mixed lengths: identical to alone', async () => {
   assert.equal(blocks.stats().usedBlocks, 0, 'every block is back');
 });
 
+test('a batch step\'s main-thread work paced (slices of 0 ms): a turn of the event loop between rows, outputs unchanged', async () => {
+  const blocks = new BlockManager({ numBlocks: 256, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
+  const e = new Engine(model, blocks, { numBlocks: 256, blockSize: BS, maxNumSeqs: 32, maxNumBatchedTokens: 4096, paceSliceMs: 0 });
+  const outs = await Promise.all(prompts.map((p) => e.generate(p, { maxNewTokens: 20, temperature: 0 })));
+  outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i}`));
+  // Every decode row's sampling waits for its turn (the releases and gathers add more).
+  assert.ok(e.stats.paced >= e.stats.decodeRows, `${e.stats.paced} turns for ${e.stats.decodeRows} decode rows`);
+  assert.equal(blocks.stats().usedBlocks, 0, 'every block is back');
+});
+
 test('preempted by a pool too small for all at once: same outputs, nothing leaked', async () => {
   const longest = Math.max(...prompts.map((p) => p.length)) + 20;
   const { engine: e, blocks } = engine(Math.ceil(longest / BS) + 6);

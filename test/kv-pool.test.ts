@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { KvCachePool } from '../src/generate/kv-pool.js';
+import { Pacer } from '../src/runtime/pacer.js';
 
 const shape = { numLayers: 2, numKvHeads: 2, headDim: 3 };
 const BS = 4;
@@ -75,4 +76,20 @@ test('a paced gather copies the same as gather, letting the event loop run betwe
   done = true;
   assert.deepEqual(got, want);
   assert.ok(turns >= 4, `the event loop turned while it copied (${turns} turns; a gather in one go lets none)`);
+});
+
+test('a paced gather given a Pacer continues its slice: a spent slice turns before the first copy', async () => {
+  const pool = new KvCachePool(shape, 4, BS);
+  const p = present(1, 2);
+  pool.scatter(p, 1, 2, 0, 0, [1], 0, 2);
+  const rows = [{ blocks: [1], length: 2 }];
+  const want = pool.gather(rows, 2, 'left');
+  const got = want.map((a) => new Float32Array(a.length));
+  const pacer = new Pacer(1e9); // never spent: no turn at all
+  await pool.gatherIntoPaced(rows, 2, 'left', got, pacer);
+  assert.deepEqual(got, want);
+  assert.equal(pacer.yields, 0);
+  const spent = new Pacer(0);
+  await pool.gatherIntoPaced(rows, 2, 'left', got, spent);
+  assert.ok(spent.yields >= 4, `a turn before each row of each layer's keys or values (${spent.yields})`);
 });

@@ -67,6 +67,8 @@ export interface EngineStats {
   pastReused: number;
   /** Lazy write-backs of the carried batch's new KV into the pool (ONNX runner). */
   writeBacks: number;
+  /** Turns of the event loop given inside steps, between slices of their main-thread work (ONNX runner). */
+  paced: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
   /** Sequences dropped because their requests were abandoned. */
@@ -102,7 +104,7 @@ export class Engine {
 
   get stats(): EngineStats {
     const r = this.runner instanceof OrtModelRunner ? this.runner.stats : undefined;
-    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0 };
+    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0, paced: r?.paced ?? 0 };
   }
 
   generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {

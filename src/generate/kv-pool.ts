@@ -12,6 +12,7 @@
  * ONNX Runtime takes and gives for float16 tensors); gather and scatter only move them.
  */
 
+import { Pacer } from '../runtime/pacer.js';
 import type { KvTensor } from './decoder-model.js';
 
 export type KvDtype = 'float32' | 'float16';
@@ -92,15 +93,12 @@ export class KvCachePool {
    * gatherInto in slices of about `sliceMs` of copying, each on its own turn of the event loop. A batch's
    * past can be a gigabyte (32 rows of 1600 tokens of a 24-layer decoder in float32): copied in one go on
    * the main thread, it held health probes and load-shedding replies for up to a second. Nothing moves
-   * the pool's blocks meanwhile: only the runner writes them, and it is inside this step.
+   * the pool's blocks meanwhile: only the runner writes them, and it is inside this step. Given a
+   * Pacer, its current slice is continued (the work before the gather counts against it).
    */
-  async gatherIntoPaced(rows: readonly GatherRow[], width: number, placement: 'right' | 'left', outs: readonly KvArray[], sliceMs = 8): Promise<void> {
-    let since = performance.now();
-    for (const _ of this.gatherSteps(rows, width, placement, outs)) {
-      if (performance.now() - since < sliceMs) continue;
-      await new Promise<void>((r) => setImmediate(r));
-      since = performance.now();
-    }
+  async gatherIntoPaced(rows: readonly GatherRow[], width: number, placement: 'right' | 'left', outs: readonly KvArray[], pace: Pacer | number = 8): Promise<void> {
+    const pacer = typeof pace === 'number' ? new Pacer(pace) : pace;
+    for (const _ of this.gatherSteps(rows, width, placement, outs)) await pacer.pace();
   }
 
   /** The gather's copies, pausing after each row of each layer's keys or values. */

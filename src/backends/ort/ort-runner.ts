@@ -20,6 +20,7 @@ import type { DecoderModel, KvTensor } from '../../generate/decoder-model.js';
 import { KvCachePool, presentData, type GatherRow } from '../../generate/kv-pool.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
 import { sampleNext } from '../../generate/sampler.js';
+import { Pacer } from '../../runtime/pacer.js';
 import type { BlockCopy } from '../../generate/scheduler.js';
 import type { Sequence } from '../../generate/sequence.js';
 
@@ -32,6 +33,8 @@ export interface OrtRunnerOptions {
    * download), eager where it is host memory anyway. Tests run 'lazy' on the CPU.
    */
   kvWriteBack?: 'eager' | 'lazy';
+  /** Longest stretch of a step's main-thread work between two turns of the event loop, ms (pacer.ts; default 8; tests 0). */
+  paceSliceMs?: number;
 }
 
 export interface OrtRunnerStats {
@@ -39,6 +42,8 @@ export interface OrtRunnerStats {
   pastReused: number;
   /** Lazy write-backs of the carried batch's new KV into the pool (0 when every run stores its own). */
   writeBacks: number;
+  /** Turns of the event loop given between slices of a step's main-thread work (pacer.ts). */
+  paced: number;
 }
 
 /**
@@ -55,17 +60,26 @@ interface Carry {
 
 export class OrtModelRunner implements ModelRunner {
   readonly kv: KvCachePool;
-  readonly stats: OrtRunnerStats = { pastReused: 0, writeBacks: 0 };
+  get stats(): OrtRunnerStats {
+    return { ...this.counts, paced: this.pacer.yields };
+  }
+  private readonly counts = { pastReused: 0, writeBacks: 0 };
   /** Model runs of the current step; the barrier awaits them all. */
   private readonly inflight = new Set<Promise<unknown>>();
   /** Tensors the current step is done with, released at the barrier (unless the carry holds them). */
   private readonly outputs: KvTensor[] = [];
   private carry: Carry | undefined;
   private readonly lazy: boolean;
+  /**
+   * Slices the main-thread work between two model runs (sampling, releasing, allocating, gathering):
+   * for a batch of 32 it was one stretch of 50-110 ms that held probes and 503s (pacer.ts).
+   */
+  private readonly pacer: Pacer;
 
   constructor(readonly model: DecoderModel, opts: OrtRunnerOptions) {
     this.lazy = (opts.kvWriteBack ?? (model.presentOnDevice ? 'lazy' : 'eager')) === 'lazy';
     this.kv = new KvCachePool(model.shape, opts.numBlocks, opts.blockSize);
+    this.pacer = new Pacer(opts.paceSliceMs);
   }
 
   get shape(): DecoderModel['shape'] {
@@ -114,7 +128,12 @@ export class OrtModelRunner implements ModelRunner {
     await Promise.allSettled([...this.inflight]);
     // A run that writes in place returns its past tensors as its present: the carry may hold them still.
     const kept = new Set<KvTensor>(this.carry?.present ?? []);
-    for (const t of this.outputs.splice(0)) if (!kept.has(t)) t.dispose();
+    // Releasing a batch's 48 past buffers (each its own mapping) took ~15 ms: paced with the rest.
+    for (const t of this.outputs.splice(0)) {
+      if (kept.has(t)) continue;
+      await this.pacer.pace();
+      t.dispose();
+    }
   }
 
   private track<T>(p: Promise<T>): Promise<T> {
@@ -134,7 +153,7 @@ export class OrtModelRunner implements ModelRunner {
     if (c.lengths.every((len, r) => len === c.synced[r])) return;
     await this.store(c.present, c.width, c.seqs.map(blocks), c.lengths, c.synced);
     c.synced = [...c.lengths];
-    this.stats.writeBacks++;
+    this.counts.writeBacks++;
   }
 
   /**
@@ -205,10 +224,15 @@ export class OrtModelRunner implements ModelRunner {
     this.carry = undefined;
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
-    if (reuse) this.stats.pastReused++;
+    if (reuse) this.counts.pastReused++;
     const { logits, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined, step.signal);
     const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry!.synced[r]! : s.numComputed));
-    const finished = seqs.map((s, r) => sink.accept(s, 1, this.sample(s, logits, r)));
+    // A row's sampling reads 152k logits (about half a millisecond here): 32 rows are paced.
+    const finished: ReturnType<StepSink['accept']>[] = [];
+    for (let r = 0; r < seqs.length; r++) {
+      await this.pacer.pace();
+      finished.push(sink.accept(seqs[r]!, 1, this.sample(seqs[r]!, logits, r)));
+    }
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
     if (finished.some((f) => f !== undefined)) {
       // Finishing frees blocks into the prefix cache: their KV must be in the pool before.
@@ -231,14 +255,16 @@ export class OrtModelRunner implements ModelRunner {
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
     let past = carry?.present;
     if (!past) {
+      await this.pacer.pace();
       past = this.model.allocPast(rows.length, width);
       // Paced: a large batch's gather would hold the event loop (health probes, 503s) for up to a second.
-      await this.kv.gatherIntoPaced(rows, width, this.model.kvPlacement, presentData(past));
+      await this.kv.gatherIntoPaced(rows, width, this.model.kvPlacement, presentData(past), this.pacer);
     }
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
     const adapters = seqs.some((q) => q.params.adapter) ? seqs.map((q) => q.params.adapter) : undefined;
     const out = await this.model.forward({ tokens, lengths, past, width, adapters, signal });
+    this.pacer.start(); // the run's completion: a new stretch of main-thread work begins
     if (!this.lazy) {
       await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
     }
