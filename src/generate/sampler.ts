@@ -65,6 +65,14 @@ function penalized(s: SamplerSettings): boolean {
 }
 
 /**
+ * Whether sampleNext under `s` is the plain argmax of the logits (greedy, no penalty): a row's greedy
+ * id taken by the model's graph (DecoderModel's greedyIds) is then its next token as it stands.
+ */
+export function plainGreedy(s: SamplerSettings): boolean {
+  return (s.temperature <= 0 || s.topK === 1) && !penalized(s);
+}
+
+/**
  * The penalties applied to a copy of the logits (the model's buffer is left as it was): repetition
  * over prompt and output tokens (as vLLM applies it), presence and frequency over the output only
  * (as OpenAI defines them).
