@@ -12,7 +12,10 @@ import { copyFile, mkdir, readdir, readFile, utimes, writeFile } from 'node:fs/p
 import path from 'node:path';
 import { describe, test } from 'node:test';
 import * as ort from 'onnxruntime-node';
+import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/generate/decoder-model.js';
+import { Engine } from '../src/generate/engine.js';
+import type { SamplingParams } from '../src/generate/sequence.js';
 import { loraWanted } from '../src/generate/adapters.js';
 import { ggufDecoderDir } from '../src/generate/gguf-decoder.js';
 import { toBlocks } from '../src/generate/gguf-weights.js';
@@ -466,6 +469,74 @@ describe('SmolLM2-135M-Instruct Q4_1 against llama.cpp (node-llama-cpp 3.21.1)',
   }
 });
 
+describe('the graph\'s greedy ids (SmolLM2-135M-Instruct Q4_1, nbits)', { skip: existsSync(PRETRAINED) ? false : `${PRETRAINED} is missing: run npm run setup (scripts/fetch-pretrained-decoder.sh)` }, () => {
+  const load = async () => DecoderModel.load(await ggufDecoderDir(PRETRAINED, { cacheDir: path.join(ROOT, 'models', 'gguf-cache'), weights: 'nbits', lora: false }), 'cpu');
+  const argmaxRow = (l: Float32Array, r: number, V: number) => {
+    let best = r * V;
+    for (let v = r * V + 1; v < (r + 1) * V; v++) if (l[v]! > l[best]!) best = v;
+    return best - r * V;
+  };
+  const texts = ['The capital of France is', 'def fibonacci(n):', 'To list files, run ls'];
+
+  test('each row\'s greedy id is the argmax of its own logits, at a prompt and at batched decode steps', async () => {
+    const m = await load();
+    const V = m.shape.vocabSize;
+    const n = Math.min(...texts.map((t) => m.tokenizer.encode(t).length));
+    const rows = texts.map((t) => m.tokenizer.encode(t).slice(0, n));
+    const width = m.pastWidth([0, 0, 0], n + 4);
+    let past = m.allocPast(3, width);
+    let lengths = [0, 0, 0];
+    let tokens = rows;
+    const seen = new Set<number>();
+    for (let step = 0; step < 4; step++) {
+      const out = await m.forward({ tokens, lengths, past, width });
+      assert.ok(out.greedyIds, 'the converted graph gives greedy ids');
+      assert.equal(out.greedyIds.length, 3);
+      out.greedyIds.forEach((id, r) => {
+        assert.equal(id, argmaxRow(out.lastLogits, r, V), `step ${step}, row ${r}`);
+        seen.add(id);
+      });
+      past = out.present;
+      lengths = lengths.map((len) => len + tokens[0]!.length);
+      tokens = out.greedyIds.map((id) => [id]);
+    }
+    // Rows that disagree: a row's id read from another row's position is caught.
+    assert.ok(seen.size > 3, `greedy ids ${[...seen]}`);
+    for (const t of past) t.dispose();
+  });
+
+  test('the engine takes them for greedy requests (the same tokens as its own argmax), never where a penalty applies', async () => {
+    const m = await load();
+    const prompts = texts.map((t) => m.tokenizer.encode(t));
+    const run = async (params: Omit<SamplingParams, 'maxNewTokens'>) => {
+      const blocks = new BlockManager({ numBlocks: 64, blockSize: 16, watermark: 0.01, enablePrefixCaching: false });
+      const engine = new Engine(m, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs: 4, maxNumBatchedTokens: 4096 });
+      return Promise.all(prompts.map(async (p) => (await engine.generate(p, { maxNewTokens: 12, ignoreEos: true, ...params })).ids));
+    };
+    const forward = m.forward.bind(m);
+    let given = 0;
+    m.forward = async (input) => {
+      const out = await forward(input);
+      if (out.greedyIds) given++;
+      return out;
+    };
+    const graph = await run({ temperature: 0 });
+    assert.ok(given > 12, 'every step had the graph\'s ids');
+    // The host's argmax alone (the ids withheld): the same tokens.
+    m.forward = async (input) => ({ ...(await forward(input)), greedyIds: undefined });
+    assert.deepEqual(await run({ temperature: 0 }), graph);
+    // Ids that are not the argmax (the next id up) are what a greedy request gets, and never what a
+    // penalized one does, whose logits the host must change first.
+    m.forward = async (input) => {
+      const out = await forward(input);
+      return { ...out, greedyIds: out.greedyIds!.map((id) => (id + 1) % m.shape.vocabSize) };
+    };
+    const shifted = await run({ temperature: 0 });
+    for (const [r, ids] of shifted.entries()) assert.equal(ids[0], (graph[r]![0]! + 1) % m.shape.vocabSize);
+    const penalized = await run({ temperature: 0, repetitionPenalty: 1.01 });
+    for (const [r, ids] of penalized.entries()) assert.notEqual(ids[0], (graph[r]![0]! + 1) % m.shape.vocabSize);
+  });
+});
 
 const QWEN = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
 

@@ -12,7 +12,7 @@ import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine, type TokenEvent } from '../src/generate/engine.js';
 import { OutputText } from '../src/generate/output-text.js';
 import { PenaltyTally } from '../src/generate/penalty-tally.js';
-import { applyPenalties, sampleNext, seededRandom } from '../src/generate/sampler.js';
+import { applyPenalties, argmax, sampleNext, seededRandom } from '../src/generate/sampler.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { ROOT } from './helpers.js';
 
@@ -81,6 +81,26 @@ describe('the sampler on small logits', () => {
     assert.equal(sampleNext(logits, { temperature: 0 }, r, [], []), 4);
     assert.equal(sampleNext(logits, { temperature: 0, frequencyPenalty: 2 }, r, [], [4]), 0);
     for (let i = 0; i < 50; i++) assert.equal(sampleNext(logits, { temperature: 5, topK: 1 }, r, [], []), 4);
+  });
+
+  test('argmax is the first index of the largest logit, whatever the length, ties and NaNs', () => {
+    const naive = (l: Float32Array) => {
+      let best = 0;
+      for (let i = 1; i < l.length; i++) if (l[i]! > l[best]!) best = i;
+      return best;
+    };
+    const r = seededRandom(7);
+    for (let n = 1; n <= 40; n++) {
+      for (let k = 0; k < 30; k++) {
+        // Few distinct values: the maximum recurs, in any lane, before and after the tail.
+        const l = Float32Array.from({ length: n }, () => Math.floor(r() * 4));
+        if (k % 5 === 1) l[Math.floor(r() * n)] = NaN;
+        if (k % 5 === 2) l[0] = NaN;
+        if (k % 5 === 3) l.fill(-Infinity);
+        assert.equal(argmax(l), naive(l), `[${[...l]}]`);
+      }
+    }
+    assert.equal(argmax(new Float32Array(0)), 0);
   });
 
   test('top_k and top_p keep only the head of the distribution', () => {

@@ -39,6 +39,7 @@ import { createSession, sessionOptions, type ConcreteProvider, type LoadedSessio
 import { gatedRun } from '../runtime/run-gate.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, presentData, type KvArray, type KvDtype } from './kv-pool.js';
+import { GREEDY_IDS } from './gqa-builder.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from './lora.js';
 import { LoraPool, type DecoderAdapter } from './lora-pool.js';
 
@@ -126,6 +127,11 @@ export interface ForwardOutput {
   /** Logits of each row's last position, [batch, vocab]; valid until the model's next forward (they may view its output buffer). */
   lastLogits: Float32Array;
   /**
+   * Each row's argmax of `lastLogits` (the first index of the largest), taken by the graph where it has
+   * the greedy_ids output (gqa-builder.ts's float32 graphs); absent otherwise.
+   */
+  greedyIds?: readonly number[];
+  /**
    * Flat [k0, v0, ...], each [batch, kv_heads, width, head_dim]; the caller disposes them (the past
    * tensors themselves where the run wrote in place). On the host, or on the device where the
    * provider keeps them there (`presentOnDevice`).
@@ -160,6 +166,8 @@ export class DecoderModel {
   private stepLogits: HostTensor | undefined;
   /** Whether the direct session's logits are float32, which the step buffer is (read once, not per step). */
   private readonly directLogitsFloat32: boolean;
+  /** Whether the direct session's graph gives each row's greedy id (GREEDY_IDS, int64). */
+  private readonly directGreedy: boolean;
   /** The graph's LoRA slots (lora.ts), or null where the export has no LoRA inputs. */
   readonly loraSlots: readonly LoraSlot[] | null;
   /** Rank-0 A and B per slot, fed where no row has an adapter: made once. */
@@ -181,6 +189,7 @@ export class DecoderModel {
   ) {
     this.kvNames = presentNames(shape.numLayers);
     this.directLogitsFloat32 = direct?.outputs.find((o) => o.name === 'logits')?.type === 'float32';
+    this.directGreedy = direct?.outputs.find((o) => o.name === GREEDY_IDS)?.type === 'int64';
     const names = new Set(direct?.inputs.map((i) => i.name) ?? loaded?.session.inputNames ?? []);
     const slots = loraSlots(shape);
     this.loraSlots = names.has(LORA_INDEX) && slots.every((s) => names.has(s.a) && names.has(s.b)) ? slots : null;
@@ -423,8 +432,8 @@ export class DecoderModel {
     } finally {
       for (const t of lora.made) t.dispose();
     }
-    const { logits, positions } = run;
-    if (run.reused && positions === 1 && logits instanceof Float32Array) return { lastLogits: logits, present: run.present, width };
+    const { logits, positions, greedyIds } = run;
+    if (run.reused && positions === 1 && logits instanceof Float32Array) return { lastLogits: logits, greedyIds, present: run.present, width };
     // Each row's last position (the graph may keep only that one).
     const V = this.shape.vocabSize;
     const last = logits instanceof Float32Array ? new Float32Array(batch * V) : new Uint16Array(batch * V);
@@ -433,7 +442,7 @@ export class DecoderModel {
       last.set(logits.subarray(off, off + V), b * V);
     }
     run.release();
-    return { lastLogits: last instanceof Float32Array ? last : halfsToFloats(last), present: run.present, width: genai ? width : width + seq };
+    return { lastLogits: last instanceof Float32Array ? last : halfsToFloats(last), greedyIds, present: run.present, width: genai ? width : width + seq };
   }
 
   private async runDirect(session: DirectSession, ids: BigInt64Array, idsDims: number[], mask: BigInt64Array, maskDims: number[],
@@ -455,6 +464,7 @@ export class DecoderModel {
       this.stepLogits = session.tensor('float32', [idsDims[0]!, 1, this.shape.vocabSize]);
     }
     const fetches: Record<string, HostTensor | null> = { logits: step ? this.stepLogits! : null };
+    if (this.directGreedy) fetches[GREEDY_IDS] = null; // [rows, positions] int64: 8 bytes a row
     this.kvNames.forEach((name, i) => {
       feeds[name.replace('present', 'past_key_values')] = hostPast[i]!;
       fetches[name] = hostPast[i]!; // written in place
@@ -462,8 +472,17 @@ export class DecoderModel {
     try {
       const out = await gatedRun(() => session.run(feeds, fetches, signal), signal);
       const logits = out['logits']!;
+      let greedyIds: number[] | undefined;
+      const greedy = out[GREEDY_IDS];
+      if (greedy) {
+        // Each row's last position, copied out: the tensor goes now.
+        const ids = greedy.data as BigInt64Array;
+        const positions = greedy.dims[1]!;
+        greedyIds = Array.from({ length: idsDims[0]! }, (_, r) => Number(ids[r * positions + positions - 1]!));
+        greedy.dispose();
+      }
       return {
-        logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, present: hostPast, reused: step,
+        logits: logits.data as Float32Array | Uint16Array, positions: logits.dims[1]!, greedyIds, present: hostPast, reused: step,
         release: () => step || logits.dispose(),
       };
     } finally {
@@ -511,6 +530,8 @@ function presentNames(layers: number): string[] {
 interface RunResult {
   logits: Float32Array | Uint16Array;
   positions: number;
+  /** Each row's greedy id at its last position, where the graph gives them. */
+  greedyIds?: number[];
   /** The logits are the model's step buffer (valid until the next run; release() keeps them). */
   reused: boolean;
   present: KvTensor[];

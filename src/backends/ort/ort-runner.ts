@@ -19,7 +19,7 @@ import { metered } from '../../runtime/run-meter.js';
 import type { DecoderModel, KvTensor } from '../../generate/decoder-model.js';
 import { KvCachePool, presentData, type GatherRow } from '../../generate/kv-pool.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
-import { sampleNext } from '../../generate/sampler.js';
+import { plainGreedy, sampleNext } from '../../generate/sampler.js';
 import { Pacer } from '../../runtime/pacer.js';
 import type { BlockCopy } from '../../generate/scheduler.js';
 import type { Sequence } from '../../generate/sequence.js';
@@ -177,7 +177,7 @@ export class OrtModelRunner implements ModelRunner {
     const tokens = seq.pending;
     const past = seq.numComputed;
     const rows: GatherRow[] = [{ blocks: step.blocks(seq), length: past }];
-    const { logits, present, width } = await this.forward([seq], rows, [tokens], undefined, step.signal);
+    const { logits, greedyIds, present, width } = await this.forward([seq], rows, [tokens], undefined, step.signal);
     const length = past + tokens.length;
     if (this.carry?.seqs.every((s) => s.status === 'finished')) {
       // The last batch has ended (its KV is in the pool): release it at the barrier.
@@ -194,7 +194,7 @@ export class OrtModelRunner implements ModelRunner {
       if (this.lazy) await this.store(present, width, [rows[0]!.blocks], [length], [past]);
       this.outputs.push(...present);
     }
-    const reason = sink.accept(seq, tokens.length, this.sample(seq, logits, 0));
+    const reason = sink.accept(seq, tokens.length, this.sample(seq, logits, greedyIds, 0));
     if (reason) {
       await this.writeBack(step.blocks); // its blocks go to the prefix cache: their KV first
       sink.finish(seq, reason);
@@ -225,13 +225,13 @@ export class OrtModelRunner implements ModelRunner {
     // The old carry is released at the step barrier, after this run has used it (or failed).
     if (carry) this.outputs.push(...carry.present);
     if (reuse) this.counts.pastReused++;
-    const { logits, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined, step.signal);
+    const { logits, greedyIds, present, width } = await this.forward(seqs, rows, seqs.map((s) => [s.lastToken]), reuse ? carry : undefined, step.signal);
     const synced = seqs.map((s, r) => (!this.lazy ? s.numComputed + 1 : reuse ? carry!.synced[r]! : s.numComputed));
-    // A row's sampling reads 152k logits (about half a millisecond here): 32 rows are paced.
+    // A row's sampling on the host reads 152k logits (about half a millisecond here): 32 rows are paced.
     const finished: ReturnType<StepSink['accept']>[] = [];
     for (let r = 0; r < seqs.length; r++) {
       await this.pacer.pace();
-      finished.push(sink.accept(seqs[r]!, 1, this.sample(seqs[r]!, logits, r)));
+      finished.push(sink.accept(seqs[r]!, 1, this.sample(seqs[r]!, logits, greedyIds, r)));
     }
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
     if (finished.some((f) => f !== undefined)) {
@@ -249,7 +249,8 @@ export class OrtModelRunner implements ModelRunner {
    * tensors (the caller releases them) with their width.
    */
   /** `signal`: the step's (RunnerStep.signal), which stops the run once every sequence of the step was abandoned. */
-  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry, signal?: AbortSignal): Promise<{ logits: Float32Array; present: KvTensor[]; width: number }> {
+  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry, signal?: AbortSignal):
+    Promise<{ logits: Float32Array; greedyIds?: readonly number[]; present: KvTensor[]; width: number }> {
     const s = tokens[0]!.length;
     const lengths = rows.map((r) => r.length);
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
@@ -268,11 +269,12 @@ export class OrtModelRunner implements ModelRunner {
     if (!this.lazy) {
       await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
     }
-    return { logits: out.lastLogits, present: out.present, width: out.width };
+    return { logits: out.lastLogits, greedyIds: out.greedyIds, present: out.present, width: out.width };
   }
 
-  /** The next token of row `row` of a run's last logits. */
-  private sample(seq: Sequence, logits: Float32Array, row: number): number {
+  /** The next token of row `row` of a run's last logits (the graph's greedy id where that is the answer). */
+  private sample(seq: Sequence, logits: Float32Array, greedyIds: readonly number[] | undefined, row: number): number {
+    if (greedyIds && plainGreedy(seq.params)) return greedyIds[row]!;
     const V = this.model.shape.vocabSize;
     return sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds);
   }
