@@ -60,11 +60,16 @@ if has serve; then
         const answer = await q.json();
         const ms = performance.now() - t0;
         const withAdapter = await (await post("/query", { query: "How can I stop one particular user from scheduling cron jobs?", max_new_tokens: 24, temperature: 0, adapter: "demo-r8" })).json();
+        // Penalties run on the device sampler (session 10; refused with 422 before).
+        const model = (await (await fetch(base + "/v1/models")).json()).data[0].id;
+        const penalized = await post("/v1/completions", { model, prompt: "apt apt apt", max_tokens: 16, frequency_penalty: 1, repetition_penalty: 1.3 });
+        const pen = { status: penalized.status, body: await penalized.json() };
         const many = await Promise.all(Array.from({ length: 32 }, (_, i) => post("/query", { query: "What does the sticky bit do on /tmp?", max_new_tokens: 32, temperature: 0.7, seed: i }).then((r) => r.status)));
         const mem = await (await fetch(base + "/debug/memory")).json();
         console.log(JSON.stringify(mem, null, 1));
         console.log(JSON.stringify({ providers: health.providers, decoder: health.decoder, status: q.status, answer: answer.answer, query_ms: Math.round(ms),
-          timings_ms: answer.timings_ms, with_adapter: { answer: withAdapter.answer, adapter: withAdapter.adapter, error: withAdapter.error }, statuses_32: many, components: mem.components, budget: mem.budget, gpu: mem.gpu }));
+          timings_ms: answer.timings_ms, with_adapter: { answer: withAdapter.answer, adapter: withAdapter.adapter, error: withAdapter.error },
+          penalized: { status: pen.status, text: pen.body.choices?.[0]?.text, error: pen.body.error }, statuses_32: many, components: mem.components, budget: mem.budget, gpu: mem.gpu }));
       })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exitCode = 1; });' > "$out/.serve"
     local rc=$?
     kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
