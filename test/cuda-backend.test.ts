@@ -14,7 +14,7 @@ import { cudaBackend, cudaUnavailable } from '../src/backends/cuda/binding.js';
 import { CudaModelRunner, CudaUnavailableError, deviceSampling } from '../src/backends/cuda/cuda-runner.js';
 import { CheckpointError, openCheckpoint, parseConfig, placeTensor, WeightKind, weightElems } from '../src/backends/cuda/hf-checkpoint.js';
 import { ropeInvFreq, UnsupportedRopeError } from '../src/backends/cuda/rope.js';
-import { bucketFor, graphBuckets, kvBytesPerToken, packStep, planDevice, stepWords } from '../src/backends/cuda/step-pack.js';
+import { bucketFor, graphBuckets, kvBytesPerToken, maxPenaltyEntries, packStep, planDevice, stepWords } from '../src/backends/cuda/step-pack.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../src/generate/model-runner.js';
@@ -108,6 +108,23 @@ describe('device accountant', () => {
     assert.equal(longer.kvPool, p.kvPool);
     assert.equal(longer.workspace, p.workspace);
     assert.ok(planDevice(c, 'float16', { ...limits, maxBatchedTokens: 64 }).workspace > p.workspace);
+  });
+
+  test('the step staging holds every row\'s penalty entries: at most its positions, at most the vocabulary', () => {
+    const c = parseConfig(tiny); // vocab 32
+    const limits = { numBlocks: 10, blockSize: 16, maxBatchedTokens: 32, maxSeqs: 4, maxBlocksPerSeq: 1, cublasWorkspaceBytes: 0 };
+    assert.equal(maxPenaltyEntries(4, 1, 16, 32), 4 * 16); // positions bound
+    assert.equal(maxPenaltyEntries(4, 4, 16, 32), 4 * 32); // vocabulary bound
+    const p = planDevice(c, 'float16', limits);
+    assert.equal(p.hostPinned, (stepWords(32, 4, 1, 4 * 16) + 4) * 4, 'the pinned staging: the largest step, penalties included, and the sampled ids');
+    // The largest packed step fits it: every row with a penalty list of its whole table's positions.
+    const full = packStep(Array.from({ length: 4 }, (_, r) => ({
+      tokens: [r], start: 15, blocks: [r],
+      sampling: { temperature: 0, topK: 0, topP: 1, seed: 0, step: 0, penalties: { repetition: 1.2, presence: 0, frequency: 0, tokens: Array.from({ length: 16 }, (_, i) => i), counts: new Array<number>(16).fill(1) } },
+    })), 16);
+    assert.ok(full.length * 4 <= p.hostPinned - 4 * 4);
+    // A longer table (more positions a row) grows the staging until the vocabulary bounds it.
+    assert.ok(planDevice(c, 'float16', { ...limits, maxBlocksPerSeq: 2 }).workspace > p.workspace);
   });
 });
 
