@@ -16,7 +16,8 @@
 // GEMMs go through cuBLAS (fp16/bf16 in, fp32 accumulate) with a workspace set explicitly (required for
 // graph capture, and counted). Everything else is a handful of fused kernels: embedding gather, RMSNorm
 // with the residual add, q/k/v bias + rotary + KV-cache write, paged attention (split over the context
-// for long sequences), SiLU x mul, last-token gather, sampling.
+// for long sequences), SiLU x mul, last-token gather, penalties, sampling; with LoRA slots, a shrink
+// kernel per projection whose expand runs inside the next of these kernels.
 //
 // The C ABI (extern "C", rg_*) is what src/backends/cuda/binding.ts binds through koffi. Errors: a
 // negative return and rg_last_error() for the message.
@@ -1084,8 +1085,8 @@ void lora_shrink(Engine& e, int layer, int p, int p1, const void* x, int ldx, in
       v, (const T*)x, ldx, (const T*)s.a, s.cap, s1 ? (const T*)s1->a : nullptr, cap1, e.lora_t, s.in);
 }
 
-// The expand of slot p for the consumer kernel (none while the step runs no LoRA, or for layer -1);
-// `pair`: the shrink also ran `other` beside `p`, whose columns come first when `second`.
+// The expand of slot p for the consumer kernel (none while the step runs no LoRA, or for layer -1).
+// `other`: the slot the shrink ran beside p (gate and up), whose columns come first when `second`.
 LoraExpand lora_expand(const Engine& e, int layer, int p, int other = -1, bool second = false) {
   LoraExpand le;
   if (!e.lora_on || layer < 0) return le;

@@ -224,8 +224,9 @@ export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimit
 
 /**
  * Device bytes of the LoRA slots (rg_plan's out[5]): for each layer and projection (lora.ts's slots and
- * order), A [entries, in, capacity] and B [entries, capacity, out] in the model's dtype, each rounded up
- * to 256 bytes, entries = max_loras + 1 (entry 0: zeros, the base model's rows).
+ * order), A [entries, in, capacity] and B [entries, capacity, out] in the model's dtype (the device keeps
+ * both transposed, the same bytes), each rounded up to 256 bytes, entries = max_loras + 1 (entry 0:
+ * zeros, the base model's rows).
  */
 export function loraSlotBytes(c: CudaModelConfig, dtype: ModelDtype, maxLoras: number, maxRank: number): number {
   if (maxLoras <= 0) return 0;
