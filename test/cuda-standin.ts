@@ -52,6 +52,22 @@ export function tinyTensors(): Map<string, { shape: number[]; values: Float32Arr
   return t;
 }
 
+/**
+ * Penalty entries (distinct tokens, each with its count in the output) applied to `logits` in place, as
+ * ragguard_cuda.cu's penalty_kernel applies them: the repetition penalty (0 or 1: off) to every entry,
+ * presence and frequency to those the output holds.
+ */
+export function applyPenaltyEntries(logits: Float32Array, p: { repetition: number; presence: number; frequency: number },
+  tokens: ArrayLike<number>, counts: ArrayLike<number>): void {
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i]!, n = counts[i]!;
+    let x = logits[t]!;
+    if (p.repetition > 0 && p.repetition !== 1) x = x > 0 ? x / p.repetition : x * p.repetition;
+    if (n > 0) x = x - p.presence - p.frequency * n;
+    logits[t] = x;
+  }
+}
+
 export interface SlotWrite { layer: number; projection: number; entry: number; a: Float32Array | null; b: Float32Array | null }
 
 export interface StandIn extends CudaBackend {
@@ -108,14 +124,9 @@ export function standInCuda(config: Record<string, unknown>, opts: { omitLoraFro
       s.steps.push({ T, S, lora: [...lora] });
       for (let r = 0; r < S; r++) {
         const logits = standInLogits(ids[last[r]!]!, lora[r]!, vocab);
-        // The penalties as the kernel applies them, from the packed entries.
-        for (let i = penStart[r]!; i < penStart[r]! + penCount[r]!; i++) {
-          const tok = words[penTokens + i]!, n = words[penTokens + P + i]!;
-          let x = logits[tok]!;
-          if (rep[r]! > 0 && rep[r] !== 1) x = x > 0 ? x / rep[r]! : x * rep[r]!;
-          if (n > 0) x -= presence[r]! + frequency[r]! * n;
-          logits[tok] = x;
-        }
+        const from = penTokens + penStart[r]!, to = from + penCount[r]!;
+        applyPenaltyEntries(logits, { repetition: rep[r]!, presence: presence[r]!, frequency: frequency[r]! },
+          words.subarray(from, to), words.subarray(from + P, to + P));
         tokensOut[r] = argmax(logits);
       }
       resolve();

@@ -14,6 +14,7 @@ import { OutputText } from '../src/generate/output-text.js';
 import { PenaltyTally } from '../src/generate/penalty-tally.js';
 import { applyPenalties, argmax, sampleNext, seededRandom } from '../src/generate/sampler.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
+import { applyPenaltyEntries } from './cuda-standin.js';
 import { ROOT } from './helpers.js';
 
 const BS = 16;
@@ -61,12 +62,7 @@ describe('the sampler on small logits', () => {
         const list = tallies[k]!.list(out);
         assert.equal(new Set(list.tokens).size, list.tokens.length, 'each token once');
         const device = new Float32Array(logits);
-        list.tokens.forEach((t, i) => {
-          let x = device[t]!;
-          if (list.repetition !== 1) x = x > 0 ? x / list.repetition : x * list.repetition;
-          if (list.counts[i]! > 0) x = x - list.presence - list.frequency * list.counts[i]!;
-          device[t] = x;
-        });
+        applyPenaltyEntries(device, list, list.tokens, list.counts);
         // Equal up to float32 rounding (the device rounds between its operations).
         const cpu = applyPenalties(logits, s, prompt, out);
         device.forEach((x, i) => assert.ok(Math.abs(x - cpu[i]!) <= 1e-6 * Math.max(1, Math.abs(x)), `step ${step}, settings ${k}, token ${i}: ${x} vs ${cpu[i]}`));

@@ -11,15 +11,15 @@ export interface PenaltyList {
   presence: number;
   frequency: number;
   /** Distinct token ids, in first-seen order. */
-  tokens: Int32Array;
+  tokens: readonly number[];
   /** Each token's occurrences in the output (0: seen in the prompt only). */
-  counts: Int32Array;
+  counts: readonly number[];
 }
 
 export class PenaltyTally {
   private readonly index = new Map<number, number>();
-  private tokens: number[] = [];
-  private counts: number[] = [];
+  private readonly tokens: number[] = [];
+  private readonly counts: number[] = [];
   private outputsSeen = 0;
 
   /** Undefined where the settings apply no penalty (the list would change nothing). */
@@ -32,13 +32,16 @@ export class PenaltyTally {
     if ((s.repetitionPenalty ?? 1) !== 1) for (const t of promptIds) this.add(t, 0);
   }
 
-  /** The list after `outputIds` (the sequence's output so far: it only grows). */
+  /**
+   * The list after `outputIds` (the sequence's output so far: it only grows). Its arrays are the tally's
+   * own, not copies (a step packs them at once): valid until the next call.
+   */
   list(outputIds: readonly number[]): PenaltyList {
     if (outputIds.length < this.outputsSeen) throw new Error('a sequence\'s output shrank under its penalty tally');
     for (; this.outputsSeen < outputIds.length; this.outputsSeen++) this.add(outputIds[this.outputsSeen]!, 1);
     return {
       repetition: this.s.repetitionPenalty ?? 1, presence: this.s.presencePenalty ?? 0, frequency: this.s.frequencyPenalty ?? 0,
-      tokens: Int32Array.from(this.tokens), counts: Int32Array.from(this.counts),
+      tokens: this.tokens, counts: this.counts,
     };
   }
 

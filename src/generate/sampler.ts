@@ -82,12 +82,17 @@ export function penalized(s: SamplerSettings): boolean {
   return (s.repetitionPenalty !== undefined && s.repetitionPenalty !== 1) || !!s.presencePenalty || !!s.frequencyPenalty;
 }
 
+/** Whether sampleNext takes the argmax (of the penalized logits, where there are penalties). */
+function greedy(s: SamplerSettings): boolean {
+  return s.temperature <= 0 || s.topK === 1;
+}
+
 /**
  * Whether sampleNext under `s` is the plain argmax of the logits (greedy, no penalty): a row's greedy
  * id taken by the model's graph (DecoderModel's greedyIds) is then its next token as it stands.
  */
 export function plainGreedy(s: SamplerSettings): boolean {
-  return (s.temperature <= 0 || s.topK === 1) && !penalized(s);
+  return greedy(s) && !penalized(s);
 }
 
 /**
@@ -127,7 +132,7 @@ export function applyPenalties(logits: Float32Array, s: SamplerSettings, promptI
 export function sampleNext(logits: Float32Array, s: SamplerSettings, random: () => number,
   promptIds: readonly number[], outputIds: readonly number[]): number {
   const l = applyPenalties(logits, s, promptIds, outputIds);
-  if (s.temperature <= 0 || s.topK === 1) return argmax(l);
+  if (greedy(s)) return argmax(l);
   const topK = s.topK && s.topK > 0 ? Math.min(s.topK, l.length) : l.length;
   const topP = s.topP ?? 1;
   if (topK === l.length && topP >= 1) return sampleToken(l, s.temperature, random);

@@ -93,8 +93,8 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
   /** The device LoRA slots' projections, or null without slots (maxLoras 0: adapters are refused). */
   readonly loraSlots: readonly LoraSlot[] | null;
   private readonly loraPool: CudaLoraPool | undefined;
-  /** Each penalized sequence's tokens and counts, kept as it grows (undefined: the sequence has no penalties). */
-  private readonly tallies = new WeakMap<Sequence, PenaltyTally | undefined>();
+  /** Each penalized sequence's tokens and counts, kept as it grows. */
+  private readonly tallies = new WeakMap<Sequence, PenaltyTally>();
 
   private constructor(
     private readonly native: CudaBackend,
@@ -316,9 +316,9 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
   private item(seq: Sequence, tokens: readonly number[], start: number, step: RunnerStep): StepItem {
     const sampling = deviceSampling(seq.params, seq.outputIds.length);
     let tally = this.tallies.get(seq);
-    if (tally === undefined && !this.tallies.has(seq)) {
+    if (!tally) {
       tally = PenaltyTally.for(seq.params, seq.promptIds, this.shape.vocabSize);
-      this.tallies.set(seq, tally);
+      if (tally) this.tallies.set(seq, tally);
     }
     if (tally) sampling.penalties = tally.list(seq.outputIds);
     return { tokens, start, blocks: step.blocks(seq), sampling, lora: seq.params.adapter?.entry ?? 0 };
