@@ -81,10 +81,15 @@ if has serve; then
 fi
 if has guard; then
   # The reranker on, so that requests' runs (the encoders', on the CPU here) need workspace worth guarding.
-  # A workspace the unguarded server's reranker bursts overflow (their peaks reached 91 MiB here).
+  # A workspace the unguarded server's reranker bursts overflow. The decoder's device bytes are all
+  # allocated at start-up (NVML grows by 0 while requests run), so what requests contend for is the
+  # encoders' host workspace: at 64 MiB and bursts of 24 the unguarded peaks (57-65 MiB) overflowed it
+  # once in three runs (session 10); at 48 MiB and bursts of 32 in every run (2 of 3 bursts each, peaks
+  # 56-65 MiB), guarded peaks 31-39 MiB; at 40 MiB the resident meter (the JS heap of 32 requests
+  # included, which the guard does not predict) once put a guarded burst 0.45 MiB over (session 11).
   # Through scripts/tuned.sh, as npm run bench:guard runs it: without one malloc arena, the 16 cores'
   # threads kept their own arenas and resident peaks were 3-6x the accounted ones, guards on or off.
-  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-64} sh scripts/tuned.sh node --import tsx bench/guard.ts; }
+  guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-48} BENCH_GUARD_BURST=${BENCH_GUARD_BURST:-32} sh scripts/tuned.sh node --import tsx bench/guard.ts; }
   record guard guard_cuda
 fi
 if has guard-webgpu; then
