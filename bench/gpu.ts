@@ -207,12 +207,15 @@ async function benchRag(dir: string): Promise<Record<string, unknown>> {
   const engine = engineFor(runner, 40);
   await ttft(engine, [long[0]!]); // warm-up
   const alone = await ttft(engine, [long[1]!]);
+  // Where a 2k prefill's time goes (the native phase marks; a timed run apart from the figure above).
+  const phases = await runner.profiled(() => ttft(engine, [randomPrompts(1, 2048, runner.shape.vocabSize, 21)[0]!]));
   const background = randomPrompts(32, 24, runner.shape.vocabSize, 13).map((p) => engine.generate(p, { maxNewTokens: 256, temperature: 0, ignoreEos: true }));
   await new Promise((r) => setTimeout(r, 100)); // the 32 are decoding
   const busy = await ttft(engine, [long[2]!]);
   await Promise.all(background);
   runner.close();
-  return { model: path.basename(dir), prompt_tokens: 2048, ttft_ms_alone: Number(alone.toFixed(1)), ttft_ms_with_32_in_flight: Number(busy.toFixed(1)) };
+  return { model: path.basename(dir), prompt_tokens: 2048, ttft_ms_alone: Number(alone.toFixed(1)), ttft_ms_with_32_in_flight: Number(busy.toFixed(1)),
+    profiled_ms: Number(phases.value.toFixed(1)), prefill_ms_by_phase: perStepMs(phases.profile) };
 }
 
 const summary: Record<string, unknown> = { bench: 'gpu', requests: REQUESTS, new_tokens: NEW, prompt_tokens: PROMPT };
