@@ -18,7 +18,7 @@
  * admission limits are its defaults unless set in the environment. Last line: JSON.
  */
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { createWriteStream, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os, { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -76,14 +76,29 @@ interface Health {
 }
 
 // --- the server, as npm start runs it ---
-const server = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/server/main.ts'], {
+// BENCH_OVERLOAD_NODE_FLAGS: extra flags for the server's node (profiling: --cpu-prof --cpu-prof-dir=DIR,
+// --trace-gc); the server is then stopped with SIGTERM, so that a profile is written at its exit.
+// BENCH_OVERLOAD_SERVER_OUT: a file that gets the server's stdout and stderr.
+const nodeFlags = (process.env['BENCH_OVERLOAD_NODE_FLAGS'] ?? '').split(' ').filter(Boolean);
+const server = spawn('sh', ['scripts/tuned.sh', process.execPath, ...nodeFlags, '--import', 'tsx', 'src/server/main.ts'], {
   cwd: ROOT,
   env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir },
   stdio: ['ignore', 'pipe', 'pipe'],
 });
 let serverLog = '';
+const serverOut = process.env['BENCH_OVERLOAD_SERVER_OUT'];
+if (serverOut) {
+  const out = createWriteStream(serverOut);
+  server.stdout.pipe(out);
+  server.stderr.pipe(out);
+}
 server.stderr.on('data', (c: Buffer) => (serverLog += c.toString()));
 const cleanup = async () => {
+  if (server.exitCode === null && nodeFlags.length > 0) {
+    const exited = new Promise((res) => server.once('exit', res));
+    server.kill('SIGTERM');
+    await Promise.race([exited, new Promise((res) => setTimeout(res, 30_000))]);
+  }
   if (server.exitCode === null) server.kill('SIGKILL');
   if (!keptIndex) await rm(indexDir, { recursive: true, force: true });
 };
@@ -104,6 +119,8 @@ try {
 
   // --- burst ---
   const tb = performance.now();
+  // CLOCK_MONOTONIC, the clock of V8's CPU profiles and of the server's own timestamps there.
+  console.log(`burst starts at monotonic ${process.hrtime.bigint() / 1000n} us`);
   const healthMs: number[] = [];
   const healthCallMs: number[] = [];
   const lag = monitorEventLoopDelay({ resolution: 1 });
