@@ -18,11 +18,12 @@
  * admission limits are its defaults unless set in the environment. Last line: JSON.
  */
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { createWriteStream, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
-import http from 'node:http';
 import os, { tmpdir } from 'node:os';
 import path from 'node:path';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { r1, send as sendTo, summary, type Reply } from './burst-client.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const BURST = Number(process.env['BENCH_OVERLOAD_BURST'] ?? 200);
@@ -46,44 +47,8 @@ const QUESTIONS = [
 // BENCH_OVERLOAD_INDEX_DIR: an index to reuse (kept), instead of a fresh one ingested at start-up.
 const keptIndex = process.env['BENCH_OVERLOAD_INDEX_DIR'];
 const indexDir = keptIndex ?? await mkdtemp(path.join(tmpdir(), 'ragguard-bench-overload-'));
-const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
 let port = 0;
-
-function quantile(xs: number[], q: number): number {
-  if (xs.length === 0) return NaN;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)]!;
-}
-const r1 = (x: number) => Math.round(x * 10) / 10;
-const summary = (xs: number[]) => ({ n: xs.length, p50: r1(quantile(xs, 0.5)), p99: r1(quantile(xs, 0.99)), max: r1(Math.max(...xs)) });
-
-interface Reply {
-  status: number;
-  headers: http.IncomingHttpHeaders;
-  body: string;
-  ms: number;
-}
-
-/** One request; resolves with its reply, or rejects on a socket error. `hangUpAfter` destroys it then. */
-function send(method: string, route: string, body?: unknown, hangUpAfter?: number): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-    const t0 = performance.now();
-    const req = http.request({
-      host: '127.0.0.1', port, method, path: route, agent,
-      headers: data ? { 'content-type': 'application/json', 'content-length': data.length } : {},
-    }, (res) => {
-      const ms = performance.now() - t0; // the reply's status line: what a client waits for
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString(), ms }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    if (hangUpAfter !== undefined) setTimeout(() => req.destroy(new Error('hung up')), hangUpAfter);
-    req.end(data);
-  });
-}
+const send = (method: string, route: string, body?: unknown, hangUpAfter?: number) => sendTo(port, method, route, body, hangUpAfter);
 
 /** Why a reply is unclear, or '' when it is a clear one. */
 function unclear(r: Reply): string {
@@ -111,14 +76,29 @@ interface Health {
 }
 
 // --- the server, as npm start runs it ---
-const server = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/server/main.ts'], {
+// BENCH_OVERLOAD_NODE_FLAGS: extra flags for the server's node (profiling: --cpu-prof --cpu-prof-dir=DIR,
+// --trace-gc); the server is then stopped with SIGTERM, so that a profile is written at its exit.
+// BENCH_OVERLOAD_SERVER_OUT: a file that gets the server's stdout and stderr.
+const nodeFlags = (process.env['BENCH_OVERLOAD_NODE_FLAGS'] ?? '').split(' ').filter(Boolean);
+const server = spawn('sh', ['scripts/tuned.sh', process.execPath, ...nodeFlags, '--import', 'tsx', 'src/server/main.ts'], {
   cwd: ROOT,
   env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir },
   stdio: ['ignore', 'pipe', 'pipe'],
 });
 let serverLog = '';
+const serverOut = process.env['BENCH_OVERLOAD_SERVER_OUT'];
+if (serverOut) {
+  const out = createWriteStream(serverOut);
+  server.stdout.pipe(out);
+  server.stderr.pipe(out);
+}
 server.stderr.on('data', (c: Buffer) => (serverLog += c.toString()));
 const cleanup = async () => {
+  if (server.exitCode === null && nodeFlags.length > 0) {
+    const exited = new Promise((res) => server.once('exit', res));
+    server.kill('SIGTERM');
+    await Promise.race([exited, new Promise((res) => setTimeout(res, 30_000))]);
+  }
   if (server.exitCode === null) server.kill('SIGKILL');
   if (!keptIndex) await rm(indexDir, { recursive: true, force: true });
 };
@@ -139,7 +119,12 @@ try {
 
   // --- burst ---
   const tb = performance.now();
+  // CLOCK_MONOTONIC, the clock of V8's CPU profiles and of the server's own timestamps there.
+  console.log(`burst starts at monotonic ${process.hrtime.bigint() / 1000n} us`);
   const healthMs: number[] = [];
+  const healthCallMs: number[] = [];
+  const lag = monitorEventLoopDelay({ resolution: 1 });
+  lag.enable();
   const slow: string[] = [];
   let burstDone = false;
   const prober = (async () => {
@@ -147,6 +132,7 @@ try {
       const at = performance.now() - tb;
       const r = await send('GET', '/healthz');
       healthMs.push(r.ms);
+      healthCallMs.push(r.callMs);
       if (r.ms > 100) slow.push(`${(at / 1000).toFixed(2)} s: ${Math.round(r.ms)} ms`);
       await new Promise((res) => setTimeout(res, 10));
     }
@@ -156,10 +142,12 @@ try {
     Promise.race([send('POST', '/query', query(i)).catch((e: Error) => e), deadline])));
   burstDone = true;
   await prober;
+  lag.disable();
   const burstS = (performance.now() - tb) / 1000;
   const statuses: Record<string, number> = {};
   const codes: Record<string, number> = {};
   const queueFullMs: number[] = [];
+  const queueFullCallMs: number[] = [];
   const unclearWhy: string[] = [];
   for (const r of replies) {
     if (r === 'deadline' || r instanceof Error) {
@@ -174,12 +162,16 @@ try {
     if (r.status !== 200 && !why) {
       const code = (JSON.parse(r.body) as { error: { code: string } }).error.code;
       codes[code] = (codes[code] ?? 0) + 1;
-      if (code === 'queue_full') queueFullMs.push(r.ms);
+      if (code === 'queue_full') {
+        queueFullMs.push(r.ms);
+        queueFullCallMs.push(r.callMs);
+      }
     }
   }
   console.log(`burst of ${BURST}: ${burstS.toFixed(1)} s; statuses ${JSON.stringify(statuses)}, codes ${JSON.stringify(codes)}`);
   console.log(`  /healthz during the burst (ms): ${JSON.stringify(summary(healthMs))}`);
-  console.log(`  send -> 503 queue_full (ms): ${JSON.stringify(summary(queueFullMs))}`);
+  console.log(`  send -> 503 queue_full (ms): ${JSON.stringify(summary(queueFullMs))}; from the call: ${JSON.stringify(summary(queueFullCallMs))}`);
+  console.log(`  the client's own event loop: largest delay ${r1(lag.max / 1e6)} ms`);
   if (slow.length) console.log(`  /healthz probes over 100 ms (sent at, latency): ${slow.slice(0, 12).join(', ')}${slow.length > 12 ? ', ...' : ''}`);
   if (unclearWhy.length) console.log(`  unclear: ${unclearWhy.slice(0, 5).join('; ')}`);
 
@@ -210,12 +202,15 @@ try {
     `${cpuS.toFixed(2)} CPU-s from their sending to idle`);
 
   console.log(JSON.stringify({
-    bench: 'overload', cpu: os.cpus()[0]?.model, cores: os.cpus().length, new_tokens: NEW_TOKENS,
+    bench: 'overload', timing: 'from_write', cpu: os.cpus()[0]?.model, cores: os.cpus().length, new_tokens: NEW_TOKENS,
     // The machine's load average when the bench ended: on a shared machine, other processes' share of the cores.
     loadavg: os.loadavg().map(r1),
     burst: {
       queries: BURST, seconds: r1(burstS), statuses, codes, unclear: unclearWhy.length,
       healthz_ms: summary(healthMs), queue_full_ms: summary(queueFullMs),
+      // The figures' definition before 2026-12-04 (burst-client.ts): from the call that made the request.
+      healthz_ms_from_call: summary(healthCallMs), queue_full_ms_from_call: summary(queueFullCallMs),
+      client_loop_delay_max_ms: r1(lag.max / 1e6),
     },
     hangup: { clients: HANGUPS, after_ms: HANGUP_MS, replied_before: early, idle_after_s: Math.round(idleS * 1000) / 1000, cpu_s: r1(cpuS) },
   }));

@@ -71,6 +71,17 @@ test('inside a batch of mixed lengths: identical to alone', async () => {
   assert.equal(blocks.stats().usedBlocks, 0, 'every block is back');
 });
 
+test('a batch that shrinks step by step (staggered lengths): outputs unchanged; on a direct session its new pasts are made in the last ones\' memory', async () => {
+  const { engine: e, blocks } = engine(256);
+  const lengths = prompts.map((_, i) => Math.min(20, 4 + 3 * i)); // the references are 20 tokens long
+  const outs = await Promise.all(prompts.map((p, i) => e.generate(p, { maxNewTokens: lengths[i]!, temperature: 0 })));
+  outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i]!.slice(0, lengths[i]), `prompt ${i}`));
+  const direct = model.runPath.path === 'direct';
+  if (direct) assert.ok(e.stats.spareTaken > 0, 'a shrunk batch\'s past was made in a spare tensor');
+  else assert.equal(e.stats.spareTaken, 0, 'onnxruntime-node\'s tensors are never reused');
+  assert.equal(blocks.stats().usedBlocks, 0, 'every block is back');
+});
+
 test('a batch step\'s main-thread work paced (slices of 0 ms): a turn of the event loop between rows, outputs unchanged', async () => {
   const blocks = new BlockManager({ numBlocks: 256, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
   const e = new Engine(model, blocks, { numBlocks: 256, blockSize: BS, maxNumSeqs: 32, maxNumBatchedTokens: 4096, paceSliceMs: 0 });

@@ -80,6 +80,29 @@ test('a direct run gives onnxruntime-node\'s logits and writes the KV into the b
   await node.release();
 });
 
+test('a tensor made in a larger one\'s memory (tensorOver) runs as a new one would, writes into that memory, and releases it with itself', async () => {
+  const fresh = names.map(() => direct.tensor('float32', [1, H, CAP, D]));
+  const bases = names.map(() => direct.tensor('float32', [2, H, CAP, D])); // twice as large
+  for (const t of [...fresh, ...bases]) (t.data as Float32Array).fill(0);
+  const over = bases.map((b) => direct.tensorOver(b, 'float32', [1, H, CAP, D]));
+  assert.equal(over[0]!.data.buffer, bases[0]!.data.buffer, 'the base\'s own view: no new ArrayBuffer');
+  assert.equal(over[0]!.data.length, H * CAP * D);
+  const a = feedsFor(direct, fresh);
+  const b = feedsFor(direct, over);
+  const ra = await direct.run(a.feeds, a.fetches);
+  const rb = await direct.run(b.feeds, b.fetches);
+  assert.equal(rb['present.0.key'], over[0], 'the present output is the tensor made in the base');
+  assert.deepEqual(Array.from(rb['logits']!.data as Float32Array), Array.from(ra['logits']!.data as Float32Array));
+  assert.deepEqual(Array.from((bases[3]!.data as Float32Array).subarray(0, H * CAP * D)), Array.from(fresh[3]!.data as Float32Array),
+    'the KV was written into the base\'s memory');
+  assert.throws(() => direct.tensorOver(bases[0]!, 'float32', [3, H, CAP, D]), /over/, 'larger than the base');
+  for (const t of over) t.dispose();
+  assert.ok(bases.every((t) => t.disposed), 'disposing the tensor made in a base released the base');
+  ra['logits']!.dispose();
+  rb['logits']!.dispose();
+  for (const t of [...fresh, ...a.inputs, ...b.inputs]) t.dispose();
+});
+
 test('a failing run rejects with ONNX Runtime\'s message and the session goes on; a released tensor cannot be used', async () => {
   const kv = names.map(() => direct.tensor('float32', [1, H + 1, CAP, D])); // wrong kv_heads
   const { feeds, fetches, inputs } = feedsFor(direct, kv);

@@ -316,12 +316,23 @@ export class DecoderModel {
    * Past tensors of `width` positions for `rows` rows, on the host, for the caller to fill (the
    * engine gathers into them). onnxruntime-node's are zeroed; a direct session's are not (a genai
    * run reads only each row's own positions, which the caller writes).
+   *
+   * `spare`: a direct session's tensors that their runs are done with but that are still allocated
+   * (the runner releases them at the step barrier). A past tensor is made in the memory of one of them
+   * where it fits and is at most SPARE_RATIO times as large as needed, instead of a new allocation;
+   * the ones taken are removed from `spare` and are released with the tensor made in them
+   * (DirectSession.tensorOver says why: no new view of the memory, so no full garbage collection).
    */
-  allocPast(rows: number, width: number): KvTensor[] {
+  allocPast(rows: number, width: number, spare?: KvTensor[]): KvTensor[] {
     const { numLayers, numKvHeads: H, headDim: D, kvDtype } = this.shape;
     const dims = [rows, H, width, D];
-    return Array.from({ length: 2 * numLayers }, () =>
-      this.direct ? this.direct.tensor(kvDtype, dims) : new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * width * D), dims));
+    const direct = this.direct;
+    if (!direct) return Array.from({ length: 2 * numLayers }, () => new ort.Tensor(kvDtype, kvArray(kvDtype, rows * H * width * D), dims));
+    const need = rows * H * width * D;
+    return Array.from({ length: 2 * numLayers }, () => {
+      const i = spare ? pickSpare(spare, kvDtype, need) : -1;
+      return i < 0 ? direct.tensor(kvDtype, dims) : direct.tensorOver(spare!.splice(i, 1)[0] as HostTensor, kvDtype, dims);
+    });
   }
 
   /**
@@ -520,6 +531,25 @@ export class DecoderModel {
       present: this.kvNames.map((n) => result[n]!), reused: false, release: () => logits.dispose(),
     };
   }
+}
+
+/**
+ * How much larger than needed a spare tensor may be to hold a past buffer (allocPast). The guard
+ * reserves for each decoding row its buffer and the replaced one held beside it during a change of
+ * the batch (memory-model.ts, replacedBuffer): a batch that keeps a buffer of at most 1.5 times its
+ * need, in place of a new one next to the old, holds less than that.
+ */
+export const SPARE_RATIO = 1.5;
+
+/** The index in `spare` of the smallest live host tensor of `type` holding `need` to SPARE_RATIO x `need` elements; -1 if none. */
+function pickSpare(spare: readonly KvTensor[], type: KvDtype, need: number): number {
+  let best = -1;
+  spare.forEach((t, i) => {
+    if (!(t instanceof HostTensor) || t.disposed || t.type !== type) return;
+    const n = t.data.length;
+    if (n >= need && n <= need * SPARE_RATIO && (best < 0 || n < spare[best]!.data.length)) best = i;
+  });
+  return best;
 }
 
 function presentNames(layers: number): string[] {

@@ -69,6 +69,8 @@ export interface EngineStats {
   writeBacks: number;
   /** Turns of the event loop given inside steps, between slices of their main-thread work (ONNX runner). */
   paced: number;
+  /** Past tensors made in the memory of a finished run's tensor, not newly allocated (ONNX runner, direct sessions). */
+  spareTaken: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
   /** Sequences dropped because their requests were abandoned. */
@@ -104,7 +106,7 @@ export class Engine {
 
   get stats(): EngineStats {
     const r = this.runner instanceof OrtModelRunner ? this.runner.stats : undefined;
-    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0, paced: r?.paced ?? 0 };
+    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0, paced: r?.paced ?? 0, spareTaken: r?.spareTaken ?? 0 };
   }
 
   generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {

@@ -39,7 +39,7 @@ const SLOT = {
   GetErrorMessage: 2, CreateEnv: 3, CreateSession: 7, Run: 9, CreateSessionOptions: 10, EnableProfiling: 14, DisableMemPattern: 17, DisableCpuMemArena: 19,
   SetSessionGraphOptimizationLevel: 23, SetIntraOpNumThreads: 24, SessionGetInputCount: 30, SessionGetOutputCount: 31, SessionGetInputTypeInfo: 33, SessionGetOutputTypeInfo: 34,
   SessionGetInputName: 36, SessionGetOutputName: 37, CreateRunOptions: 39, RunOptionsSetTerminate: 46,
-  CreateTensorAsOrtValue: 48, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
+  CreateTensorAsOrtValue: 48, CreateTensorWithDataAsOrtValue: 49, GetTensorMutableData: 51, CastTypeInfoToTensorInfo: 55, GetTensorElementType: 60,
   GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
   ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseRunOptions: 97, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
   ReleaseSessionOptions: 100, CreateCpuMemoryInfo: 69, AddSessionConfigEntry: 130, RegisterAllocator: 176,
@@ -51,6 +51,8 @@ interface Api {
   /** The session's inputs or outputs: names, and element types where they are tensors of a type handled here. */
   io(session: unknown, side: 'input' | 'output'): SessionValueInfo[];
   createTensor(type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
+  /** A tensor of `dims` over the first elements of `base`'s memory (which it does not own), viewed through `base`'s own view. */
+  tensorOver(base: unknown, baseData: HostArray, type: HostTensorType, dims: readonly number[]): { value: unknown; data: HostArray };
   wrapOutput(value: unknown): { type: HostTensorType; dims: number[]; data: HostArray };
   /**
    * One run on a worker thread. An abort of `signal` while it runs sets the run's terminate flag:
@@ -124,6 +126,8 @@ function bind(): Api | null {
     const releaseSession = fn(SLOT.ReleaseSession, 'void ReleaseSession(void *session)');
     const getAllocator = fn(SLOT.GetAllocatorWithDefaultOptions, 'void *GetAllocatorWithDefaultOptions(_Out_ void **alloc)');
     const createTensor = fn(SLOT.CreateTensorAsOrtValue, 'void *CreateTensorAsOrtValue(void *alloc, const int64_t *shape, size_t n, int type, _Out_ void **value)');
+    const createTensorWithData = fn(SLOT.CreateTensorWithDataAsOrtValue,
+      'void *CreateTensorWithDataAsOrtValue(void *info, void *data, size_t bytes, const int64_t *shape, size_t n, int type, _Out_ void **value)');
     const mutableData = fn(SLOT.GetTensorMutableData, 'void *GetTensorMutableData(void *value, _Out_ void **data)');
     const typeAndShape = fn(SLOT.GetTensorTypeAndShape, 'void *GetTensorTypeAndShape(void *value, _Out_ void **info)');
     const elementType = fn(SLOT.GetTensorElementType, 'void *GetTensorElementType(void *info, _Out_ int *type)');
@@ -158,6 +162,7 @@ function bind(): Api | null {
     // counting allocator accounts a decoder's KV buffers too), else through the default one.
     let tensorAllocator: unknown = alloc[0];
     let envAllocator = false;
+    let cpuInfo: unknown;
     const dataOf = (value: unknown, type: HostTensorType, count: number): HostArray => {
       const p = out();
       check(mutableData(value, p));
@@ -218,6 +223,21 @@ function bind(): Api | null {
         const v = out();
         check(createTensor(tensorAllocator, BigInt64Array.from(dims.map(BigInt)), dims.length, ELEMENT[type].onnx, v));
         return { value: v[0], data: dataOf(v[0], type, dims.reduce((a, b) => a * b, 1)) };
+      },
+      tensorOver(base, baseData, type, dims) {
+        const count = dims.reduce((a, b) => a * b, 1);
+        if (count > baseData.length) throw new Error(`a tensor of ${count} elements over ${baseData.length}`);
+        const p = out();
+        check(mutableData(base, p));
+        cpuInfo ??= (() => {
+          const info = out();
+          check(cpuMemoryInfo(0, 0, info)); // OrtDeviceAllocator, OrtMemTypeDefault; kept for the process's life
+          return info[0];
+        })();
+        const v = out();
+        check(createTensorWithData(cpuInfo, p[0], count * ELEMENT[type].bytes, BigInt64Array.from(dims.map(BigInt)), dims.length, ELEMENT[type].onnx, v));
+        // The base's view, not a new one (a new ArrayBuffer counts as V8 external memory: see HostTensor.over).
+        return { value: v[0], data: baseData.subarray(0, count) };
       },
       wrapOutput(value) {
         const info = out();
@@ -340,8 +360,15 @@ export class HostTensor {
     readonly type: HostTensorType,
     readonly dims: readonly number[],
     readonly data: HostArray,
+    /** The tensor whose memory this one lies in (tensorOver): released with this one. */
+    private readonly under?: HostTensor,
   ) {
     this.value = value;
+  }
+
+  /** Whether dispose() was called. */
+  get disposed(): boolean {
+    return this.value === null;
   }
 
   /** The OrtValue, for a run; throws once disposed. */
@@ -354,6 +381,7 @@ export class HostTensor {
     if (this.value === null) return;
     this.owner.releaseValue(this.value);
     this.value = null;
+    this.under?.dispose();
   }
 }
 
@@ -381,6 +409,22 @@ export class DirectSession {
   tensor(type: HostTensorType, dims: readonly number[]): HostTensor {
     const { value, data } = this.a.createTensor(type, dims);
     return new HostTensor(this.a, value, type, dims, data);
+  }
+
+  /**
+   * A tensor of `type` and `dims` in the memory of `base` (at least as large), which it takes over:
+   * disposing it disposes `base`. No allocation, and no new view of the memory.
+   *
+   * Why: each view of ONNX Runtime's memory is an ArrayBuffer that V8 counts as external memory until
+   * it is collected, and every 64 MiB of it starts a full garbage collection. A batch's past buffers
+   * are up to 1.3 GB (32 rows); made new for every change of the batch, they kept the event loop in
+   * full collections of the ~100 MB heap (about 100 ms of main-thread time each) for up to half of a
+   * burst's end (\`--trace-gc\`: "external memory pressure").
+   */
+  tensorOver(base: HostTensor, type: HostTensorType, dims: readonly number[]): HostTensor {
+    if (base.type !== type) throw new Error(`a ${type} tensor over a ${base.type} one`);
+    const { value, data } = this.a.tensorOver(base.handle, base.data, type, dims);
+    return new HostTensor(this.a, value, type, dims, data, base);
   }
 
   /**

@@ -44,6 +44,8 @@ export interface OrtRunnerStats {
   writeBacks: number;
   /** Turns of the event loop given between slices of a step's main-thread work (pacer.ts). */
   paced: number;
+  /** Past tensors made in the memory of a finished run's tensor instead of a new allocation (allocPast). */
+  spareTaken: number;
 }
 
 /**
@@ -63,7 +65,7 @@ export class OrtModelRunner implements ModelRunner {
   get stats(): OrtRunnerStats {
     return { ...this.counts, paced: this.pacer.yields };
   }
-  private readonly counts = { pastReused: 0, writeBacks: 0 };
+  private readonly counts = { pastReused: 0, writeBacks: 0, spareTaken: 0 };
   /** Model runs of the current step; the barrier awaits them all. */
   private readonly inflight = new Set<Promise<unknown>>();
   /** Tensors the current step is done with, released at the barrier (unless the carry holds them). */
@@ -134,6 +136,27 @@ export class OrtModelRunner implements ModelRunner {
       await this.pacer.pace();
       t.dispose();
     }
+  }
+
+  /**
+   * A past of `rows` rows and `width` positions, made where it fits in the memory of a tensor of this
+   * step's runs that nothing uses any more (the outputs less the carry's present; allocPast), else new.
+   * The ones taken leave the outputs: they are released with the tensor made in them. Runs are
+   * sequential within a step, so none of the outputs is in a run now.
+   */
+  private allocPast(rows: number, width: number): KvTensor[] {
+    const kept = new Set<KvTensor>(this.carry?.present ?? []);
+    const offered = [...new Set(this.outputs)].filter((t) => !kept.has(t));
+    const spare = [...offered];
+    const past = this.model.allocPast(rows, width, spare);
+    const left = new Set(spare);
+    const taken = new Set(offered.filter((t) => !left.has(t)));
+    if (taken.size > 0) {
+      this.counts.spareTaken += taken.size;
+      const stay = this.outputs.filter((t) => !taken.has(t));
+      this.outputs.splice(0, this.outputs.length, ...stay);
+    }
+    return past;
   }
 
   private track<T>(p: Promise<T>): Promise<T> {
@@ -257,7 +280,7 @@ export class OrtModelRunner implements ModelRunner {
     let past = carry?.present;
     if (!past) {
       await this.pacer.pace();
-      past = this.model.allocPast(rows.length, width);
+      past = this.allocPast(rows.length, width);
       // Paced: a large batch's gather would hold the event loop (health probes, 503s) for up to a second.
       await this.kv.gatherIntoPaced(rows, width, this.model.kvPlacement, presentData(past), this.pacer);
     }
