@@ -419,7 +419,7 @@ export class DirectSession {
    * it is collected, and every 64 MiB of it starts a full garbage collection. A batch's past buffers
    * are up to 1.3 GB (32 rows); made new for every change of the batch, they kept the event loop in
    * full collections of the ~100 MB heap (about 100 ms of main-thread time each) for up to half of a
-   * burst's end (\`--trace-gc\`: "external memory pressure").
+   * burst's end (`--trace-gc`: "external memory pressure").
    */
   tensorOver(base: HostTensor, type: HostTensorType, dims: readonly number[]): HostTensor {
     if (base.type !== type) throw new Error(`a ${type} tensor over a ${base.type} one`);
