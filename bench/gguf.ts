@@ -10,8 +10,8 @@
  *
  * Both sides get the same token ids (chat-formatted questions from data/questions.json, tokenized by
  * the converted tokenizer, which matches llama.cpp's: test/gguf.test.ts) and generate exactly
- * BENCH_GGUF_NEW_TOKENS greedy tokens each, EOS ignored. ONNX Runtime runs with its default threads
- * (one per core). llama.cpp runs with each thread count of BENCH_GGUF_LLAMA_THREADS (default 1 and the
+ * BENCH_GGUF_NEW_TOKENS greedy tokens each, EOS ignored. ONNX Runtime's threads are the server's
+ * (RAGGUARD_INTRA_OP_THREADS, default one per core; RAGGUARD_INTRA_OP_SPIN). llama.cpp runs with each thread count of BENCH_GGUF_LLAMA_THREADS (default 1 and the
  * core count) and its best is the peer's figure: its workers spin-wait for each other, and on this
  * shared 2-core machine two threads measured 3-12 tokens/s where one made 23-28.
  *
@@ -33,6 +33,7 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
+import { setIntraOpSpin, setIntraOpThreads } from '../src/runtime/ort-direct.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -45,6 +46,9 @@ const THREADS = availableParallelism();
 const LLAMA_THREADS = (process.env['BENCH_GGUF_LLAMA_THREADS'] ?? `1,${THREADS}`).split(',').map(Number).filter((n, i, a) => n > 0 && a.indexOf(n) === i);
 
 const cfg = loadConfig(process.env);
+// The engine's runs as the server makes them (RAGGUARD_INTRA_OP_THREADS, RAGGUARD_INTRA_OP_SPIN).
+setIntraOpThreads(cfg.intraOpThreads);
+setIntraOpSpin(cfg.intraOpSpin);
 const dir = await ggufDecoderDir(GGUF, ggufOptionsFor(cfg, (m) => console.log(m)));
 const model = await DecoderModel.load(dir, 'cpu');
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
@@ -134,7 +138,7 @@ const first = [best['engine_1']!.outputs[0]!, best['llama_1']!.outputs[0]!];
 let shared = 0;
 while (shared < NEW_TOKENS && first[0]![shared] === first[1]![shared]) shared++;
 const result = {
-  bench: 'gguf', model: path.basename(GGUF), weights: cfg.ggufWeights, threads: THREADS, new_tokens: NEW_TOKENS, requests: REQUESTS, rounds: ROUNDS,
+  bench: 'gguf', model: path.basename(GGUF), weights: cfg.ggufWeights, threads: THREADS, intra_op_spin: cfg.intraOpSpin, new_tokens: NEW_TOKENS, requests: REQUESTS, rounds: ROUNDS,
   engine_tokens_per_s_at_1: tokensPerS(best['engine_1']!), llama_cpp_tokens_per_s_at_1: tokensPerS(best['llama_1']!),
   engine_tokens_per_s_at_8: tokensPerS(best['engine_8']!), llama_cpp_tokens_per_s_at_8: tokensPerS(best['llama_8']!),
   ratio_at_1: +(tokensPerS(best['engine_1']!) / tokensPerS(best['llama_1']!)).toFixed(2),

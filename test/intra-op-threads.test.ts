@@ -1,22 +1,24 @@
 /**
  * RAGGUARD_INTRA_OP_THREADS reaches ONNX Runtime: a direct session made with n intra-op threads starts
  * n - 1 pool threads of its own (the calling thread is the n-th), counted in /proc/self/task as the
- * session is made; its runs give the same output whatever the count.
+ * session is made; its runs give the same output whatever the count. RAGGUARD_INTRA_OP_SPIN: a session
+ * whose threads spin within runs computes the same output as one whose threads sleep.
  */
 import assert from 'node:assert/strict';
 import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
-import { DirectSession, setIntraOpThreads } from '../src/runtime/ort-direct.js';
+import { DirectSession, setIntraOpSpin, setIntraOpThreads, type IntraOpSpin } from '../src/runtime/ort-direct.js';
 import { ROOT } from './helpers.js';
 
 const MODEL = path.join(ROOT, 'models/embedder/onnx/model.onnx');
 const threads = () => readdirSync('/proc/self/task').length;
 
 /** The threads a new session started, and its output for fixed ids. */
-async function made(n: number): Promise<{ started: number; out: number[] }> {
+async function made(n: number, spin: IntraOpSpin = 'off'): Promise<{ started: number; out: number[] }> {
   setIntraOpThreads(n);
+  setIntraOpSpin(spin);
   const before = threads();
   const s = DirectSession.create(MODEL);
   assert.ok(s, 'the C API binds here');
@@ -63,4 +65,25 @@ test('a session made with 1, 2 and 3 intra-op threads starts 0, 1 and 2 pool thr
     o.forEach((x, i) => assert.ok(Math.abs(x - one.out[i]!) < 1e-5, `element ${i}: ${x} vs ${one.out[i]}`));
   }
   setIntraOpThreads(0);
+});
+
+test('RAGGUARD_INTRA_OP_SPIN: default runs, off accepted, anything else named', () => {
+  assert.equal(loadConfig({}).intraOpSpin, 'runs');
+  assert.equal(loadConfig({ RAGGUARD_INTRA_OP_SPIN: 'off' }).intraOpSpin, 'off');
+  assert.throws(() => loadConfig({ RAGGUARD_INTRA_OP_SPIN: 'always' }), /RAGGUARD_INTRA_OP_SPIN: expected one of off, runs/);
+  assert.throws(() => setIntraOpSpin('always' as IntraOpSpin), RangeError);
+});
+
+test('two intra-op threads spinning within runs: the same pool and the same output as sleeping ones, run after run', { skip: process.platform !== 'linux' && 'Linux only' }, async () => {
+  await made(2);
+  const sleeping = await made(2, 'off');
+  const spinning = await made(2, 'runs');
+  const again = await made(2, 'runs');
+  assert.equal(spinning.started, sleeping.started);
+  for (const o of [spinning.out, again.out]) {
+    assert.equal(o.length, sleeping.out.length);
+    o.forEach((x, i) => assert.ok(Math.abs(x - sleeping.out[i]!) < 1e-5, `element ${i}: ${x} vs ${sleeping.out[i]}`));
+  }
+  setIntraOpThreads(0);
+  setIntraOpSpin('off');
 });

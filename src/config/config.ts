@@ -112,6 +112,8 @@ export interface Config {
   workerThreadNice: number;
   /** Intra-op threads of each CPU session through the C API (0 = ONNX Runtime's default). */
   intraOpThreads: number;
+  /** Whether those threads spin while a run goes on ('runs') or always sleep when idle ('off'). */
+  intraOpSpin: 'off' | 'runs';
   /** One query through the server before it reports listening (server/warmup.ts). */
   warmup: boolean;
 }
@@ -485,6 +487,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_INTRA_OP_THREADS', default: '0',
     doc: 'Threads each CPU model run computes with, the calling one included (ONNX Runtime\'s intra-op threads; 0 = its default, one per physical core). Fewer leave a core to the event loop while models run, at the cost of each run\'s speed.',
     apply: int(0, 256, (c, v) => (c.intraOpThreads = v)),
+  },
+  {
+    name: 'RAGGUARD_INTRA_OP_SPIN', default: 'runs',
+    doc: 'How the intra-op threads of CPU model runs (through the C API) wait for work: runs, they spin while a run goes on and sleep at its end (ONNX Runtime\'s allow_spinning with force_spinning_stop), so that a decode step does not put them to sleep and wake them between every two of its nodes; off, they always sleep. Between runs they sleep either way, leaving the core to the event loop.',
+    apply: oneOf(['off', 'runs'] as const, (c, v) => (c.intraOpSpin = v)),
   },
   {
     name: 'RAGGUARD_WARMUP', default: 'true',

@@ -83,6 +83,14 @@ let unavailable = '';
 let intraOpThreads = 0;
 
 /**
+ * Whether a direct session's intra-op threads wait for work by spinning or by sleeping: 'off', they
+ * sleep; 'runs', they spin, but only while a run is going (ONNX Runtime's allow_spinning with
+ * force_spinning_stop: at the end of each run they stop and sleep until the next).
+ */
+export type IntraOpSpin = 'off' | 'runs';
+let intraOpSpin: IntraOpSpin = 'off';
+
+/**
  * Threads each direct session made after this call computes with, the calling one included (0: ONNX
  * Runtime's default, one per physical core). Fewer leave cores to the event loop while a model runs,
  * at the cost of each run's speed (RAGGUARD_INTRA_OP_THREADS).
@@ -90,6 +98,12 @@ let intraOpThreads = 0;
 export function setIntraOpThreads(n: number): void {
   if (!Number.isInteger(n) || n < 0) throw new RangeError(`intra-op threads must be an integer >= 0, got ${n}`);
   intraOpThreads = n;
+}
+
+/** How the intra-op threads of each direct session made after this call wait for work (RAGGUARD_INTRA_OP_SPIN). */
+export function setIntraOpSpin(mode: IntraOpSpin): void {
+  if (mode !== 'off' && mode !== 'runs') throw new RangeError(`intra-op spinning must be 'off' or 'runs', got '${String(mode)}'`);
+  intraOpSpin = mode;
 }
 
 /** Binds the C API once; null (with `directUnavailable()` saying why) where it cannot be loaded. */
@@ -178,9 +192,13 @@ function bind(): Api | null {
           check(disableArena(opts[0])); // as every CPU session here: run buffers go back to malloc
           check(disablePattern(opts[0])); // and no per-shape planned block (session.ts says why)
           check(setOptLevel(opts[0], 99)); // ORT_ENABLE_ALL
-          // Idle intra-op threads sleep instead of spinning: a spinning pool thread takes a core from
-          // the event loop, which answers probes and 503s while a model runs on its worker thread.
-          check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', options.spinning ? '1' : '0'));
+          // Between runs idle intra-op threads always sleep: a spinning pool thread would take a core
+          // from the event loop, which answers probes and 503s. Within a run ('runs') they may spin
+          // between the graph's nodes instead of sleeping and being woken for each (the event loop has
+          // little to do while the run it waits for computes).
+          const spin = options.spinning ? 'always' : options.spin ?? intraOpSpin;
+          check(addConfigEntry(opts[0], 'session.intra_op.allow_spinning', spin === 'off' ? '0' : '1'));
+          if (spin === 'runs') check(addConfigEntry(opts[0], 'session.force_spinning_stop', '1'));
           // The session's own count where given (scripts, tests), else the server's setting; 0: ONNX
           // Runtime's default (a thread per physical core, the calling one included).
           const threads = options.intraOpThreads ?? intraOpThreads;
@@ -343,8 +361,10 @@ export function directUnavailable(): string {
 export interface DirectSessionOptions {
   /** Intra-op threads (0 or absent: ONNX Runtime's default, one per core). */
   intraOpThreads?: number;
-  /** Let idle intra-op threads spin (default false: they sleep; see createSession). */
+  /** Let idle intra-op threads spin, within runs and between them (default false; see createSession). */
   spinning?: boolean;
+  /** This session's IntraOpSpin, where given (default: setIntraOpSpin's, itself 'off' until set). */
+  spin?: IntraOpSpin;
   /** ONNX Runtime's profiler on, its JSON written as `<prefix>_<time>.json` when the session is released. */
   profilePrefix?: string;
 }
