@@ -206,6 +206,12 @@ __device__ __forceinline__ float with_lora(float y, const LoraExpand& le, int id
   return idx > 0 ? to_f(from_f<T>(y + lora_delta<T>(le, idx, ts, col))) : y;
 }
 
+// Where the row of (block `blk`, kv head `kh`, slot `off` in the block) starts in a layer's K or V plane,
+// laid out [block][kv_head][slot][head_dim]: the one formula the kernels that write and read the pool share.
+__device__ __forceinline__ size_t kv_row(int blk, int kh, int off, int nkv, int block_size, int hd) {
+  return (((size_t)blk * nkv + kh) * block_size + off) * hd;
+}
+
 // The most rank columns a token's staged LoRA activation has (3 x max_lora_rank of 256: q|k|v).
 constexpr int LORA_MAX_TMP = 3 * 256;
 
@@ -355,7 +361,7 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
     } else if (slot >= 0) {
       const int kh = h - nh;
       const int blk = slot / block_size, off = slot % block_size;
-      T* dst = kcache + (((size_t)blk * nkv + kh) * block_size + off) * hd;
+      T* dst = kcache + kv_row(blk, kh, off, nkv, block_size, hd);
       dst[j] = y0;
       dst[j + half] = y1;
     }
@@ -367,7 +373,7 @@ __global__ void qkv_rope_cache_kernel(StepView v, T* __restrict__ qkv, const T* 
     const int src = (nh + nkv) * hd + i;
     float x = with_lora<T>(to_f(row[src]), le, idx, ts, src);
     if (bias) x += to_f(bias[src]);
-    vcache[(((size_t)blk * nkv + kh) * block_size + off) * hd + d] = from_f<T>(x);
+    vcache[kv_row(blk, kh, off, nkv, block_size, hd) + d] = from_f<T>(x);
   }
 }
 
@@ -444,7 +450,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
 #pragma unroll
     for (int b = 0; b < DPL; ++b) acc[a][b] = 0.f;
   }
-  const size_t head_stride = (size_t)block_size * hd;
   const bool vec = (hd & 7) == 0;
   for (int c = c0; c < c1; ++c) {
     const int k0 = c * CHUNK;
@@ -455,8 +460,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
     for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
       const int k = i / hv, d = (i - k * hv) * vw;
       const int pos = k0 + k;
-      const int blk = table[pos / block_size];
-      const size_t off = ((size_t)blk * nkv + kh) * head_stride + (size_t)(pos % block_size) * hd + d;
+      const size_t off = kv_row(table[pos / block_size], kh, pos % block_size, nkv, block_size, hd) + d;
       if (vec) {
         float kf[8], vf[8];
         load8(kcache + off, kf);
@@ -549,7 +553,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
 constexpr int PF_TILE = 16;   // query tokens a tile: one WMMA row block
 constexpr int PF_KEYS = 64;   // keys a staged chunk
 constexpr int PF_WARPS = 8;   // a head a warp for G <= 8 (with 4, Qwen2-0.5B's 7 heads took two rounds: 25.3 ms a 2k TTFT against 22.6)
-constexpr int PF_SLD = PF_KEYS + 4;   // a score row's stride (floats): odd rows land on other banks
+constexpr int PF_SLD = PF_KEYS + 4;   // a score row's stride (floats): successive rows start 4 banks apart
 constexpr int PF_PLD = PF_KEYS + 8;   // a probability row's stride (16-bit elements)
 
 __host__ __device__ inline size_t pf_align(size_t b) { return (b + 127) & ~size_t(127); }
@@ -620,7 +624,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel(
         uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
         if (k < n) {
           const int pos = c0 + k;
-          const size_t off = (((size_t)table[pos / block_size] * nkv + kh) * block_size + pos % block_size) * hd + d;
+          const size_t off = kv_row(table[pos / block_size], kh, pos % block_size, nkv, block_size, hd) + d;
           kq = *reinterpret_cast<const uint4*>(kcache + off);
           vq = *reinterpret_cast<const uint4*>(vcache + off);
         }
