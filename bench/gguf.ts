@@ -33,7 +33,7 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
-import { setIntraOpSpin, setIntraOpThreads } from '../src/runtime/ort-direct.js';
+import { applySessionSettings } from '../src/runtime/ort-direct.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -47,8 +47,7 @@ const LLAMA_THREADS = (process.env['BENCH_GGUF_LLAMA_THREADS'] ?? `1,${THREADS}`
 
 const cfg = loadConfig(process.env);
 // The engine's runs as the server makes them (RAGGUARD_INTRA_OP_THREADS, RAGGUARD_INTRA_OP_SPIN).
-setIntraOpThreads(cfg.intraOpThreads);
-setIntraOpSpin(cfg.intraOpSpin);
+applySessionSettings(cfg);
 const dir = await ggufDecoderDir(GGUF, ggufOptionsFor(cfg, (m) => console.log(m)));
 const model = await DecoderModel.load(dir, 'cpu');
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];

@@ -32,7 +32,7 @@ import { measureLoad, processMemory, type LoadBytes } from './guards/process-mem
 import { profileMemory, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
-import { setIntraOpSpin, setIntraOpThreads } from './runtime/ort-direct.js';
+import { applySessionSettings } from './runtime/ort-direct.js';
 import { nextTurn } from './server/turns.js';
 import { chunkText } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
@@ -132,8 +132,7 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
 export async function loadModels(cfg: Config): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
-  setIntraOpThreads(cfg.intraOpThreads);
-  setIntraOpSpin(cfg.intraOpSpin);
+  applySessionSettings(cfg);
   const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();

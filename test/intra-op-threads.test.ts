@@ -9,7 +9,7 @@ import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
-import { DirectSession, setIntraOpSpin, setIntraOpThreads, type IntraOpSpin } from '../src/runtime/ort-direct.js';
+import { applySessionSettings, DirectSession, setIntraOpSpin, setIntraOpThreads, type IntraOpSpin } from '../src/runtime/ort-direct.js';
 import { ROOT } from './helpers.js';
 
 const MODEL = path.join(ROOT, 'models/embedder/onnx/model.onnx');
@@ -17,8 +17,7 @@ const threads = () => readdirSync('/proc/self/task').length;
 
 /** The threads a new session started, and its output for fixed ids. */
 async function made(n: number, spin: IntraOpSpin = 'off'): Promise<{ started: number; out: number[] }> {
-  setIntraOpThreads(n);
-  setIntraOpSpin(spin);
+  applySessionSettings({ intraOpThreads: n, intraOpSpin: spin });
   const before = threads();
   const s = DirectSession.create(MODEL);
   assert.ok(s, 'the C API binds here');
@@ -84,6 +83,5 @@ test('two intra-op threads spinning within runs: the same pool and the same outp
     assert.equal(o.length, sleeping.out.length);
     o.forEach((x, i) => assert.ok(Math.abs(x - sleeping.out[i]!) < 1e-5, `element ${i}: ${x} vs ${sleeping.out[i]}`));
   }
-  setIntraOpThreads(0);
-  setIntraOpSpin('off');
+  applySessionSettings({ intraOpThreads: 0, intraOpSpin: 'off' });
 });

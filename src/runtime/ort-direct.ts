@@ -106,6 +106,18 @@ export function setIntraOpSpin(mode: IntraOpSpin): void {
   intraOpSpin = mode;
 }
 
+/** What each direct session made after applySessionSettings takes (RAGGUARD_INTRA_OP_THREADS, RAGGUARD_INTRA_OP_SPIN). */
+export interface SessionSettings {
+  intraOpThreads: number;
+  intraOpSpin: IntraOpSpin;
+}
+
+/** Both session settings at once: the server's, and a benchmark's that runs models as the server does. */
+export function applySessionSettings(s: SessionSettings): void {
+  setIntraOpThreads(s.intraOpThreads);
+  setIntraOpSpin(s.intraOpSpin);
+}
+
 /** Binds the C API once; null (with `directUnavailable()` saying why) where it cannot be loaded. */
 function bind(): Api | null {
   if (api !== undefined) return api;

@@ -146,11 +146,10 @@ export class OrtModelRunner implements ModelRunner {
    */
   private allocPast(rows: number, width: number): KvTensor[] {
     const kept = new Set<KvTensor>(this.carry?.present ?? []);
-    const offered = [...new Set(this.outputs)].filter((t) => !kept.has(t));
-    const spare = [...offered];
+    const spare = [...new Set(this.outputs)].filter((t) => !kept.has(t));
+    const taken = new Set(spare);
     const past = this.model.allocPast(rows, width, spare);
-    const left = new Set(spare);
-    const taken = new Set(offered.filter((t) => !left.has(t)));
+    for (const t of spare) taken.delete(t); // allocPast removed the ones it took from `spare`
     if (taken.size > 0) {
       this.counts.spareTaken += taken.size;
       const stay = this.outputs.filter((t) => !taken.has(t));
