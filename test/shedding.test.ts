@@ -16,6 +16,7 @@ import { after, before, test } from 'node:test';
 import { loadModels, RagService } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
+import { Lifecycle } from '../src/server/shutdown.js';
 import { holdRuns, smallCorpus, tempDir, testConfig, turn } from './helpers.js';
 
 
@@ -72,12 +73,12 @@ after(() => {
   server.close();
 });
 
-function send(id: string, method: string, route: string, body?: string): Promise<Reply> {
+function send(id: string, method: string, route: string, body?: string, headers: Record<string, string> = {}, to = port): Promise<Reply> {
   return new Promise((resolve, reject) => {
     const data = body === undefined ? undefined : Buffer.from(body);
     const req = http.request({
-      host: '127.0.0.1', port, method, path: route, agent: false,
-      headers: { 'x-request-id': id, ...(data ? { 'content-type': 'application/json', 'content-length': data.length } : {}) },
+      host: '127.0.0.1', port: to, method, path: route, agent: false,
+      headers: { 'x-request-id': id, ...headers, ...(data ? { 'content-type': 'application/json', 'content-length': data.length } : {}) },
     }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
@@ -142,4 +143,81 @@ test('a full server answers a query 503 queue_full in the turn it arrives, witho
     assert.equal(typeof (JSON.parse(r.body) as { answer: unknown }).answer, 'string');
   }
   assert.deepEqual((await health()).queue, { running: 0, waiting: 0 });
+});
+
+test('shed queries and probes answered ahead of express keep what express gives them: keys checked first, CORS headers, request id, log line, metrics; draining refuses as before', async () => {
+  // A second app over the same store and models with a key and CORS: its own admission (one running, one waiting).
+  const keyed = new RagService({ ...service.cfg, apiKey: 'sekrit', corsOrigins: ['https://app.example'] }, service.models, service.store);
+  const lifecycle = new Lifecycle();
+  const own: Record<string, unknown>[] = [];
+  const sink2 = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) own.push(JSON.parse(l) as Record<string, unknown>);
+      done();
+    },
+  });
+  const srv = http.createServer(createApp(keyed, { logger: createLogger('info', sink2), lifecycle }));
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const to = (srv.address() as AddressInfo).port;
+  const key = { authorization: 'Bearer sekrit' };
+  const query = JSON.stringify({ query: 'Which daemon collects system log messages?', max_new_tokens: 2 });
+  const release = await holdRuns();
+  let admitted: Promise<Reply[]> | undefined;
+  try {
+    admitted = Promise.all([send('k-run', 'POST', '/query', query, key, to), send('k-wait', 'POST', '/query', query, key, to)]);
+    const queue = async () => (JSON.parse((await send(`kh${Math.random()}`, 'GET', '/healthz', undefined, {}, to)).body) as { queue: { running: number; waiting: number } }).queue;
+    for (let q = await queue(); q.running + q.waiting < 2; q = await queue()) await turn();
+
+    // Full, but a query without a key, or with a wrong one, is refused for that first.
+    const nokey = await send('k-nokey', 'POST', '/query', query, {}, to);
+    assert.equal(nokey.status, 401, nokey.body);
+    assert.equal((JSON.parse(nokey.body) as { error: { code: string } }).error.code, 'unauthorized');
+    assert.match(String(nokey.headers['www-authenticate']), /Bearer/);
+    const wrong = await send('k-wrong', 'POST', '/query', query, { authorization: 'Bearer nope' }, to);
+    assert.equal((JSON.parse(wrong.body) as { error: { code: string } }).error.code, 'invalid_api_key');
+
+    // With the key: shed, with the CORS headers of an allowed origin and the client's request id.
+    const shed = await send('k-shed', 'POST', '/query', query, { ...key, origin: 'https://app.example' }, to);
+    assert.equal(shed.status, 503, shed.body);
+    assert.equal((JSON.parse(shed.body) as { error: { code: string } }).error.code, 'queue_full');
+    assert.equal(shed.headers['access-control-allow-origin'], 'https://app.example');
+    assert.match(String(shed.headers['vary']), /Origin/);
+    assert.equal(shed.headers['x-request-id'], 'k-shed');
+    assert.match(String(shed.headers['content-type']), /^application\/json/);
+    assert.ok(Number(shed.headers['retry-after']) >= 1);
+    const line = own.filter((l) => l['req_id'] === 'k-shed');
+    assert.equal(line.length, 1);
+    assert.deepEqual([line[0]!['level'], line[0]!['route'], line[0]!['status'], (line[0]!['error'] as { code: string }).code], [40, '/query', 503, 'queue_full']);
+    // An origin not allowed gets no allow header.
+    const other = await send('k-other', 'POST', '/query', query, { ...key, origin: 'https://evil.example' }, to);
+    assert.equal(other.status, 503);
+    assert.equal(other.headers['access-control-allow-origin'], undefined);
+
+    // Probes: HEAD has the GET's headers and no body; a query string changes nothing.
+    const head = await send('k-head', 'HEAD', '/healthz', undefined, {}, to);
+    assert.equal(head.status, 200);
+    assert.equal(head.body, '');
+    assert.ok(Number(head.headers['content-length']) > 0);
+    const got = await send('k-get', 'GET', '/healthz?verbose=1', undefined, {}, to);
+    assert.equal((JSON.parse(got.body) as { status: string }).status, 'ok');
+    assert.equal(got.headers['x-request-id'], 'k-get');
+
+    // Counted in /metrics under the route, as express-answered requests are.
+    const metrics = (await send('k-metrics', 'GET', '/metrics', undefined, key, to)).body;
+    assert.match(metrics, /ragguard:http_requests_total\{[^}]*route="\/query"[^}]*status="503"[^}]*\} 2/);
+    assert.match(metrics, /ragguard:http_requests_total\{[^}]*route="\/healthz"[^}]*status="200"/);
+
+    // Draining: a new query is refused 503 shutting_down (not queue_full), the probe still answers.
+    const drained = lifecycle.drain(600_000);
+    const late = await send('k-late', 'POST', '/query', query, key, to);
+    assert.equal((JSON.parse(late.body) as { error: { code: string } }).error.code, 'shutting_down');
+    assert.equal((await send('k-probe', 'GET', '/healthz', undefined, {}, to)).status, 200);
+    release();
+    for (const r of await admitted) assert.equal(r.status, 200, r.body);
+    assert.equal((await drained).dropped, 0);
+  } finally {
+    release();
+    srv.closeAllConnections();
+    srv.close();
+  }
 });

@@ -7,7 +7,8 @@ import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError } from '../
 import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
-import { decoderRuntime, DuplicateDocumentError, type RagService } from '../rag.js';
+import { DuplicateDocumentError, type RagService } from '../rag.js';
+import { frontDoor, healthReport } from './front-door.js';
 import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
 import { documentsRouter } from './documents.js';
@@ -35,11 +36,23 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   metrics.addQueue(admission);
   const app = express();
   app.disable('x-powered-by');
-  app.use(requestLogger(log, (m, route, status, s) => metrics.httpRequest(m, route, status, s)));
+  const onDone = (m: string, route: string, status: number, s: number) => metrics.httpRequest(m, route, status, s);
+  // Probes and shed queries are answered before express (front-door.ts says why); the rest goes on.
+  const front = frontDoor({ service, admission, lifecycle, log, onDone });
+  // Ahead of express's own handling: the app function (what app.listen and supertest call) calls
+  // app.handle, express's entry since 3.x, left out of its typings.
+  const entry = app as unknown as { handle(req: Request, res: Response, next?: NextFunction): void };
+  const handle = entry.handle.bind(app);
+  entry.handle = (req, res, next) => {
+    if (!front(req, res)) handle(req, res, next);
+  };
+  app.use(requestLogger(log, onDone));
   app.use(cors(cfg), authenticate(cfg));
   app.use(lifecycle.middleware());
-  // Shed load before reading the body or tokenizing anything: a full server answers 503 at once.
+  // Shed load before reading the body or tokenizing anything: a full server answers 503 at once. The
+  // front door did this for POST /query; here for what it left to express.
   app.post('/query', (_req, res, next) => {
+    if (res.locals['admission'] !== undefined) return next();
     noteArrival(); // a burst still arriving holds back preparation (turns.ts)
     const ticket = admission.ticket();
     // Answered here, not through the error middleware: walking the rest of the routes to it is work
@@ -51,18 +64,9 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   });
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
+  // Also answered at the front door (front-door.ts); here for the paths it leaves to express ('/healthz/').
   app.get('/healthz', (_req, res) => {
-    const { embedder, reranker, decoder } = service.models;
-    res.json({
-      status: 'ok',
-      documents: service.store.documentCount,
-      chunks: service.store.chunkCount,
-      providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
-      // How the decoder takes its KV cache and how its runs reach its runtime (decoder-model.ts, backends/cuda).
-      decoder: decoderRuntime(decoder),
-      queue: { running: admission.running, waiting: admission.waiting },
-      kv: service.blocks.stats(),
-    });
+    res.json(healthReport(service, admission));
   });
 
   app.get('/metrics', metricsHandler(metrics));

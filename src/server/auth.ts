@@ -16,6 +16,7 @@
  * browsers send it without credentials.
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
+import type { ServerResponse } from 'node:http';
 import type { NextFunction, Request, Response } from 'express';
 import { HttpError } from './errors.js';
 
@@ -48,8 +49,8 @@ function same(presented: Buffer, key: Buffer | undefined): boolean {
   return key !== undefined && timingSafeEqual(presented, key);
 }
 
-function bearer(req: Request): string | undefined {
-  const h = req.get('authorization');
+/** The key in an Authorization header: undefined without one, '' when it is not a bearer key. */
+function bearer(h: string | undefined): string | undefined {
   if (h === undefined) return undefined;
   const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
   return m ? m[1] : '';
@@ -57,38 +58,58 @@ function bearer(req: Request): string | undefined {
 
 const unauthorized = (code: string, message: string) => new HttpError(401, code, message, {}, { 'WWW-Authenticate': 'Bearer realm="ragguard"' });
 
-export function authenticate(cfg: AuthConfig) {
+/**
+ * Who may call what: the refusal (401, 403) of `method path` with the Authorization header given, or
+ * undefined when it may go on. Pure, for the middleware below and for the front door (front-door.ts).
+ */
+export function authorizer(cfg: AuthConfig): (method: string, path: string, authorization: string | undefined) => HttpError | undefined {
   const api = cfg.apiKey ? digest(cfg.apiKey) : undefined;
   const admin = cfg.adminKey ? digest(cfg.adminKey) : undefined;
-  return (req: Request, _res: Response, next: NextFunction): void => {
-    const cls = routeClass(req.method, req.path);
-    if (cls === 'open') return next();
+  return (method, path, authorization) => {
+    const cls = routeClass(method, path);
+    if (cls === 'open') return undefined;
     // The keys that open this class of route: the admin key opens everything.
     const needed = cls === 'admin' && admin ? [admin] : [api, admin].filter((k): k is Buffer => k !== undefined);
-    if (needed.length === 0) return next();
-    const token = bearer(req);
-    if (token === undefined) {
-      return next(unauthorized('unauthorized', `${req.method} ${req.path} needs an API key: send 'Authorization: Bearer <key>'`));
-    }
+    if (needed.length === 0) return undefined;
+    const token = bearer(authorization);
+    if (token === undefined) return unauthorized('unauthorized', `${method} ${path} needs an API key: send 'Authorization: Bearer <key>'`);
     const presented = digest(token);
-    if (needed.some((k) => same(presented, k))) return next();
+    if (needed.some((k) => same(presented, k))) return undefined;
     if (cls === 'admin' && same(presented, api)) {
-      return next(new HttpError(403, 'forbidden', `${req.method} ${req.path} needs the admin key (RAGGUARD_ADMIN_KEY); the API key is not enough`));
+      return new HttpError(403, 'forbidden', `${method} ${path} needs the admin key (RAGGUARD_ADMIN_KEY); the API key is not enough`);
     }
-    next(unauthorized('invalid_api_key', 'the key sent is not a valid key for this server'));
+    return unauthorized('invalid_api_key', 'the key sent is not a valid key for this server');
+  };
+}
+
+export function authenticate(cfg: AuthConfig) {
+  const refusal = authorizer(cfg);
+  return (req: Request, _res: Response, next: NextFunction): void => next(refusal(req.method, req.path, req.get('authorization')));
+}
+
+/**
+ * The CORS headers of a reply to a request from `origin` (Vary: Origin whenever CORS is on, the
+ * allow and expose headers when the origin is allowed), set on `res`; whether the origin is allowed.
+ */
+export function corsHeaders(cfg: AuthConfig): (res: ServerResponse, origin: string | undefined) => boolean {
+  const any = cfg.corsOrigins.includes('*');
+  const allowed = new Set(cfg.corsOrigins);
+  return (res, origin) => {
+    if (cfg.corsOrigins.length === 0) return false;
+    const vary = res.getHeader('Vary');
+    if (vary === undefined) res.setHeader('Vary', 'Origin');
+    else if (!/(^|,)\s*(origin|\*)\s*(,|$)/i.test(String(vary))) res.setHeader('Vary', `${String(vary)}, Origin`);
+    if (origin === undefined || !(any || allowed.has(origin))) return false;
+    res.setHeader('Access-Control-Allow-Origin', any ? '*' : origin);
+    res.setHeader('Access-Control-Expose-Headers', 'X-Request-Id, Retry-After');
+    return true;
   };
 }
 
 export function cors(cfg: AuthConfig) {
-  const any = cfg.corsOrigins.includes('*');
-  const allowed = new Set(cfg.corsOrigins);
+  const headers = corsHeaders(cfg);
   return (req: Request, res: Response, next: NextFunction): void => {
-    if (cfg.corsOrigins.length === 0) return next();
-    const origin = req.get('origin');
-    res.vary('Origin');
-    if (origin === undefined || !(any || allowed.has(origin))) return next();
-    res.setHeader('Access-Control-Allow-Origin', any ? '*' : origin);
-    res.setHeader('Access-Control-Expose-Headers', 'X-Request-Id, Retry-After');
+    if (!headers(res, req.get('origin'))) return next();
     if (req.method === 'OPTIONS' && req.get('access-control-request-method') !== undefined) {
       res.setHeader('Access-Control-Allow-Methods', 'GET, HEAD, POST, PUT, DELETE, OPTIONS');
       res.setHeader('Access-Control-Allow-Headers', 'Authorization, Content-Type, X-Request-Id, Accept');

@@ -13,6 +13,7 @@
  * event loop for tens of milliseconds.
  */
 import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { NextFunction, Request, Response } from 'express';
 import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
 
@@ -44,42 +45,69 @@ export function requestId(res: Response): string {
 
 /** Called by the error middleware: the error goes on the request's one line (with its stack if 5xx). */
 export function noteError(res: Response, status: number, body: { error: Record<string, unknown> }, cause: unknown): void {
-  const s = state(res);
-  s.error = { code: String(body.error['code']), message: String(body.error['message']) };
-  if (status < 500) return;
-  // `internal` is the reply to a failure nothing anticipated (toHttpError's catch-all): a bug.
-  if (body.error['code'] === 'internal') s.cause = cause;
-  else s.deliberate = true;
+  Object.assign(state(res), errorState(status, body, cause));
 }
 
-export function requestLogger(log: Logger, onDone?: (method: string, route: string, status: number, seconds: number) => void) {
-  return (req: Request, res: Response, next: NextFunction): void => {
-    const t0 = performance.now();
-    const given = req.get('x-request-id');
-    const id = given !== undefined && REQUEST_ID.test(given) ? given : randomUUID();
-    state(res).requestId = id;
-    res.setHeader('X-Request-Id', id);
-    let logged = false;
-    const done = (aborted: boolean) => {
-      if (logged) return;
-      logged = true;
-      const ms = Math.round((performance.now() - t0) * 100) / 100;
-      const s = state(res);
-      // The matched route's pattern (not the path: ids in paths would make every line its own series).
-      const route = req.route ? `${req.baseUrl}${String((req.route as { path: unknown }).path)}` : 'unmatched';
-      onDone?.(req.method, route, res.statusCode, ms / 1000);
-      const line: Record<string, unknown> = {
-        req_id: id, method: req.method, path: req.path, route, status: res.statusCode, latency_ms: ms,
-        ...(aborted ? { aborted: true } : {}),
-        ...(s.error ? { error: s.error } : {}),
-      };
-      if (s.cause !== undefined) log.error({ ...line, err: s.cause }, 'request failed');
-      else if (s.deliberate) log.warn(line, 'request refused');
-      else log.info(line, 'request');
+/** What the log line of a request answered with `status` and `body` says about the error. */
+export function errorState(status: number, body: { error: Record<string, unknown> }, cause: unknown): Omit<RequestLogState, 'requestId'> {
+  const error = { code: String(body.error['code']), message: String(body.error['message']) };
+  if (status < 500) return { error };
+  // `internal` is the reply to a failure nothing anticipated (toHttpError's catch-all): a bug.
+  return body.error['code'] === 'internal' ? { error, cause } : { error, deliberate: true };
+}
+
+/** What a finished request's log line says besides its status and latency. */
+export interface RequestOutcome {
+  path: string;
+  /** The matched route's pattern (not the path: ids in paths would make every line its own series), or 'unmatched'. */
+  route: string;
+  state: Omit<RequestLogState, 'requestId'>;
+}
+
+export type RequestDone = (method: string, route: string, status: number, seconds: number) => void;
+
+/**
+ * Gives a request its id (the X-Request-Id header of the reply) and, when it ends, its one log line and
+ * `onDone` (metrics). `outcome` is read then: the route matched and the error noted by that time. Used
+ * by the express middleware below and by the front door (front-door.ts), which answers some requests
+ * before express sees them: both log the same line.
+ */
+export function trackRequest(log: Logger, onDone: RequestDone | undefined, req: IncomingMessage, res: ServerResponse,
+  outcome: () => RequestOutcome): string {
+  const t0 = performance.now();
+  const given = req.headers['x-request-id'];
+  const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+  res.setHeader('X-Request-Id', id);
+  let logged = false;
+  const done = (aborted: boolean) => {
+    if (logged) return;
+    logged = true;
+    const ms = Math.round((performance.now() - t0) * 100) / 100;
+    const { path, route, state: s } = outcome();
+    const method = req.method ?? '';
+    onDone?.(method, route, res.statusCode, ms / 1000);
+    const line: Record<string, unknown> = {
+      req_id: id, method, path, route, status: res.statusCode, latency_ms: ms,
+      ...(aborted ? { aborted: true } : {}),
+      ...(s.error ? { error: s.error } : {}),
     };
-    res.on('finish', () => done(false));
-    // The client went away before the reply was written.
-    res.on('close', () => done(!res.writableFinished));
+    if (s.cause !== undefined) log.error({ ...line, err: s.cause }, 'request failed');
+    else if (s.deliberate) log.warn(line, 'request refused');
+    else log.info(line, 'request');
+  };
+  res.on('finish', () => done(false));
+  // The client went away before the reply was written.
+  res.on('close', () => done(!res.writableFinished));
+  return id;
+}
+
+export function requestLogger(log: Logger, onDone?: RequestDone) {
+  return (req: Request, res: Response, next: NextFunction): void => {
+    state(res).requestId = trackRequest(log, onDone, req, res, () => ({
+      path: req.path,
+      route: req.route ? `${req.baseUrl}${String((req.route as { path: unknown }).path)}` : 'unmatched',
+      state: state(res),
+    }));
     next();
   };
 }

@@ -1,0 +1,96 @@
+/**
+ * The front door: the two replies that must not wait in a burst, answered on Node's own request and
+ * response before express sees the request: a liveness probe (GET or HEAD /healthz) and a query shed
+ * because every slot and queue place is taken (503 queue_full). Everything else, and any of these that
+ * the front door cannot answer exactly as express would (a missing or wrong key, a server draining),
+ * goes on to express unchanged.
+ *
+ * Why: Node reads one new connection per turn of the event loop, so in a burst of 200 each request's
+ * handling holds back every connection behind it, the shed ones and the probes included. Through
+ * express a shed query cost its prototypes, a walk over every middleware and route to the shedding
+ * one, and `res.json` (content-type parsing, an ETag hash): in a CPU profile of a burst's first
+ * 300 ms, express's modules took more of the main thread than Node's HTTP parsing and writing
+ * together, and the last shed client waited 130-190 ms for its 503 where a trivial Node server
+ * answers a burst's last request in 45-65 ms (bench:overload-floor).
+ *
+ * What these replies carry is what the express path gives them: the request id, the one log line and
+ * the metrics (logging.ts trackRequest), the CORS headers, the same body and headers.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Admission } from '../guards/admission.js';
+import { decoderRuntime, type RagService } from '../rag.js';
+import { authorizer, corsHeaders } from './auth.js';
+import type { HttpError } from './errors.js';
+import { errorState, trackRequest, type Logger, type RequestDone } from './logging.js';
+import type { Lifecycle } from './shutdown.js';
+import { noteArrival } from './turns.js';
+
+/** GET /healthz's body: liveness, the models' providers, the queue and the KV pool. */
+export function healthReport(service: RagService, admission: Admission): Record<string, unknown> {
+  const { embedder, reranker, decoder } = service.models;
+  return {
+    status: 'ok',
+    documents: service.store.documentCount,
+    chunks: service.store.chunkCount,
+    providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
+    // How the decoder takes its KV cache and how its runs reach its runtime (decoder-model.ts, backends/cuda).
+    decoder: decoderRuntime(decoder),
+    queue: { running: admission.running, waiting: admission.waiting },
+    kv: service.blocks.stats(),
+  };
+}
+
+/** The admission ticket a query took at the front door (app.ts's /query hands it to Admission.run). */
+export type Ticket = NonNullable<ReturnType<Admission['ticket']>>;
+
+export interface FrontDoorDeps {
+  service: RagService;
+  admission: Admission;
+  lifecycle: Lifecycle;
+  log: Logger;
+  onDone?: RequestDone;
+}
+
+/**
+ * The front door's handler: true when it answered the request, false when express is to (having set
+ * `res.locals.admission` to the ticket of a query it let in: app.ts's /query takes that one).
+ */
+export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerResponse & { locals?: Record<string, unknown> }) => boolean {
+  const refusal = authorizer(d.service.cfg);
+  const cors = corsHeaders(d.service.cfg);
+
+  const reply = (req: IncomingMessage, res: ServerResponse, path: string, route: string, status: number,
+    body: Record<string, unknown>, headers: Record<string, string>, error?: HttpError): void => {
+    trackRequest(d.log, d.onDone, req, res, () => ({ path, route, state: error ? errorState(status, error.body(), error) : {} }));
+    cors(res, req.headers.origin);
+    const json = Buffer.from(JSON.stringify(body));
+    res.writeHead(status, { ...headers, 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': json.length });
+    res.end(req.method === 'HEAD' ? undefined : json);
+  };
+
+  return (req, res) => {
+    const url = req.url ?? '';
+    const q = url.indexOf('?');
+    const path = q < 0 ? url : url.slice(0, q);
+    if (path === '/healthz' && (req.method === 'GET' || req.method === 'HEAD')) {
+      // A probe: open to all, answered while draining too (shutdown.ts).
+      reply(req, res, path, '/healthz', 200, healthReport(d.service, d.admission), {});
+      return true;
+    }
+    if (path !== '/query' || req.method !== 'POST') return false;
+    // Refusals before shedding are express's to give, in its order (auth.ts, shutdown.ts).
+    if (d.lifecycle.draining || refusal('POST', path, req.headers.authorization) !== undefined) return false;
+    noteArrival(); // a burst still arriving holds back preparation (turns.ts)
+    const ticket = d.admission.ticket();
+    if (ticket) {
+      // Let in: express reads and checks the body; the ticket goes back if the query ends before run().
+      res.locals = { admission: ticket };
+      res.once('close', ticket.release);
+      return false;
+    }
+    const e = d.admission.queueFull();
+    // The body is never read (Node discards it once the reply is written).
+    reply(req, res, path, '/query', e.status, e.body(), { ...e.headers }, e);
+    return true;
+  };
+}
