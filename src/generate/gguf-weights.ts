@@ -1,7 +1,7 @@
 /**
  * A GGUF decoder as the genai builder's input (gqa-builder.ts): its shape facts from the metadata
  * (architectures llama and qwen2), its weights by Hugging Face module name, floats dequantized or
- * blocks handed over as stored (Q4_0 and Q4_1 at 4 bits; Q8_0, Q6_K, Q5_0 and Q4_K at 8), and what cannot be
+ * blocks handed over as stored (Q4_0, Q4_1, Q4_K at 4 bits; Q8_0, Q6_K and Q5_0 at 8), and what cannot be
  * represented refused by name.
  *
  * llama.cpp's converter (convert_hf_to_gguf.py) permutes the rows of a llama model's q and k
@@ -214,18 +214,11 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
       return { bits: 8, blockSize: 32, n, k, data, scales };
     }
     case GGML.Q4_K: {
-      // A super-block of 256 is 8 blocks of 32, each w = q d sc - dmin m. Handed over as 8-bit blocks of
-      // 16 (each 32 split in two halves of the same scale and min), q + 128 against the default zero point
-      // 128, for ONNX Runtime's int8 kernel (accuracy level 4), as Q6_K below: measured on
-      // Qwen2.5-Coder-0.5B's 12 Q4_K down projections (4864 -> 896), 14.0 ms a decode step of 8 rows at
-      // 4 bits (accuracy level 0: float products, no int8 kernel at 4 bits that stays within llama.cpp's
-      // log-probabilities) against 7.7 for the same shape's Q6_K ones, and about the same at 1 row (5.9
-      // against 6.1 ms): twice the weight bytes, read by a kernel that does not grow with the rows as the
-      // float one does. Blocks of 16 rather than 32 quantize the activations in blocks of 16 as well,
-      // closer to float (blocks of 32 at level 4 moved the log-probabilities to 1.2 off llama.cpp's).
-      const data = new Uint8Array(n * k);
-      const scales = new Float32Array((n * k) / 16);
-      const mins = new Float32Array((n * k) / 16);
+      // A super-block of 256 is 8 blocks of 32, each scale d * sc and min -dmin * m.
+      const blocks = k / 32;
+      const data = new Uint8Array(n * blocks * 16);
+      const scales = new Float32Array(n * blocks);
+      const mins = new Float32Array(n * blocks);
       for (let sb = 0; sb < (n * k) / 256; sb++) {
         const at = sb * 144;
         const d = f16(raw, at);
@@ -233,23 +226,14 @@ export function toBlocks(type: number, raw: Uint8Array, n: number, k: number): B
         for (let j = 0; j < 8; j++) {
           const [sc, m] = q4kScaleMin(raw, at + 4, j);
           const blk = sb * 8 + j;
-          const scale = Math.fround(d * sc);
-          const min = -Math.fround(dmin * m);
-          // w = q scale + min = (q - c) scale + (min + c scale): with c the nearest whole number to
-          // -min / scale the stored values are the weights' own (centred) and the min term what is
-          // left, under half a scale. The int8 kernel quantizes the activations; its error is
-          // multiplied by the stored values, so centred ones err as much as llama.cpp's, whose min
-          // term takes the quantized activations too, where q from 0 to 15 erred twice as much and
-          // flipped greedy ids.
-          const c = scale === 0 ? 0 : Math.max(-112, Math.min(112, Math.round(-min / scale)));
-          scales[2 * blk] = scales[2 * blk + 1] = scale;
-          mins[2 * blk] = mins[2 * blk + 1] = Math.fround(min + c * scale);
+          scales[blk] = Math.fround(d * sc);
+          mins[blk] = -Math.fround(dmin * m);
           const q = at + 16 + 32 * (j >> 1);
-          const shift = (j & 1) * 4;
-          for (let e = 0; e < 32; e++) data[blk * 32 + e] = ((raw[q + e]! >> shift) & 0x0f) + 128 - c;
+          const high = (j & 1) === 1;
+          repackNibbles((e) => (high ? raw[q + e]! >> 4 : raw[q + e]! & 0x0f), data, blk * 16);
         }
       }
-      return { bits: 8, blockSize: 16, n, k, data, scales, mins };
+      return { bits: 4, blockSize: 32, n, k, data, scales, mins, zeroPoints: new Uint8Array(n * Math.ceil(blocks / 2)) };
     }
     case GGML.Q6_K: {
       // 16 blocks of 16 per super-block, 6-bit q with zero point 32 and scale d * sc: 8-bit blocks of 16,

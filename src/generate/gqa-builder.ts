@@ -172,9 +172,8 @@ export interface GqaOptions {
  * 1536 x 576 product's CPU time 2-3.5 times, but moved SmolLM2-135M's log-probabilities by up to 1.6
  * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken. On Qwen2.5-Coder-0.5B's
  * Q4_K down projections it took 10-15 % off a decode step but moved the log-probabilities from 0.35 to
- * 1.05 off llama.cpp's (and widened to 8-bit blocks of 32 at level 4, 1.2 and one greedy id of 72): not
- * taken (a down projection's input has the outliers that int8 blocks of 32 lose most to). Q4_K is
- * handed over as centred 8-bit blocks of 16 instead (gguf-weights.ts): 0.30, every greedy id equal.
+ * 1.05 off llama.cpp's (and widened to 8-bit blocks at level 4, 1.2 and one greedy id of 72): not taken
+ * either (a down projection's input has the outliers that int8 blocks of 32 lose most to).
  */
 const NBITS_ACCURACY: Record<4 | 8, number> = { 4: 0, 8: 4 };
 
