@@ -15,7 +15,9 @@ import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 const GGUF = path.join(ROOT, 'models', 'pretrained', 'SmolLM2-135M-Instruct.Q4_1.gguf');
 
 test('a .gguf RAGGUARD_DECODER is converted and serves /query', { skip: existsSync(GGUF) ? false : `${GGUF} is missing: run npm run setup (scripts/fetch-pretrained-decoder.sh)` }, async () => {
-  const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']), RAGGUARD_DECODER: GGUF });
+  const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']), RAGGUARD_DECODER: GGUF,
+    // The conversion goes where the environment says (a worktree sharing models/gguf-cache points it at its own).
+    ...(process.env['RAGGUARD_GGUF_CACHE'] ? { RAGGUARD_GGUF_CACHE: process.env['RAGGUARD_GGUF_CACHE'] } : {}) });
   const models = await loadModels(cfg);
   assert.equal(models.decoder.shape.numLayers, 30);
   assert.equal(models.decoder.tokenizer.config['add_bos_token'], false);

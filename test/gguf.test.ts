@@ -25,6 +25,10 @@ import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type Node
 import { seededRandom } from '../src/generate/sampler.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { ROOT, tempDir } from './helpers.js';
+import { loadConfig } from '../src/config/config.js';
+
+/** The converted models' cache as configured (RAGGUARD_GGUF_CACHE): a worktree whose models/gguf-cache is shared points it at its own. */
+const GGUF_CACHE = loadConfig(process.env).ggufCacheDir;
 
 /** A seeded generator (the sampler's mulberry32): the same bytes every run. */
 const rng = seededRandom;
@@ -423,7 +427,7 @@ interface Reference {
  * ids at every step, and llama.cpp's top log-probabilities within `tolerance` (per fixture).
  */
 async function checkAgainstLlamaCpp(file: string, weights: 'nbits' | 'dequant', fixtures: readonly (readonly [string, number])[]): Promise<void> {
-  const dir = await ggufDecoderDir(file, { cacheDir: path.join(ROOT, 'models', 'gguf-cache'), weights });
+  const dir = await ggufDecoderDir(file, { cacheDir: GGUF_CACHE, weights });
   const m = await DecoderModel.load(dir, 'cpu');
   for (const [fixture, tolerance] of fixtures) {
     const ref = JSON.parse(await readFile(path.join(ROOT, 'test', 'fixtures', 'gguf', fixture), 'utf8')) as Reference;
@@ -470,7 +474,7 @@ describe('SmolLM2-135M-Instruct Q4_1 against llama.cpp (node-llama-cpp 3.21.1)',
 });
 
 describe('the graph\'s greedy ids (SmolLM2-135M-Instruct Q4_1, nbits)', { skip: existsSync(PRETRAINED) ? false : `${PRETRAINED} is missing: run npm run setup (scripts/fetch-pretrained-decoder.sh)` }, () => {
-  const load = async () => DecoderModel.load(await ggufDecoderDir(PRETRAINED, { cacheDir: path.join(ROOT, 'models', 'gguf-cache'), weights: 'nbits', lora: false }), 'cpu');
+  const load = async () => DecoderModel.load(await ggufDecoderDir(PRETRAINED, { cacheDir: GGUF_CACHE, weights: 'nbits', lora: false }), 'cpu');
   const argmaxRow = (l: Float32Array, r: number, V: number) => {
     let best = r * V;
     for (let v = r * V + 1; v < (r + 1) * V; v++) if (l[v]! > l[best]!) best = v;
