@@ -76,7 +76,7 @@ export interface QueryInput {
   sampling?: SamplingOptions;
   hooks?: QueryHooks;
   /** Builds the prompt from the ranked chunks instead of the RAG template (a chat's messages: openai-routes.ts). */
-  promptFor?: (chunks: readonly ContextChunk[], budget: number) => AssembledPrompt;
+  promptFor?: (chunks: readonly ContextChunk[], budget: number, between: () => Promise<void>) => Promise<AssembledPrompt>;
 }
 
 export interface Citation {
@@ -402,8 +402,9 @@ export class RagService {
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
     const chunks = ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text }));
-    const prompt = q.promptFor ? q.promptFor(chunks, budget)
-      : this.chat ? chatContextPrompt(this.chat, this.template, [{ role: 'user', content: q.query }], chunks, budget)
+    // A turn of the event loop between two encodings of a long prompt (turns.ts).
+    const prompt = q.promptFor ? await q.promptFor(chunks, budget, nextTurn)
+      : this.chat ? await chatContextPrompt(this.chat, this.template, [{ role: 'user', content: q.query }], chunks, budget, nextTurn)
         : assemblePrompt(decoder.tokenizer, this.template, this.promptBosId, q.query, chunks, budget);
     const citations = prompt.included.map((i) => {
       const { hit, score } = ranked[i]!;

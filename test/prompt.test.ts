@@ -63,19 +63,37 @@ test('a question that cannot fit the budget is an error, not a silent cut', () =
   assert.throws(() => assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, words(100), [], 50), PromptTooLongError);
 });
 
-test('a chat prompt opens its system message with the template\'s instruction, then the numbered context', () => {
+test('a chat prompt opens its system message with the template\'s instruction, then the numbered context', async () => {
   const chat = ChatTemplate.forModel(tok, BOS); // the fallback template: system lines as they are
   const chunks: ContextChunk[] = [{ title: 'A', text: 'alpha text' }, { title: 'B', text: 'beta text' }];
   const user = [{ role: 'user' as const, content: 'why?' }];
-  const p = chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, 500);
+  const p = await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, 500);
   const context = 'Context:\n[1] A: alpha text\n[2] B: beta text';
   assert.deepEqual(p.ids, chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\n${context}` }, ...user]));
   assert.deepEqual(p.included, [0, 1]);
   // '' (a model's ragguard_prompt.system) leaves the context alone in the system message.
   const bare = templateFromConfig({ ragguard_prompt: { system: '' } });
   assert.equal(bare.system, '');
-  assert.deepEqual(chatContextPrompt(chat, bare, user, chunks, 500).ids, chat.encode([{ role: 'system', content: context }, ...user]));
+  assert.deepEqual((await chatContextPrompt(chat, bare, user, chunks, 500)).ids, chat.encode([{ role: 'system', content: context }, ...user]));
   // The instruction counts against the budget like the rest.
   const tight = chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\nContext:\n[1] A: alpha text` }, ...user]).length;
-  assert.deepEqual(chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, tight).included, [0]);
+  assert.deepEqual((await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, tight)).included, [0]);
+});
+
+test('a chat prompt takes every chunk in one encoding where all fit, else searches chunk by chunk with a turn between encodings', async () => {
+  const chat = ChatTemplate.forModel(tok, BOS);
+  const user = [{ role: 'user' as const, content: 'why?' }];
+  const big: ContextChunk = { title: 'Big', text: words(200, 'big') };
+  const small: ContextChunk = { title: 'S', text: 'small text' };
+  let turns = 0;
+  const between = async () => void turns++;
+  const all = await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, [small, big], 5000, between);
+  assert.deepEqual(all.included, [0, 1]);
+  assert.equal(turns, 0, 'one encoding, no search');
+  // The big one does not fit: it gives way to the smaller one after it, the same prompt as that one alone.
+  const onlySmall = (await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, [small], 5000)).ids;
+  const p = await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, [big, small], onlySmall.length, between);
+  assert.deepEqual(p.included, [1]);
+  assert.deepEqual(p.ids, onlySmall);
+  assert.ok(turns >= 2, `a turn between the search's encodings (${turns})`);
 });

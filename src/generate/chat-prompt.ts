@@ -12,15 +12,31 @@
 import type { ChatMessage, ChatTemplate } from './chat-template.js';
 import type { AssembledPrompt, ContextChunk, PromptTemplate } from './prompt.js';
 
-export function chatContextPrompt(chat: ChatTemplate, t: PromptTemplate, messages: readonly ChatMessage[],
-  chunks: readonly ContextChunk[], budget: number): AssembledPrompt {
+/**
+ * `between`: awaited between two encodings (the server gives the event loop a turn there: each is a
+ * whole prompt through the tokenizer, several milliseconds of the main thread for a long context).
+ * Most often every chunk fits: that is tried first, in one encoding; the chunk-by-chunk search that
+ * follows only where they do not (before, it always ran: 1 + k encodings of ever longer prompts).
+ */
+export async function chatContextPrompt(chat: ChatTemplate, t: PromptTemplate, messages: readonly ChatMessage[],
+  chunks: readonly ContextChunk[], budget: number, between: () => Promise<void> = async () => {}): Promise<AssembledPrompt> {
+  // Replacement functions: a chunk's own text may hold `$&` and the like.
+  const withContext = (ks: readonly number[]) => {
+    const context = (t.system ? `${t.system}\n\n` : '') + t.head + ks.map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
+      t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
+    return chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
+  };
+  if (chunks.length > 0) {
+    const all = chunks.map((_, k) => k);
+    const ids = withContext(all);
+    if (ids.length <= budget) return { ids, included: all, truncated: [] };
+    await between();
+  }
   const included: number[] = [];
   let ids = chat.encode(messages);
   for (let c = 0; c < chunks.length; c++) {
-    // Replacement functions: a chunk's own text may hold `$&` and the like.
-    const context = (t.system ? `${t.system}\n\n` : '') + t.head + [...included, c].map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
-      t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
-    const tried = chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
+    await between();
+    const tried = withContext([...included, c]);
     if (tried.length <= budget) {
       included.push(c);
       ids = tried;

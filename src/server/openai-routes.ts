@@ -211,8 +211,8 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     if (!question) throw new HttpError(400, 'invalid_body', 'rag needs a user message with text to retrieve on', { param: 'messages' });
     const baseTokens = chat.encode(messages).length;
     checkContext(baseTokens, maxTokens);
-    const promptFor = (chunks: readonly ContextChunk[], budget: number): AssembledPrompt =>
-      chatContextPrompt(chat, service.template, messages, chunks, budget);
+    const promptFor = (chunks: readonly ContextChunk[], budget: number, between: () => Promise<void>): Promise<AssembledPrompt> =>
+      chatContextPrompt(chat, service.template, messages, chunks, budget, between);
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
       temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,

@@ -144,11 +144,11 @@ export class OrtModelRunner implements ModelRunner {
    * The ones taken leave the outputs: they are released with the tensor made in them. Runs are
    * sequential within a step, so none of the outputs is in a run now.
    */
-  private allocPast(rows: number, width: number): KvTensor[] {
+  private async allocPast(rows: number, width: number): Promise<KvTensor[]> {
     const kept = new Set<KvTensor>(this.carry?.present ?? []);
     const spare = [...new Set(this.outputs)].filter((t) => !kept.has(t));
     const taken = new Set(spare);
-    const past = this.model.allocPast(rows, width, spare);
+    const past = await this.model.allocPastPaced(rows, width, spare, () => this.pacer.pace());
     for (const t of spare) taken.delete(t); // allocPast removed the ones it took from `spare`
     if (taken.size > 0) {
       this.counts.spareTaken += taken.size;
@@ -278,8 +278,7 @@ export class OrtModelRunner implements ModelRunner {
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
     let past = carry?.present;
     if (!past) {
-      await this.pacer.pace();
-      past = this.allocPast(rows.length, width);
+      past = await this.allocPast(rows.length, width);
       // Paced: a large batch's gather would hold the event loop (health probes, 503s) for up to a second.
       await this.kv.gatherIntoPaced(rows, width, this.model.kvPlacement, presentData(past), this.pacer);
     }
