@@ -133,6 +133,27 @@ test('the genai decoder runs direct on the CPU, and generates the same through o
   assert.equal(a.ids.length, 80);
 });
 
+test('a paced past (allocPastPaced) waits on the pace before each layer\'s tensor, and takes a spare tensor where allocPast would', async () => {
+  const model = await DecoderModel.load(DIR, 'cpu');
+  const { numLayers, numKvHeads, headDim } = model.shape;
+  let paced = 0;
+  const past = await model.allocPastPaced(2, 16, undefined, () => {
+    paced++;
+    return new Promise<void>((r) => setImmediate(r));
+  });
+  assert.equal(paced, 2 * numLayers, 'a pace before every tensor');
+  assert.equal(past.length, 2 * numLayers);
+  assert.deepEqual(past[0]!.dims, [2, numKvHeads, 16, headDim]);
+  // A spare of the right size is taken (and leaves the list), as allocPast takes it.
+  const made = model.allocPast(2, 16);
+  const spare = [made[0]!];
+  const withSpare = await model.allocPastPaced(2, 16, spare, () => undefined);
+  assert.equal(spare.length, 0, 'the spare was taken');
+  assert.equal((withSpare[0]!.data as Float32Array).buffer, (made[0]!.data as Float32Array).buffer, 'made in the spare\'s memory');
+  for (const t of made.slice(1)) t.dispose();
+  for (const t of [...past, ...withSpare]) t.dispose();
+});
+
 test('an abort while a run is on its worker thread stops it between nodes (RunInterrupted, the abort\'s reason); the session runs on', async () => {
   // A chain of 2000 [n, n] x [n, n] products: at n = 512 some 540 GFLOP, seconds on any CPU, where the
   // flag, set in the same synchronous stretch that started the run, stops it within a node.
