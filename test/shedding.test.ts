@@ -221,3 +221,58 @@ test('shed queries and probes answered ahead of express keep what express gives 
     srv.close();
   }
 });
+
+test('a query let in at the front door reaches express on a later turn: a drain begun meanwhile lets it finish, a client gone meanwhile frees its place and is logged', async () => {
+  const lifecycle = new Lifecycle();
+  const own: Record<string, unknown>[] = [];
+  const sink2 = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) own.push(JSON.parse(l) as Record<string, unknown>);
+      done();
+    },
+  });
+  const srv = http.createServer();
+  srv.on('request', createApp(service, { logger: createLogger('info', sink2), lifecycle }));
+  // After the app's handler, in the same turn: the front door has let the query in, express has not seen it.
+  let meanwhile: ((req: http.IncomingMessage) => void) | undefined;
+  srv.on('request', (req: http.IncomingMessage) => meanwhile?.(req));
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const to = (srv.address() as AddressInfo).port;
+  const query = JSON.stringify({ query: 'Where does apt keep its list of package sources?', max_new_tokens: 2 });
+  try {
+    // The client leaves before the query's turn: nothing runs, its place is free again, one log line says so.
+    meanwhile = (req) => req.socket.destroy();
+    await assert.rejects(send('gone', 'POST', '/query', query, {}, to));
+    meanwhile = undefined;
+    for (let i = 0; i < 3; i++) await turn();
+    const gone = own.filter((l) => l['req_id'] === 'gone');
+    assert.equal(gone.length, 1);
+    assert.deepEqual([gone[0]!['route'], gone[0]!['aborted']], ['/query', true]);
+    assert.equal(lifecycle.inFlight, 0);
+    // Its ticket came back: with one slot and one queue place, two held queries are let in, a third shed.
+    const release = await holdRuns();
+    let two: Promise<Reply[]>;
+    try {
+      let answered = false; // a reply while runs are held can only be a 503: a place was missing
+      two = Promise.all([send('g1', 'POST', '/query', query, {}, to), send('g2', 'POST', '/query', query, {}, to)]);
+      void two.finally(() => (answered = true));
+      const queue = async () => (JSON.parse((await send(`gh${Math.random()}`, 'GET', '/healthz', undefined, {}, to)).body) as { queue: { running: number; waiting: number } }).queue;
+      for (let q = await queue(); q.running + q.waiting < 2 && !answered; q = await queue()) await turn();
+      assert.equal((await send('g3', 'POST', '/query', query, {}, to)).status, 503);
+    } finally {
+      release();
+    }
+    for (const r of await two) assert.equal(r.status, 200, r.body);
+
+    // A drain that begins before the query reaches express: it was let in, so it is served, not refused.
+    let drained: Promise<{ dropped: number; finished: number; refused: number }> | undefined;
+    meanwhile = () => void (drained ??= lifecycle.drain(600_000));
+    const served = await send('in', 'POST', '/query', query, {}, to);
+    assert.equal(served.status, 200, served.body);
+    const report = await drained!;
+    assert.deepEqual([report.finished, report.dropped, report.refused], [1, 0, 0]);
+  } finally {
+    srv.closeAllConnections();
+    srv.close();
+  }
+});

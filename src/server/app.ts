@@ -43,9 +43,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   // app.handle, express's entry since 3.x, left out of its typings.
   const entry = app as unknown as { handle(req: Request, res: Response, next?: NextFunction): void };
   const handle = entry.handle.bind(app);
-  entry.handle = (req, res, next) => {
-    if (!front(req, res)) handle(req, res, next);
-  };
+  entry.handle = (req, res, next) => front(req, res, () => handle(req, res, next));
   app.use(requestLogger(log, onDone));
   app.use(cors(cfg), authenticate(cfg));
   app.use(lifecycle.middleware());

@@ -20,10 +20,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Admission } from '../guards/admission.js';
 import { decoderRuntime, type RagService } from '../rag.js';
 import { authorizer, corsHeaders } from './auth.js';
-import type { HttpError } from './errors.js';
-import { errorState, trackRequest, type Logger, type RequestDone } from './logging.js';
+import { sendJson, type HttpError } from './errors.js';
+import { errorState, routedOutcome, trackRequest, type Logger, type RequestDone } from './logging.js';
 import type { Lifecycle } from './shutdown.js';
-import { noteArrival } from './turns.js';
+import { nextTurn, noteArrival } from './turns.js';
 
 /** GET /healthz's body: liveness, the models' providers, the queue and the KV pool. */
 export function healthReport(service: RagService, admission: Admission): Record<string, unknown> {
@@ -52,10 +52,10 @@ export interface FrontDoorDeps {
 }
 
 /**
- * The front door's handler: true when it answered the request, false when express is to (having set
- * `res.locals.admission` to the ticket of a query it let in: app.ts's /query takes that one).
+ * The front door's handler: answers the request itself, or hands it to `express` (now, or for a query
+ * it let in, on a later turn of the event loop: turns.ts).
  */
-export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerResponse & { locals?: Record<string, unknown> }) => boolean {
+export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerResponse & { locals?: Record<string, unknown> }, express: () => void) => void {
   const refusal = authorizer(d.service.cfg);
   const cors = corsHeaders(d.service.cfg);
 
@@ -63,34 +63,37 @@ export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerR
     body: Record<string, unknown>, headers: Record<string, string>, error?: HttpError): void => {
     trackRequest(d.log, d.onDone, req, res, () => ({ path, route, state: error ? errorState(status, error.body(), error) : {} }));
     cors(res, req.headers.origin);
-    const json = Buffer.from(JSON.stringify(body));
-    res.writeHead(status, { ...headers, 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': json.length });
-    res.end(req.method === 'HEAD' ? undefined : json);
+    sendJson(res, status, body, headers, req.method === 'HEAD');
   };
 
-  return (req, res) => {
+  return (req, res, express) => {
     const url = req.url ?? '';
     const q = url.indexOf('?');
     const path = q < 0 ? url : url.slice(0, q);
     if (path === '/healthz' && (req.method === 'GET' || req.method === 'HEAD')) {
       // A probe: open to all, answered while draining too (shutdown.ts).
-      reply(req, res, path, '/healthz', 200, healthReport(d.service, d.admission), {});
-      return true;
+      return reply(req, res, path, '/healthz', 200, healthReport(d.service, d.admission), {});
     }
-    if (path !== '/query' || req.method !== 'POST') return false;
+    if (path !== '/query' || req.method !== 'POST') return express();
     // Refusals before shedding are express's to give, in its order (auth.ts, shutdown.ts).
-    if (d.lifecycle.draining || refusal('POST', path, req.headers.authorization) !== undefined) return false;
+    if (d.lifecycle.draining || refusal('POST', path, req.headers.authorization) !== undefined) return express();
     noteArrival(); // a burst still arriving holds back preparation (turns.ts)
     const ticket = d.admission.ticket();
-    if (ticket) {
-      // Let in: express reads and checks the body; the ticket goes back if the query ends before run().
-      res.locals = { admission: ticket };
-      res.once('close', ticket.release);
-      return false;
+    if (!ticket) {
+      // The body is never read (Node discards it once the reply is written).
+      const e = d.admission.queueFull();
+      return reply(req, res, path, '/query', e.status, e.body(), { ...e.headers }, e);
     }
-    const e = d.admission.queueFull();
-    // The body is never read (Node discards it once the reply is written).
-    reply(req, res, path, '/query', e.status, e.body(), { ...e.headers }, e);
-    return true;
+    // Let in: in flight from now (a drain waits for it, a hang-up aborts it), its ticket given back if it
+    // ends before Admission.run, its log line and latency counted from now. Express (its middleware, the
+    // body, the checks) takes it on a later turn, after the burst's other arrivals: each admitted query's
+    // way through express held back every connection behind it, the ones to be shed included.
+    res.locals = { admission: ticket };
+    res.locals['requestId'] = trackRequest(d.log, d.onDone, req, res, () => routedOutcome(req, res, { path, route: '/query' }));
+    res.once('close', ticket.release);
+    d.lifecycle.track(req, res);
+    void nextTurn().then(() => {
+      if (!res.destroyed) express(); // else its client left while it waited: nothing more to do
+    });
   };
 }

@@ -101,13 +101,24 @@ export function trackRequest(log: Logger, onDone: RequestDone | undefined, req: 
   return id;
 }
 
+/**
+ * A request's route and log state as express left them; `fallback` (path, route) for one that never
+ * reached express (a query the front door let in whose client left before its turn).
+ */
+export function routedOutcome(req: IncomingMessage, res: ServerResponse & { locals?: Record<string, unknown> },
+  fallback: { path: string; route: string }): RequestOutcome {
+  const r = req as Partial<Request>;
+  const s = (res.locals ?? {}) as Omit<RequestLogState, 'requestId'>;
+  if (r.path === undefined) return { ...fallback, state: s };
+  return { path: r.path, route: r.route ? `${r.baseUrl ?? ''}${String((r.route as { path: unknown }).path)}` : 'unmatched', state: s };
+}
+
 export function requestLogger(log: Logger, onDone?: RequestDone) {
   return (req: Request, res: Response, next: NextFunction): void => {
-    state(res).requestId = trackRequest(log, onDone, req, res, () => ({
-      path: req.path,
-      route: req.route ? `${req.baseUrl}${String((req.route as { path: unknown }).path)}` : 'unmatched',
-      state: state(res),
-    }));
+    // Tracked from its arrival by the front door (a query it let in): its line is already coming.
+    if (state(res).requestId === undefined) {
+      state(res).requestId = trackRequest(log, onDone, req, res, () => routedOutcome(req, res, { path: req.path, route: 'unmatched' }));
+    }
     next();
   };
 }

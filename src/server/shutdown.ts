@@ -9,7 +9,11 @@
  * happened, so that the caller exits 0 only when nothing was dropped.
  */
 import type { NextFunction, Request, Response } from 'express';
-import { HttpError } from './errors.js';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { HttpError, sendJson } from './errors.js';
+
+/** The path of a request's URL (without its query string). */
+const pathOf = (req: IncomingMessage): string => (req.url ?? '').split('?')[0]!;
 
 /** Requests that never count as work: probes and read-only views, answered while draining too. */
 const PROBES = new Set(['/healthz', '/readyz', '/metrics', '/debug/memory']);
@@ -40,7 +44,7 @@ export interface DrainReport {
 }
 
 interface Tracked {
-  req: Request;
+  req: IncomingMessage;
   /** Made when first asked for (requestSignal) or needed (an abort): a shed request never asks, and a
    * controller (its signal an EventTarget) was the costliest step of this bookkeeping in a burst. */
   controller?: AbortController;
@@ -50,7 +54,7 @@ const controllerOf = (t: Tracked): AbortController => (t.controller ??= new Abor
 
 export class Lifecycle {
   private drainingSince: number | undefined;
-  private readonly inflight = new Map<Response, Tracked>();
+  private readonly inflight = new Map<ServerResponse, Tracked>();
   private refused = 0;
   private idleWaiters: (() => void)[] = [];
 
@@ -79,23 +83,35 @@ export class Lifecycle {
         return;
       }
       if (PROBES.has(req.path)) return next();
+      // Let in before a drain began (the front door tracks a query it admits on arrival): it is work in flight.
+      if (this.inflight.has(res)) return next();
       if (this.draining) {
         this.refused++;
         const e = shuttingDown('no new requests are admitted');
         res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
         return;
       }
-      const t: Tracked = { req };
-      this.inflight.set(res, t);
-      Object.defineProperty(res.locals, 'signal', { get: () => controllerOf(t).signal, enumerable: false });
-      res.on('close', () => {
-        // 'close' before the reply was written: the client went away; its work stops.
-        if (!res.writableFinished && !controllerOf(t).signal.aborted) controllerOf(t).abort(new ClientClosedError(req.method, req.path));
-        this.inflight.delete(res);
-        if (this.inflight.size === 0) for (const w of this.idleWaiters.splice(0)) w();
-      });
+      this.track(req, res);
       next();
     };
+  }
+
+  /**
+   * Counts a request as in flight until its response closes (drain waits for it) and gives it a signal
+   * (`res.locals.signal`): aborted when its client goes away first, or when a drain stops it. The
+   * middleware does this; the front door does it for a query it lets in before express sees it.
+   */
+  track(req: IncomingMessage, res: ServerResponse & { locals?: Record<string, unknown> }): void {
+    const t: Tracked = { req };
+    this.inflight.set(res, t);
+    res.locals ??= {};
+    Object.defineProperty(res.locals, 'signal', { get: () => controllerOf(t).signal, enumerable: false });
+    res.on('close', () => {
+      // 'close' before the reply was written: the client went away; its work stops.
+      if (!res.writableFinished && !controllerOf(t).signal.aborted) controllerOf(t).abort(new ClientClosedError(req.method ?? '', pathOf(req)));
+      this.inflight.delete(res);
+      if (this.inflight.size === 0) for (const w of this.idleWaiters.splice(0)) w();
+    });
   }
 
   /**
@@ -110,14 +126,15 @@ export class Lifecycle {
     await this.idle(graceMs);
     const late = [...this.inflight.values()];
     for (const t of late) {
-      controllerOf(t).abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${t.req.path} finished; it was stopped`));
+      controllerOf(t).abort(shuttingDown(`RAGGUARD_SHUTDOWN_GRACE_MS (${graceMs} ms) ran out before ${t.req.method} ${pathOf(t.req)} finished; it was stopped`));
     }
     if (late.length > 0) await this.idle(Math.max(graceMs, STOP_MS));
     // A request whose handler never saw its signal (its body still arriving) still gets its answer.
     for (const [res, t] of this.inflight) {
       if (res.headersSent) continue;
-      const e = shuttingDown(`${t.req.method} ${t.req.path} was still unanswered when the drain ended`);
-      res.status(e.status).set({ ...e.headers, Connection: 'close' }).json(e.body());
+      const e = shuttingDown(`${t.req.method} ${pathOf(t.req)} was still unanswered when the drain ended`);
+      // Plain Node: a request the front door let in may not have reached express yet.
+      sendJson(res, e.status, e.body(), { ...e.headers, Connection: 'close' });
     }
     return { inFlight, finished: inFlight - late.length, dropped: late.length, refused: this.refused, ms: Math.round(performance.now() - t0) };
   }
