@@ -33,14 +33,19 @@ let service: RagService;
 const calls = { inputIds: 0, embed: 0 };
 /** For each request as it arrived: whether a turn of the event loop had passed when its status line was written. */
 const turnBeforeReply = new Map<string, boolean>();
+/** A log destination that parses each JSON line into `into`. */
+function lineSink(into: Record<string, unknown>[]): Writable {
+  return new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) into.push(JSON.parse(l) as Record<string, unknown>);
+      done();
+    },
+  });
+}
+
 /** The server's log lines. */
 const lines: Record<string, unknown>[] = [];
-const sink = new Writable({
-  write(chunk: Buffer, _enc, done) {
-    for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
-    done();
-  },
-});
+const sink = lineSink(lines);
 
 before(async () => {
   // One running, one waiting: a third query is shed.
@@ -150,12 +155,7 @@ test('shed queries and probes answered ahead of express keep what express gives 
   const keyed = new RagService({ ...service.cfg, apiKey: 'sekrit', corsOrigins: ['https://app.example'] }, service.models, service.store);
   const lifecycle = new Lifecycle();
   const own: Record<string, unknown>[] = [];
-  const sink2 = new Writable({
-    write(chunk: Buffer, _enc, done) {
-      for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) own.push(JSON.parse(l) as Record<string, unknown>);
-      done();
-    },
-  });
+  const sink2 = lineSink(own);
   const srv = http.createServer(createApp(keyed, { logger: createLogger('info', sink2), lifecycle }));
   await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
   const to = (srv.address() as AddressInfo).port;
@@ -225,12 +225,7 @@ test('shed queries and probes answered ahead of express keep what express gives 
 test('a query let in at the front door reaches express on a later turn: a drain begun meanwhile lets it finish, a client gone meanwhile frees its place and is logged', async () => {
   const lifecycle = new Lifecycle();
   const own: Record<string, unknown>[] = [];
-  const sink2 = new Writable({
-    write(chunk: Buffer, _enc, done) {
-      for (const l of chunk.toString('utf8').split('\n')) if (l.trim()) own.push(JSON.parse(l) as Record<string, unknown>);
-      done();
-    },
-  });
+  const sink2 = lineSink(own);
   const srv = http.createServer();
   srv.on('request', createApp(service, { logger: createLogger('info', sink2), lifecycle }));
   // After the app's handler, in the same turn: the front door has let the query in, express has not seen it.
