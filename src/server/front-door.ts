@@ -40,9 +40,6 @@ export function healthReport(service: RagService, admission: Admission): Record<
   };
 }
 
-/** The admission ticket a query took at the front door (app.ts's /query hands it to Admission.run). */
-export type Ticket = NonNullable<ReturnType<Admission['ticket']>>;
-
 export interface FrontDoorDeps {
   service: RagService;
   admission: Admission;
