@@ -133,7 +133,7 @@ test('the genai decoder runs direct on the CPU, and generates the same through o
   assert.equal(a.ids.length, 80);
 });
 
-test('a paced past (allocPastPaced) waits on the pace before each layer\'s tensor, and takes a spare tensor where allocPast would', async () => {
+test('a paced past (allocPastPaced) waits on the pace before each layer\'s tensor, and takes a spare tensor that fits', async () => {
   const model = await DecoderModel.load(DIR, 'cpu');
   const { numLayers, numKvHeads, headDim } = model.shape;
   let paced = 0;
@@ -144,7 +144,7 @@ test('a paced past (allocPastPaced) waits on the pace before each layer\'s tenso
   assert.equal(paced, 2 * numLayers, 'a pace before every tensor');
   assert.equal(past.length, 2 * numLayers);
   assert.deepEqual(past[0]!.dims, [2, numKvHeads, 16, headDim]);
-  // A spare of the right size is taken (and leaves the list), as allocPast takes it.
+  // A spare of the right size is taken (and leaves the list).
   const made = model.allocPast(2, 16);
   const spare = [made[0]!];
   const withSpare = await model.allocPastPaced(2, 16, spare, () => undefined);

@@ -316,22 +316,22 @@ export class DecoderModel {
    * Past tensors of `width` positions for `rows` rows, on the host, for the caller to fill (the
    * engine gathers into them). onnxruntime-node's are zeroed; a direct session's are not (a genai
    * run reads only each row's own positions, which the caller writes).
+   */
+  allocPast(rows: number, width: number): KvTensor[] {
+    return Array.from({ length: 2 * this.shape.numLayers }, () => this.pastTensor(rows, width));
+  }
+
+  /**
+   * allocPast for the engine's changed batches, with `pace` awaited before each tensor (the engine's
+   * pacer: a turn of the event loop once its slice is spent). A new tensor is a new view of its memory,
+   * and a batch's 2 x layers of them, made in one stretch, held the event loop for 25-35 ms with the
+   * garbage collections they set off (bench:overload's slowest probes in the middle of a burst).
    *
    * `spare`: a direct session's tensors that their runs are done with but that are still allocated
    * (the runner releases them at the step barrier). A past tensor is made in the memory of one of them
    * where it fits and is at most SPARE_RATIO times as large as needed, instead of a new allocation;
    * the ones taken are removed from `spare` and are released with the tensor made in them
    * (DirectSession.tensorOver says why: no new view of the memory, so no full garbage collection).
-   */
-  allocPast(rows: number, width: number, spare?: KvTensor[]): KvTensor[] {
-    return Array.from({ length: 2 * this.shape.numLayers }, () => this.pastTensor(rows, width, spare));
-  }
-
-  /**
-   * allocPast with `pace` awaited before each tensor (the engine's pacer: a turn of the event loop once
-   * its slice is spent). A new tensor is a new view of its memory, and a batch's 2 x layers of them,
-   * made in one stretch, held the event loop for 25-35 ms with the garbage collections they set off
-   * (bench:overload's slowest probes in the middle of a burst).
    */
   async allocPastPaced(rows: number, width: number, spare: KvTensor[] | undefined, pace: () => Promise<void> | undefined): Promise<KvTensor[]> {
     const past: KvTensor[] = [];
@@ -342,7 +342,7 @@ export class DecoderModel {
     return past;
   }
 
-  /** One layer's key or value past of allocPast. */
+  /** One layer's key or value past (allocPast, allocPastPaced). */
   private pastTensor(rows: number, width: number, spare?: KvTensor[]): KvTensor {
     const { numKvHeads: H, headDim: D, kvDtype } = this.shape;
     const dims = [rows, H, width, D];
