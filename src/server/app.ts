@@ -8,7 +8,7 @@ import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engi
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../guards/request-shape.js';
 import { DuplicateDocumentError, type RagService } from '../rag.js';
-import { frontDoor, healthReport } from './front-door.js';
+import { frontDoor, healthReport, letIn } from './front-door.js';
 import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
 import { documentsRouter } from './documents.js';
@@ -18,7 +18,7 @@ import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
 import { RunInterrupted } from '../runtime/ort-direct.js';
-import { nextTurn, noteArrival } from './turns.js';
+import { nextTurn } from './turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
@@ -51,13 +51,10 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   // front door did this for POST /query; here for what it left to express.
   app.post('/query', (_req, res, next) => {
     if (res.locals['admission'] !== undefined) return next();
-    noteArrival(); // a burst still arriving holds back preparation (turns.ts)
-    const ticket = admission.ticket();
+    const shed = letIn(admission, res);
     // Answered here, not through the error middleware: walking the rest of the routes to it is work
     // every shed request of a burst did before the next one was read.
-    if (!ticket) return replyError(res, admission.queueFull());
-    res.locals['admission'] = ticket;
-    res.once('close', ticket.release);
+    if (shed) return replyError(res, shed);
     next();
   });
   app.use(express.json({ limit: cfg.maxDocumentBytes }));

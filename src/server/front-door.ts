@@ -40,6 +40,21 @@ export function healthReport(service: RagService, admission: Admission): Record<
   };
 }
 
+/**
+ * An admission place for a query that has just arrived, taken before its body is read: its ticket goes
+ * in `res.locals.admission` (Admission.run takes it over) and back when the response closes, if the
+ * query ended before. Returns the 503 queue_full when every place is taken. The front door's, and the
+ * express route's for the queries the front door leaves to express (app.ts).
+ */
+export function letIn(admission: Admission, res: ServerResponse & { locals?: Record<string, unknown> }): HttpError | undefined {
+  noteArrival(); // a burst still arriving holds back preparation (turns.ts)
+  const ticket = admission.ticket();
+  if (!ticket) return admission.queueFull();
+  (res.locals ??= {})['admission'] = ticket;
+  res.once('close', ticket.release);
+  return undefined;
+}
+
 export interface FrontDoorDeps {
   service: RagService;
   admission: Admission;
@@ -74,20 +89,14 @@ export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerR
     if (path !== '/query' || req.method !== 'POST') return express();
     // Refusals before shedding are express's to give, in its order (auth.ts, shutdown.ts).
     if (d.lifecycle.draining || refusal('POST', path, req.headers.authorization) !== undefined) return express();
-    noteArrival(); // a burst still arriving holds back preparation (turns.ts)
-    const ticket = d.admission.ticket();
-    if (!ticket) {
-      // The body is never read (Node discards it once the reply is written).
-      const e = d.admission.queueFull();
-      return reply(req, res, path, '/query', e.status, e.body(), { ...e.headers }, e);
-    }
-    // Let in: in flight from now (a drain waits for it, a hang-up aborts it), its ticket given back if it
-    // ends before Admission.run, its log line and latency counted from now. Express (its middleware, the
-    // body, the checks) takes it on a later turn, after the burst's other arrivals: each admitted query's
-    // way through express held back every connection behind it, the ones to be shed included.
-    res.locals = { admission: ticket };
-    res.locals['requestId'] = trackRequest(d.log, d.onDone, req, res, () => routedOutcome(req, res, { path, route: '/query' }));
-    res.once('close', ticket.release);
+    const shed = letIn(d.admission, res);
+    // The body is never read (Node discards it once the reply is written).
+    if (shed) return reply(req, res, path, '/query', shed.status, shed.body(), { ...shed.headers }, shed);
+    // Let in: in flight from now (a drain waits for it, a hang-up aborts it), its log line and latency
+    // counted from now. Express (its middleware, the body, the checks) takes it on a later turn, after
+    // the burst's other arrivals: each admitted query's way through express held back every connection
+    // behind it, the ones to be shed included.
+    (res.locals ??= {})['requestId'] = trackRequest(d.log, d.onDone, req, res, () => routedOutcome(req, res, { path, route: '/query' }));
     d.lifecycle.track(req, res);
     void nextTurn().then(() => {
       if (!res.destroyed) express(); // else its client left while it waited: nothing more to do
