@@ -381,7 +381,8 @@ export class RagService {
     await nextTurn();
 
     t = performance.now();
-    const { hits, pruned } = this.retriever.search(qv, q.query, q.topK);
+    // A turn between the lexical and the dense search as well (retriever.ts).
+    const { hits, pruned } = await this.retriever.searchPaced(qv, q.query, q.topK, nextTurn);
     const unique = dedupe(pruned, this.cfg.dedupeJaccard);
     const searchMs = ms(t);
 
@@ -398,6 +399,8 @@ export class RagService {
       .slice(0, q.rerankTopN);
     const rerankMs = ms(t);
 
+    // Prompt assembly (a whole prompt through the tokenizer) on a turn of its own, too.
+    await nextTurn();
     signal?.throwIfAborted();
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);

@@ -52,3 +52,26 @@ test('rerank off: no pair is scored, citations keep the fused order and score', 
   for (let i = 1; i < b.citations.length; i++) assert.ok(b.citations[i - 1].score >= b.citations[i].score);
   assert.equal(b.citations[0].doc_id, 'task-scheduling-cron-atd');
 });
+
+test('a paced hybrid search gives the event loop its turns and stays right when a removal renumbers chunks meanwhile', async () => {
+  const q = 'Which command changes the disk quota limits of a user? edquota';
+  const qv = await models.embedder.embed([q]);
+  const r = new Retriever(service.store, { ...service.cfg, retrieval: 'hybrid' });
+  let turns = 0;
+  const same = await r.searchPaced(qv, q, 5, async () => {
+    turns++;
+  });
+  assert.ok(turns >= 1, 'a turn between the lexical and the dense search');
+  assert.deepEqual(same.hits.map((h) => [h.chunk.id, h.score]), r.search(qv, q, 5).hits.map((h) => [h.chunk.id, h.score]));
+  // The first document's removal, between the two sides, moves every later chunk down (new objects):
+  // the fusion must still match the same chunks on both sides, as a search after the removal does.
+  const first = service.store.documents(0, 1)[0]!.docId;
+  assert.notEqual(first, 'quotas');
+  const paced = await r.searchPaced(qv, q, 5, async () => {
+    await service.store.transact(() => service.store.remove(first));
+  });
+  const after = r.search(qv, q, 5);
+  assert.equal(paced.hits[0]!.chunk.docId, 'quotas');
+  assert.deepEqual(paced.hits.map((h) => [h.chunk.id, h.score]), after.hits.map((h) => [h.chunk.id, h.score]));
+  for (const h of paced.hits) assert.equal(service.store.chunk(h.chunk.id), h.chunk, 'hits are the store\'s chunks as they are now');
+});

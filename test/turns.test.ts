@@ -1,23 +1,43 @@
-/** The event loop's turns: model runs one at a time through the gate, request preparation one per turn. */
+/** The event loop's turns: model runs one at a time through the gate, request preparation one every other turn. */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { gatedRun, gateStats } from '../src/runtime/run-gate.js';
 import { MAX_HOLD_MS, nextTurn, noteArrival, setMaxHold } from '../src/server/turns.js';
 
-test('requests prepare in arrival order, one per turn of the event loop', async () => {
+test('requests prepare in arrival order, one every other turn of the event loop', async () => {
   const order: string[] = [];
+  // Counts the turns of the event loop (an immediate each turn) while the steps run.
+  let turn = 0;
+  let ticking = true;
+  const tick = () => {
+    turn++;
+    if (ticking) setImmediate(tick);
+  };
+  setImmediate(tick);
+  const at: number[] = [];
   const a = nextTurn().then(() => {
     order.push('A');
-    // Work the first one schedules for later runs before the third one's turn: turns are not bunched.
+    at.push(turn);
+    // Work the first one schedules for later runs before the next one's turn: turns are not bunched.
     setImmediate(() => order.push('after A'));
   });
-  const b = nextTurn().then(() => order.push('B'));
-  const c = nextTurn().then(() => order.push('C'));
+  const b = nextTurn().then(() => {
+    order.push('B');
+    at.push(turn);
+  });
+  const c = nextTurn().then(() => {
+    order.push('C');
+    at.push(turn);
+  });
   await Promise.all([a, b, c]);
-  assert.deepEqual(order, ['A', 'B', 'after A', 'C']);
+  ticking = false;
+  assert.deepEqual(order, ['A', 'after A', 'B', 'C']);
+  // A turn without a step between two steps: a new connection accepted on one turn's poll has its
+  // request read on the next one's before another step runs.
+  assert.ok(at[1]! - at[0]! >= 2 && at[2]! - at[1]! >= 2, `steps on turns ${at.join(', ')}`);
 });
 
-test('while queries keep arriving, preparation waits for a turn without an arrival; then one per turn again', async () => {
+test('while queries keep arriving, preparation waits for a turn without an arrival; then one every other turn again', async () => {
   setMaxHold(3_600_000); // no clock in this test: the hold ends by the turns alone
   try {
     const order: string[] = [];
@@ -37,7 +57,7 @@ test('while queries keep arriving, preparation waits for a turn without an arriv
   }
 });
 
-test('a hold that has run out lets steps go one per turn while arrivals continue', async () => {
+test('a hold that has run out lets steps go one every other turn while arrivals continue', async () => {
   setMaxHold(0);
   try {
     const order: string[] = [];
@@ -52,7 +72,7 @@ test('a hold that has run out lets steps go one per turn while arrivals continue
       }
     })();
     await Promise.all([a, b, arrivals]);
-    assert.deepEqual(order.slice(0, 3), ['A', 'arrival 1', 'B']);
+    assert.deepEqual(order.slice(0, 4), ['A', 'arrival 1', 'arrival 2', 'B']);
   } finally {
     setMaxHold(MAX_HOLD_MS);
   }

@@ -34,19 +34,50 @@ export class Retriever {
   }
 
   search(queryVector: Float32Array, query: string, topK: number): Retrieved {
+    const parts = this.parts(queryVector, query, topK);
+    let r = parts.next();
+    while (!r.done) r = parts.next();
+    return r.value;
+  }
+
+  /**
+   * search() with `between` awaited between its parts (the lexical search; the dense search and the
+   * fusion): in a burst each is several milliseconds of a contended main thread, and the server gives
+   * the event loop a turn there (server/turns.ts) rather than hold a probe behind both.
+   */
+  async searchPaced(queryVector: Float32Array, query: string, topK: number, between: () => Promise<void>): Promise<Retrieved> {
+    const parts = this.parts(queryVector, query, topK);
+    let r = parts.next();
+    while (!r.done) {
+      await between();
+      r = parts.next();
+    }
+    return r.value;
+  }
+
+  /** The search, yielding where a caller may give the event loop a turn. */
+  private *parts(queryVector: Float32Array, query: string, topK: number): Generator<void, Retrieved> {
     const { cfg, store } = this;
     if (cfg.retrieval === 'dense') {
       const hits = store.search(queryVector, topK);
       return { hits, pruned: prune(hits, cfg.pruneMargin) };
     }
     const depth = Math.max(topK, cfg.retrievalDepth);
-    // The store may have grown (or been rolled back) since the last query: the index follows it.
-    this.lexical.sync(store);
-    const lexical: Hit[] = this.lexical.search(query, depth).map((h) => ({ chunk: store.chunk(h.chunkId), score: h.score }));
+    const lexicalHits = (): Hit[] => {
+      // The store may have grown (or been rolled back) since the last query: the index follows it.
+      this.lexical.sync(store);
+      return this.lexical.search(query, depth).map((h) => ({ chunk: store.chunk(h.chunkId), score: h.score }));
+    };
+    let lexical = lexicalHits();
     if (cfg.retrieval === 'lexical') {
       const hits = lexical.slice(0, topK);
       return { hits, pruned: hits };
     }
+    yield;
+    // A removal during the yield renumbers the chunks after the removed ones (as new objects), and the
+    // fusion matches the two sides by chunk id: the lexical side is searched again on the store as the
+    // dense side sees it (rare, and about a millisecond).
+    if (lexical.some((h) => h.chunk.id >= store.chunkCount || store.chunk(h.chunk.id) !== h.chunk)) lexical = lexicalHits();
     const dense = store.search(queryVector, depth);
     const fused = reciprocalRankFusion([
       { items: dense, weight: cfg.rrfDenseWeight },

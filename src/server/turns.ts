@@ -1,10 +1,10 @@
 /**
- * Request preparation one request per turn of the event loop.
+ * Request preparation one request every other turn of the event loop.
  *
  * A burst's requests arrive in one poll of the event loop; each one's preparation (parsing, tokenizing
  * the query, the guard's prediction) is a millisecond or two of JavaScript, and run back to back inside
  * that poll they held a probe, or a shed request's 503, behind all of them (a burst of 200: up to a
- * second on 2 busy cores). Waiting for its turn here, each request prepares on a later turn, one per
+ * second on 2 busy cores). Waiting for its turn here, each request prepares on a later turn, one every other
  * turn, with the loop's I/O (probes, new connections, load shedding) served in between.
  */
 const waiting: (() => void)[] = [];
@@ -21,7 +21,7 @@ let scheduled = false;
  * 400 ms the main thread was busy 99 % of the time, most of it with the admitted queries' stages.
  * So while queries keep arriving (one arrived since the last step), steps wait for a turn without an
  * arrival, for at most this long once per burst; after that, or once a turn passes without an
- * arrival, one step per turn again, so steady traffic is never held back more than once.
+ * arrival, one step every other turn again, so steady traffic is never held back more than once.
  */
 export const MAX_HOLD_MS = 200;
 let maxHoldMs = MAX_HOLD_MS;
@@ -40,7 +40,7 @@ export function noteArrival(): void {
   arrivals++;
 }
 
-/** Resolves on a later turn of the event loop, after the requests that asked before it, one per turn. */
+/** Resolves on a later turn of the event loop, after the requests that asked before it, one every other turn. */
 export function nextTurn(): Promise<void> {
   return new Promise((resolve) => {
     waiting.push(resolve);
@@ -67,7 +67,11 @@ function step(): void {
   }
   arrivals = 0;
   waiting.shift()?.();
-  // Scheduled from inside the check phase: the next one runs on the next turn, after its poll for I/O.
-  if (waiting.length > 0) setImmediate(step);
+  // Scheduled from inside the check phase, one turn left free: the next step runs on the turn after
+  // next. A new connection needs two polls for I/O, one to accept it and a later one to read its
+  // request (strace: accept4, then the read after the next epoll_wait), and a step on every turn put
+  // one between them, a probe waiting out two steps (a burst's steps: 20-60 ms each on contended
+  // cores); with a free turn between steps, one at most.
+  if (waiting.length > 0) setImmediate(() => setImmediate(step));
   else scheduled = false;
 }
