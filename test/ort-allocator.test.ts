@@ -61,3 +61,29 @@ test('the host meter is the accounted one where asked for and installed, residen
   assert.equal(accounted.resident(), counters!.live());
   assert.equal(hostMeter({ hostMeter: 'resident' }), hostPeakMeter());
 });
+
+test('large tensors lie in the reserved regions: accounted, apart from each other, and no new external memory for V8', () => {
+  const c = counters!;
+  const d = DirectSession.create(path.join(ROOT, 'models/decoder-gqa/model.onnx'));
+  assert.ok(d, 'direct session');
+  const before = c.live();
+  const external = process.memoryUsage().external;
+  // 64 tensors of 16 MiB made and freed, two alive at a time (as a batch's past buffers come and go):
+  // a new ArrayBuffer for each would add 1 GiB of external memory until V8 collects them.
+  let prev = d.tensor('float32', [4, MiB]);
+  prev.data.fill(1);
+  for (let i = 0; i < 64; i++) {
+    const t = d.tensor('float32', [4, MiB]);
+    assert.ok(c.live() - before >= 2 * 16 * MiB && c.live() - before <= 2 * (16 * MiB + 8192), `${c.live() - before} bytes live for two 16 MiB tensors`);
+    (t.data as Float32Array).fill(i + 2);
+    assert.equal((prev.data as Float32Array)[4 * MiB - 1], i + 1, 'a live tensor keeps its contents while another is written');
+    assert.equal(t.data.buffer, prev.data.buffer, 'both read through their region\'s one view');
+    prev.dispose();
+    prev = t;
+  }
+  prev.dispose();
+  assert.equal(c.live(), before, 'every block given back');
+  const grown = process.memoryUsage().external - external;
+  assert.ok(grown < 16 * MiB, `external memory grew by ${grown} bytes over 1 GiB of tensors`);
+  d.dispose();
+});

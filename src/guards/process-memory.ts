@@ -1,18 +1,22 @@
 /** Memory readings: the process's own counters, and bytes measured around a load (host, and GPU through NVML). */
+import { regionViewBytes } from '../runtime/ort-direct.js';
 import { usedBytes, type GpuMemoryReader } from './nvml.js';
 
 export interface ProcessMemory {
   rss: number;
   heapTotal: number;
   heapUsed: number;
-  /** C++ objects bound to JS objects (ONNX Runtime tensors, faiss) plus ArrayBuffers. */
+  /**
+   * C++ objects bound to JS objects (ONNX Runtime tensors, faiss) plus ArrayBuffers, less the views of
+   * the counting allocator's reserved regions (address space, whose memory in use the allocator counts).
+   */
   external: number;
   arrayBuffers: number;
 }
 
 export function processMemory(): ProcessMemory {
   const m = process.memoryUsage();
-  return { rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external, arrayBuffers: m.arrayBuffers };
+  return { rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external - regionViewBytes(), arrayBuffers: m.arrayBuffers };
 }
 
 export interface LoadBytes {

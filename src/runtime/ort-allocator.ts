@@ -14,7 +14,7 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import koffi from 'koffi';
-import { registerCpuAllocator } from './ort-direct.js';
+import { registerCpuAllocator, viewRegions } from './ort-direct.js';
 
 /** Where scripts/setup.sh builds the library. */
 export const COUNTING_ALLOCATOR_LIBRARY = path.resolve(import.meta.dirname, '..', '..', 'build', 'native', 'libragguard-alloc.so');
@@ -29,6 +29,14 @@ export interface AllocatorCounters {
   /** Allocations since start. */
   allocations(): number;
 }
+
+/**
+ * Reserved address space for large blocks: REGIONS regions of REGION_BYTES (4 GiB, the largest one
+ * ArrayBuffer over native memory that koffi makes here). Only address space: memory is committed as
+ * blocks are written and returned when they are freed. Blocks beyond it fall back to malloc.
+ */
+const REGIONS = 4;
+const REGION_BYTES = 2 ** 32;
 
 let counters: AllocatorCounters | undefined;
 let reason = 'not installed';
@@ -47,6 +55,12 @@ export function installCountingAllocator(library = COUNTING_ALLOCATOR_LIBRARY): 
     const [live, peak, allocations] = ['ragguard_live_bytes', 'ragguard_peak_bytes', 'ragguard_allocations'].map(int64) as [
       () => number | bigint, () => number | bigint, () => number | bigint];
     const reset = lib.func('void ragguard_reset_peak(void)') as () => void;
+    // Address space for large blocks (counting-allocator.c says why), before any session allocates.
+    const reserve = lib.func('int ragguard_reserve_regions(int count, int64_t size)') as (count: number, size: number) => number;
+    const base = lib.func('void *ragguard_region_base(int i)') as (i: number) => unknown;
+    const size = lib.func('int64_t ragguard_region_size(int i)') as (i: number) => number | bigint;
+    const made = reserve(REGIONS, REGION_BYTES);
+    viewRegions(Array.from({ length: made }, (_, i) => ({ base: base(i), size: Number(size(i)) })));
     registerCpuAllocator(make);
     counters = { live: () => Number(live()), peak: () => Number(peak()), resetPeak: () => reset(), allocations: () => Number(allocations()) };
     reason = '';

@@ -25,13 +25,40 @@ const BY_ONNX = new Map(Object.entries(ELEMENT).map(([k, v]) => [v.onnx, k as Ho
 
 export type HostArray = Float32Array | Uint16Array | BigInt64Array | Int32Array;
 
-function view(type: HostTensorType, ab: ArrayBuffer): HostArray {
+/** `count` elements of `type` at `byteOffset` of `ab` (all of it where count is not given). */
+function view(type: HostTensorType, ab: ArrayBuffer, byteOffset = 0, count?: number): HostArray {
   switch (type) {
-    case 'float32': return new Float32Array(ab);
-    case 'float16': return new Uint16Array(ab);
-    case 'int64': return new BigInt64Array(ab);
-    case 'int32': return new Int32Array(ab);
+    case 'float32': return new Float32Array(ab, byteOffset, count);
+    case 'float16': return new Uint16Array(ab, byteOffset, count);
+    case 'int64': return new BigInt64Array(ab, byteOffset, count);
+    case 'int32': return new Int32Array(ab, byteOffset, count);
   }
+}
+
+/** A reserved region of native memory (counting-allocator.c) and the one ArrayBuffer over it. */
+interface Region {
+  start: bigint;
+  end: bigint;
+  buffer: ArrayBuffer;
+}
+const regions: Region[] = [];
+
+/**
+ * Makes the one view of each of the counting allocator's reserved regions (ort-allocator.ts calls it
+ * once they are reserved): a tensor whose memory lies in one is read through that view (dataOf), with
+ * no new ArrayBuffer, so V8's external memory does not grow with every large tensor.
+ */
+export function viewRegions(list: readonly { base: unknown; size: number }[]): void {
+  for (const { base, size } of list) {
+    const start = koffi.address(base) as bigint;
+    if (regions.some((r) => r.start === start)) continue;
+    regions.push({ start, end: start + BigInt(size), buffer: koffi.view(base, size) as ArrayBuffer });
+  }
+}
+
+/** Bytes of the regions' views (they count in process.memoryUsage().external, yet hold only what is in use). */
+export function regionViewBytes(): number {
+  return regions.reduce((s, r) => s + r.buffer.byteLength, 0);
 }
 
 /** OrtApi function-table slots used here (onnxruntime_c_api.h). */
@@ -192,8 +219,15 @@ function bind(): Api | null {
     const dataOf = (value: unknown, type: HostTensorType, count: number): HostArray => {
       const p = out();
       check(mutableData(value, p));
-      // A view of ONNX Runtime's memory, not a copy: valid until the value is released.
-      return view(type, count === 0 ? new ArrayBuffer(0) : koffi.view(p[0], count * ELEMENT[type].bytes) as ArrayBuffer);
+      // A view of ONNX Runtime's memory, not a copy: valid until the value is released. In a reserved
+      // region, a part of the region's own view (viewRegions says why); elsewhere a new one.
+      if (count === 0) return view(type, new ArrayBuffer(0));
+      if (regions.length > 0) {
+        const at = koffi.address(p[0]) as bigint;
+        const r = regions.find((q) => at >= q.start && at < q.end);
+        if (r) return view(type, r.buffer, Number(at - r.start), count);
+      }
+      return view(type, koffi.view(p[0], count * ELEMENT[type].bytes) as ArrayBuffer);
     };
     api = {
       check,
