@@ -83,11 +83,16 @@ describe('the memory page in headless Chromium', { skip: NO_BROWSER }, () => {
     const page = await browser!.newPage({ viewport: { width: 1000, height: 600 }, bypassCSP: true });
     const errors: string[] = [];
     page.on('pageerror', (e) => errors.push(e.message));
-    await page.goto(`${url}/debug/memory?interval=100`);
+    // The chart keeps the last 6 samples.
+    await page.goto(`${url}/debug/memory?interval=100&points=6`);
     await samples(page, 2);
     // A query in between: the KV pool is used, the samples change.
     await request(url).post('/query').send({ query: 'disk quotas for users', max_new_tokens: 4 }).expect(200);
-    await samples(page, 4);
+    // Then 7 more polls, so that the chart shows only samples taken after the query: while it ran, its
+    // workspace reservation (82 MiB here) lay on the weights' line and was drawn over it, across the
+    // whole chart when the query outlasted the window on a loaded machine.
+    for (let i = 0; i < 7; i++) await page.waitForResponse((r) => new URL(r.url()).pathname === '/debug/memory', { timeout: 0 });
+    await samples(page, 6);
     const series = await page.$$eval('#chart polyline.series', (els) => els.map((e) => ({ name: e.getAttribute('data-name'), points: Number(e.getAttribute('data-points')) })));
     const byName = Object.fromEntries(series.map((s) => [s.name, s.points]));
     for (const n of ['weights', 'kv_pool', 'kv_used', 'workspace_reserved', 'adapters', 'process_rss']) assert.ok(byName[n]! >= 4, `${n}: ${byName[n]} points`);
