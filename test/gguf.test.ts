@@ -519,13 +519,17 @@ describe('the graph\'s greedy ids (SmolLM2-135M-Instruct Q4_1, nbits)', { skip: 
     };
     const forward = m.forward.bind(m);
     let given = 0;
+    let runs = 0;
     m.forward = async (input) => {
       const out = await forward(input);
+      runs++;
       if (out.greedyIds) given++;
       return out;
     };
     const graph = await run({ temperature: 0 });
-    assert.ok(given > 12, 'every step had the graph\'s ids');
+    // The prefill run(s) (one where the three are padded together) and 11 decode steps.
+    assert.ok(runs >= 12);
+    assert.equal(given, runs, 'every run had the graph\'s ids');
     // The host's argmax alone (the ids withheld): the same tokens.
     m.forward = async (input) => ({ ...(await forward(input)), greedyIds: undefined });
     assert.deepEqual(await run({ temperature: 0 }), graph);
@@ -539,6 +543,27 @@ describe('the graph\'s greedy ids (SmolLM2-135M-Instruct Q4_1, nbits)', { skip: 
     for (const [r, ids] of shifted.entries()) assert.equal(ids[0], (graph[r]![0]! + 1) % m.shape.vocabSize);
     const penalized = await run({ temperature: 0, repetitionPenalty: 1.01 });
     for (const [r, ids] of penalized.entries()) assert.notEqual(ids[0], (graph[r]![0]! + 1) % m.shape.vocabSize);
+  });
+});
+
+describe('padded prefill on a GGUF conversion (SmolLM2-135M-Instruct Q4_1, nbits)', { skip: existsSync(PRETRAINED) ? false : `${PRETRAINED} is missing: run npm run setup (scripts/fetch-pretrained-decoder.sh)` }, () => {
+  test('newcomers of several lengths prefilled together: every greedy continuation is the one generated alone', async () => {
+    const m = await DecoderModel.load(await ggufDecoderDir(PRETRAINED, { cacheDir: GGUF_CACHE, weights: 'nbits', lora: false }), 'cpu');
+    assert.equal(m.paddedPrefill, true);
+    // Chat prompts as bench:gguf sends them: 5 of 20-30 tokens, one padded group or two.
+    const prompts = ['How do I list files?', 'What does chmod 755 mean for a script?', 'Where does systemd keep its logs?', 'Why is my disk full?', 'What is a symlink and how is it made?']
+      .map((q) => m.tokenizer.encode(`<|im_start|>user\n${q}<|im_end|>\n<|im_start|>assistant\n`));
+    const run = async (maxNumSeqs: number) => {
+      const blocks = new BlockManager({ numBlocks: 64, blockSize: 16, watermark: 0.01, enablePrefixCaching: false });
+      const engine = new Engine(m, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs, maxNumBatchedTokens: 4096 });
+      const ids = await Promise.all(prompts.map(async (p) => (await engine.generate(p, { maxNewTokens: 16, temperature: 0, ignoreEos: true })).ids));
+      return { ids, padded: engine.stats.paddedPrefills };
+    };
+    const alone = await run(1);
+    const together = await run(prompts.length);
+    assert.equal(alone.padded, 0);
+    assert.ok(together.padded > 0, 'the newcomers prefilled together');
+    assert.deepEqual(together.ids, alone.ids);
   });
 });
 

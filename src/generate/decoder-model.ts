@@ -39,7 +39,7 @@ import { createSession, sessionOptions, type ConcreteProvider, type LoadedSessio
 import { gatedRun } from '../runtime/run-gate.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 import { kvArray, kvBytesPerToken, presentData, type KvArray, type KvDtype } from './kv-pool.js';
-import { GREEDY_IDS } from './gqa-builder.js';
+import { GREEDY_IDS, LAST_POSITIONS } from './gqa-builder.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from './lora.js';
 import { LoraPool, type DecoderAdapter } from './lora-pool.js';
 
@@ -112,6 +112,12 @@ export interface ForwardInput {
   tokens: readonly (readonly number[])[];
   lengths: readonly number[];
   /**
+   * A padded prefill (`paddedPrefill` models only, every length 0): row r's real tokens are the first
+   * counts[r] of tokens[r], the rest padding that its mask leaves out. Its logits are those of its last
+   * real token, its KV past counts[r] is the pads' (never to be stored or read). Absent: all real.
+   */
+  counts?: readonly number[];
+  /**
    * Flat [k0, v0, k1, v1, ...] holding the rows' cached KV as `kvPlacement` lays it out in `width`
    * positions (DecoderModel.pastWidth); absent: zeroed (genai) or zero-length (optimum) tensors.
    */
@@ -168,6 +174,14 @@ export class DecoderModel {
   private readonly directLogitsFloat32: boolean;
   /** Whether the direct session's graph gives each row's greedy id (GREEDY_IDS, int64). */
   private readonly directGreedy: boolean;
+  /**
+   * The graph takes a prefill batch right-padded to its longest row (ForwardInput.counts): it sends
+   * each row's last real position through the head, and says so by its LAST_POSITIONS output
+   * (gqa-builder.ts). Read from the graph itself, so that a conversion cached before it, or another
+   * builder's genai graph (which slice the last position, a pad for a shorter row), keeps prefilling
+   * one sequence a run instead of giving a padded row a pad's logits.
+   */
+  readonly paddedPrefill: boolean;
   /** The graph's LoRA slots (lora.ts), or null where the export has no LoRA inputs. */
   readonly loraSlots: readonly LoraSlot[] | null;
   /** Rank-0 A and B per slot, fed where no row has an adapter: made once. */
@@ -191,6 +205,8 @@ export class DecoderModel {
     this.directLogitsFloat32 = direct?.outputs.find((o) => o.name === 'logits')?.type === 'float32';
     this.directGreedy = direct?.outputs.find((o) => o.name === GREEDY_IDS)?.type === 'int64';
     const names = new Set(direct?.inputs.map((i) => i.name) ?? loaded?.session.inputNames ?? []);
+    const outputs = new Set(direct?.outputs.map((o) => o.name) ?? loaded?.session.outputNames ?? []);
+    this.paddedPrefill = layout === 'genai' && outputs.has(LAST_POSITIONS);
     const slots = loraSlots(shape);
     this.loraSlots = names.has(LORA_INDEX) && slots.every((s) => names.has(s.a) && names.has(s.b)) ? slots : null;
   }
@@ -438,17 +454,22 @@ export class DecoderModel {
   }
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {
-    const { tokens, lengths, width } = input;
+    const { tokens, lengths, width, counts } = input;
     const batch = tokens.length;
     const seq = tokens[0]!.length;
     const genai = this.layout === 'genai';
+    if (counts && (!this.paddedPrefill || lengths.some((len) => len !== 0) || counts.some((n) => n < 1 || n > seq))) {
+      // GroupQueryAttention takes rows of several lengths only as a first prompt (no past), and only
+      // this builder's graph reads each row's own last position.
+      throw new Error('a padded prefill needs a graph with per-row last positions and rows without past tokens');
+    }
     // optimum: [batch, width + seq], each row's tokens right-aligned; genai: [batch, total], left-aligned.
     const maskWidth = genai ? Math.max(...lengths) + seq : width + seq;
     const ids = BigInt64Array.from(tokens.flat(), BigInt);
     const mask = new BigInt64Array(batch * maskWidth);
     lengths.forEach((len, r) => {
       const from = r * maskWidth + (genai ? 0 : width - len);
-      mask.fill(1n, from, from + len + seq);
+      mask.fill(1n, from, from + len + (counts?.[r] ?? seq));
     });
     const past = input.past ?? this.allocPast(batch, genai ? width : 0);
     const lora = this.loraFeeds(batch, input.adapters);

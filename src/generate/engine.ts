@@ -71,6 +71,9 @@ export interface EngineStats {
   paced: number;
   /** Past tensors made in the memory of a finished run's tensor, not newly allocated (ONNX runner, direct sessions). */
   spareTaken: number;
+  /** Prefill runs of several sequences, right-padded to the longest, and the sequences they prefilled (ONNX runner, graphs that take it). */
+  paddedPrefills: number;
+  paddedPrefillRows: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
   /** Sequences dropped because their requests were abandoned. */
@@ -106,7 +109,8 @@ export class Engine {
 
   get stats(): EngineStats {
     const r = this.runner instanceof OrtModelRunner ? this.runner.stats : undefined;
-    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0, paced: r?.paced ?? 0, spareTaken: r?.spareTaken ?? 0 };
+    return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0, paced: r?.paced ?? 0, spareTaken: r?.spareTaken ?? 0,
+      paddedPrefills: r?.paddedPrefills ?? 0, paddedPrefillRows: r?.paddedPrefillRows ?? 0 };
   }
 
   generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {

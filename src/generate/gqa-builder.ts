@@ -12,8 +12,9 @@
  *
  *   inputs  input_ids [b, s], attention_mask [b, t] (1 for a row's tokens, left-aligned: row r holds
  *           its first len_r positions), past_key_values.N.key|value [b, kv_heads, capacity, head_dim]
- *   outputs logits [b, 1, vocab] (the last position only: all a sampler needs),
+ *   outputs logits [b, 1, vocab] (each row's last real position only: all a sampler needs),
  *           greedy_ids [b, 1] int64 (float32 graphs: each row's argmax of its logits),
+ *           last_positions [b] int64 (that position: min(s, mask_sum) - 1),
  *           present.N.key|value [b, kv_heads, max(t, capacity), head_dim]
  * seqlens_k (= len_r - 1) and total_sequence_length (= t) come from the mask, as in genai's graphs;
  * positions (for the rotary embedding) from seqlens_k inside the operator.
@@ -31,6 +32,12 @@ import { rotaryFromConfig } from './rope-scaling.js';
 
 /** The output holding each row's argmax of the last logits (float32 graphs built here). */
 export const GREEDY_IDS = 'greedy_ids';
+
+/**
+ * The output holding the position of each row whose hidden state went through the head: a graph with
+ * it takes right-padded prefill rows (each row's mask covering only its real tokens).
+ */
+export const LAST_POSITIONS = 'last_positions';
 
 export interface GqaSourceConfig {
   model_type?: string;
@@ -267,6 +274,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     inits.push(tensor(`${name}.mins`, dtype, [blocks, b.n], minsT));
     if (!inits.some((t) => t.name === `block_shape_${b.k}_${b.blockSize}`)) inits.push(int64s(`block_shape_${b.k}_${b.blockSize}`, [0n, 0n, BigInt(blocks), BigInt(b.blockSize)]));
     add('Reshape', [x, `block_shape_${b.k}_${b.blockSize}`], [`${name}.x_blocks`]);
+    if (!inits.some((t) => t.name === 'last')) inits.push(int64s('last', [-1n]));
     add('ReduceSum', [`${name}.x_blocks`, 'last'], [`${name}.x_block_sums`], { attrs: { keepdims: { int: 0 } } });
     add('MatMul', [`${name}.x_block_sums`, `${name}.mins`], [`${out}_min`]);
     add('Add', [`${out}_q`, `${out}_min`], [out]);
@@ -330,7 +338,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   };
 
   // Sequence lengths from the mask, as genai's graphs take them.
-  inits.push(int64s('one', [1n], []), int64s('axis1', [1n]), int64s('last', [-1n]), int64s('end', [2n ** 62n]));
+  inits.push(int64s('one', [1n], []), int64s('axis1', [1n]));
   add('ReduceSum', ['attention_mask', 'axis1'], ['mask_sum'], { attrs: { keepdims: { int: 0 } } });
   add('Sub', ['mask_sum', 'one'], ['seqlens_k_64']);
   add('Cast', ['seqlens_k_64'], ['seqlens_k'], { attrs: { to: { int: ONNX_INT32 } } });
@@ -396,9 +404,20 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     add('Add', [`${p}.h_attn`, `${p}.mlp_out`], [`${p}.h`]);
     h = `${p}.h`;
   }
-  // Only the last position goes through the head: a sampler needs nothing else, and a prompt's logits
-  // were most of a prefill's head cost (tokens x vocab x hidden).
-  add('Slice', [h, 'last', 'end', 'axis1'], ['h_last']);
+  // Only each row's last real position goes through the head: a sampler needs nothing else, and a
+  // prompt's logits were most of a prefill's head cost (tokens x vocab x hidden). That position is
+  // min(s - 1, mask_sum - 1): s - 1 for a decode step and for any row whose mask covers all s new
+  // tokens, and len - 1 for a row of a batched prefill right-padded to s (past 0, mask over its len
+  // real tokens), whose last position is a pad. The positions are an output too (LAST_POSITIONS):
+  // DecoderModel batches padded prefills only on graphs that have it (an older graph sliced the last
+  // position, a pad for such a row).
+  add('Shape', ['input_ids'], ['ids_shape']);
+  add('Gather', ['ids_shape', 'one'], ['new_tokens'], { attrs: { axis: { int: 0 } } });
+  add('Sub', ['new_tokens', 'one'], ['new_last']);
+  add('Min', ['seqlens_k_64', 'new_last'], [LAST_POSITIONS]);
+  add('Unsqueeze', [LAST_POSITIONS, 'axis1'], ['last_index']);
+  add('GatherND', [h, 'last_index'], ['h_last_rows'], { attrs: { batch_dims: { int: 1 } } });
+  add('Unsqueeze', ['h_last_rows', 'axis1'], ['h_last']);
   norm('model.norm.weight', 'h_last', 'h_normed');
   // The head: lm_head, or the embedding where the model ties them.
   const headName = (w.rows?.('lm_head.weight') ?? w.floats('lm_head.weight')) !== undefined ? 'lm_head' : 'model.embed_tokens';
@@ -421,6 +440,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   ];
   const outputs: ValueSpec[] = [{ name: 'logits', elemType: elem, dims: ['batch_size', 1, V] }];
   if (dtype === 'float32') outputs.push({ name: GREEDY_IDS, elemType: ONNX_INT64, dims: ['batch_size', 1] });
+  outputs.push({ name: LAST_POSITIONS, elemType: ONNX_INT64, dims: ['batch_size'] });
   for (let l = 0; l < L; l++) {
     for (const kv of ['key', 'value']) {
       inputs.push({ name: `past_key_values.${l}.${kv}`, elemType: elem, dims: ['batch_size', kvh, 'past_sequence_length', D] });

@@ -5,8 +5,12 @@
  * Within a step the batch decodes first, all running sequences one token together, their contexts
  * gathered from the block pool into the past tensors as the decoder's layout places them
  * (right-aligned and masked, or left-aligned in a buffer with room to grow: decoder-model.ts); then
- * newly admitted sequences are prefilled (each alone: their lengths differ). Decoding first means a
- * prefix hit on a block completed by this step's decode finds its KV written.
+ * newly admitted sequences are prefilled. Decoding first means a prefix hit on a block completed by
+ * this step's decode finds its KV written. Newcomers without cached tokens prefill together, right-
+ * padded to the longest of a group, where the model's graph takes that (DecoderModel.paddedPrefill:
+ * each row's mask covers its own tokens, its logits are its last real token's); the others prefill
+ * one a run, after them (their lengths differ, and GroupQueryAttention takes rows of several lengths
+ * only without past tokens).
  *
  * While the batch holds, a decode step takes the last step's present KV as its past (no gather). Where
  * the provider keeps present KV on the device (WebGPU), the pool is then written back lazily: the new
@@ -37,6 +41,15 @@ export interface OrtRunnerOptions {
   paceSliceMs?: number;
 }
 
+/**
+ * How much longer than its own prompt a row of a padded prefill may run: a group takes rows (longest
+ * first) while its padded tokens stay within PAD_LIMIT times its real ones. A padded run costs its
+ * padded tokens, and the memory guard reserves for each request a prefill of its own length (plus each
+ * run's fixed overhead, which a group pays once): a bound keeps both near what a run per row costs.
+ * bench:gguf's chat prompts (20-30 tokens) pad by 20 % in one group of 8.
+ */
+export const PAD_LIMIT = 1.25;
+
 export interface OrtRunnerStats {
   /** Decode steps whose past was last step's present (no gather from the pool). */
   pastReused: number;
@@ -46,6 +59,9 @@ export interface OrtRunnerStats {
   paced: number;
   /** Past tensors made in the memory of a finished run's tensor instead of a new allocation (allocPast). */
   spareTaken: number;
+  /** Prefill runs of several sequences (right-padded), and the sequences they prefilled. */
+  paddedPrefills: number;
+  paddedPrefillRows: number;
 }
 
 /**
@@ -65,7 +81,7 @@ export class OrtModelRunner implements ModelRunner {
   get stats(): OrtRunnerStats {
     return { ...this.counts, paced: this.pacer.yields };
   }
-  private readonly counts = { pastReused: 0, writeBacks: 0, spareTaken: 0 };
+  private readonly counts = { pastReused: 0, writeBacks: 0, spareTaken: 0, paddedPrefills: 0, paddedPrefillRows: 0 };
   /** Model runs of the current step; the barrier awaits them all. */
   private readonly inflight = new Set<Promise<unknown>>();
   /** Tensors the current step is done with, released at the barrier (unless the carry holds them). */
@@ -116,7 +132,31 @@ export class OrtModelRunner implements ModelRunner {
   async execute(step: RunnerStep, sink: StepSink): Promise<void> {
     if (step.decodes.length > 0) await this.track(metered('decode', () => this.decode(step, sink)));
     if (step.prefills.length > 0) await this.writeBack(step.blocks);
-    for (const seq of step.prefills) await this.track(metered('prefill', () => this.prefill(seq, step, sink)));
+    for (const group of this.prefillGroups(step.prefills)) await this.track(metered('prefill', () => this.prefill(group, step, sink)));
+  }
+
+  /**
+   * The step's prefills as runs: sequences with no cached tokens in groups right-padded to their
+   * longest (within PAD_LIMIT), where the graph takes padded rows, each group in the step's order (a
+   * group that is the whole batch is then the next decode step's rows as they come); then the ones
+   * with cached tokens, alone, in the step's order. Those may read blocks that an earlier prefill of
+   * this step fills (a prefix hit): none of a sequence without cached tokens does, so running those
+   * first keeps every such block filled before it is read.
+   */
+  private prefillGroups(prefills: readonly Sequence[]): Sequence[][] {
+    if (!this.model.paddedPrefill) return prefills.map((s) => [s]);
+    const fresh = prefills.filter((s) => s.numComputed === 0);
+    const groups: Sequence[][] = [];
+    const left = [...fresh].sort((a, b) => b.pending.length - a.pending.length);
+    while (left.length > 0) {
+      const longest = left[0]!.pending.length;
+      let real = 0;
+      let n = 0;
+      while (n < left.length && (n + 1) * longest <= PAD_LIMIT * (real + left[n]!.pending.length)) real += left[n++]!.pending.length;
+      const members = new Set(left.splice(0, Math.max(1, n)));
+      groups.push(fresh.filter((s) => members.has(s)));
+    }
+    return [...groups, ...prefills.filter((s) => s.numComputed > 0).map((s) => [s])];
   }
 
   abandon(): Sequence[] {
@@ -195,31 +235,45 @@ export class OrtModelRunner implements ModelRunner {
     });
   }
 
-  private async prefill(seq: Sequence, step: RunnerStep, sink: StepSink): Promise<void> {
-    const tokens = seq.pending;
-    const past = seq.numComputed;
-    const rows: GatherRow[] = [{ blocks: step.blocks(seq), length: past }];
-    const { logits, greedyIds, present, width } = await this.forward([seq], rows, [tokens], undefined, step.signal);
-    const length = past + tokens.length;
+  /**
+   * One prefill run: a sequence alone, or a group (prefillGroups) whose rows are right-padded to the
+   * longest with their last token (any id would do: the pads' mask is 0, their logits are not taken,
+   * their KV is neither stored nor read: a row's decode writes its next token over its first pad).
+   */
+  private async prefill(group: readonly Sequence[], step: RunnerStep, sink: StepSink): Promise<void> {
+    const tokens = group.map((seq) => seq.pending);
+    const counts = tokens.map((t) => t.length);
+    const rows: GatherRow[] = group.map((seq) => ({ blocks: step.blocks(seq), length: seq.numComputed }));
+    const padded = group.length > 1;
+    const longest = Math.max(...counts);
+    const fed = padded ? tokens.map((t) => t.concat(new Array<number>(longest - t.length).fill(t.at(-1)!))) : tokens;
+    if (padded) {
+      this.counts.paddedPrefills++;
+      this.counts.paddedPrefillRows += group.length;
+    }
+    const { logits, greedyIds, present, width } = await this.forward(group, rows, fed, undefined, step.signal, padded ? counts : undefined);
+    const past = rows.map((r) => r.length);
+    const lengths = past.map((p, r) => p + counts[r]!);
     if (this.carry?.seqs.every((s) => s.status === 'finished')) {
       // The last batch has ended (its KV is in the pool): release it at the barrier.
       this.outputs.push(...this.carry.present);
       this.carry = undefined;
     }
     const running = [...step.decodes, ...step.prefills].filter((s) => s.status === 'running').length;
-    if (this.lazy && this.carry === undefined && running === 1) {
+    if (this.lazy && this.carry === undefined && running === group.length) {
       // Alone (no batch running, nobody else admitted): its present KV is exactly the next decode
-      // step's past, so it becomes the carry, and its KV reaches the pool with the next write-back.
-      this.carry = { seqs: [seq], lengths: [length], width, present, synced: [past] };
+      // step's past (a group's rows left-aligned in the step's order, as the next step lists them), so
+      // it becomes the carry, and its KV reaches the pool with the next write-back.
+      this.carry = { seqs: group, lengths, width, present, synced: past };
     } else {
       // It joins a batch by gathering from the pool: its new KV goes there now.
-      if (this.lazy) await this.store(present, width, [rows[0]!.blocks], [length], [past]);
+      if (this.lazy) await this.store(present, width, rows.map((r) => r.blocks), lengths, past);
       this.outputs.push(...present);
     }
-    const reason = sink.accept(seq, tokens.length, this.sample(seq, logits, greedyIds, 0));
-    if (reason) {
-      await this.writeBack(step.blocks); // its blocks go to the prefix cache: their KV first
-      sink.finish(seq, reason);
+    const finished = group.map((seq, r) => sink.accept(seq, counts[r]!, this.sample(seq, logits, greedyIds, r)));
+    if (finished.some((f) => f !== undefined)) {
+      await this.writeBack(step.blocks); // their blocks go to the prefix cache: their KV first
+      group.forEach((seq, r) => finished[r] && sink.finish(seq, finished[r]));
     }
   }
 
@@ -270,9 +324,12 @@ export class OrtModelRunner implements ModelRunner {
    * stays in the present tensors (the caller writes back). Returns the last logits and the present KV
    * tensors (the caller releases them) with their width.
    */
-  /** `signal`: the step's (RunnerStep.signal), which stops the run once every sequence of the step was abandoned. */
-  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry, signal?: AbortSignal):
-    Promise<{ logits: Float32Array; greedyIds?: readonly number[]; present: KvTensor[]; width: number }> {
+  /**
+   * `signal`: the step's (RunnerStep.signal), which stops the run once every sequence of the step was
+   * abandoned. `counts`: a padded prefill's real tokens per row (ForwardInput.counts); only those are stored.
+   */
+  private async forward(seqs: readonly Sequence[], rows: GatherRow[], tokens: number[][], carry?: Carry, signal?: AbortSignal,
+    counts?: readonly number[]): Promise<{ logits: Float32Array; greedyIds?: readonly number[]; present: KvTensor[]; width: number }> {
     const s = tokens[0]!.length;
     const lengths = rows.map((r) => r.length);
     const width = carry?.width ?? this.model.pastWidth(lengths, s);
@@ -285,10 +342,10 @@ export class OrtModelRunner implements ModelRunner {
     // Released at the barrier (unless the run wrote in place and they became the present).
     if (!carry) this.outputs.push(...past);
     const adapters = seqs.some((q) => q.params.adapter) ? seqs.map((q) => q.params.adapter) : undefined;
-    const out = await this.model.forward({ tokens, lengths, past, width, adapters, signal });
+    const out = await this.model.forward({ tokens, lengths, counts, past, width, adapters, signal });
     this.pacer.start(); // the run's completion: a new stretch of main-thread work begins
     if (!this.lazy) {
-      await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len) => len + s), lengths);
+      await this.store(out.present, out.width, rows.map((r) => r.blocks), lengths.map((len, r) => len + (counts?.[r] ?? s)), lengths);
     }
     return { logits: out.lastLogits, greedyIds: out.greedyIds, present: out.present, width: out.width };
   }
