@@ -7,7 +7,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { accountedPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { accountingUnavailable, installCountingAllocator } from '../src/runtime/ort-allocator.js';
-import { DirectSession } from '../src/runtime/ort-direct.js';
+import { DirectSession, type HostTensor } from '../src/runtime/ort-direct.js';
 import { createSession, encoderFeeds } from '../src/runtime/session.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -70,10 +70,10 @@ test('large tensors lie in the reserved regions: accounted, apart from each othe
   const external = process.memoryUsage().external;
   // 64 tensors of 16 MiB made and freed, two alive at a time (as a batch's past buffers come and go):
   // a new ArrayBuffer for each would add 1 GiB of external memory until V8 collects them.
-  let prev = d.tensor('float32', [4, MiB]);
-  prev.data.fill(1);
+  let prev: HostTensor = d.tensor('float32', [4, MiB]);
+  (prev.data as Float32Array).fill(1);
   for (let i = 0; i < 64; i++) {
-    const t = d.tensor('float32', [4, MiB]);
+    const t: HostTensor = d.tensor('float32', [4, MiB]);
     assert.ok(c.live() - before >= 2 * 16 * MiB && c.live() - before <= 2 * (16 * MiB + 8192), `${c.live() - before} bytes live for two 16 MiB tensors`);
     (t.data as Float32Array).fill(i + 2);
     assert.equal((prev.data as Float32Array)[4 * MiB - 1], i + 1, 'a live tensor keeps its contents while another is written');
