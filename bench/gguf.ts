@@ -25,15 +25,11 @@
  * and how many greedy tokens the two sides share on the first prompt).
  */
 import { availableParallelism, loadavg } from 'node:os';
-import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { getLlama, type LlamaContextSequence, type Token } from 'node-llama-cpp';
-import { loadConfig } from '../src/config/config.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
-import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
-import { applySessionSettings } from '../src/runtime/ort-direct.js';
+import { ggufWorkload } from './gguf-workload.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -45,15 +41,7 @@ const BLOCK = 16;
 const THREADS = availableParallelism();
 const LLAMA_THREADS = (process.env['BENCH_GGUF_LLAMA_THREADS'] ?? `1,${THREADS}`).split(',').map(Number).filter((n, i, a) => n > 0 && a.indexOf(n) === i);
 
-const cfg = loadConfig(process.env);
-// The engine's runs as the server makes them (RAGGUARD_INTRA_OP_THREADS, RAGGUARD_INTRA_OP_SPIN).
-applySessionSettings(cfg);
-const dir = await ggufDecoderDir(GGUF, ggufOptionsFor(cfg, (m) => console.log(m)));
-const model = await DecoderModel.load(dir, 'cpu');
-const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
-const prompts = Array.from({ length: REQUESTS }, (_, i) =>
-  model.tokenizer.encode(`<|im_start|>user\n${questions[i % questions.length]!.question}<|im_end|>\n<|im_start|>assistant\n`));
-const maxPrompt = Math.max(...prompts.map((p) => p.length));
+const { cfg, model, prompts, maxPrompt } = await ggufWorkload(ROOT, GGUF, REQUESTS);
 
 const llama = await getLlama({ gpu: false, build: 'never' });
 const peer = await llama.loadModel({ modelPath: GGUF });

@@ -6,15 +6,11 @@
  * Env: BENCH_GGUF, BENCH_GGUF_NEW_TOKENS (64), BENCH_REQUESTS (16), PROFILE_CONCURRENCY (8), BENCH_ROUNDS (2).
  */
 import { createHash } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
 import { loadavg } from 'node:os';
 import path from 'node:path';
-import { loadConfig } from '../src/config/config.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
-import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
-import { applySessionSettings } from '../src/runtime/ort-direct.js';
+import { ggufWorkload } from '../bench/gguf-workload.js';
 import { setRunObserver, type RunStage } from '../src/runtime/run-meter.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -25,14 +21,7 @@ const C = Number(process.env['PROFILE_CONCURRENCY'] ?? 8);
 const ROUNDS = Number(process.env['BENCH_ROUNDS'] ?? 2);
 const BLOCK = 16;
 
-const cfg = loadConfig(process.env);
-applySessionSettings(cfg);
-const dir = await ggufDecoderDir(GGUF, ggufOptionsFor(cfg, (m) => console.log(m)));
-const model = await DecoderModel.load(dir, 'cpu');
-const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
-const prompts = Array.from({ length: REQUESTS }, (_, i) =>
-  model.tokenizer.encode(`<|im_start|>user\n${questions[i % questions.length]!.question}<|im_end|>\n<|im_start|>assistant\n`));
-const maxPrompt = Math.max(...prompts.map((p) => p.length));
+const { model, prompts, maxPrompt } = await ggufWorkload(ROOT, GGUF, REQUESTS);
 
 const spent: Record<string, { ms: number; runs: number }> = {};
 setRunObserver({
