@@ -145,8 +145,17 @@ describe('the memory page in headless Chromium', { skip: NO_BROWSER }, () => {
       const span = spans.find((x) => x.name === n)?.span ?? 0;
       assert.ok(span > chartWidth * 0.8, `${n} spans ${span} of ${chartWidth} px`);
     }
-    assert.ok(counts.weights > counts.width / 10, `weights line: ${JSON.stringify(counts)}`);
-    assert.ok(counts.kvPool > counts.width / 10, `kv_pool line: ${JSON.stringify(counts)}`);
+    // Unless a series drawn after it lies on it at every sample (within 2 px: on a clean clone the host's
+    // accounted bytes once sat on the weights' figure): then it is drawn and covered, as it should be.
+    const lines = await page.$$eval('#chart polyline.series', (els) => els.map((e) => ({
+      name: e.getAttribute('data-name') ?? '',
+      ys: (e.getAttribute('points') ?? '').trim().split(/\s+/).filter(Boolean).map((p: string) => Number(p.split(',')[1])),
+    })));
+    const w = lines.findIndex((l) => l.name === 'weights');
+    const cover = lines.slice(w + 1).find((l) => l.ys.length === lines[w]!.ys.length && l.ys.every((y: number, i: number) => Math.abs(y - lines[w]!.ys[i]!) <= 2));
+    const legend = await page.textContent('#legend');
+    assert.ok(counts.weights > counts.width / 10 || cover !== undefined, `weights line: ${JSON.stringify(counts)}; legend: ${legend}`);
+    assert.ok(counts.kvPool > counts.width / 10, `kv_pool line: ${JSON.stringify(counts)}; legend: ${legend}`);
     await page.close();
   });
 
