@@ -22,7 +22,7 @@ import { decoderRuntime, type RagService } from '../rag.js';
 import { authorizer, corsHeaders } from './auth.js';
 import { sendJson, type HttpError } from './errors.js';
 import { errorState, routedOutcome, trackRequest, type Logger, type RequestDone } from './logging.js';
-import type { Lifecycle } from './shutdown.js';
+import { pathOf, type Lifecycle } from './shutdown.js';
 import { nextTurn, noteArrival } from './turns.js';
 
 /** GET /healthz's body: liveness, the models' providers, the queue and the KV pool. */
@@ -79,9 +79,7 @@ export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerR
   };
 
   return (req, res, express) => {
-    const url = req.url ?? '';
-    const q = url.indexOf('?');
-    const path = q < 0 ? url : url.slice(0, q);
+    const path = pathOf(req);
     if (path === '/healthz' && (req.method === 'GET' || req.method === 'HEAD')) {
       // A probe: open to all, answered while draining too (shutdown.ts).
       return reply(req, res, path, '/healthz', 200, healthReport(d.service, d.admission), {});

@@ -12,8 +12,12 @@ import type { NextFunction, Request, Response } from 'express';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { HttpError, sendJson } from './errors.js';
 
-/** The path of a request's URL (without its query string). */
-const pathOf = (req: IncomingMessage): string => (req.url ?? '').split('?')[0]!;
+/** The path of a request's URL (without its query string); the front door routes by it too. */
+export function pathOf(req: IncomingMessage): string {
+  const url = req.url ?? '';
+  const q = url.indexOf('?');
+  return q < 0 ? url : url.slice(0, q);
+}
 
 /** Requests that never count as work: probes and read-only views, answered while draining too. */
 const PROBES = new Set(['/healthz', '/readyz', '/metrics', '/debug/memory']);
