@@ -89,7 +89,6 @@ int ragguard_reserve_regions(int count, int64_t size) {
   return n;
 }
 
-int ragguard_region_count(void) { return nregions; }
 void *ragguard_region_base(int i) { return i >= 0 && i < nregions ? regions[i].base : NULL; }
 int64_t ragguard_region_size(int i) { return i >= 0 && i < nregions ? (int64_t)regions[i].size : 0; }
 
