@@ -377,7 +377,7 @@ export class RagService {
     let t = performance.now();
     const qv = await embedder.embed([q.query], undefined, signal);
     const embedMs = ms(t);
-    // Retrieval and prompt assembly (a few ms of the main thread) on a turn of their own (server/turns.ts).
+    // Retrieval and prompt assembly (a few ms of the main thread each) on turns of their own (server/turns.ts).
     await nextTurn();
 
     t = performance.now();

@@ -339,9 +339,10 @@ export class DecoderModel {
 
   /**
    * allocPast for the engine's changed batches, with `pace` awaited before each tensor (the engine's
-   * pacer: a turn of the event loop once its slice is spent). A new tensor is a new view of its memory,
-   * and a batch's 2 x layers of them, made in one stretch, held the event loop for 25-35 ms with the
-   * garbage collections they set off (bench:overload's slowest probes in the middle of a burst).
+   * pacer: a turn of the event loop once its slice is spent). A batch's 2 x layers new tensors, made in
+   * one stretch, held the event loop for 25-35 ms with the garbage collections their new views set off
+   * (bench:overload's slowest probes in the middle of a burst); since the counting allocator's regions
+   * (counting-allocator.c) large tensors add no view, and what is left to pace is their allocation.
    *
    * `spare`: a direct session's tensors that their runs are done with but that are still allocated
    * (the runner releases them at the step barrier). A past tensor is made in the memory of one of them

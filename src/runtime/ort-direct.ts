@@ -485,7 +485,9 @@ export class DirectSession {
    * it is collected, and every 64 MiB of it starts a full garbage collection. A batch's past buffers
    * are up to 1.3 GB (32 rows); made new for every change of the batch, they kept the event loop in
    * full collections of the ~100 MB heap (about 100 ms of main-thread time each) for up to half of a
-   * burst's end (`--trace-gc`: "external memory pressure").
+   * burst's end (`--trace-gc`: "external memory pressure"). Since the counting allocator's regions, a
+   * large tensor in one adds no view either (viewRegions); a tensor made over a spare still saves the
+   * allocation and the first touch of its pages.
    */
   tensorOver(base: HostTensor, type: HostTensorType, dims: readonly number[]): HostTensor {
     if (base.type !== type) throw new Error(`a ${type} tensor over a ${base.type} one`);

@@ -4,8 +4,8 @@
  * A burst's requests arrive in one poll of the event loop; each one's preparation (parsing, tokenizing
  * the query, the guard's prediction) is a millisecond or two of JavaScript, and run back to back inside
  * that poll they held a probe, or a shed request's 503, behind all of them (a burst of 200: up to a
- * second on 2 busy cores). Waiting for its turn here, each request prepares on a later turn, one every other
- * turn, with the loop's I/O (probes, new connections, load shedding) served in between.
+ * second on 2 busy cores). Waiting for its turn here, each request prepares on a later turn, one
+ * every other turn, with the loop's I/O (probes, new connections, load shedding) served in between.
  */
 const waiting: (() => void)[] = [];
 let scheduled = false;
