@@ -172,17 +172,16 @@ export interface GqaOptions {
 }
 
 /**
- * MatMulNBits' accuracy level by bit width. 4 bits: 0, A stays float32 (ONNX Runtime's 4-bit kernels
- * are fast with it). 8 bits: 4, A quantized to int8 per block as llama.cpp does for its 8-bit types:
- * at level 0 ONNX Runtime 1.30 has no 8-bit kernel on this CPU and dequantizes the whole weight every
- * run (measured: 457 ms for a 49152 x 576 head, against 7 ms at level 4). Level 4 at 4 bits too cut a
- * 1536 x 576 product's CPU time 2-3.5 times, but moved SmolLM2-135M's log-probabilities by up to 1.6
- * nats and 5 of 72 greedy tokens of llama.cpp's reference vectors: not taken. On Qwen2.5-Coder-0.5B's
- * Q4_K down projections it took 10-15 % off a decode step but moved the log-probabilities from 0.35 to
- * 1.05 off llama.cpp's (and widened to 8-bit blocks at level 4, 1.2 and one greedy id of 72): not taken
- * either (a down projection's input has the outliers that int8 blocks of 32 lose most to).
+ * MatMulNBits' accuracy level: 4 at every bit width, x quantized to int8 per block (of the weight's
+ * block size) as llama.cpp's CPU products do for its quantized types. At level 0 ONNX Runtime 1.30
+ * keeps x float32: for 8 bits it then has no kernel on this CPU and dequantizes the whole weight every
+ * run (457 ms for a 49152 x 576 head, against 7 ms at level 4); for 4 bits it runs 2-3.5 times slower
+ * than level 4 (measured on a 1536 x 576 product; Qwen2.5-Coder-0.5B's Q4_K down projections took 14.9
+ * ms of a 103 ms decode step of 8 rows at level 0, 6.9 ms at level 4). Level 4 is as close to llama.cpp
+ * as level 0 only with blocks that carry a min (Q4_1, Q4_K) centred on their own zero points: see
+ * centreZeroPoints in gguf-weights.ts.
  */
-const NBITS_ACCURACY: Record<4 | 8, number> = { 4: 0, 8: 4 };
+const NBITS_ACCURACY = 4;
 
 /** Whether block weights can share one MatMulNBits (stacked along N). */
 function sameBlockForm(a: BlockWeight, b: BlockWeight): boolean {
@@ -261,7 +260,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     // The bias is MatMulNBits' sixth input (after the zero points and g_idx, absent here): one node
     // fewer per biased projection (qwen2's q/k/v) than a separate Add.
     if (bias) ins.push(...new Array<string>(5 - ins.length).fill(''), bias);
-    const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY[b.bits] } };
+    const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY } };
     if (!b.mins) {
       add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
       return;
