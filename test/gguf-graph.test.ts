@@ -94,7 +94,7 @@ function source(seed: number): WeightSource {
 const byOutput = (g: GqaGraph, name: string) => g.nodes.find((n) => n.outputs.includes(name));
 const initializer = (g: GqaGraph, name: string) => g.initializers.find((t) => t.name === name);
 
-test('the head is an 8-bit MatMulNBits writing the logits; 8-bit products take no zero points, 4-bit ones do', () => {
+test('the head is an 8-bit MatMulNBits writing the logits; 8-bit products take no zero points, 4-bit ones do; every product quantizes x to int8', () => {
   const g = buildGqaDecoder(cfg, source(1), { weights: 'nbits', rotary: {} });
   const head = byOutput(g, 'logits')!;
   assert.equal(head.op, 'MatMulNBits');
@@ -107,7 +107,7 @@ test('the head is an 8-bit MatMulNBits writing the logits; 8-bit products take n
     const zp = n.inputs[3];
     if (bits === 8) assert.ok(zp === undefined || zp === '', `${n.outputs[0]}: 8-bit with a zero-point input`);
     else assert.ok(zp && initializer(g, zp), `${n.outputs[0]}: 4-bit without zero points`);
-    assert.deepEqual(n.attrs?.['accuracy_level'], { int: bits === 8 ? 4 : 0 });
+    assert.deepEqual(n.attrs?.['accuracy_level'], { int: 4 });
   }
   // The layer with a Q4_K down projection has one 4-bit product; every other product is 8-bit.
   assert.equal(products.filter((n) => (n.attrs?.['bits'] as { int: number }).int === 4).length, 1);
