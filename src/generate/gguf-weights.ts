@@ -158,13 +158,14 @@ class GgufWeights implements WeightSource {
  * the same weights (the rest rounded once to float32).
  *
  * Why: MatMulNBits quantizes x to int8 per block (accuracy level 4, as gqa-builder.ts runs it) while the
- * graph's min term multiplies the float x. With z = 0 the quantized part is q d, all of one sign and up to
- * 15 d, so x's rounding error is multiplied by a weight that the min term then cancels, and never cancels
- * the error. llama.cpp avoids it by taking its min term from the quantized x; here the quantized part is
- * made as small as the weights themselves. Measured at level 4 against llama.cpp's reference vectors on the
- * files as stored (whose products quantize x too), the most log-probabilities differ: Qwen2.5-Coder-0.5B
- * Q4_K_M 1.05 nats with z = 0, 0.29 centred (0.35 at level 0); SmolLM2-135M Q4_1 1.48 with z = 0 and 5
- * greedy ids of 72 wrong, 0.56 centred and none wrong (1.04 at level 0).
+ * graph's min term multiplies the float x. With z = 0 the quantized part of a weight is q d, all of one
+ * sign and up to 15 d: x's rounding error is multiplied by that, and the min term, which cancels the
+ * offset in the weight, does not cancel the error. llama.cpp avoids it by taking its min term from the
+ * quantized x; here the quantized part is made as small as the weight itself. Largest log-probability
+ * difference from llama.cpp's reference vectors on the files as stored (whose products quantize x too),
+ * at level 4: Qwen2.5-Coder-0.5B Q4_K_M 1.05 nats with z = 0, 0.29 centred (0.35 with these products at
+ * level 0); SmolLM2-135M Q4_1 1.48 with z = 0 and 5 greedy ids of 72 wrong, 0.56 centred and none wrong
+ * (1.04 at level 0).
  */
 function centreZeroPoints(b: BlockWeight & { mins: Float32Array }): BlockWeight {
   const blocks = b.k / b.blockSize;
