@@ -143,8 +143,7 @@ describe('GGUF reader', () => {
           const blk = row * nb + Math.floor(i / b.blockSize);
           const pos = i % b.blockSize;
           const q = b.bits === 8 ? b.data[blk * b.blockSize + pos]! : (b.data[blk * 16 + (pos >> 1)]! >> ((pos & 1) * 4)) & 0x0f;
-          const zp = b.zeroPoints ? (b.bits === 8 ? b.zeroPoints[blk]! : (b.zeroPoints[row * Math.ceil(nb / 2) + (Math.floor(i / b.blockSize) >> 1)]! >> ((Math.floor(i / b.blockSize) & 1) * 4)) & 0x0f) : 2 ** (b.bits - 1);
-          const v = (q - zp) * b.scales[blk]! + (b.mins?.[blk] ?? 0);
+          const v = (q - zeroPoint(b, row, Math.floor(i / b.blockSize))) * b.scales[blk]! + (b.mins?.[blk] ?? 0);
           assert.ok(Math.abs(v - w[row * k + i]!) <= 1e-6 * Math.max(1, Math.abs(v)), `${name} [${row}, ${i}]: ${v} vs ${w[row * k + i]}`);
         }
       }
@@ -176,16 +175,15 @@ describe('GGUF reader', () => {
       const w = dequantize(type, raw, n * k);
       const b = toBlocks(type, raw, n, k)!;
       const nb = k / b.blockSize;
-      const zp = (row: number, j: number) => (b.zeroPoints![row * Math.ceil(nb / 2) + (j >> 1)]! >> ((j & 1) * 4)) & 0x0f;
       // The same weights with the zero points at 0, the whole offset in the min term (as ggml stores them).
       const uncentred: BlockWeight = {
         ...b, zeroPoints: new Uint8Array(b.zeroPoints!.length),
-        mins: b.mins!.map((mn, i) => mn - zp(Math.floor(i / nb), i % nb) * b.scales[i]!),
+        mins: b.mins!.map((mn, i) => mn - zeroPoint(b, Math.floor(i / nb), i % nb) * b.scales[i]!),
       };
       for (let row = 0; row < n; row++) {
         for (let j = 0; j < nb; j++) {
           const i = row * nb + j;
-          const z = zp(row, j);
+          const z = zeroPoint(b, row, j);
           // Each block's rest of the min within half a step, unless its zero lies outside 0..15.
           if (z > 0 && z < 15) assert.ok(Math.abs(b.mins![i]!) <= b.scales[i]! / 2 + 1e-7, `${name} block ${i}: rest ${b.mins![i]} of step ${b.scales[i]}`);
         }
@@ -204,6 +202,17 @@ describe('GGUF reader', () => {
     });
   }
 });
+
+/**
+ * Block j of row `row`'s zero point as MatMulNBits reads it: one byte a block at 8 bits, two a byte at 4
+ * (the even block's in the low nibble), the default 2^(bits - 1) where the blocks carry none.
+ */
+function zeroPoint(b: BlockWeight, row: number, j: number): number {
+  const nb = b.k / b.blockSize;
+  if (!b.zeroPoints) return 2 ** (b.bits - 1);
+  if (b.bits === 8) return b.zeroPoints[row * nb + j]!;
+  return (b.zeroPoints[row * Math.ceil(nb / 2) + (j >> 1)]! >> ((j & 1) * 4)) & 0x0f;
+}
 
 /**
  * x [m, k] through a MatMulNBits graph of `b` as gqa-builder.ts writes it (weights-only source, 'nbits'), x
