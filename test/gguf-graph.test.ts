@@ -8,19 +8,24 @@
  *   ones do;
  * - q/k/v's biases are MatMulNBits' bias input, and a layer's Q5_0 and Q8_0 q/k/v are one product;
  * - gate and up are one product, split after;
+ * - with ragguard's kernels the 8-bit products are QMatMul8 on the same blocks, computing the same;
  * - and the graph computes the model: its logits against the same weights dequantized to float32
  *   (the dequant mode's graph), greedy ids equal, within the int8 activations' error, with a LoRA
  *   adapter on the fused gate and up too.
  */
 import assert from 'node:assert/strict';
+import { writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { toBlocks } from '../src/generate/gguf-weights.js';
-import { buildGqaDecoder, type GqaGraph, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
+import { buildGqaDecoder, gqaOpsets, type CpuKernels, type GqaGraph, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
 import { loraSlots } from '../src/generate/lora.js';
 import { dequantize, GGML, rowBytes } from '../src/runtime/gguf.js';
 import { writeModel } from '../src/runtime/onnx-proto.js';
+import { DirectSession, type HostTensor } from '../src/runtime/ort-direct.js';
 import { seededRandom } from '../src/generate/sampler.js';
+import { tempDir } from './helpers.js';
 
 const H = 256;
 const I = 512;
@@ -182,5 +187,66 @@ test('the quantized graph computes the same model as its weights dequantized to 
       const moved = f.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0);
       assert.ok(moved > 0.3 * spread, `${ids}: the adapter moves the logits by ${moved} only (range ${spread})`);
     }
+  }
+});
+
+test("with ragguard's kernels every 8-bit product is a QMatMul8 on the same blocks, the 4-bit ones stay MatMulNBits, and the graph computes what MatMulNBits' does", async () => {
+  const src = source(5);
+  const ort8 = buildGqaDecoder(cfg, src, { weights: 'nbits', rotary: {} });
+  const ours = buildGqaDecoder(cfg, src, { weights: 'nbits', ops: 'ragguard', rotary: {} });
+  const eight = ort8.nodes.filter((n) => n.op === 'MatMulNBits' && (n.attrs?.['bits'] as { int: number }).int === 8);
+  const q8 = ours.nodes.filter((n) => n.op === 'QMatMul8');
+  assert.ok(eight.length > 0);
+  assert.equal(q8.length, eight.length, 'one QMatMul8 for each 8-bit MatMulNBits');
+  for (const n of eight) {
+    const m = byOutput(ours, n.outputs[0]!)!;
+    assert.equal(m.op, 'QMatMul8');
+    assert.equal(m.domain, 'ragguard');
+    // x, the blocks, the scales, and the bias where MatMulNBits had one (its sixth input)
+    assert.deepEqual(m.inputs, [...n.inputs.slice(0, 3), ...(n.inputs[5] ? [n.inputs[5]] : [])]);
+    for (const a of ['K', 'N', 'block_size']) assert.deepEqual(m.attrs?.[a], n.attrs?.[a]);
+  }
+  assert.equal(ours.nodes.filter((n) => n.op === 'MatMulNBits').length, ort8.nodes.filter((n) => n.op === 'MatMulNBits').length - eight.length, 'the 4-bit products stay');
+  assert.deepEqual(gqaOpsets('ragguard'), { '': 17, 'com.microsoft': 1, ragguard: 1 });
+  assert.deepEqual(gqaOpsets('onnxruntime'), { '': 17, 'com.microsoft': 1 });
+
+  const dir = await tempDir('gguf-graph-');
+  const run = async (g: GqaGraph, ops: CpuKernels, ids: number[]) => {
+    const file = path.join(dir, `${ops}.onnx`);
+    await writeFile(file, writeModel({ name: 't', ...g, opsets: gqaOpsets(ops) }));
+    const s = DirectSession.create(file)!;
+    const feeds: Record<string, HostTensor> = {};
+    const fill = (name: string, type: 'int64' | 'float32', dims: number[], v?: readonly number[]) => {
+      const t = (feeds[name] = s.tensor(type, dims));
+      if (type === 'int64') (t.data as BigInt64Array).set((v ?? new Array<number>(t.data.length).fill(0)).map(BigInt));
+      else (t.data as Float32Array).fill(0);
+    };
+    try {
+      fill('input_ids', 'int64', [1, ids.length], ids);
+      fill('attention_mask', 'int64', [1, ids.length], ids.map(() => 1));
+      fill('lora_index', 'int64', [1]);
+      for (let l = 0; l < 2; l++) for (const kv of ['key', 'value']) fill(`past_key_values.${l}.${kv}`, 'float32', [1, 2, 16, 64]);
+      for (const slot of loraSlots({ numLayers: 2, hiddenSize: H, numHeads: 4, numKvHeads: 2, headDim: 64, intermediateSize: I })) {
+        fill(slot.a, 'float32', [1, slot.inDim, 0]);
+        fill(slot.b, 'float32', [1, 0, slot.outDim]);
+      }
+      const out = await s.run(feeds, { logits: null });
+      const l = Float32Array.from(out['logits']!.data as Float32Array);
+      for (const t of Object.values(out)) t.dispose();
+      return l;
+    } finally {
+      for (const t of Object.values(feeds)) t.dispose();
+      s.dispose();
+    }
+  };
+  for (const ids of [[1, 17, 42, 99, 250], [150, 3, 88, 12, 64, 5, 299, 7, 7]]) {
+    const a = await run(ort8, 'onnxruntime', ids);
+    const b = await run(ours, 'ragguard', ids);
+    const spread = Math.max(...a) - Math.min(...a);
+    const worst = a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
+    // The same int8 arithmetic, the float sums in another order: a last-bit difference that moves an
+    // activation across an int8 rounding step in a later product moves the logits by ~0.002 of their
+    // range (measured); a lost bias or a wrong block moves them by the range itself.
+    assert.ok(worst < 0.01 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
   }
 });

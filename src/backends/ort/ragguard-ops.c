@@ -1,0 +1,285 @@
+/*
+ * ragguard's ONNX Runtime custom-op library (domain "ragguard"), loaded into a session by
+ * RegisterCustomOpsLibrary_V2 (ort-direct.ts). One op:
+ *
+ *   QMatMul8(A float [.., K], B uint8 [N, K / block_size, block_size], scales float [N, K / block_size],
+ *            bias float [N] (optional)) -> Y float [.., N];  attributes K, N, block_size
+ *
+ * the product MatMulNBits (com.microsoft) computes for bits 8, no zero points (128) and accuracy level
+ * 4, with the same inputs, by the kernel in qmatmul8.c. Columns are shared out over the session's
+ * intra-op threads (KernelContext_ParallelFor): the op adds no thread of its own.
+ *
+ * Only what this file uses of onnxruntime_c_api.h is declared here: the OrtApi function table is read
+ * by slot (its order never changes; ort-direct.ts checks a slot past the ones used before loading this
+ * library) and OrtCustomOp is laid out as the header's version 16 of it.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qmatmul8.h"
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtValue OrtValue;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef void* const* OrtApiTable;
+
+typedef struct {
+  OrtApiTable (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)(void);
+} OrtApiBase;
+
+/* The API version this library asks for: the first with KernelContext_ParallelFor. */
+#define API_VERSION 18
+enum {
+  ORT_FAIL = 1,
+  ORT_INVALID_ARGUMENT = 2,
+  ELEMENT_FLOAT = 1,
+  ELEMENT_UINT8 = 2,
+  CHARACTERISTIC_REQUIRED = 0,
+  CHARACTERISTIC_OPTIONAL = 1,
+};
+
+/* OrtApi slots (onnxruntime_c_api.h order). */
+enum {
+  S_CreateStatus = 0,
+  S_CreateCustomOpDomain = 26,
+  S_CustomOpDomain_Add = 27,
+  S_AddCustomOpDomain = 28,
+  S_GetTensorMutableData = 51,
+  S_GetDimensionsCount = 61,
+  S_GetDimensions = 62,
+  S_GetTensorTypeAndShape = 65,
+  S_KernelInfoGetAttribute_int64 = 86,
+  S_KernelContext_GetInputCount = 88,
+  S_KernelContext_GetInput = 90,
+  S_KernelContext_GetOutput = 91,
+  S_ReleaseTensorTypeAndShapeInfo = 99,
+  S_KernelContext_ParallelFor = 274,
+};
+
+static OrtApiTable api;
+#define API(slot, type) ((type)api[slot])
+
+typedef OrtStatus* (*CreateStatusFn)(int code, const char* msg);
+typedef OrtStatus* (*CreateDomainFn)(const char* domain, OrtCustomOpDomain** out);
+typedef OrtStatus* (*DomainAddFn)(OrtCustomOpDomain* domain, const void* op);
+typedef OrtStatus* (*AddDomainFn)(OrtSessionOptions* options, OrtCustomOpDomain* domain);
+typedef OrtStatus* (*MutableDataFn)(OrtValue* value, void** out);
+typedef OrtStatus* (*DimsCountFn)(const OrtTensorTypeAndShapeInfo* info, size_t* out);
+typedef OrtStatus* (*DimsFn)(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t n);
+typedef OrtStatus* (*TypeAndShapeFn)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out);
+typedef OrtStatus* (*AttrInt64Fn)(const OrtKernelInfo* info, const char* name, int64_t* out);
+typedef OrtStatus* (*InputCountFn)(const OrtKernelContext* ctx, size_t* out);
+typedef OrtStatus* (*GetInputFn)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
+typedef OrtStatus* (*GetOutputFn)(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t n, OrtValue** out);
+typedef void (*ReleaseInfoFn)(OrtTensorTypeAndShapeInfo* info);
+typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total, size_t batches, void* data);
+
+#define TRY(expr)                 \
+  do {                            \
+    OrtStatus* status_ = (expr);  \
+    if (status_) return status_;  \
+  } while (0)
+
+static OrtStatus* fail(int code, const char* msg) { return API(S_CreateStatus, CreateStatusFn)(code, msg); }
+
+/* OrtCustomOp, version 16 of its layout. */
+typedef struct OrtCustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const struct OrtCustomOp* op, OrtApiTable api, const OrtKernelInfo* info);
+  const char* (*GetName)(const struct OrtCustomOp* op);
+  const char* (*GetExecutionProviderType)(const struct OrtCustomOp* op);
+  int (*GetInputType)(const struct OrtCustomOp* op, size_t index);
+  size_t (*GetInputTypeCount)(const struct OrtCustomOp* op);
+  int (*GetOutputType)(const struct OrtCustomOp* op, size_t index);
+  size_t (*GetOutputTypeCount)(const struct OrtCustomOp* op);
+  void (*KernelCompute)(void* kernel, OrtKernelContext* ctx);
+  void (*KernelDestroy)(void* kernel);
+  int (*GetInputCharacteristic)(const struct OrtCustomOp* op, size_t index);
+  int (*GetOutputCharacteristic)(const struct OrtCustomOp* op, size_t index);
+  int (*GetInputMemoryType)(const struct OrtCustomOp* op, size_t index);
+  int (*GetVariadicInputMinArity)(const struct OrtCustomOp* op);
+  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp* op);
+  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp* op);
+  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp* op);
+  OrtStatus* (*CreateKernelV2)(const struct OrtCustomOp* op, OrtApiTable api, const OrtKernelInfo* info, void** kernel);
+  OrtStatus* (*KernelComputeV2)(void* kernel, OrtKernelContext* ctx);
+} OrtCustomOp;
+
+typedef struct {
+  int64_t k, n, blk;
+} QMatMul8;
+
+static OrtStatus* createV2(const OrtCustomOp* op, OrtApiTable a, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)a;
+  QMatMul8 q;
+  TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "K", &q.k));
+  TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "N", &q.n));
+  TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "block_size", &q.blk));
+  if (q.n <= 0 || !qm8_supported(q.k, q.blk)) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: block_size must be a power of two from 16 that divides K, N > 0");
+  QMatMul8* kernel = malloc(sizeof *kernel);
+  if (!kernel) return fail(ORT_FAIL, "QMatMul8: out of memory");
+  *kernel = q;
+  *out = kernel;
+  return NULL;
+}
+
+static void destroy(void* kernel) { free(kernel); }
+
+/* The shape of input i (at most 8 dimensions). */
+static OrtStatus* shapeOf(const OrtValue* v, int64_t* dims, size_t* rank) {
+  OrtTensorTypeAndShapeInfo* info = NULL;
+  TRY(API(S_GetTensorTypeAndShape, TypeAndShapeFn)(v, &info));
+  OrtStatus* s = API(S_GetDimensionsCount, DimsCountFn)(info, rank);
+  if (!s && *rank > 8) s = fail(ORT_INVALID_ARGUMENT, "QMatMul8: more than 8 dimensions");
+  if (!s) s = API(S_GetDimensions, DimsFn)(info, dims, *rank);
+  API(S_ReleaseTensorTypeAndShapeInfo, ReleaseInfoFn)(info);
+  return s;
+}
+
+typedef struct {
+  const qm8_weight* w;
+  const qm8_rows* rows;
+  float* y;
+  int64_t perTask;
+} Work;
+
+static void task(void* data, size_t i) {
+  const Work* work = data;
+  const int64_t n0 = (int64_t)i * work->perTask;
+  const int64_t n1 = n0 + work->perTask < work->w->n ? n0 + work->perTask : work->w->n;
+  qm8_columns(work->w, work->rows, work->y, n0, n1);
+}
+
+static OrtStatus* computeV2(void* kernel, OrtKernelContext* ctx) {
+  const QMatMul8* q = kernel;
+  size_t inputs = 0;
+  TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
+  const OrtValue *a = NULL, *b = NULL, *scales = NULL, *bias = NULL;
+  TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 0, &a));
+  TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 1, &b));
+  TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 2, &scales));
+  if (inputs > 3) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 3, &bias));
+  int64_t dims[8];
+  size_t rank = 0;
+  TRY(shapeOf(a, dims, &rank));
+  if (rank < 1 || dims[rank - 1] != q->k) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: A's last dimension is not K");
+  int64_t bdims[8];
+  size_t brank = 0;
+  TRY(shapeOf(b, bdims, &brank));
+  if (brank != 3 || bdims[0] != q->n || bdims[1] * bdims[2] != q->k || bdims[2] != q->blk) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: B is not [N, K / block_size, block_size]");
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
+  void *x = NULL, *wq = NULL, *ws = NULL, *wb = NULL, *y = NULL;
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)a, &x));
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)b, &wq));
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)scales, &ws));
+  if (bias) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)bias, &wb));
+  dims[rank - 1] = q->n;
+  OrtValue* out = NULL;
+  TRY(API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, dims, rank, &out));
+  TRY(API(S_GetTensorMutableData, MutableDataFn)(out, &y));
+  if (m == 0) return NULL;
+  const qm8_weight w = {q->k, q->n, q->blk, wq, ws, wb};
+  qm8_rows rows;
+  if (qm8_rows_init(&rows, x, m, q->k, q->blk) != 0) return fail(ORT_FAIL, "QMatMul8: out of memory");
+  /* Tasks of 32 columns: a few hundred for the large products, so that the threads end together. */
+  Work work = {&w, &rows, y, 32};
+  const size_t tasks = (size_t)((q->n + work.perTask - 1) / work.perTask);
+  OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
+  qm8_rows_free(&rows);
+  return s;
+}
+
+static const char* name(const OrtCustomOp* op) {
+  (void)op;
+  return "QMatMul8";
+}
+static const char* provider(const OrtCustomOp* op) {
+  (void)op;
+  return "CPUExecutionProvider";
+}
+static int inputType(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 1 ? ELEMENT_UINT8 : ELEMENT_FLOAT;
+}
+static size_t inputCount(const OrtCustomOp* op) {
+  (void)op;
+  return 4;
+}
+static int outputType(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  (void)i;
+  return ELEMENT_FLOAT;
+}
+static size_t outputCount(const OrtCustomOp* op) {
+  (void)op;
+  return 1;
+}
+static int inputCharacteristic(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 3 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
+}
+static int outputCharacteristic(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  (void)i;
+  return CHARACTERISTIC_REQUIRED;
+}
+static int memoryType(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  (void)i;
+  return 0; /* OrtMemTypeDefault */
+}
+static int one(const OrtCustomOp* op) {
+  (void)op;
+  return 1;
+}
+
+static const OrtCustomOp qmatmul8 = {
+    .version = 16,
+    .GetName = name,
+    .GetExecutionProviderType = provider,
+    .GetInputType = inputType,
+    .GetInputTypeCount = inputCount,
+    .GetOutputType = outputType,
+    .GetOutputTypeCount = outputCount,
+    .KernelDestroy = destroy,
+    .GetInputCharacteristic = inputCharacteristic,
+    .GetOutputCharacteristic = outputCharacteristic,
+    .GetInputMemoryType = memoryType,
+    .GetVariadicInputMinArity = one,
+    .GetVariadicInputHomogeneity = one,
+    .GetVariadicOutputMinArity = one,
+    .GetVariadicOutputHomogeneity = one,
+    .CreateKernelV2 = createV2,
+    .KernelComputeV2 = computeV2,
+};
+
+/*
+ * The library's entry point (RegisterCustomOpsLibrary_V2 calls it with each session's options). The
+ * domain is made once and kept for the process's life: sessions made with it refer to it.
+ */
+OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
+  static OrtCustomOpDomain* domain;
+  if (!api) {
+    api = base->GetApi(API_VERSION);
+    if (!api) return NULL; /* nothing to report through: an ONNX Runtime older than 1.18 */
+  }
+  if (!domain) {
+    TRY(API(S_CreateCustomOpDomain, CreateDomainFn)("ragguard", &domain));
+    TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul8));
+  }
+  return API(S_AddCustomOpDomain, AddDomainFn)(options, domain);
+}
+
+/* Which kernel the products run here (1: AVX512-VNNI, 0: plain C). */
+int ragguard_ops_vnni(void) { return qm8_vnni(); }
+
+/* 1: the products take the plain C path on any CPU from now on (a test compares the two); 0: undone. */
+void ragguard_ops_set_portable(int on) { qm8_set_portable(on); }
