@@ -8,7 +8,8 @@
  *   ones do;
  * - q/k/v's biases are MatMulNBits' bias input, and a layer's Q5_0 and Q8_0 q/k/v are one product;
  * - gate and up are one product, split after;
- * - with ragguard's kernels the 8-bit products are QMatMul8 on the same blocks, computing the same;
+ * - with ragguard's kernels the 8-bit products are QMatMul8 on the same blocks (16 columns side by
+ *   side), computing the same;
  * - and the graph computes the model: its logits against the same weights dequantized to float32
  *   (the dequant mode's graph), greedy ids equal, within the int8 activations' error, with a LoRA
  *   adapter on the fused gate and up too.
@@ -18,6 +19,7 @@ import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
+import { qmatmul8Layout } from '../src/backends/ort/qmatmul8-layout.js';
 import { toBlocks } from '../src/generate/gguf-weights.js';
 import { buildGqaDecoder, gqaOpsets, type CpuKernels, type GqaGraph, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
 import { loraSlots } from '../src/generate/lora.js';
@@ -205,6 +207,12 @@ test("with ragguard's kernels every 8-bit product is a QMatMul8 on the same bloc
     // x, the blocks, the scales, and the bias where MatMulNBits had one (its sixth input)
     assert.deepEqual(m.inputs, [...n.inputs.slice(0, 3), ...(n.inputs[5] ? [n.inputs[5]] : [])]);
     for (const a of ['K', 'N', 'block_size']) assert.deepEqual(m.attrs?.[a], n.attrs?.[a]);
+    // the same bytes and scales, 16 columns side by side (qmatmul8-layout.ts)
+    const [qOrt, dOrt] = [initializer(ort8, n.inputs[1]!)!, initializer(ort8, n.inputs[2]!)!];
+    const k = (n.attrs?.['K'] as { int: number }).int;
+    const packed = qmatmul8Layout({ n: qOrt.dims[0]!, k, blockSize: (n.attrs?.['block_size'] as { int: number }).int, data: qOrt.data, scales: new Float32Array(dOrt.data.slice().buffer) });
+    assert.deepEqual(initializer(ours, m.inputs[1]!)!.data, packed.q);
+    assert.deepEqual(initializer(ours, m.inputs[2]!)!.data, new Uint8Array(packed.scales.buffer));
   }
   assert.equal(ours.nodes.filter((n) => n.op === 'MatMulNBits').length, ort8.nodes.filter((n) => n.op === 'MatMulNBits').length - eight.length, 'the 4-bit products stay');
   assert.deepEqual(gqaOpsets('ragguard'), { '': 17, 'com.microsoft': 1, ragguard: 1 });

@@ -2,7 +2,9 @@
  * ragguard's QMatMul8 op (src/backends/ort/ragguard-ops.c, qmatmul8.c) against ONNX Runtime's own
  * MatMulNBits (8 bits, accuracy level 4) on the same initializers in one graph, and both against the
  * exact product with the weights dequantized: the shapes a converted GGUF has (blocks of 32 and 16,
- * a bias, rows from 1 to past one tile of 8) and the ones at the edges (K not a multiple of 64).
+ * a bias, rows from 1 to past one tile of 8) and the ones at the edges (K not a multiple of 64, columns
+ * not a multiple of 16, blocks longer than the kernel's 8 loads); on the CPU's kernel and on the plain
+ * C path that CPUs without AVX512-VNNI take.
  */
 import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
@@ -10,6 +12,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import koffi from 'koffi';
+import { qmatmul8Layout } from '../src/backends/ort/qmatmul8-layout.js';
 import { DirectSession, RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable } from '../src/runtime/ort-direct.js';
 import { tempDir } from './helpers.js';
 
@@ -31,6 +34,7 @@ const floats = (name: string, dims: number[], v: Float32Array): Initializer => (
 interface Case { k: number; n: number; blk: number; bias: boolean }
 
 async function both(c: Case, rows: number, seed: number) {
+  // (weights random over the whole byte range, scales positive: every lane and column in use)
   const r = rng(seed);
   const blocks = c.k / c.blk;
   const q = Uint8Array.from({ length: c.n * c.k }, () => Math.floor(r() * 256));
@@ -38,9 +42,13 @@ async function both(c: Case, rows: number, seed: number) {
   const bias = Float32Array.from({ length: c.n }, () => r() - 0.5);
   // Activations with a few large entries, as a normed hidden state has.
   const x = Float32Array.from({ length: rows * c.k }, (_, i) => (r() - 0.5) * 4 * (i % 97 === 0 ? 20 : 1));
+  // MatMulNBits' blocks, and the same 16 columns side by side for QMatMul8.
+  const packed = qmatmul8Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d });
   const inits: Initializer[] = [
     { name: 'q', dataType: ONNX_UINT8, dims: [c.n, blocks, c.blk], data: q },
     floats('d', [c.n, blocks], d),
+    { name: 'q16', dataType: ONNX_UINT8, dims: [packed.groups, c.k / 4, 64], data: packed.q },
+    floats('d16', [packed.groups, blocks, 16], packed.scales),
     ...(c.bias ? [floats('bias', [c.n], bias)] : []),
   ];
   const attrs = { K: { int: c.k }, N: { int: c.n }, block_size: { int: c.blk } };
@@ -49,7 +57,7 @@ async function both(c: Case, rows: number, seed: number) {
     name: 'qmatmul8',
     nodes: [
       { op: 'MatMulNBits', inputs: nbitsIns, outputs: ['y_ort'], domain: 'com.microsoft', attrs: { ...attrs, bits: { int: 8 }, accuracy_level: { int: 4 } } },
-      { op: 'QMatMul8', inputs: ['x', 'q', 'd', ...(c.bias ? ['bias'] : [])], outputs: ['y'], domain: 'ragguard', attrs },
+      { op: 'QMatMul8', inputs: ['x', 'q16', 'd16', ...(c.bias ? ['bias'] : [])], outputs: ['y'], domain: 'ragguard', attrs },
     ],
     initializers: inits,
     inputs: [{ name: 'x', elemType: ONNX_FLOAT, dims: ['rows', c.k] }],
@@ -106,9 +114,10 @@ for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QM
   const cases: Case[] = [
     { k: 896, n: 200, blk: 32, bias: true }, // Q5_0 / Q8_0 projections of a 896-wide model, qwen2's q/k/v bias
     { k: 4864, n: 64, blk: 16, bias: false }, // Q6_K down projection
-    { k: 96, n: 37, blk: 32, bias: false }, // K not a multiple of 64, an odd column count
+    { k: 96, n: 37, blk: 32, bias: false }, // K not a multiple of 64, a column count not a multiple of 16
     { k: 160, n: 3, blk: 16, bias: true }, // a tail of two blocks of 16
-    { k: 256, n: 9, blk: 128, bias: false }, // blocks longer than a 64-byte chunk
+    { k: 256, n: 9, blk: 128, bias: false }, // blocks of more than 8 loads, fewer than 16 columns
+    { k: 512, n: 40, blk: 64, bias: true }, // a last group of 8 columns
   ];
   let seed = 1;
   for (const c of cases) {

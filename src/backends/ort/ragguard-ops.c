@@ -2,11 +2,12 @@
  * ragguard's ONNX Runtime custom-op library (domain "ragguard"), loaded into a session by
  * RegisterCustomOpsLibrary_V2 (ort-direct.ts). One op:
  *
- *   QMatMul8(A float [.., K], B uint8 [N, K / block_size, block_size], scales float [N, K / block_size],
- *            bias float [N] (optional)) -> Y float [.., N];  attributes K, N, block_size
+ *   QMatMul8(A float [.., K], B uint8 [G, K / 4, 64], scales float [G, K / block_size, 16],
+ *            bias float [N] (optional)) -> Y float [.., N];  attributes K, N, block_size; G = ceil(N / 16)
  *
  * the product MatMulNBits (com.microsoft) computes for bits 8, no zero points (128) and accuracy level
- * 4, with the same inputs, by the kernel in qmatmul8.c. Columns are shared out over the session's
+ * 4, by the kernel in qmatmul8.c, with B and the scales 16 columns side by side (qmatmul8.h says how;
+ * the converter writes them so: qmatmul8-layout.ts). Column groups are shared out over the session's
  * intra-op threads (KernelContext_ParallelFor): the op adds no thread of its own.
  *
  * Only what this file uses of onnxruntime_c_api.h is declared here: the OrtApi function table is read
@@ -147,14 +148,14 @@ typedef struct {
   const qm8_weight* w;
   const qm8_rows* rows;
   float* y;
-  int64_t perTask;
+  int64_t groups, perTask;
 } Work;
 
 static void task(void* data, size_t i) {
   const Work* work = data;
-  const int64_t n0 = (int64_t)i * work->perTask;
-  const int64_t n1 = n0 + work->perTask < work->w->n ? n0 + work->perTask : work->w->n;
-  qm8_columns(work->w, work->rows, work->y, n0, n1);
+  const int64_t g0 = (int64_t)i * work->perTask;
+  const int64_t g1 = g0 + work->perTask < work->groups ? g0 + work->perTask : work->groups;
+  qm8_groups(work->w, work->rows, work->y, g0, g1);
 }
 
 static OrtStatus* computeV2(void* kernel, OrtKernelContext* ctx) {
@@ -173,7 +174,14 @@ static OrtStatus* computeV2(void* kernel, OrtKernelContext* ctx) {
   int64_t bdims[8];
   size_t brank = 0;
   TRY(shapeOf(b, bdims, &brank));
-  if (brank != 3 || bdims[0] != q->n || bdims[1] * bdims[2] != q->k || bdims[2] != q->blk) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: B is not [N, K / block_size, block_size]");
+  const int64_t groups = (q->n + 15) / 16;
+  if (brank != 3 || bdims[0] != groups || bdims[1] != q->k / 4 || bdims[2] != 64) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: B is not [ceil(N / 16), K / 4, 64]");
+  TRY(shapeOf(scales, bdims, &brank));
+  if (brank != 3 || bdims[0] != groups || bdims[1] != q->k / q->blk || bdims[2] != 16) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: scales are not [ceil(N / 16), K / block_size, 16]");
+  if (bias) {
+    TRY(shapeOf(bias, bdims, &brank));
+    if (brank != 1 || bdims[0] != q->n) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: bias is not [N]");
+  }
   int64_t m = 1;
   for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
   void *x = NULL, *wq = NULL, *ws = NULL, *wb = NULL, *y = NULL;
@@ -189,9 +197,9 @@ static OrtStatus* computeV2(void* kernel, OrtKernelContext* ctx) {
   const qm8_weight w = {q->k, q->n, q->blk, wq, ws, wb};
   qm8_rows rows;
   if (qm8_rows_init(&rows, x, m, q->k, q->blk) != 0) return fail(ORT_FAIL, "QMatMul8: out of memory");
-  /* Tasks of 32 columns: a few hundred for the large products, so that the threads end together. */
-  Work work = {&w, &rows, y, 32};
-  const size_t tasks = (size_t)((q->n + work.perTask - 1) / work.perTask);
+  /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
+  Work work = {&w, &rows, y, groups, 2};
+  const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
   qm8_rows_free(&rows);
   return s;
