@@ -8,8 +8,8 @@
  *   ones do;
  * - q/k/v's biases are MatMulNBits' bias input, and a layer's Q5_0 and Q8_0 q/k/v are one product;
  * - gate and up are one product, split after;
- * - with ragguard's kernels the 8-bit products are QMatMul8 on the same blocks (16 columns side by
- *   side), computing the same;
+ * - with ragguard's kernels the products are QMatMul8 and QMatMul4 on the same blocks (16 columns side
+ *   by side), computing the same;
  * - and the graph computes the model: its logits against the same weights dequantized to float32
  *   (the dequant mode's graph), greedy ids equal, within the int8 activations' error, with a LoRA
  *   adapter on the fused gate and up too.
@@ -19,7 +19,7 @@ import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
-import { qmatmul8Layout } from '../src/backends/ort/qmatmul8-layout.js';
+import { qmatmul4Layout, qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
 import { toBlocks } from '../src/generate/gguf-weights.js';
 import { buildGqaDecoder, gqaOpsets, type CpuKernels, type GqaGraph, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
 import { loraSlots } from '../src/generate/lora.js';
@@ -192,29 +192,29 @@ test('the quantized graph computes the same model as its weights dequantized to 
   }
 });
 
-test("with ragguard's kernels every 8-bit product is a QMatMul8 on the same blocks, the 4-bit ones stay MatMulNBits, and the graph computes what MatMulNBits' does", async () => {
+test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (4 bits) on the same blocks, and the graph computes what MatMulNBits' does", async () => {
   const src = source(5);
   const ort8 = buildGqaDecoder(cfg, src, { weights: 'nbits', rotary: {} });
   const ours = buildGqaDecoder(cfg, src, { weights: 'nbits', ops: 'ragguard', rotary: {} });
-  const eight = ort8.nodes.filter((n) => n.op === 'MatMulNBits' && (n.attrs?.['bits'] as { int: number }).int === 8);
-  const q8 = ours.nodes.filter((n) => n.op === 'QMatMul8');
-  assert.ok(eight.length > 0);
-  assert.equal(q8.length, eight.length, 'one QMatMul8 for each 8-bit MatMulNBits');
-  for (const n of eight) {
+  const products = ort8.nodes.filter((n) => n.op === 'MatMulNBits');
+  assert.ok(products.some((n) => (n.attrs?.['bits'] as { int: number }).int === 4) && products.some((n) => (n.attrs?.['bits'] as { int: number }).int === 8));
+  assert.equal(ours.nodes.filter((n) => n.op === 'MatMulNBits').length, 0, 'no MatMulNBits left');
+  for (const n of products) {
+    const bits = (n.attrs?.['bits'] as { int: number }).int;
     const m = byOutput(ours, n.outputs[0]!)!;
-    assert.equal(m.op, 'QMatMul8');
+    assert.equal(m.op, `QMatMul${bits}`);
     assert.equal(m.domain, 'ragguard');
-    // x, the blocks, the scales, and the bias where MatMulNBits had one (its sixth input)
-    assert.deepEqual(m.inputs, [...n.inputs.slice(0, 3), ...(n.inputs[5] ? [n.inputs[5]] : [])]);
+    // x, the blocks, the scales, (4 bits) the zero points, and the bias where MatMulNBits had one (its sixth input)
+    assert.deepEqual(m.inputs, [...n.inputs.slice(0, bits === 8 ? 3 : 4), ...(n.inputs[5] ? [n.inputs[5]] : [])]);
     for (const a of ['K', 'N', 'block_size']) assert.deepEqual(m.attrs?.[a], n.attrs?.[a]);
-    // the same bytes and scales, 16 columns side by side (qmatmul8-layout.ts)
+    // the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts)
     const [qOrt, dOrt] = [initializer(ort8, n.inputs[1]!)!, initializer(ort8, n.inputs[2]!)!];
-    const k = (n.attrs?.['K'] as { int: number }).int;
-    const packed = qmatmul8Layout({ n: qOrt.dims[0]!, k, blockSize: (n.attrs?.['block_size'] as { int: number }).int, data: qOrt.data, scales: new Float32Array(dOrt.data.slice().buffer) });
+    const blocks = { n: qOrt.dims[0]!, k: (n.attrs?.['K'] as { int: number }).int, blockSize: (n.attrs?.['block_size'] as { int: number }).int, data: qOrt.data, scales: new Float32Array(dOrt.data.slice().buffer) };
+    const packed = bits === 8 ? qmatmul8Layout(blocks) : qmatmul4Layout({ ...blocks, zeroPoints: initializer(ort8, n.inputs[3]!)!.data });
     assert.deepEqual(initializer(ours, m.inputs[1]!)!.data, packed.q);
     assert.deepEqual(initializer(ours, m.inputs[2]!)!.data, new Uint8Array(packed.scales.buffer));
+    if ('zeros' in packed) assert.deepEqual(initializer(ours, m.inputs[3]!)!.data, packed.zeros);
   }
-  assert.equal(ours.nodes.filter((n) => n.op === 'MatMulNBits').length, ort8.nodes.filter((n) => n.op === 'MatMulNBits').length - eight.length, 'the 4-bit products stay');
   assert.deepEqual(gqaOpsets('ragguard'), { '': 17, 'com.microsoft': 1, ragguard: 1 });
   assert.deepEqual(gqaOpsets('onnxruntime'), { '': 17, 'com.microsoft': 1 });
 

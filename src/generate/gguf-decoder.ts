@@ -88,7 +88,7 @@ export function isGguf(p: string): boolean {
 /** The sources whose code decides the converted bytes: a change to any of them reconverts. */
 const CONVERTER_SOURCES = [
   '../runtime/gguf.ts', '../runtime/gguf-tokenizer.ts', '../runtime/onnx-proto.ts', './gguf-weights.ts', './gqa-builder.ts', './lora.ts', './rope-scaling.ts', './gguf-decoder.ts',
-  '../backends/ort/qmatmul8-layout.ts',
+  '../backends/ort/qmatmul-layout.ts',
 ];
 
 async function converterHash(): Promise<string> {

@@ -25,7 +25,7 @@
  * (`weights: 'nbits'`): they become ONNX Runtime's MatMulNBits (com.microsoft), which reads 4 or 8 bits
  * a weight and a scale per block instead of 32 bits a weight.
  */
-import { qmatmul8Layout } from '../backends/ort/qmatmul8-layout.js';
+import { qmatmul4Layout, qmatmul8Layout } from '../backends/ort/qmatmul-layout.js';
 import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
 import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_INT64, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
 import { LORA_INDEX, loraSlots } from './lora.js';
@@ -152,17 +152,21 @@ function stackTransposed(parts: readonly Float32Array[], inDim: number): { value
   return { values, outDim };
 }
 
-/** Who runs a converted GGUF's 8-bit block products: ONNX Runtime's MatMulNBits or ragguard's QMatMul8. */
+/** Who runs a converted GGUF's block products: ONNX Runtime's MatMulNBits or ragguard's QMatMul8 and QMatMul4. */
 export type CpuKernels = 'ragguard' | 'onnxruntime';
 
-/** The opsets a graph built with `ops` imports (QMatMul8 is in domain 'ragguard'). */
+/** The opsets a graph built with `ops` imports (QMatMul8 and QMatMul4 are in domain 'ragguard'). */
 export function gqaOpsets(ops: CpuKernels | undefined): Record<string, number> {
   return { '': 17, 'com.microsoft': 1, ...(ops === 'ragguard' ? { ragguard: 1 } : {}) };
 }
 
-/** Whether QMatMul8 takes these blocks: 8 bits at zero point 128, no min term, blocks a power of two from 16 that divides K. */
-function qmatmul8Takes(b: BlockWeight): boolean {
-  return b.bits === 8 && !b.zeroPoints && !b.mins && b.blockSize >= 16 && (b.blockSize & (b.blockSize - 1)) === 0 && b.k % b.blockSize === 0;
+/**
+ * Whether ragguard's kernels take these blocks: 8 bits at zero point 128 (QMatMul8) or 4 bits
+ * (QMatMul4, any zero points), blocks a power of two from 16 that divides K.
+ */
+function qmatmulTakes(b: BlockWeight): boolean {
+  const bits = b.bits === 8 ? !b.zeroPoints : b.bits === 4;
+  return bits && b.blockSize >= 16 && (b.blockSize & (b.blockSize - 1)) === 0 && b.k % b.blockSize === 0 && b.k % 8 === 0;
 }
 
 export interface GqaOptions {
@@ -179,11 +183,11 @@ export interface GqaOptions {
    */
   weights?: 'nbits' | 'dequant';
   /**
-   * With 'nbits': which kernels run the 8-bit block products (Q8_0, Q5_0, Q6_K as stored here).
-   * 'onnxruntime' (default): MatMulNBits. 'ragguard': ragguard's QMatMul8 (domain 'ragguard',
-   * src/backends/ort/ragguard-ops.c), the same inputs and arithmetic, 1.7-1.9 times MatMulNBits' speed
-   * at 8 rows here; the graph then needs the ops library (ort-direct.ts registers it). The 4-bit
-   * products stay MatMulNBits either way.
+   * With 'nbits': which kernels run the block products. 'onnxruntime' (default): MatMulNBits.
+   * 'ragguard': ragguard's QMatMul8 (8 bits: Q8_0, Q5_0, Q6_K as stored here) and QMatMul4 (4 bits:
+   * Q4_0, Q4_1, Q4_K) in domain 'ragguard' (src/backends/ort/ragguard-ops.c): the same values and int8
+   * arithmetic, the weights 16 columns side by side; the graph then needs the ops library, which
+   * ort-direct.ts registers on every session it makes.
    */
   ops?: CpuKernels;
   /**
@@ -261,19 +265,35 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   // The input width of each projection: the hidden size, or the MLP's intermediate size for down_proj.
   const inDimOf = (p: string) => (p.endsWith('down_proj') ? cfg.intermediate_size : H);
   /**
-   * MatMulNBits of `x` by `b` into `out` (plus the blocks' min term where they have one), with `bias`
-   * (an initializer's name) added inside the product where given.
+   * The block product of `x` by `b` into `out` (plus the blocks' min term where they have one), with
+   * `bias` (an initializer's name) added inside the product where given: MatMulNBits, or with
+   * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits).
    */
   const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
     const blocks = b.k / b.blockSize;
-    if (opts.ops === 'ragguard' && qmatmul8Takes(b)) {
-      // The same bytes and scales, 16 columns side by side (qmatmul8-layout.ts says why).
+    // ragguard's kernels: the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts says why).
+    const ours = opts.ops === 'ragguard' && qmatmulTakes(b);
+    const product = b.mins ? `${out}_q` : out;
+    const attrs = { K: { int: b.k }, N: { int: b.n }, block_size: { int: b.blockSize } };
+    if (ours && b.bits === 8) {
       const packed = qmatmul8Layout(b);
       inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 4, 64], data: packed.q });
       inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
-      add('QMatMul8', [x, `${name}.qweight`, `${name}.scales`, ...(bias ? [bias] : [])], [out], { domain: 'ragguard', attrs: { K: { int: b.k }, N: { int: b.n }, block_size: { int: b.blockSize } } });
-      return;
+      add('QMatMul8', [x, `${name}.qweight`, `${name}.scales`, ...(bias ? [bias] : [])], [product], { domain: 'ragguard', attrs });
+    } else if (ours) {
+      const packed = qmatmul4Layout(b);
+      inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 8, 64], data: packed.q });
+      inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
+      inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [packed.groups, blocks, 16], data: packed.zeros });
+      add('QMatMul4', [x, `${name}.qweight`, `${name}.scales`, `${name}.zero_points`, ...(bias ? [bias] : [])], [product], { domain: 'ragguard', attrs });
+    } else {
+      nbitsNode(name, x, product, b, bias);
     }
+    if (b.mins) minTerm(name, x, out, product, { ...b, mins: b.mins });
+  };
+  /** MatMulNBits of `x` by `b` into `out`, with `bias` (an initializer's name) inside where given. */
+  const nbitsNode = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
+    const blocks = b.k / b.blockSize;
     inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [b.n, blocks, (b.blockSize * b.bits) / 8], data: b.data });
     inits.push(tensor(`${name}.scales`, dtype, [b.n, blocks], b.scales));
     const ins = [x, `${name}.qweight`, `${name}.scales`];
@@ -291,13 +311,15 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     // fewer per biased projection (qwen2's q/k/v) than a separate Add.
     if (bias) ins.push(...new Array<string>(5 - ins.length).fill(''), bias);
     const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY } };
-    if (!b.mins) {
-      add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
-      return;
-    }
-    add('MatMulNBits', ins, [`${out}_q`], { domain: 'com.microsoft', attrs });
-    // sum_k w[n][k] x[k] = sum_blocks (scale * sum (q - zp) x + min * sum_block x): the block sums of x,
-    // [.., blocks], times the mins transposed, [blocks, n].
+    add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
+  };
+  /**
+   * The blocks' min term beside their product `product`, into `out`: sum_k w[n][k] x[k] = sum_blocks
+   * (scale * sum (q - zp) x + min * sum_block x): the block sums of x, [.., blocks], times the mins
+   * transposed, [blocks, n].
+   */
+  const minTerm = (name: string, x: string, out: string, product: string, b: BlockWeight & { mins: Float32Array }) => {
+    const blocks = b.k / b.blockSize;
     const minsT = new Float32Array(blocks * b.n);
     for (let r = 0; r < b.n; r++) for (let j = 0; j < blocks; j++) minsT[j * b.n + r] = b.mins[r * blocks + j]!;
     inits.push(tensor(`${name}.mins`, dtype, [blocks, b.n], minsT));
@@ -306,7 +328,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     if (!inits.some((t) => t.name === 'last')) inits.push(int64s('last', [-1n]));
     add('ReduceSum', [`${name}.x_blocks`, 'last'], [`${name}.x_block_sums`], { attrs: { keepdims: { int: 0 } } });
     add('MatMul', [`${name}.x_block_sums`, `${name}.mins`], [`${out}_min`]);
-    add('Add', [`${out}_q`, `${out}_min`], [out]);
+    add('Add', [product, `${out}_min`], [out]);
   };
   /**
    * x times the parts' weights side by side: one MatMulNBits where they share a block form, else one

@@ -1,14 +1,17 @@
 /*
  * ragguard's ONNX Runtime custom-op library (domain "ragguard"), loaded into a session by
- * RegisterCustomOpsLibrary_V2 (ort-direct.ts). One op:
+ * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Two ops:
  *
  *   QMatMul8(A float [.., K], B uint8 [G, K / 4, 64], scales float [G, K / block_size, 16],
  *            bias float [N] (optional)) -> Y float [.., N];  attributes K, N, block_size; G = ceil(N / 16)
  *
- * the product MatMulNBits (com.microsoft) computes for bits 8, no zero points (128) and accuracy level
- * 4, by the kernel in qmatmul8.c, with B and the scales 16 columns side by side (qmatmul8.h says how;
- * the converter writes them so: qmatmul8-layout.ts). Column groups are shared out over the session's
- * intra-op threads (KernelContext_ParallelFor): the op adds no thread of its own.
+ *   QMatMul4(A float [.., K], B uint8 [G, K / 8, 64], scales float [G, K / block_size, 16],
+ *            zeros uint8 [G, K / block_size, 16], bias float [N] (optional)) -> Y float [.., N]
+ *
+ * the products MatMulNBits (com.microsoft) computes at accuracy level 4 for bits 8 without zero points
+ * (128) and for bits 4 with them, by the kernels in qmatmul.c, with the weights 16 columns side by side
+ * (qmatmul.h says how; the converter writes them so: qmatmul-layout.ts). Column groups are shared out
+ * over the session's intra-op threads (KernelContext_ParallelFor): the ops add no thread of their own.
  *
  * Only what this file uses of onnxruntime_c_api.h is declared here: the OrtApi function table is read
  * by slot (its order never changes; ort-direct.ts checks a slot past the ones used before loading this
@@ -18,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qmatmul8.h"
+#include "qmatmul.h"
 
 typedef struct OrtStatus OrtStatus;
 typedef struct OrtValue OrtValue;
@@ -112,41 +115,65 @@ typedef struct OrtCustomOp {
   OrtStatus* (*KernelComputeV2)(void* kernel, OrtKernelContext* ctx);
 } OrtCustomOp;
 
+/* A QMatMul8 or QMatMul4 node: its attributes. */
 typedef struct {
+  int bits;
   int64_t k, n, blk;
-} QMatMul8;
+} Kernel;
 
-static OrtStatus* createV2(const OrtCustomOp* op, OrtApiTable a, const OrtKernelInfo* info, void** out) {
-  (void)op;
-  (void)a;
-  QMatMul8 q;
+static OrtStatus* create(int bits, const OrtKernelInfo* info, void** out) {
+  Kernel q = {.bits = bits};
   TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "K", &q.k));
   TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "N", &q.n));
   TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "block_size", &q.blk));
-  if (q.n <= 0 || !qm8_supported(q.k, q.blk)) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: block_size must be a power of two from 16 that divides K, N > 0");
-  QMatMul8* kernel = malloc(sizeof *kernel);
-  if (!kernel) return fail(ORT_FAIL, "QMatMul8: out of memory");
+  if (q.n <= 0 || !qm_supported(q.k, q.blk)) return fail(ORT_INVALID_ARGUMENT, "QMatMul: block_size must be a power of two from 16 that divides K, N > 0");
+  Kernel* kernel = malloc(sizeof *kernel);
+  if (!kernel) return fail(ORT_FAIL, "QMatMul: out of memory");
   *kernel = q;
   *out = kernel;
   return NULL;
 }
 
+static OrtStatus* create8(const OrtCustomOp* op, OrtApiTable a, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)a;
+  return create(8, info, out);
+}
+
+static OrtStatus* create4(const OrtCustomOp* op, OrtApiTable a, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)a;
+  return create(4, info, out);
+}
+
 static void destroy(void* kernel) { free(kernel); }
 
-/* The shape of input i (at most 8 dimensions). */
+/* A tensor's shape (at most 8 dimensions). */
 static OrtStatus* shapeOf(const OrtValue* v, int64_t* dims, size_t* rank) {
   OrtTensorTypeAndShapeInfo* info = NULL;
   TRY(API(S_GetTensorTypeAndShape, TypeAndShapeFn)(v, &info));
   OrtStatus* s = API(S_GetDimensionsCount, DimsCountFn)(info, rank);
-  if (!s && *rank > 8) s = fail(ORT_INVALID_ARGUMENT, "QMatMul8: more than 8 dimensions");
+  if (!s && *rank > 8) s = fail(ORT_INVALID_ARGUMENT, "QMatMul: more than 8 dimensions");
   if (!s) s = API(S_GetDimensions, DimsFn)(info, dims, *rank);
   API(S_ReleaseTensorTypeAndShapeInfo, ReleaseInfoFn)(info);
   return s;
 }
 
+/* Whether `v` has exactly the dims d0..d(rank-1). */
+static OrtStatus* expect(const OrtValue* v, size_t rank, const int64_t* want, const char* what) {
+  int64_t dims[8];
+  size_t r = 0;
+  TRY(shapeOf(v, dims, &r));
+  int same = r == rank;
+  for (size_t i = 0; same && i < rank; i++) same = dims[i] == want[i];
+  return same ? NULL : fail(ORT_INVALID_ARGUMENT, what);
+}
+
 typedef struct {
-  const qm8_weight* w;
-  const qm8_rows* rows;
+  const Kernel* kernel;
+  const qm8_weight* w8;
+  const qm4_weight* w4;
+  const qm_rows* rows;
   float* y;
   int64_t groups, perTask;
 } Work;
@@ -155,71 +182,93 @@ static void task(void* data, size_t i) {
   const Work* work = data;
   const int64_t g0 = (int64_t)i * work->perTask;
   const int64_t g1 = g0 + work->perTask < work->groups ? g0 + work->perTask : work->groups;
-  qm8_groups(work->w, work->rows, work->y, g0, g1);
+  if (work->kernel->bits == 8) qm8_groups(work->w8, work->rows, work->y, g0, g1);
+  else qm4_groups(work->w4, work->rows, work->y, g0, g1);
 }
 
-static OrtStatus* computeV2(void* kernel, OrtKernelContext* ctx) {
-  const QMatMul8* q = kernel;
+static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
+  const Kernel* q = kernel;
+  /* inputs: A, B, scales, then (4 bits) the zero points, then the optional bias */
+  const size_t biasAt = q->bits == 8 ? 3 : 4;
   size_t inputs = 0;
   TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
-  const OrtValue *a = NULL, *b = NULL, *scales = NULL, *bias = NULL;
+  const OrtValue *a = NULL, *b = NULL, *scales = NULL, *zeros = NULL, *bias = NULL;
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 0, &a));
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 1, &b));
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 2, &scales));
-  if (inputs > 3) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 3, &bias));
+  if (q->bits == 4) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 3, &zeros));
+  if (inputs > biasAt) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, biasAt, &bias));
   int64_t dims[8];
   size_t rank = 0;
   TRY(shapeOf(a, dims, &rank));
-  if (rank < 1 || dims[rank - 1] != q->k) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: A's last dimension is not K");
-  int64_t bdims[8];
-  size_t brank = 0;
-  TRY(shapeOf(b, bdims, &brank));
-  const int64_t groups = (q->n + 15) / 16;
-  if (brank != 3 || bdims[0] != groups || bdims[1] != q->k / 4 || bdims[2] != 64) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: B is not [ceil(N / 16), K / 4, 64]");
-  TRY(shapeOf(scales, bdims, &brank));
-  if (brank != 3 || bdims[0] != groups || bdims[1] != q->k / q->blk || bdims[2] != 16) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: scales are not [ceil(N / 16), K / block_size, 16]");
-  if (bias) {
-    TRY(shapeOf(bias, bdims, &brank));
-    if (brank != 1 || bdims[0] != q->n) return fail(ORT_INVALID_ARGUMENT, "QMatMul8: bias is not [N]");
-  }
+  if (rank < 1 || dims[rank - 1] != q->k) return fail(ORT_INVALID_ARGUMENT, "QMatMul: A's last dimension is not K");
+  const int64_t groups = (q->n + 15) / 16, blocks = q->k / q->blk;
+  const int64_t bShape[3] = {groups, q->k / (q->bits == 8 ? 4 : 8), 64}, sShape[3] = {groups, blocks, 16}, nShape[1] = {q->n};
+  TRY(expect(b, 3, bShape, q->bits == 8 ? "QMatMul8: B is not [ceil(N / 16), K / 4, 64]" : "QMatMul4: B is not [ceil(N / 16), K / 8, 64]"));
+  TRY(expect(scales, 3, sShape, "QMatMul: scales are not [ceil(N / 16), K / block_size, 16]"));
+  if (zeros) TRY(expect(zeros, 3, sShape, "QMatMul4: zero points are not [ceil(N / 16), K / block_size, 16]"));
+  if (bias) TRY(expect(bias, 1, nShape, "QMatMul: bias is not [N]"));
   int64_t m = 1;
   for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
-  void *x = NULL, *wq = NULL, *ws = NULL, *wb = NULL, *y = NULL;
+  void *x = NULL, *wq = NULL, *ws = NULL, *wz = NULL, *wb = NULL, *y = NULL;
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)a, &x));
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)b, &wq));
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)scales, &ws));
+  if (zeros) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)zeros, &wz));
   if (bias) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)bias, &wb));
   dims[rank - 1] = q->n;
   OrtValue* out = NULL;
   TRY(API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, dims, rank, &out));
   TRY(API(S_GetTensorMutableData, MutableDataFn)(out, &y));
   if (m == 0) return NULL;
-  const qm8_weight w = {q->k, q->n, q->blk, wq, ws, wb};
-  qm8_rows rows;
-  if (qm8_rows_init(&rows, x, m, q->k, q->blk) != 0) return fail(ORT_FAIL, "QMatMul8: out of memory");
+  const qm8_weight w8 = {q->k, q->n, q->blk, wq, ws, wb};
+  const qm4_weight w4 = {q->k, q->n, q->blk, wq, ws, wz, wb};
+  qm_rows rows;
+  if (qm_rows_init(&rows, x, m, q->k, q->blk) != 0) return fail(ORT_FAIL, "QMatMul: out of memory");
   /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
-  Work work = {&w, &rows, y, groups, 2};
+  Work work = {q, &w8, &w4, &rows, y, groups, 2};
   const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
-  qm8_rows_free(&rows);
+  qm_rows_free(&rows);
   return s;
 }
 
-static const char* name(const OrtCustomOp* op) {
+static const char* name8(const OrtCustomOp* op) {
   (void)op;
   return "QMatMul8";
+}
+static const char* name4(const OrtCustomOp* op) {
+  (void)op;
+  return "QMatMul4";
 }
 static const char* provider(const OrtCustomOp* op) {
   (void)op;
   return "CPUExecutionProvider";
 }
-static int inputType(const OrtCustomOp* op, size_t i) {
+/* QMatMul8: A, B (uint8), scales, bias (optional); QMatMul4: A, B (uint8), scales, zeros (uint8), bias (optional). */
+static int inputType8(const OrtCustomOp* op, size_t i) {
   (void)op;
   return i == 1 ? ELEMENT_UINT8 : ELEMENT_FLOAT;
 }
-static size_t inputCount(const OrtCustomOp* op) {
+static int inputType4(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 1 || i == 3 ? ELEMENT_UINT8 : ELEMENT_FLOAT;
+}
+static size_t inputCount8(const OrtCustomOp* op) {
   (void)op;
   return 4;
+}
+static size_t inputCount4(const OrtCustomOp* op) {
+  (void)op;
+  return 5;
+}
+static int characteristic8(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 3 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
+}
+static int characteristic4(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 4 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
 }
 static int outputType(const OrtCustomOp* op, size_t i) {
   (void)op;
@@ -229,10 +278,6 @@ static int outputType(const OrtCustomOp* op, size_t i) {
 static size_t outputCount(const OrtCustomOp* op) {
   (void)op;
   return 1;
-}
-static int inputCharacteristic(const OrtCustomOp* op, size_t i) {
-  (void)op;
-  return i == 3 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
 }
 static int outputCharacteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
@@ -249,25 +294,29 @@ static int one(const OrtCustomOp* op) {
   return 1;
 }
 
-static const OrtCustomOp qmatmul8 = {
-    .version = 16,
-    .GetName = name,
-    .GetExecutionProviderType = provider,
-    .GetInputType = inputType,
-    .GetInputTypeCount = inputCount,
-    .GetOutputType = outputType,
-    .GetOutputTypeCount = outputCount,
-    .KernelDestroy = destroy,
-    .GetInputCharacteristic = inputCharacteristic,
-    .GetOutputCharacteristic = outputCharacteristic,
-    .GetInputMemoryType = memoryType,
-    .GetVariadicInputMinArity = one,
-    .GetVariadicInputHomogeneity = one,
-    .GetVariadicOutputMinArity = one,
-    .GetVariadicOutputHomogeneity = one,
-    .CreateKernelV2 = createV2,
-    .KernelComputeV2 = computeV2,
-};
+#define OP(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE) \
+  {                                                               \
+      .version = 16,                                              \
+      .GetName = NAME,                                            \
+      .GetExecutionProviderType = provider,                       \
+      .GetInputType = INPUT_TYPE,                                 \
+      .GetInputTypeCount = INPUT_COUNT,                           \
+      .GetOutputType = outputType,                                \
+      .GetOutputTypeCount = outputCount,                          \
+      .KernelDestroy = destroy,                                   \
+      .GetInputCharacteristic = CHARACTERISTIC,                   \
+      .GetOutputCharacteristic = outputCharacteristic,            \
+      .GetInputMemoryType = memoryType,                           \
+      .GetVariadicInputMinArity = one,                            \
+      .GetVariadicInputHomogeneity = one,                         \
+      .GetVariadicOutputMinArity = one,                           \
+      .GetVariadicOutputHomogeneity = one,                        \
+      .CreateKernelV2 = CREATE,                                   \
+      .KernelComputeV2 = compute,                                 \
+  }
+
+static const OrtCustomOp qmatmul8 = OP(name8, inputType8, inputCount8, characteristic8, create8);
+static const OrtCustomOp qmatmul4 = OP(name4, inputType4, inputCount4, characteristic4, create4);
 
 /*
  * The library's entry point (RegisterCustomOpsLibrary_V2 calls it with each session's options). The
@@ -282,12 +331,13 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
   if (!domain) {
     TRY(API(S_CreateCustomOpDomain, CreateDomainFn)("ragguard", &domain));
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul8));
+    TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul4));
   }
   return API(S_AddCustomOpDomain, AddDomainFn)(options, domain);
 }
 
 /* Which kernel the products run here (1: AVX512-VNNI, 0: plain C). */
-int ragguard_ops_vnni(void) { return qm8_vnni(); }
+int ragguard_ops_vnni(void) { return qm_vnni(); }
 
 /* 1: the products take the plain C path on any CPU from now on (a test compares the two); 0: undone. */
-void ragguard_ops_set_portable(int on) { qm8_set_portable(on); }
+void ragguard_ops_set_portable(int on) { qm_set_portable(on); }

@@ -1,5 +1,5 @@
 /*
- * The 8-bit block product behind ragguard's QMatMul8 op (ragguard-ops.c): see qmatmul8.h.
+ * The block products behind ragguard's QMatMul8 and QMatMul4 ops (ragguard-ops.c): see qmatmul.h.
  *
  * Why a kernel of our own: ONNX Runtime's MatMulNBits (8 bits, accuracy level 4) made about 12
  * multiply-adds a cycle a core on this machine's AVX512-VNNI cores, with each 64 weight bytes' integer
@@ -17,15 +17,15 @@
  * CPUs without AVX512-VNNI run the same arithmetic in plain C (slow, the same numbers up to the order
  * of float sums).
  */
-#include "qmatmul8.h"
+#include "qmatmul.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-int qm8_supported(int64_t k, int64_t blk) {
-  /* a power of two from 16: a block is whole 4-byte groups of each column */
+int qm_supported(int64_t k, int64_t blk) {
+  /* a power of two from 16: a block is whole vectors of each column at 8 bits (4 bytes) and at 4 (8 values) */
   if (k <= 0 || blk < 16 || (blk & (blk - 1)) != 0 || k % blk != 0) return 0;
   return 1;
 }
@@ -33,9 +33,9 @@ int qm8_supported(int64_t k, int64_t blk) {
 /* Set: the plain C path even where the CPU has AVX512-VNNI (a test checks it against the same inputs). */
 static int portable;
 
-void qm8_set_portable(int on) { portable = on; }
+void qm_set_portable(int on) { portable = on; }
 
-int qm8_vnni(void) {
+int qm_vnni(void) {
   static int known = -1;
   if (portable) return 0;
   if (known < 0) {
@@ -51,7 +51,7 @@ static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 #define INLINE __attribute__((always_inline)) inline
 
 /* x's rows [i0, i1) quantized per block: round to nearest even (the same as nearbyintf) of x * 127 / max|x|. */
-VNNI static void quantize_vnni(qm8_rows* r, const float* x, int64_t i0, int64_t i1) {
+VNNI static void quantize_vnni(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
   const int64_t k = r->k, blk = r->blk, nb = k / blk;
   for (int64_t i = i0; i < i1; i++) {
     for (int64_t b = 0; b < nb; b++) {
@@ -69,12 +69,12 @@ VNNI static void quantize_vnni(qm8_rows* r, const float* x, int64_t i0, int64_t 
         _mm_storeu_si128((__m128i*)(r->xq + i * k + b * blk + j), _mm512_cvtepi32_epi8(v));
       }
       r->sx[i * nb + b] = s;
-      r->zsum[i * nb + b] = -128 * _mm512_reduce_add_epi32(sum);
+      r->xsum[i * nb + b] = _mm512_reduce_add_epi32(sum);
     }
   }
 }
 
-static void quantize_c(qm8_rows* r, const float* x, int64_t i0, int64_t i1) {
+static void quantize_c(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
   const int64_t k = r->k, blk = r->blk, nb = k / blk;
   for (int64_t i = i0; i < i1; i++) {
     for (int64_t b = 0; b < nb; b++) {
@@ -90,12 +90,12 @@ static void quantize_c(qm8_rows* r, const float* x, int64_t i0, int64_t i1) {
         sum += (int32_t)v;
       }
       r->sx[i * nb + b] = s;
-      r->zsum[i * nb + b] = -128 * sum;
+      r->xsum[i * nb + b] = sum;
     }
   }
 }
 
-int qm8_rows_init(qm8_rows* r, const float* x, int64_t m, int64_t k, int64_t blk) {
+int qm_rows_init(qm_rows* r, const float* x, int64_t m, int64_t k, int64_t blk) {
   const int64_t nb = k / blk;
   const size_t xqBytes = up64((size_t)(m * k));
   const size_t fBytes = up64((size_t)(m * nb) * sizeof(float));
@@ -107,18 +107,18 @@ int qm8_rows_init(qm8_rows* r, const float* x, int64_t m, int64_t k, int64_t blk
   r->mem = mem;
   r->xq = (int8_t*)mem;
   r->sx = (float*)(mem + xqBytes);
-  r->zsum = (int32_t*)(mem + xqBytes + fBytes);
-  if (qm8_vnni() && blk % 16 == 0) quantize_vnni(r, x, 0, m);
+  r->xsum = (int32_t*)(mem + xqBytes + fBytes);
+  if (qm_vnni() && blk % 16 == 0) quantize_vnni(r, x, 0, m);
   else quantize_c(r, x, 0, m);
   return 0;
 }
 
-void qm8_rows_free(qm8_rows* r) {
+void qm_rows_free(qm_rows* r) {
   free(r->mem);
   r->mem = NULL;
 }
 
-static void groups_c(const qm8_weight* w, const qm8_rows* r, float* y, int64_t g0, int64_t g1) {
+static void groups8_c(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
   const int64_t k = w->k, blk = w->blk, nb = k / blk, quads = k / 4;
   for (int64_t g = g0; g < g1; g++) {
     const uint8_t* qg = w->q + g * quads * 64;
@@ -128,7 +128,7 @@ static void groups_c(const qm8_weight* w, const qm8_rows* r, float* y, int64_t g
       float acc[16] = {0};
       for (int64_t b = 0; b < nb; b++) {
         int32_t dot[16];
-        for (int c = 0; c < 16; c++) dot[c] = r->zsum[i * nb + b];
+        for (int c = 0; c < 16; c++) dot[c] = -128 * r->xsum[i * nb + b];
         for (int64_t j = b * blk / 4; j < (b + 1) * blk / 4; j++)
           for (int c = 0; c < 16; c++)
             for (int e = 0; e < 4; e++) dot[c] += (int32_t)qg[j * 64 + c * 4 + e] * (int32_t)xi[4 * j + e];
@@ -140,8 +140,8 @@ static void groups_c(const qm8_weight* w, const qm8_rows* r, float* y, int64_t g
   }
 }
 
-/* Rows m0..m0+MT of column group g: one pass over the group's weights, a block at a time. */
-VNNI static INLINE void tile(const qm8_weight* w, const qm8_rows* r, float* y, int64_t g, int64_t m0, const int MT, int prefetch) {
+/* Rows m0..m0+MT of 8-bit column group g: one pass over the group's weights, a block at a time. */
+VNNI static INLINE void tile8(const qm8_weight* w, const qm_rows* r, float* y, int64_t g, int64_t m0, const int MT, int prefetch) {
   const int64_t k = w->k, blk = w->blk, nb = k / blk, quads = k / 4, bq = blk / 4;
   const uint8_t* qg = w->q + g * quads * 64;
   const float* dg = w->scales + g * nb * 16;
@@ -150,7 +150,7 @@ VNNI static INLINE void tile(const qm8_weight* w, const qm8_rows* r, float* y, i
   _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     __m512i s[16];
-    _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) s[i] = _mm512_set1_epi32(r->zsum[(m0 + i) * nb + b]);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) s[i] = _mm512_set1_epi32(-128 * r->xsum[(m0 + i) * nb + b]);
     for (int64_t j0 = 0; j0 < bq; j0 += 8) {
       const int64_t jn = bq - j0 < 8 ? bq - j0 : 8;
       const uint8_t* qb = qg + (b * bq + j0) * 64;
@@ -193,10 +193,10 @@ VNNI static INLINE void tile(const qm8_weight* w, const qm8_rows* r, float* y, i
 
 #define TILE_CASE(MT) \
   case MT:            \
-    tile(w, r, y, g, m0, MT, m0 == 0); \
+    tile8(w, r, y, g, m0, MT, m0 == 0); \
     break;
 
-VNNI static void groups_vnni(const qm8_weight* w, const qm8_rows* r, float* y, int64_t g0, int64_t g1) {
+VNNI static void groups8_vnni(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; g++) {
     /* rows 8 at a time: the group's weights (16 k bytes) stay in cache for the next 8 */
     for (int64_t m0 = 0; m0 < r->m; m0 += 8) {
@@ -214,7 +214,107 @@ VNNI static void groups_vnni(const qm8_weight* w, const qm8_rows* r, float* y, i
   }
 }
 
-void qm8_groups(const qm8_weight* w, const qm8_rows* r, float* y, int64_t g0, int64_t g1) {
-  if (qm8_vnni()) groups_vnni(w, r, y, g0, g1);
-  else groups_c(w, r, y, g0, g1);
+void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  if (qm_vnni()) groups8_vnni(w, r, y, g0, g1);
+  else groups8_c(w, r, y, g0, g1);
+}
+
+/* --- 4 bits ------------------------------------------------------------------------------------- */
+
+static void groups4_c(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  const int64_t k = w->k, blk = w->blk, nb = k / blk, pairs = k / 8;
+  for (int64_t g = g0; g < g1; g++) {
+    const uint8_t* qg = w->q + g * pairs * 64;
+    const float* dg = w->scales + g * nb * 16;
+    const uint8_t* zg = w->zeros + g * nb * 16;
+    for (int64_t i = 0; i < r->m; i++) {
+      const int8_t* xi = r->xq + i * k;
+      float acc[16] = {0};
+      for (int64_t b = 0; b < nb; b++) {
+        int32_t dot[16] = {0};
+        for (int64_t p = b * blk / 8; p < (b + 1) * blk / 8; p++)
+          for (int c = 0; c < 16; c++)
+            for (int e = 0; e < 4; e++) {
+              const uint8_t v = qg[p * 64 + c * 4 + e];
+              dot[c] += (int32_t)(v & 15) * (int32_t)xi[8 * p + e] + (int32_t)(v >> 4) * (int32_t)xi[8 * p + 4 + e];
+            }
+        const float sx = r->sx[i * nb + b], sum = (float)r->xsum[i * nb + b];
+        for (int c = 0; c < 16; c++) acc[c] += (((float)dot[c] - (float)zg[b * 16 + c] * sum) * sx) * dg[b * 16 + c];
+      }
+      for (int c = 0; c < 16 && 16 * g + c < w->n; c++) y[i * w->n + 16 * g + c] = acc[c] + (w->bias ? w->bias[16 * g + c] : 0.0f);
+    }
+  }
+}
+
+/*
+ * Rows m0..m0+MT of 4-bit column group g. A 64-byte vector holds 8 values of each of 16 columns (4 in
+ * its low nibbles, the next 4 in its high ones): two VPDPBUSDs once unpacked. The zero points (each
+ * column's, per block) come off in floats after the block's integer sum, exactly (integers below 2^24).
+ */
+VNNI static INLINE void tile4(const qm4_weight* w, const qm_rows* r, float* y, int64_t g, int64_t m0, const int MT, int prefetch) {
+  const int64_t k = w->k, blk = w->blk, nb = k / blk, pairs = k / 8, bp = blk / 8;
+  const uint8_t* qg = w->q + g * pairs * 64;
+  const float* dg = w->scales + g * nb * 16;
+  const uint8_t* zg = w->zeros + g * nb * 16;
+  const int8_t* x0 = r->xq + m0 * k;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc[16];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    __m512i s[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) s[i] = _mm512_setzero_si512();
+    for (int64_t p0 = 0; p0 < bp; p0 += 4) {
+      const int64_t pn = bp - p0 < 4 ? bp - p0 : 4;
+      const uint8_t* qb = qg + (b * bp + p0) * 64;
+      if (prefetch)
+        for (int64_t j = 0; j < pn; j++) _mm_prefetch((const char*)(qb + pairs * 64 + j * 64), _MM_HINT_T0);
+      for (int64_t j = 0; j < pn; j++) {
+        const __m512i v = _mm512_loadu_si512((const void*)(qb + j * 64));
+        const __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) {
+          int32_t a, c;
+          memcpy(&a, x0 + i * k + b * blk + 8 * (p0 + j), 4);
+          memcpy(&c, x0 + i * k + b * blk + 8 * (p0 + j) + 4, 4);
+          s[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[i], lo, _mm512_set1_epi32(a)), hi, _mm512_set1_epi32(c));
+        }
+      }
+    }
+    const __m512 d = _mm512_loadu_ps(dg + b * 16);
+    const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(zg + b * 16))));
+    _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) {
+      const __m512 u = _mm512_fnmadd_ps(z, _mm512_set1_ps((float)r->xsum[(m0 + i) * nb + b]), _mm512_cvtepi32_ps(s[i]));
+      acc[i] = _mm512_fmadd_ps(u, _mm512_mul_ps(d, _mm512_set1_ps(r->sx[(m0 + i) * nb + b])), acc[i]);
+    }
+  }
+  const int64_t left = w->n - 16 * g;
+  const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+  const __m512 bias = w->bias ? _mm512_maskz_loadu_ps(keep, w->bias + 16 * g) : _mm512_setzero_ps();
+  _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) _mm512_mask_storeu_ps(y + (m0 + i) * w->n + 16 * g, keep, _mm512_add_ps(acc[i], bias));
+}
+
+#define TILE4_CASE(MT) \
+  case MT:             \
+    tile4(w, r, y, g, m0, MT, m0 == 0); \
+    break;
+
+VNNI static void groups4_vnni(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; g++) {
+    for (int64_t m0 = 0; m0 < r->m; m0 += 8) {
+      switch (r->m - m0 < 8 ? r->m - m0 : 8) {
+        TILE4_CASE(1)
+        TILE4_CASE(2)
+        TILE4_CASE(3)
+        TILE4_CASE(4)
+        TILE4_CASE(5)
+        TILE4_CASE(6)
+        TILE4_CASE(7)
+        TILE4_CASE(8)
+      }
+    }
+  }
+}
+
+void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  if (qm_vnni()) groups4_vnni(w, r, y, g0, g1);
+  else groups4_c(w, r, y, g0, g1);
 }

@@ -1,0 +1,60 @@
+/*
+ * y = x W^T for block-quantized weights as MatMulNBits takes them (com.microsoft, accuracy level 4),
+ * stored 16 columns side by side (the layouts below, written by the converter: qmatmul-layout.ts):
+ *
+ *   8 bits  w[n][k] = scale[n][k / blk] * (q[n][k] - 128)
+ *   4 bits  w[n][k] = scale[n][k / blk] * (q[n][k] - zero[n][k / blk])
+ *
+ * x is quantized to int8 per block of blk as it goes (symmetric, round to nearest even), as MatMulNBits
+ * does at accuracy level 4; each block's dot product is summed in integers and scaled by both blocks'
+ * scales.
+ *
+ * Layouts, for G = ceil(n / 16) groups of 16 columns (columns past n: zero weights, scale 0):
+ *   8-bit q  [G][k / 4][16][4]    bytes 4j..4j+3 of column 16g + c at [g][j][c]
+ *   4-bit q  [G][k / 8][16][4]    byte [g][p][c][e]: value 8p + e of column 16g + c in its low nibble,
+ *                                 8p + 4 + e in its high one
+ *   scales   [G][k / blk][16]     column 16g + c's scale of block b at [g][b][c]
+ *   zeros    [G][k / blk][16]     (4 bits) column 16g + c's zero point of block b, one a byte
+ * so one 64-byte load holds 4 (8 bits) or 8 (4 bits) weights of each of 16 columns.
+ */
+#ifndef RAGGUARD_QMATMUL_H
+#define RAGGUARD_QMATMUL_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+  int64_t k, n, blk;
+  const uint8_t* q;     /* [G][k / 4][64] */
+  const float* scales;  /* [G][k / blk][16] */
+  const float* bias;    /* [n] or NULL */
+} qm8_weight;
+
+typedef struct {
+  int64_t k, n, blk;
+  const uint8_t* q;      /* [G][k / 8][64] */
+  const float* scales;   /* [G][k / blk][16] */
+  const uint8_t* zeros;  /* [G][k / blk][16] */
+  const float* bias;     /* [n] or NULL */
+} qm4_weight;
+
+/* The rows of x quantized: what every column's product reads. */
+typedef struct {
+  int64_t m, k, blk;
+  int8_t* xq;      /* [m][k] */
+  float* sx;       /* [m][k / blk]: x's block scales */
+  int32_t* xsum;   /* [m][k / blk]: sum(xq) of the block (for the zero points' term) */
+  void* mem;
+} qm_rows;
+
+/* Whether blk is a block size handled here for k (a power of two from 16 that divides k). */
+int qm_supported(int64_t k, int64_t blk);
+int qm_rows_init(qm_rows* r, const float* x, int64_t m, int64_t k, int64_t blk);
+void qm_rows_free(qm_rows* r);
+/* Column groups [g0, g1) (columns 16 g0 .. 16 g1, those below n written) of every row: y[m][n]. */
+void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
+void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
+/* 1 where the products run the AVX512-VNNI kernels: the CPU has it and qm_set_portable(1) was not called. */
+int qm_vnni(void);
+/* 1: the plain C path from now on, whatever the CPU (for tests); 0: back to the CPU's best. */
+void qm_set_portable(int on);
+#endif

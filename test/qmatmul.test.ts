@@ -1,0 +1,157 @@
+/**
+ * ragguard's QMatMul8 and QMatMul4 ops (src/backends/ort/ragguard-ops.c, qmatmul.c) against ONNX
+ * Runtime's own MatMulNBits (8 bits without zero points, 4 bits with them; accuracy level 4) on the same
+ * values in one graph, and both against the exact product with the weights dequantized: the shapes a
+ * converted GGUF has (blocks of 32 and 16, a bias, rows from 1 to past one tile of 8) and the ones at
+ * the edges (K not a multiple of 64, columns not a multiple of 16, blocks longer than the kernels' loads
+ * at a time); on the CPU's kernels and on the plain C path that CPUs without AVX512-VNNI take.
+ */
+import assert from 'node:assert/strict';
+import { writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { test } from 'node:test';
+import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
+import koffi from 'koffi';
+import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
+import { DirectSession, RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable } from '../src/runtime/ort-direct.js';
+import { tempDir } from './helpers.js';
+
+/** A deterministic generator (xorshift), so a failure repeats. */
+function rng(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 2 ** 32;
+  };
+}
+
+const floats = (name: string, dims: number[], v: Float32Array): Initializer => ({ name, dataType: ONNX_FLOAT, dims, data: new Uint8Array(v.buffer, v.byteOffset, v.byteLength) });
+
+interface Case { bits: 4 | 8; k: number; n: number; blk: number; bias: boolean }
+
+async function both(c: Case, rows: number, seed: number) {
+  // (weights random over the whole byte range, scales positive: every lane and column in use)
+  const r = rng(seed);
+  const blocks = c.k / c.blk;
+  // values over the whole range (0..255 at 8 bits, 0..15 at 4) and, at 4 bits, zero points 0..15 a block
+  const values = Uint8Array.from({ length: c.n * c.k }, () => Math.floor(r() * (c.bits === 8 ? 256 : 16)));
+  const zeros = Uint8Array.from({ length: c.n * blocks }, () => (c.bits === 8 ? 128 : Math.floor(r() * 16)));
+  const d = Float32Array.from({ length: c.n * blocks }, () => 0.001 + r() * 0.02);
+  const bias = Float32Array.from({ length: c.n }, () => r() - 0.5);
+  // Activations with a few large entries, as a normed hidden state has.
+  const x = Float32Array.from({ length: rows * c.k }, (_, i) => (r() - 0.5) * 4 * (i % 97 === 0 ? 20 : 1));
+  // MatMulNBits' packing (4 bits: value 2i in the low nibble of byte i, zero points two a byte), and the
+  // same 16 columns side by side for ragguard's op.
+  const zpRow = Math.ceil(blocks / 2);
+  const q = c.bits === 8 ? values : Uint8Array.from({ length: (c.n * c.k) / 2 }, (_, i) => values[2 * i]! | (values[2 * i + 1]! << 4));
+  const zp = new Uint8Array(c.n * zpRow);
+  for (let n = 0; n < c.n; n++) for (let b = 0; b < blocks; b++) zp[n * zpRow + (b >> 1)]! |= zeros[n * blocks + b]! << ((b & 1) * 4);
+  const packed: Qmatmul8Layout & { zeros?: Uint8Array } = c.bits === 8
+    ? qmatmul8Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d })
+    : qmatmul4Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d, zeroPoints: zp });
+  const inits: Initializer[] = [
+    { name: 'q', dataType: ONNX_UINT8, dims: [c.n, blocks, (c.blk * c.bits) / 8], data: q },
+    floats('d', [c.n, blocks], d),
+    { name: 'zp', dataType: ONNX_UINT8, dims: [c.n, zpRow], data: zp },
+    { name: 'q16', dataType: ONNX_UINT8, dims: [packed.groups, (c.k * c.bits) / 32, 64], data: packed.q },
+    floats('d16', [packed.groups, blocks, 16], packed.scales),
+    ...(packed.zeros ? [{ name: 'z16', dataType: ONNX_UINT8, dims: [packed.groups, blocks, 16], data: packed.zeros }] : []),
+    ...(c.bias ? [floats('bias', [c.n], bias)] : []),
+  ];
+  const attrs = { K: { int: c.k }, N: { int: c.n }, block_size: { int: c.blk } };
+  const nbitsIns = ['x', 'q', 'd', ...(c.bits === 4 ? ['zp'] : []), ...(c.bias ? [...(c.bits === 4 ? [''] : ['', '']), 'bias'] : [])];
+  const oursIns = ['x', 'q16', 'd16', ...(c.bits === 4 ? ['z16'] : []), ...(c.bias ? ['bias'] : [])];
+  const model = writeModel({
+    name: 'qmatmul',
+    nodes: [
+      { op: 'MatMulNBits', inputs: nbitsIns, outputs: ['y_ort'], domain: 'com.microsoft', attrs: { ...attrs, bits: { int: c.bits }, accuracy_level: { int: 4 } } },
+      { op: `QMatMul${c.bits}`, inputs: oursIns, outputs: ['y'], domain: 'ragguard', attrs },
+    ],
+    initializers: inits,
+    inputs: [{ name: 'x', elemType: ONNX_FLOAT, dims: ['rows', c.k] }],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: ['rows', c.n] }, { name: 'y_ort', elemType: ONNX_FLOAT, dims: ['rows', c.n] }],
+    opsets: { '': 17, 'com.microsoft': 1, ragguard: 1 },
+  });
+  const file = path.join(await tempDir('qmatmul8-'), 'model.onnx');
+  await writeFile(file, model);
+  const s = DirectSession.create(file, { intraOpThreads: 2 })!;
+  try {
+    const xt = s.tensor('float32', [rows, c.k]);
+    (xt.data as Float32Array).set(x);
+    const out = await s.run({ x: xt }, { y: null, y_ort: null });
+    const y = Float32Array.from(out['y']!.data as Float32Array);
+    const yOrt = Float32Array.from(out['y_ort']!.data as Float32Array);
+    assert.deepEqual(out['y']!.dims, [rows, c.n]);
+    for (const t of [xt, ...Object.values(out)]) t.dispose();
+    // The exact product with the weights as stored (dequantized) and x unquantized.
+    const exact = new Float64Array(rows * c.n);
+    for (let i = 0; i < rows; i++) {
+      for (let n = 0; n < c.n; n++) {
+        let acc = c.bias ? bias[n]! : 0;
+        for (let k = 0; k < c.k; k++) {
+          const b = Math.floor(k / c.blk);
+          acc += d[n * blocks + b]! * (values[n * c.k + k]! - zeros[n * blocks + b]!) * x[i * c.k + k]!;
+        }
+        exact[i * c.n + n] = acc;
+      }
+    }
+    return { y, yOrt, exact };
+  } finally {
+    s.dispose();
+  }
+}
+
+const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
+  return m;
+};
+const rms = (a: ArrayLike<number>) => Math.sqrt(Array.from(a).reduce((s, v) => s + v * v, 0) / a.length);
+
+/** The ops library as ONNX Runtime loaded it (the same path: dlopen gives the same copy, its switches included). */
+function library() {
+  const lib = koffi.load(RAGGUARD_OPS_LIBRARY);
+  return { vnni: lib.func('int ragguard_ops_vnni()') as () => number, setPortable: lib.func('void ragguard_ops_set_portable(int on)') as (on: number) => void };
+}
+
+for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QMatMul8 and QMatMul4 on ${path_} compute what MatMulNBits (8 and 4 bits, accuracy level 4) does, within float rounding, on every shape a GGUF gives`, async (t) => {
+  // The library is built by npm run setup on every machine with a C compiler: its absence is a failure here.
+  assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
+  const lib = library();
+  lib.setPortable(path_ === 'the plain C path' ? 1 : 0);
+  t.after(() => lib.setPortable(0));
+  t.diagnostic(`AVX512-VNNI kernel: ${lib.vnni() ? 'yes' : 'no'}`);
+  if (path_ === 'the plain C path') assert.equal(lib.vnni(), 0);
+  const cases: Case[] = [
+    { bits: 8, k: 896, n: 200, blk: 32, bias: true }, // Q5_0 / Q8_0 projections of a 896-wide model, qwen2's q/k/v bias
+    { bits: 8, k: 4864, n: 64, blk: 16, bias: false }, // Q6_K down projection
+    { bits: 8, k: 96, n: 37, blk: 32, bias: false }, // K not a multiple of 64, a column count not a multiple of 16
+    { bits: 8, k: 160, n: 3, blk: 16, bias: true }, // a tail of two blocks of 16
+    { bits: 8, k: 256, n: 9, blk: 128, bias: false }, // blocks of more than 8 loads, fewer than 16 columns
+    { bits: 8, k: 512, n: 40, blk: 64, bias: true }, // a last group of 8 columns
+    { bits: 4, k: 4864, n: 64, blk: 32, bias: false }, // Q4_K down projection
+    { bits: 4, k: 896, n: 200, blk: 32, bias: true }, // Q4_0 / Q4_1 projections, with a bias
+    { bits: 4, k: 96, n: 37, blk: 32, bias: false }, // K not a multiple of 64, an odd block count
+    { bits: 4, k: 512, n: 9, blk: 128, bias: true }, // blocks of more than 4 loads, fewer than 16 columns
+    { bits: 4, k: 160, n: 20, blk: 16, bias: false }, // blocks of 16
+  ];
+  let seed = 1;
+  for (const c of cases) {
+    for (const rows of [1, 3, 8, 13]) {
+      const { y, yOrt, exact } = await both(c, rows, seed++);
+      const scale = rms(exact);
+      const vsOrt = maxDiff(y, yOrt) / scale;
+      const vsExact = maxDiff(y, exact) / scale;
+      const ortVsExact = maxDiff(yOrt, exact) / scale;
+      t.diagnostic(`${c.bits} bits, k ${c.k} n ${c.n} blk ${c.blk} rows ${rows}: |y - MatMulNBits| ${vsOrt.toExponential(2)}, |y - exact| ${vsExact.toExponential(2)} (MatMulNBits' ${ortVsExact.toExponential(2)}) of the rms`);
+      // The same int8 quantization of x and the same integer dots: only the float sums' order differs.
+      assert.ok(vsOrt < 1e-4, `QMatMul${c.bits} differs from MatMulNBits by ${vsOrt} of the output's rms (k ${c.k}, blk ${c.blk}, rows ${rows})`);
+      // int8 activations: off the exact product by their rounding, as MatMulNBits is.
+      assert.ok(vsExact < Math.max(2 * ortVsExact, 1e-3), `QMatMul${c.bits} is ${vsExact} of the rms off the exact product, MatMulNBits ${ortVsExact}`);
+    }
+  }
+});
