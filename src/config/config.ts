@@ -23,7 +23,7 @@ export interface Config {
   decoderPath: string;
   /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
   ggufWeights: 'nbits' | 'dequant';
-  /** Who runs a converted GGUF's 8-bit block products on the CPU: ragguard's QMatMul8 or ONNX Runtime's MatMulNBits. */
+  /** Who runs a converted GGUF's block products on the CPU: ragguard's QMatMul8 and QMatMul4, or ONNX Runtime's MatMulNBits. */
   cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */
   decoderLora: 'auto' | 'on' | 'off';
@@ -212,7 +212,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',
-    doc: "Who runs a .gguf RAGGUARD_DECODER's 8-bit block products (Q8_0, Q5_0, Q6_K; RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8, src/backends/ort/ragguard-ops.c: the same int8 arithmetic as MatMulNBits at accuracy level 4, AVX512-VNNI where the CPU has it, plain C elsewhere; built by npm run setup) or onnxruntime (MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
+    doc: "Who runs a .gguf RAGGUARD_DECODER's block products (RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8 for Q8_0, Q5_0 and Q6_K, QMatMul4 for Q4_0, Q4_1 and Q4_K: src/backends/ort/ragguard-ops.c, built by npm run setup; the same int8 arithmetic as MatMulNBits at accuracy level 4, the weights 16 columns side by side, AVX512-VNNI where the CPU has it and plain C elsewhere; on Qwen2.5-Coder-0.5B a decode step of 8 rows 75 -> 37 ms here) or onnxruntime (ONNX Runtime's MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
     apply: oneOf(['ragguard', 'onnxruntime'] as const, (c, v) => (c.cpuKernels = v)),
   },
   {

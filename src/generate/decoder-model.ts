@@ -218,12 +218,12 @@ export class DecoderModel {
     const gen = await readJsonIfExists<GenerationConfig>(path.join(dir, 'generation_config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const wantDirect = layout === 'genai' && extras.direct !== false;
-    // A GGUF converted for ragguard's QMatMul8 runs only where the ops library is registered: a direct
+    // A GGUF converted for ragguard's kernels runs only where the ops library is registered: a direct
     // session on the CPU. Anywhere else ONNX Runtime would stop at an op it does not know.
     const kernels = (cfg as { ragguard_source?: { kernels?: string } }).ragguard_source?.kernels;
     if (kernels === 'ragguard') {
       const why = !wantDirect || ep !== 'cpu' ? `it is loaded on '${ep}'` : ragguardOpsUnavailable();
-      if (why) throw new Error(`decoder ${dir}: converted for ragguard's QMatMul8 (RAGGUARD_CPU_KERNELS=ragguard), which runs only on the cpu provider through ONNX Runtime's C API, but ${why}; RAGGUARD_CPU_KERNELS=onnxruntime converts it for MatMulNBits`);
+      if (why) throw new Error(`decoder ${dir}: converted for ragguard's QMatMul8 and QMatMul4 (RAGGUARD_CPU_KERNELS=ragguard), which runs only on the cpu provider through ONNX Runtime's C API, but ${why}; RAGGUARD_CPU_KERNELS=onnxruntime converts it for ONNX Runtime's MatMulNBits`);
     }
     // genai asked for on the CPU goes straight to the C API's session: the model loads once.
     let direct = wantDirect && ep === 'cpu' ? DirectSession.create(files.onnx, extras.directOptions) : null;

@@ -38,7 +38,7 @@ export interface GgufConvertOptions {
   cacheDir: string;
   /** 'nbits': quantized projections stay quantized (MatMulNBits); 'dequant': float32 everywhere. */
   weights: GgufWeightsMode;
-  /** With 'nbits': who runs the 8-bit block products (default 'onnxruntime'; gqa-builder.ts's `ops`). */
+  /** With 'nbits': who runs the block products (default 'onnxruntime'; gqa-builder.ts's `ops`). */
   kernels?: CpuKernels;
   /**
    * LoRA paths in every projection (default true; see gqa-builder.ts), or a decision from the model's
@@ -68,7 +68,7 @@ export function ggufOptionsFor(cfg: Pick<Config, 'ggufCacheDir' | 'ggufWeights' 
 }
 
 /**
- * RAGGUARD_CPU_KERNELS as this process can have it: ragguard's QMatMul8 runs only in sessions made
+ * RAGGUARD_CPU_KERNELS as this process can have it: ragguard's ops run only in sessions made
  * through ONNX Runtime's C API on the CPU (ort-direct.ts registers the ops library there), so a
  * decoder on another provider, or a machine without the built library, converts for MatMulNBits,
  * saying why when ragguard's were asked for.
@@ -77,7 +77,7 @@ function kernelsFor(cfg: Pick<Config, 'ggufWeights' | 'cpuKernels' | 'providers'
   if (cfg.cpuKernels !== 'ragguard' || cfg.ggufWeights !== 'nbits') return 'onnxruntime';
   const why = cfg.providers.decoder !== 'cpu' ? `the decoder runs on '${cfg.providers.decoder}', not 'cpu'` : ragguardOpsUnavailable();
   if (!why) return 'ragguard';
-  log?.(`[gguf] 8-bit products on ONNX Runtime's MatMulNBits, not ragguard's QMatMul8 (RAGGUARD_CPU_KERNELS=ragguard): ${why}`);
+  log?.(`[gguf] block products on ONNX Runtime's MatMulNBits, not ragguard's kernels (RAGGUARD_CPU_KERNELS=ragguard): ${why}`);
   return 'onnxruntime';
 }
 
@@ -153,7 +153,7 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     for (const d of await readdir(opts.cacheDir)) {
       if (d.startsWith(older) && /^[0-9a-f]{16}$/.test(d.slice(older.length)) && d !== path.basename(dir)) await rm(path.join(opts.cacheDir, d), { recursive: true, force: true });
     }
-    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}${kernels === 'ragguard' ? ", 8-bit products on ragguard's QMatMul8" : ''}, ${lora ? 'with' : 'without'} LoRA inputs, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    opts.log?.(`[gguf] ${ggufPath} (${m.arch}) -> ${dir}/model.onnx (${opts.weights}${kernels === 'ragguard' ? ", products on ragguard's QMatMul8 and QMatMul4" : ''}, ${lora ? 'with' : 'without'} LoRA inputs, ${(model.length / 2 ** 20).toFixed(1)} MiB) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     return dir;
   } catch (e) {
     await rm(tmp, { recursive: true, force: true });

@@ -76,7 +76,7 @@ const SLOT = {
 
 /**
  * ragguard's custom-op library (src/backends/ort/ragguard-ops.c, built by npm run setup): its
- * QMatMul8 runs the 8-bit block products of converted GGUF decoders (RAGGUARD_CPU_KERNELS).
+ * QMatMul8 and QMatMul4 run the block products of converted GGUF decoders (RAGGUARD_CPU_KERNELS).
  */
 export const RAGGUARD_OPS_LIBRARY = path.resolve(import.meta.dirname, '..', '..', 'build', 'native', 'libragguard-ops.so');
 
