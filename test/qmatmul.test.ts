@@ -13,8 +13,12 @@ import { test } from 'node:test';
 import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import koffi from 'koffi';
 import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
+import { accountingUnavailable, installCountingAllocator } from '../src/runtime/ort-allocator.js';
 import { DirectSession, RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable } from '../src/runtime/ort-direct.js';
 import { tempDir } from './helpers.js';
+
+// Before the first session of this process, as the server installs it.
+const counters = installCountingAllocator();
 
 /** A deterministic generator (xorshift), so a failure repeats. */
 function rng(seed: number): () => number {
@@ -153,5 +157,38 @@ for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QM
       // int8 activations: off the exact product by their rounding, as MatMulNBits is.
       assert.ok(vsExact < Math.max(2 * ortVsExact, 1e-3), `QMatMul${c.bits} is ${vsExact} of the rms off the exact product, MatMulNBits ${ortVsExact}`);
     }
+  }
+});
+
+test("the ops' working memory (x quantized) comes from the session's allocator: the counting allocator, which the guards read, sees it", async () => {
+  assert.ok(counters, `the counting allocator is not installed: ${accountingUnavailable()}`);
+  const k = 4864, n = 16, blk = 32, rows = 512;
+  const blocks = k / blk;
+  const packed = qmatmul8Layout({ n, k, blockSize: blk, data: new Uint8Array(n * k).fill(130), scales: new Float32Array(n * blocks).fill(0.01) });
+  const file = path.join(await tempDir('qmatmul-mem-'), 'model.onnx');
+  await writeFile(file, writeModel({
+    name: 'qmatmul-mem',
+    nodes: [{ op: 'QMatMul8', inputs: ['x', 'q16', 'd16'], outputs: ['y'], domain: 'ragguard', attrs: { K: { int: k }, N: { int: n }, block_size: { int: blk } } }],
+    initializers: [{ name: 'q16', dataType: ONNX_UINT8, dims: [packed.groups, k / 4, 64], data: packed.q }, floats('d16', [packed.groups, blocks, 16], packed.scales)],
+    inputs: [{ name: 'x', elemType: ONNX_FLOAT, dims: ['rows', k] }],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: ['rows', n] }],
+    opsets: { '': 17, ragguard: 1 },
+  }));
+  const s = DirectSession.create(file)!;
+  try {
+    const x = s.tensor('float32', [rows, k]);
+    (x.data as Float32Array).fill(0.5);
+    const before = counters.live();
+    counters.resetPeak();
+    const out = await s.run({ x }, { y: null });
+    const rise = counters.peak() - before;
+    assert.ok(Math.abs((out['y']!.data as Float32Array)[0]! - 0.5 * 0.01 * 2 * k) < 1e-2, 'the product is right');
+    for (const t of [x, ...Object.values(out)]) t.dispose();
+    // the output (32 KiB) and x's 512 x 4864 int8 values and block scales (2.5 MB): without the second the
+    // rise would be the output alone
+    assert.ok(rise >= rows * k + rows * n * 4, `the run's accounted peak rose by ${rise} bytes`);
+    assert.ok(counters.live() <= before - rows * k * 4, `all of it freed after the run, x too (${counters.live()} bytes live, ${before} before)`);
+  } finally {
+    s.dispose();
   }
 });

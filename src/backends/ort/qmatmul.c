@@ -21,7 +21,6 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 int qm_supported(int64_t k, int64_t blk) {
@@ -95,27 +94,22 @@ static void quantize_c(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
   }
 }
 
-int qm_rows_init(qm_rows* r, const float* x, int64_t m, int64_t k, int64_t blk) {
+size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk) {
+  return up64((size_t)(m * k)) + 2 * up64((size_t)(m * (k / blk)) * sizeof(float));
+}
+
+void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, int64_t blk) {
   const int64_t nb = k / blk;
   const size_t xqBytes = up64((size_t)(m * k));
   const size_t fBytes = up64((size_t)(m * nb) * sizeof(float));
-  char* mem = aligned_alloc(64, xqBytes + 2 * fBytes);
-  if (!mem) return -1;
   r->m = m;
   r->k = k;
   r->blk = blk;
-  r->mem = mem;
   r->xq = (int8_t*)mem;
-  r->sx = (float*)(mem + xqBytes);
-  r->xsum = (int32_t*)(mem + xqBytes + fBytes);
-  if (qm_vnni() && blk % 16 == 0) quantize_vnni(r, x, 0, m);
+  r->sx = (float*)((char*)mem + xqBytes);
+  r->xsum = (int32_t*)((char*)mem + xqBytes + fBytes);
+  if (qm_vnni()) quantize_vnni(r, x, 0, m);
   else quantize_c(r, x, 0, m);
-  return 0;
-}
-
-void qm_rows_free(qm_rows* r) {
-  free(r->mem);
-  r->mem = NULL;
 }
 
 static void groups8_c(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {

@@ -43,13 +43,14 @@ typedef struct {
   int8_t* xq;      /* [m][k] */
   float* sx;       /* [m][k / blk]: x's block scales */
   int32_t* xsum;   /* [m][k / blk]: sum(xq) of the block (for the zero points' term) */
-  void* mem;
 } qm_rows;
 
 /* Whether blk is a block size handled here for k (a power of two from 16 that divides k). */
 int qm_supported(int64_t k, int64_t blk);
-int qm_rows_init(qm_rows* r, const float* x, int64_t m, int64_t k, int64_t blk);
-void qm_rows_free(qm_rows* r);
+/* The memory qm_rows_init takes for m rows (the caller's: the op takes it from ONNX Runtime's allocator). */
+size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk);
+/* x's m rows quantized into `mem` (qm_rows_bytes of it, 64-byte aligned). */
+void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, int64_t blk);
 /* Column groups [g0, g1) (columns 16 g0 .. 16 g1, those below n written) of every row: y[m][n]. */
 void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
 void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);

@@ -30,6 +30,7 @@ typedef struct OrtKernelContext OrtKernelContext;
 typedef struct OrtSessionOptions OrtSessionOptions;
 typedef struct OrtCustomOpDomain OrtCustomOpDomain;
 typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef struct OrtMemoryInfo OrtMemoryInfo;
 typedef void* const* OrtApiTable;
 
 typedef struct {
@@ -62,11 +63,15 @@ enum {
   S_KernelContext_GetInputCount = 88,
   S_KernelContext_GetInput = 90,
   S_KernelContext_GetOutput = 91,
+  S_CreateCpuMemoryInfo = 69,
   S_ReleaseTensorTypeAndShapeInfo = 99,
+  S_KernelContext_GetAllocator = 253,
   S_KernelContext_ParallelFor = 274,
 };
 
 static OrtApiTable api;
+/* The CPU's memory info (OrtDeviceAllocator, OrtMemTypeDefault), made at registration, kept for the process's life. */
+static OrtMemoryInfo* cpuMemory;
 #define API(slot, type) ((type)api[slot])
 
 typedef OrtStatus* (*CreateStatusFn)(int code, const char* msg);
@@ -82,6 +87,14 @@ typedef OrtStatus* (*InputCountFn)(const OrtKernelContext* ctx, size_t* out);
 typedef OrtStatus* (*GetInputFn)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
 typedef OrtStatus* (*GetOutputFn)(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t n, OrtValue** out);
 typedef void (*ReleaseInfoFn)(OrtTensorTypeAndShapeInfo* info);
+/* ONNX Runtime's allocator interface (onnxruntime_c_api.h's OrtAllocator, its first members). */
+typedef struct OrtAllocator {
+  uint32_t version;
+  void* (*Alloc)(struct OrtAllocator* self, size_t size);
+  void (*Free)(struct OrtAllocator* self, void* p);
+} OrtAllocator;
+typedef OrtStatus* (*CpuMemoryInfoFn)(int allocatorType, int memType, OrtMemoryInfo** out);
+typedef OrtStatus* (*GetAllocatorFn)(const OrtKernelContext* ctx, const OrtMemoryInfo* info, OrtAllocator** out);
 typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total, size_t batches, void* data);
 
 #define TRY(expr)                 \
@@ -223,13 +236,20 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (m == 0) return NULL;
   const qm8_weight w8 = {q->k, q->n, q->blk, wq, ws, wb};
   const qm4_weight w4 = {q->k, q->n, q->blk, wq, ws, wz, wb};
+  /* x quantized (a byte a value and two numbers a block) in memory from the session's allocator: the
+   * one the counting allocator accounts (session.use_env_allocators), so the guards see it as they see
+   * MatMulNBits' own. */
+  OrtAllocator* alloc = NULL;
+  TRY(API(S_KernelContext_GetAllocator, GetAllocatorFn)(ctx, cpuMemory, &alloc));
+  void* mem = alloc->Alloc(alloc, qm_rows_bytes(m, q->k, q->blk));
+  if (!mem) return fail(ORT_FAIL, "QMatMul: out of memory");
   qm_rows rows;
-  if (qm_rows_init(&rows, x, m, q->k, q->blk) != 0) return fail(ORT_FAIL, "QMatMul: out of memory");
+  qm_rows_init(&rows, mem, x, m, q->k, q->blk);
   /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
   Work work = {q, &w8, &w4, &rows, y, groups, 2};
   const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
-  qm_rows_free(&rows);
+  alloc->Free(alloc, mem);
   return s;
 }
 
@@ -328,6 +348,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
     api = base->GetApi(API_VERSION);
     if (!api) return NULL; /* nothing to report through: an ONNX Runtime older than 1.18 */
   }
+  if (!cpuMemory) TRY(API(S_CreateCpuMemoryInfo, CpuMemoryInfoFn)(0, 0, &cpuMemory));
   if (!domain) {
     TRY(API(S_CreateCustomOpDomain, CreateDomainFn)("ragguard", &domain));
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul8));
