@@ -17,7 +17,7 @@ import { DecoderModel } from '../src/generate/decoder-model.js';
 import { Engine } from '../src/generate/engine.js';
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { loraWanted } from '../src/generate/adapters.js';
-import { ggufDecoderDir } from '../src/generate/gguf-decoder.js';
+import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
 import { toBlocks } from '../src/generate/gguf-weights.js';
 import { buildGqaDecoder, type BlockWeight, type CpuKernels, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
 import { dequantize, GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type GgufValueType } from '../src/runtime/gguf.js';
@@ -678,5 +678,30 @@ describe('Qwen2.5-Coder-0.5B-Instruct Q4_K_M against llama.cpp (node-llama-cpp 3
     // ragguard's QMatMul8 and QMatMul4 run them with MatMulNBits' arithmetic (test/qmatmul.test.ts): 0.31-0.37 at
     // most, 0.065 on average as MatMulNBits' 0.064.
     for (const line of await checkAgainstLlamaCpp(QWEN, 'nbits', [['qwen2.5-coder-0.5b-q4_k_m.json', 0.5, 0.085]], kernels)) t.diagnostic(line);
+  });
+});
+
+describe("RAGGUARD_CPU_KERNELS: ragguard's kernels where they can run, MatMulNBits elsewhere, never a graph that cannot load", { skip: existsSync(PRETRAINED) ? false : `${PRETRAINED} is missing: run npm run setup (scripts/fetch-pretrained-decoder.sh)` }, () => {
+  test('ragguard (the default) converts for QMatMul8 and QMatMul4 on the cpu provider; another provider, or onnxruntime, converts for MatMulNBits, saying why', () => {
+    const said: string[] = [];
+    const log = (m: string) => said.push(m);
+    const env = { RAGGUARD_DECODER_LORA: 'off' };
+    assert.equal(ggufOptionsFor(loadConfig(env), log).kernels, 'ragguard');
+    assert.equal(ggufOptionsFor(loadConfig({ ...env, RAGGUARD_CPU_KERNELS: 'onnxruntime' }), log).kernels, 'onnxruntime');
+    assert.equal(said.length, 0, 'nothing to say where the setting is honoured');
+    assert.equal(ggufOptionsFor(loadConfig({ ...env, RAGGUARD_DECODER_EP: 'webgpu' }), log).kernels, 'onnxruntime');
+    assert.match(said.join('\n'), /MatMulNBits, not ragguard's kernels \(RAGGUARD_CPU_KERNELS=ragguard\): the decoder runs on 'webgpu', not 'cpu'/);
+    assert.equal(ggufOptionsFor(loadConfig({ ...env, RAGGUARD_GGUF_WEIGHTS: 'dequant' }), log).kernels, 'onnxruntime', 'no block products to run in dequant');
+    assert.throws(() => loadConfig({ RAGGUARD_CPU_KERNELS: 'mlas' }), /RAGGUARD_CPU_KERNELS/);
+  });
+
+  test('a graph converted for ragguard\'s kernels refuses to load where they cannot run, naming the setting that converts for MatMulNBits', async () => {
+    const dir = await ggufDecoderDir(PRETRAINED, { cacheDir: GGUF_CACHE, weights: 'nbits', kernels: 'ragguard', lora: false });
+    const config = JSON.parse(await readFile(path.join(dir, 'config.json'), 'utf8')) as { ragguard_source: { kernels: string } };
+    assert.equal(config.ragguard_source.kernels, 'ragguard');
+    await assert.rejects(DecoderModel.load(dir, 'webgpu'), /converted for ragguard's QMatMul8 and QMatMul4 .* loaded on 'webgpu'; RAGGUARD_CPU_KERNELS=onnxruntime converts it/);
+    await assert.rejects(DecoderModel.load(dir, 'cpu', { direct: false }), /converted for ragguard's QMatMul8 and QMatMul4/);
+    const m = await DecoderModel.load(dir, 'cpu');
+    assert.ok(m.tokenizer.encode('hello').length > 0, 'and loads on the cpu provider');
   });
 });
