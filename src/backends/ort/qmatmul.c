@@ -134,6 +134,36 @@ static void groups8_c(const qm8_weight* w, const qm_rows* r, float* y, int64_t g
   }
 }
 
+/* A tile's sums into y: rows m0..m0+MT of group g's columns below n, plus their bias. */
+VNNI static INLINE void store_tile(float* y, int64_t n, const float* bias, int64_t g, int64_t m0, const int MT, const __m512* acc) {
+  const int64_t left = n - 16 * g;
+  const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + 16 * g) : _mm512_setzero_ps();
+  _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) _mm512_mask_storeu_ps(y + (m0 + i) * n + 16 * g, keep, _mm512_add_ps(acc[i], b));
+}
+
+/*
+ * Groups g0..g1 of every row, the rows 8 at a time (a group's weights, 16 k bytes or half that, stay in
+ * cache for the next 8): TILE(w, r, y, g, m0, MT, prefetch) with MT a constant, so its loops unroll
+ * over registers; the next group's weights are prefetched on the first pass over a group only.
+ */
+#define TILE_CASE(TILE, MT) \
+  case MT:                  \
+    TILE(w, r, y, g, m0, MT, m0 == 0); \
+    break;
+#define FOR_TILES(TILE)                                          \
+  for (int64_t g = g0; g < g1; g++)                              \
+    for (int64_t m0 = 0; m0 < r->m; m0 += 8) switch (r->m - m0 < 8 ? r->m - m0 : 8) { \
+        TILE_CASE(TILE, 1)                                       \
+        TILE_CASE(TILE, 2)                                       \
+        TILE_CASE(TILE, 3)                                       \
+        TILE_CASE(TILE, 4)                                       \
+        TILE_CASE(TILE, 5)                                       \
+        TILE_CASE(TILE, 6)                                       \
+        TILE_CASE(TILE, 7)                                       \
+        TILE_CASE(TILE, 8)                                       \
+      }
+
 /* Rows m0..m0+MT of 8-bit column group g: one pass over the group's weights, a block at a time. */
 VNNI static INLINE void tile8(const qm8_weight* w, const qm_rows* r, float* y, int64_t g, int64_t m0, const int MT, int prefetch) {
   const int64_t k = w->k, blk = w->blk, nb = k / blk, quads = k / 4, bq = blk / 4;
@@ -179,34 +209,10 @@ VNNI static INLINE void tile8(const qm8_weight* w, const qm_rows* r, float* y, i
       acc[i] = _mm512_fmadd_ps(u, d, acc[i]);
     }
   }
-  const int64_t left = w->n - 16 * g;
-  const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-  const __m512 bias = w->bias ? _mm512_maskz_loadu_ps(keep, w->bias + 16 * g) : _mm512_setzero_ps();
-  _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) _mm512_mask_storeu_ps(y + (m0 + i) * w->n + 16 * g, keep, _mm512_add_ps(acc[i], bias));
+  store_tile(y, w->n, w->bias, g, m0, MT, acc);
 }
 
-#define TILE_CASE(MT) \
-  case MT:            \
-    tile8(w, r, y, g, m0, MT, m0 == 0); \
-    break;
-
-VNNI static void groups8_vnni(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; g++) {
-    /* rows 8 at a time: the group's weights (16 k bytes) stay in cache for the next 8 */
-    for (int64_t m0 = 0; m0 < r->m; m0 += 8) {
-      switch (r->m - m0 < 8 ? r->m - m0 : 8) {
-        TILE_CASE(1)
-        TILE_CASE(2)
-        TILE_CASE(3)
-        TILE_CASE(4)
-        TILE_CASE(5)
-        TILE_CASE(6)
-        TILE_CASE(7)
-        TILE_CASE(8)
-      }
-    }
-  }
-}
+VNNI static void groups8_vnni(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) { FOR_TILES(tile8) }
 
 void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
   if (qm_vnni()) groups8_vnni(w, r, y, g0, g1);
@@ -280,33 +286,10 @@ VNNI static INLINE void tile4(const qm4_weight* w, const qm_rows* r, float* y, i
       acc[i] = _mm512_fmadd_ps(u, _mm512_mul_ps(d, _mm512_set1_ps(r->sx[(m0 + i) * nb + b])), acc[i]);
     }
   }
-  const int64_t left = w->n - 16 * g;
-  const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-  const __m512 bias = w->bias ? _mm512_maskz_loadu_ps(keep, w->bias + 16 * g) : _mm512_setzero_ps();
-  _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) _mm512_mask_storeu_ps(y + (m0 + i) * w->n + 16 * g, keep, _mm512_add_ps(acc[i], bias));
+  store_tile(y, w->n, w->bias, g, m0, MT, acc);
 }
 
-#define TILE4_CASE(MT) \
-  case MT:             \
-    tile4(w, r, y, g, m0, MT, m0 == 0); \
-    break;
-
-VNNI static void groups4_vnni(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; g++) {
-    for (int64_t m0 = 0; m0 < r->m; m0 += 8) {
-      switch (r->m - m0 < 8 ? r->m - m0 : 8) {
-        TILE4_CASE(1)
-        TILE4_CASE(2)
-        TILE4_CASE(3)
-        TILE4_CASE(4)
-        TILE4_CASE(5)
-        TILE4_CASE(6)
-        TILE4_CASE(7)
-        TILE4_CASE(8)
-      }
-    }
-  }
-}
+VNNI static void groups4_vnni(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) { FOR_TILES(tile4) }
 
 void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
   if (qm_vnni()) groups4_vnni(w, r, y, g0, g1);
