@@ -3,14 +3,15 @@
  * included) and cached: `RAGGUARD_DECODER=some/model.gguf` resolves to a directory under
  * `RAGGUARD_GGUF_CACHE` that DecoderModel loads like any genai export:
  *
- *   model.onnx             gqa-builder.ts's graph on the GGUF's weights (MatMulNBits or float32)
+ *   model.onnx             gqa-builder.ts's graph on the GGUF's weights (block products on ragguard's
+ *                          QMatMul8/QMatMul4 or ONNX Runtime's MatMulNBits, or float32)
  *   genai_config.json      the graph's facts
  *   config.json            the shape in transformers' names (DecoderModel reads it)
  *   tokenizer.json         built from the GGUF's vocabulary (gguf-tokenizer.ts)
  *   tokenizer_config.json  bos/eos, add_bos_token and the GGUF's chat_template
  *
- * The cache key is the GGUF file's path, size and modification time, the weights mode, LoRA, and the
- * converter's own sources: another file, mode or converter gets its own directory; the same ones
+ * The cache key is the GGUF file's path, size and modification time, the weights mode, the kernels,
+ * LoRA, and the converter's own sources: another file, mode or converter gets its own directory; the same ones
  * reuse it. A conversion is written to a temporary directory and renamed into place, so that a crash
  * leaves no half-written model that a later start would take for a whole one. A new conversion removes
  * the older ones of the same file name and mode.
@@ -117,7 +118,7 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
   const key = createHash('sha256').update(JSON.stringify([abs, st.size, st.mtimeMs, opts.weights, kernels, lora, await converterHash()])).digest('hex').slice(0, 16);
   // With and without LoRA paths, with either kernels, are conversions kept apart: servers set either
   // way can share a cache.
-  const mode = `${opts.weights}${kernels === 'ragguard' ? '-rq8' : ''}${lora ? '' : '-base'}`;
+  const mode = `${opts.weights}${kernels === 'ragguard' ? '-ragguard' : ''}${lora ? '' : '-base'}`;
   const dir = path.join(opts.cacheDir, `${path.basename(abs, path.extname(abs))}-${mode}-${key}`);
   if (existsSync(path.join(dir, 'genai_config.json'))) return dir;
 
