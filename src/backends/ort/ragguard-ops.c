@@ -14,8 +14,9 @@
  * over the session's intra-op threads (KernelContext_ParallelFor): the ops add no thread of their own.
  *
  * Only what this file uses of onnxruntime_c_api.h is declared here: the OrtApi function table is read
- * by slot (its order never changes; ort-direct.ts checks a slot past the ones used before loading this
- * library) and OrtCustomOp is laid out as the header's version 16 of it.
+ * by slot (its order never changes; before loading this library ort-direct.ts checks slot 254, past all
+ * used here but ParallelFor's, whose use every test of the ops exercises) and OrtCustomOp is laid out as
+ * the header's version 16 of it.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,7 +39,7 @@ typedef struct {
   const char* (*GetVersionString)(void);
 } OrtApiBase;
 
-/* The API version this library asks for: the first with KernelContext_ParallelFor. */
+/* The API version this library asks for: one with KernelContext_ParallelFor (onnxruntime-node ships 1.30's). */
 #define API_VERSION 18
 enum {
   ORT_FAIL = 1,
@@ -59,12 +60,13 @@ enum {
   S_GetDimensionsCount = 61,
   S_GetDimensions = 62,
   S_GetTensorTypeAndShape = 65,
+  S_CreateCpuMemoryInfo = 69,
   S_KernelInfoGetAttribute_int64 = 86,
   S_KernelContext_GetInputCount = 88,
   S_KernelContext_GetInput = 90,
   S_KernelContext_GetOutput = 91,
-  S_CreateCpuMemoryInfo = 69,
   S_ReleaseTensorTypeAndShapeInfo = 99,
+  S_ReleaseAllocator = 132,
   S_KernelContext_GetAllocator = 253,
   S_KernelContext_ParallelFor = 274,
 };
@@ -95,6 +97,7 @@ typedef struct OrtAllocator {
 } OrtAllocator;
 typedef OrtStatus* (*CpuMemoryInfoFn)(int allocatorType, int memType, OrtMemoryInfo** out);
 typedef OrtStatus* (*GetAllocatorFn)(const OrtKernelContext* ctx, const OrtMemoryInfo* info, OrtAllocator** out);
+typedef void (*ReleaseAllocatorFn)(OrtAllocator* allocator);
 typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total, size_t batches, void* data);
 
 #define TRY(expr)                 \
@@ -239,10 +242,14 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   /* x quantized (a byte a value and two numbers a block) in memory from the session's allocator: the
    * one the counting allocator accounts (session.use_env_allocators), so the guards see it as they see
    * MatMulNBits' own. */
+  /* (the OrtAllocator handed out is a wrapper made for the call: released after it) */
   OrtAllocator* alloc = NULL;
   TRY(API(S_KernelContext_GetAllocator, GetAllocatorFn)(ctx, cpuMemory, &alloc));
   void* mem = alloc->Alloc(alloc, qm_rows_bytes(m, q->k, q->blk));
-  if (!mem) return fail(ORT_FAIL, "QMatMul: out of memory");
+  if (!mem) {
+    API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
+    return fail(ORT_FAIL, "QMatMul: out of memory");
+  }
   qm_rows rows;
   qm_rows_init(&rows, mem, x, m, q->k, q->blk);
   /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
@@ -250,6 +257,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
   alloc->Free(alloc, mem);
+  API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
   return s;
 }
 
