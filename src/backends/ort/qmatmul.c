@@ -1,10 +1,11 @@
 /*
  * The block products behind ragguard's QMatMul8 and QMatMul4 ops (ragguard-ops.c): see qmatmul.h.
  *
- * Why a kernel of our own: ONNX Runtime's MatMulNBits (8 bits, accuracy level 4) made about 12
- * multiply-adds a cycle a core on this machine's AVX512-VNNI cores, with each 64 weight bytes' integer
- * dot product converted, scaled and added on its own (the 64 bytes span two blocks of 32, or four of
- * 16, each with its own scales), and its products were most of a decode step. Here the weights lie 16
+ * Why a kernel of our own: in a decode step of 8 rows ONNX Runtime's MatMulNBits (accuracy level 4)
+ * made about 12 multiply-adds a cycle a core on this machine's AVX512-VNNI cores, and its products were
+ * most of the step: each 64 weight bytes' integer dot product is converted, scaled and added on its own
+ * (the 64 bytes span two blocks of 32, or four of 16, each with its own scales), and it computed and
+ * waited on memory in turn. Here the weights lie 16
  * columns side by side (4 bytes of each column in one 64-byte vector), so one VPDPBUSD (unsigned
  * weights times 4 signed bytes of x broadcast, 64 products into 16 int32 lanes, a lane a column) adds
  * 4 products to each of 16 columns, and a block of 32 is 8 of them summed in int32 before its only
@@ -13,7 +14,10 @@
  * are prefetched while these compute: without it a step waited on memory and computed in turn.
  *
  * The zero point (128) is taken off in the integers: each block's sum starts at -128 * sum(xq), so the
- * dot product of the signed weights is exact before its one conversion, as llama.cpp's own are.
+ * dot product of the signed weights is exact before its one conversion, as llama.cpp's own are. At 4
+ * bits a vector holds 8 values of each of 16 columns (4 in the low nibbles, 4 in the high), two
+ * VPDPBUSDs once unpacked; each column's zero point of the block comes off after the integer sum, in
+ * floats but exactly (integers below 2^24).
  * CPUs without AVX512-VNNI run the same arithmetic in plain C (slow, the same numbers up to the order
  * of float sums).
  */
