@@ -145,7 +145,10 @@ export async function loadModels(cfg: Config): Promise<Models> {
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
-  const decoderDir = isGguf(cfg.decoderPath) ? await ggufDecoderDir(cfg.decoderPath, ggufOptionsFor(cfg, (m) => console.log(m)))
+  const gguf = isGguf(cfg.decoderPath) ? ggufOptionsFor(cfg, (m) => console.log(m)) : undefined;
+  // Which kernels run the block products: said at every start, a cached conversion included.
+  if (gguf?.weights === 'nbits') console.log(`[gguf] block products on ${gguf.kernels === 'ragguard' ? "ragguard's QMatMul8 and QMatMul4 (AVX512-VNNI)" : "ONNX Runtime's MatMulNBits"} (RAGGUARD_CPU_KERNELS)`);
+  const decoderDir = gguf ? await ggufDecoderDir(cfg.decoderPath, gguf)
     : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: (m) => console.log(m) });
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };

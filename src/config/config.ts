@@ -212,7 +212,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',
-    doc: "Who runs a .gguf RAGGUARD_DECODER's block products (RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8 for Q8_0, Q5_0 and Q6_K, QMatMul4 for Q4_0, Q4_1 and Q4_K: src/backends/ort/ragguard-ops.c, built by npm run setup; the same int8 arithmetic as MatMulNBits at accuracy level 4, the weights 16 columns side by side, AVX512-VNNI where the CPU has it and plain C elsewhere; on Qwen2.5-Coder-0.5B a decode step of 8 rows 75 -> 37 ms here) or onnxruntime (ONNX Runtime's MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
+    doc: "Who runs a .gguf RAGGUARD_DECODER's block products (RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8 for Q8_0, Q5_0 and Q6_K, QMatMul4 for Q4_0, Q4_1 and Q4_K: src/backends/ort/ragguard-ops.c, built by npm run setup; the same int8 arithmetic as MatMulNBits at accuracy level 4, the weights 16 columns side by side, AVX512-VNNI; on Qwen2.5-Coder-0.5B a decode step of 8 rows 75 -> 37 ms here) or onnxruntime (ONNX Runtime's MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built, the CPU has no AVX512-VNNI (the ops' plain C path is many times slower) or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
     apply: oneOf(['ragguard', 'onnxruntime'] as const, (c, v) => (c.cpuKernels = v)),
   },
   {

@@ -24,7 +24,7 @@ import { fileURLToPath } from 'node:url';
 import { GgufFile } from '../runtime/gguf.js';
 import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
 import { writeModel } from '../runtime/onnx-proto.js';
-import { ragguardOpsUnavailable } from '../runtime/ort-direct.js';
+import { ragguardOpsUnavailable, ragguardOpsVnni } from '../runtime/ort-direct.js';
 import type { Config } from '../config/config.js';
 import { loraWanted } from './adapters.js';
 import { configDims } from './decoder-model.js';
@@ -70,13 +70,14 @@ export function ggufOptionsFor(cfg: Pick<Config, 'ggufCacheDir' | 'ggufWeights' 
 
 /**
  * RAGGUARD_CPU_KERNELS as this process can have it: ragguard's ops run only in sessions made
- * through ONNX Runtime's C API on the CPU (ort-direct.ts registers the ops library there), so a
- * decoder on another provider, or a machine without the built library, converts for MatMulNBits,
- * saying why when ragguard's were asked for.
+ * through ONNX Runtime's C API on the CPU (ort-direct.ts registers the ops library there), and are
+ * fast only with AVX512-VNNI, so a decoder on another provider, a machine without the built library
+ * or a CPU without AVX512-VNNI converts for MatMulNBits, saying why when ragguard's were asked for.
  */
 function kernelsFor(cfg: Pick<Config, 'ggufWeights' | 'cpuKernels' | 'providers'>, log?: (msg: string) => void): CpuKernels {
   if (cfg.cpuKernels !== 'ragguard' || cfg.ggufWeights !== 'nbits') return 'onnxruntime';
-  const why = cfg.providers.decoder !== 'cpu' ? `the decoder runs on '${cfg.providers.decoder}', not 'cpu'` : ragguardOpsUnavailable();
+  const why = cfg.providers.decoder !== 'cpu' ? `the decoder runs on '${cfg.providers.decoder}', not 'cpu'`
+    : ragguardOpsUnavailable() || (ragguardOpsVnni() ? '' : "this CPU has no AVX512-VNNI, and the ops' plain C path is many times slower than ONNX Runtime's kernels");
   if (!why) return 'ragguard';
   log?.(`[gguf] block products on ONNX Runtime's MatMulNBits, not ragguard's kernels (RAGGUARD_CPU_KERNELS=ragguard): ${why}`);
   return 'onnxruntime';

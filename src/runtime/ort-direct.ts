@@ -423,6 +423,20 @@ export function ragguardOpsUnavailable(): string {
   return '';
 }
 
+let opsVnni: (() => number) | undefined;
+
+/**
+ * Whether ragguard's ops run their AVX512-VNNI kernels on this CPU (false: their plain C path, correct
+ * but many times slower than ONNX Runtime's own MatMulNBits). Asked of the library each time: a test
+ * may switch it to the plain C path. False where the ops cannot run at all.
+ */
+export function ragguardOpsVnni(): boolean {
+  if (ragguardOpsUnavailable()) return false;
+  // The same path ONNX Runtime loads: one copy of the library in the process.
+  opsVnni ??= koffi.load(RAGGUARD_OPS_LIBRARY).func('int ragguard_ops_vnni()') as () => number;
+  return opsVnni() === 1;
+}
+
 /** Why direct sessions cannot be used here ('' when they can). */
 export function directUnavailable(): string {
   bind();
