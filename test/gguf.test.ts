@@ -24,8 +24,7 @@ import { dequantize, GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type 
 import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type NodeSpec } from '../src/runtime/onnx-proto.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
-import { RAGGUARD_OPS_LIBRARY, ragguardOpsVnni } from '../src/runtime/ort-direct.js';
-import koffi from 'koffi';
+import { ragguardOpsVnni, setRagguardOpsPortable } from '../src/runtime/ort-direct.js';
 import { ROOT, tempDir } from './helpers.js';
 import { loadConfig } from '../src/config/config.js';
 
@@ -700,9 +699,8 @@ describe("RAGGUARD_CPU_KERNELS: ragguard's kernels where they can run, MatMulNBi
   test('a CPU without AVX512-VNNI converts for MatMulNBits, saying why: the ops would run their plain C path, many times slower', (t) => {
     assert.equal(ragguardOpsVnni(), true, 'this machine runs the AVX512-VNNI kernels');
     // The library's own switch to its plain C path (what a CPU without AVX512-VNNI runs).
-    const setPortable = koffi.load(RAGGUARD_OPS_LIBRARY).func('void ragguard_ops_set_portable(int on)') as (on: number) => void;
-    setPortable(1);
-    t.after(() => setPortable(0));
+    setRagguardOpsPortable(true);
+    t.after(() => setRagguardOpsPortable(false));
     assert.equal(ragguardOpsVnni(), false);
     const said: string[] = [];
     assert.equal(ggufOptionsFor(loadConfig({ RAGGUARD_DECODER_LORA: 'off' }), (m) => said.push(m)).kernels, 'onnxruntime');

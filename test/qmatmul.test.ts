@@ -11,10 +11,9 @@ import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
-import koffi from 'koffi';
 import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
 import { accountingUnavailable, installCountingAllocator } from '../src/runtime/ort-allocator.js';
-import { DirectSession, RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable } from '../src/runtime/ort-direct.js';
+import { DirectSession, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsPortable } from '../src/runtime/ort-direct.js';
 import { tempDir } from './helpers.js';
 
 // Before the first session of this process, as the server installs it.
@@ -116,20 +115,13 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
 };
 const rms = (a: ArrayLike<number>) => Math.sqrt(Array.from(a).reduce((s, v) => s + v * v, 0) / a.length);
 
-/** The ops library as ONNX Runtime loaded it (the same path: dlopen gives the same copy, its switches included). */
-function library() {
-  const lib = koffi.load(RAGGUARD_OPS_LIBRARY);
-  return { vnni: lib.func('int ragguard_ops_vnni()') as () => number, setPortable: lib.func('void ragguard_ops_set_portable(int on)') as (on: number) => void };
-}
-
 for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QMatMul8 and QMatMul4 on ${path_} compute what MatMulNBits (8 and 4 bits, accuracy level 4) does, within float rounding, on every shape a GGUF gives`, async (t) => {
   // The library is built by npm run setup on every machine with a C compiler: its absence is a failure here.
   assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
-  const lib = library();
-  lib.setPortable(path_ === 'the plain C path' ? 1 : 0);
-  t.after(() => lib.setPortable(0));
-  t.diagnostic(`AVX512-VNNI kernel: ${lib.vnni() ? 'yes' : 'no'}`);
-  if (path_ === 'the plain C path') assert.equal(lib.vnni(), 0);
+  setRagguardOpsPortable(path_ === 'the plain C path');
+  t.after(() => setRagguardOpsPortable(false));
+  t.diagnostic(`AVX512-VNNI kernel: ${ragguardOpsVnni() ? 'yes' : 'no'}`);
+  if (path_ === 'the plain C path') assert.equal(ragguardOpsVnni(), false);
   const cases: Case[] = [
     { bits: 8, k: 896, n: 200, blk: 32, bias: true }, // Q5_0 / Q8_0 projections of a 896-wide model, qwen2's q/k/v bias
     { bits: 8, k: 4864, n: 64, blk: 16, bias: false }, // Q6_K down projection

@@ -166,7 +166,7 @@ export function gqaOpsets(ops: CpuKernels | undefined): Record<string, number> {
  */
 function qmatmulTakes(b: BlockWeight): boolean {
   const bits = b.bits === 8 ? !b.zeroPoints : b.bits === 4;
-  return bits && b.blockSize >= 16 && (b.blockSize & (b.blockSize - 1)) === 0 && b.k % b.blockSize === 0 && b.k % 8 === 0;
+  return bits && b.blockSize >= 16 && (b.blockSize & (b.blockSize - 1)) === 0 && b.k % b.blockSize === 0;
 }
 
 export interface GqaOptions {

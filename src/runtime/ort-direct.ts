@@ -423,7 +423,15 @@ export function ragguardOpsUnavailable(): string {
   return '';
 }
 
-let opsVnni: (() => number) | undefined;
+/** The ops library's own switches, bound once (the same path ONNX Runtime loads: one copy in the process). */
+let opsSwitches: { vnni: () => number; setPortable: (on: number) => void } | undefined;
+function ragguardOps(): NonNullable<typeof opsSwitches> {
+  if (!opsSwitches) {
+    const lib = koffi.load(RAGGUARD_OPS_LIBRARY);
+    opsSwitches = { vnni: lib.func('int ragguard_ops_vnni()') as () => number, setPortable: lib.func('void ragguard_ops_set_portable(int on)') as (on: number) => void };
+  }
+  return opsSwitches;
+}
 
 /**
  * Whether ragguard's ops run their AVX512-VNNI kernels on this CPU (false: their plain C path, correct
@@ -431,10 +439,17 @@ let opsVnni: (() => number) | undefined;
  * may switch it to the plain C path. False where the ops cannot run at all.
  */
 export function ragguardOpsVnni(): boolean {
-  if (ragguardOpsUnavailable()) return false;
-  // The same path ONNX Runtime loads: one copy of the library in the process.
-  opsVnni ??= koffi.load(RAGGUARD_OPS_LIBRARY).func('int ragguard_ops_vnni()') as () => number;
-  return opsVnni() === 1;
+  return !ragguardOpsUnavailable() && ragguardOps().vnni() === 1;
+}
+
+/**
+ * Sends ragguard's ops down their plain C path whatever the CPU (true), or back to its best (false):
+ * what a CPU without AVX512-VNNI runs, for tests on one that has it.
+ */
+export function setRagguardOpsPortable(on: boolean): void {
+  const why = ragguardOpsUnavailable();
+  if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
+  ragguardOps().setPortable(on ? 1 : 0);
 }
 
 /** Why direct sessions cannot be used here ('' when they can). */

@@ -53,10 +53,10 @@ static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define INLINE __attribute__((always_inline)) inline
 
-/* x's rows [i0, i1) quantized per block: round to nearest even (the same as nearbyintf) of x * 127 / max|x|. */
-VNNI static void quantize_vnni(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
+/* x's rows quantized per block: round to nearest even (the same as nearbyintf) of x * 127 / max|x|. */
+VNNI static void quantize_vnni(qm_rows* r, const float* x) {
   const int64_t k = r->k, blk = r->blk, nb = k / blk;
-  for (int64_t i = i0; i < i1; i++) {
+  for (int64_t i = 0; i < r->m; i++) {
     for (int64_t b = 0; b < nb; b++) {
       const float* xb = x + i * k + b * blk;
       __m512 mx = _mm512_setzero_ps();
@@ -77,9 +77,9 @@ VNNI static void quantize_vnni(qm_rows* r, const float* x, int64_t i0, int64_t i
   }
 }
 
-static void quantize_c(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
+static void quantize_c(qm_rows* r, const float* x) {
   const int64_t k = r->k, blk = r->blk, nb = k / blk;
-  for (int64_t i = i0; i < i1; i++) {
+  for (int64_t i = 0; i < r->m; i++) {
     for (int64_t b = 0; b < nb; b++) {
       const float* xb = x + i * k + b * blk;
       float amax = 0.0f;
@@ -98,22 +98,21 @@ static void quantize_c(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
   }
 }
 
-size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk) {
-  return up64((size_t)(m * k)) + 2 * up64((size_t)(m * (k / blk)) * sizeof(float));
-}
+/* Where the rows' parts lie in their memory: xq, then sx, then xsum, each from a 64-byte boundary. */
+static size_t xq_bytes(int64_t m, int64_t k) { return up64((size_t)(m * k)); }
+static size_t block_bytes(int64_t m, int64_t k, int64_t blk) { return up64((size_t)(m * (k / blk)) * sizeof(float)); }
+
+size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk) { return xq_bytes(m, k) + 2 * block_bytes(m, k, blk); }
 
 void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, int64_t blk) {
-  const int64_t nb = k / blk;
-  const size_t xqBytes = up64((size_t)(m * k));
-  const size_t fBytes = up64((size_t)(m * nb) * sizeof(float));
   r->m = m;
   r->k = k;
   r->blk = blk;
   r->xq = (int8_t*)mem;
-  r->sx = (float*)((char*)mem + xqBytes);
-  r->xsum = (int32_t*)((char*)mem + xqBytes + fBytes);
-  if (qm_vnni()) quantize_vnni(r, x, 0, m);
-  else quantize_c(r, x, 0, m);
+  r->sx = (float*)((char*)mem + xq_bytes(m, k));
+  r->xsum = (int32_t*)((char*)mem + xq_bytes(m, k) + block_bytes(m, k, blk));
+  if (qm_vnni()) quantize_vnni(r, x);
+  else quantize_c(r, x);
 }
 
 static void groups8_c(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
