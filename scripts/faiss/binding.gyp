@@ -7,7 +7,7 @@
   "targets": [
     {
       "target_name": "faiss-node",
-      "sources": ["src/faiss.cc"],
+      "sources": ["ragguard-build/faiss.cc"],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
         "<(module_root_dir)/ragguard-build"
