@@ -29,7 +29,8 @@ import { MemoryModel, type RequestShape } from './guards/memory-model.js';
 import { GpuSampler, nvmlReader } from './guards/nvml.js';
 import { gpuPeakMeter, hostMeter } from './guards/peak-meter.js';
 import { measureLoad, processMemory, type LoadBytes } from './guards/process-memory.js';
-import { profileMemory, type ProfileReport } from './guards/profile.js';
+import { CALIBRATION_FILE, calibrationKey, profileWithCache } from './guards/calibration-cache.js';
+import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } from './guards/profile.js';
 import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { applySessionSettings } from './runtime/ort-direct.js';
@@ -128,8 +129,11 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
   };
 }
 
-/** Loads the three models one after the other, so that each one's resident footprint is measured. */
-export async function loadModels(cfg: Config): Promise<Models> {
+/**
+ * Loads the three models one after the other, so that each one's resident footprint is measured;
+ * `onLoaded(done, of)` hears each one loaded (the start-up's progress).
+ */
+export async function loadModels(cfg: Config, onLoaded?: (done: number, of: number) => void): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
   applySessionSettings(cfg);
@@ -137,11 +141,14 @@ export async function loadModels(cfg: Config): Promise<Models> {
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();
   const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
+  onLoaded?.(1, 3);
   const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  onLoaded?.(2, 3);
   if (cfg.providers.decoder === 'cuda') {
     // The native backend: nothing is allocated until the budget has sized the KV pool (RagService); its
     // figures until then are the plan's.
     const decoder = await CudaDecoder.open(cfg.decoderPath, cudaDecoderLimits(cfg));
+    onLoaded?.(3, 3);
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
@@ -151,6 +158,7 @@ export async function loadModels(cfg: Config): Promise<Models> {
   const decoderDir = gguf ? await ggufDecoderDir(cfg.decoderPath, gguf)
     : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: (m) => console.log(m) });
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
+  onLoaded?.(3, 3);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 
@@ -183,6 +191,8 @@ export class RagService {
    * native accountant's, once its memory is allocated (graphs included).
    */
   loads: Models['loads'];
+  /** The profile run in progress (or the last one): model runs done of its total, for the start-up's progress. */
+  profileProgress: { done: number; of: number } | undefined;
   /** The ingest in progress (or the last one): documents chunked and embedded of the batch's, for progress logs. */
   ingestProgress: { done: number; of: number } | undefined;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
@@ -288,7 +298,8 @@ export class RagService {
   }
 
   /**
-   * Calibrates the memory model by the profile run at the largest shapes the configuration allows.
+   * Calibrates the memory model by the profile run at the largest shapes the configuration allows, or
+   * by the calibration a run under the same inputs stored (RAGGUARD_CALIBRATION_CACHE, calibration-cache.ts).
    * Call before serving: the measurement needs the process to itself.
    */
   async profileMemory(): Promise<ProfileReport> {
@@ -300,21 +311,24 @@ export class RagService {
     // All on the host: ONNX Runtime's accounted bytes (or the kernel's resident peak); all on the GPU:
     // NVML's sampled device memory.
     const meter = where.size > 1 ? undefined : where.has('host') ? hostMeter(this.cfg) : gpuPeakMeter(nvmlReader());
+    const limits: ProfileLimits = {
+      queryTokens: Math.min(embedder.maxTokens, this.cfg.maxQueryTokens + 2),
+      rerankPairs: Math.min(RERANK_BATCH, this.cfg.maxTopK),
+      pairTokens: reranker.maxTokens,
+      promptTokens,
+      contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
+      decodeRows: this.cfg.maxNumSeqs,
+    };
+    const cacheFile = this.cfg.calibrationCache && meter?.available ? path.join(this.cfg.indexDir, CALIBRATION_FILE) : undefined;
     this.profile = !meter
       ? { source: 'analytic', reason: 'models split between host and GPU: no single meter sees every run' }
-      : await profileMemory(this.guard.model, {
-        embed: (b, s) => embedder.profileRun(b, s),
-        rerank: (b, s) => reranker.profileRun(b, s),
-        // The CUDA decoder's runs add nothing to what start-up allocated (memory-model.ts `preallocated`).
-        decoder: (r, s, c) => (decoder instanceof DecoderModel ? decoder.profileRun(r, s, c) : Promise.resolve()),
-      }, {
-        queryTokens: Math.min(embedder.maxTokens, this.cfg.maxQueryTokens + 2),
-        rerankPairs: Math.min(RERANK_BATCH, this.cfg.maxTopK),
-        pairTokens: reranker.maxTokens,
-        promptTokens,
-        contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
-        decodeRows: this.cfg.maxNumSeqs,
-      }, meter);
+      : await profileWithCache(cacheFile, () => calibrationKey(this.cfg, profilePlan(this.guard.model, limits), this.gpu.latest()),
+        () => profileMemory(this.guard.model, {
+          embed: (b, s) => embedder.profileRun(b, s),
+          rerank: (b, s) => reranker.profileRun(b, s),
+          // The CUDA decoder's runs add nothing to what start-up allocated (memory-model.ts `preallocated`).
+          decoder: (r, s, c) => (decoder instanceof DecoderModel ? decoder.profileRun(r, s, c) : Promise.resolve()),
+        }, limits, meter, (done, of) => (this.profileProgress = { done, of })));
     if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration, Math.max(this.cfg.minHeadroom, this.profile.headroom));
     return this.profile;
   }

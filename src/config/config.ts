@@ -81,6 +81,8 @@ export interface Config {
   guards: boolean;
   /** Calibrate the memory model by a profile run at start-up. */
   profileRun: boolean;
+  /** Keep the profile run's calibration in indexDir/calibration.json and restore it while nothing it depends on changed. */
+  calibrationCache: boolean;
   /** What the profile run measures of a run on the host: ONNX Runtime's accounted bytes, or resident memory. */
   hostMeter: 'accounted' | 'resident';
   /** Reservations are predictions x (1 + headroom), the headroom at least this. */
@@ -382,6 +384,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_PROFILE_RUN', default: 'true',
     doc: 'At start-up, run each model at the largest allowed shapes, measure their peaks and calibrate the memory model (host memory; kept analytic on a GPU).',
     apply: bool((c, v) => (c.profileRun = v)),
+  },
+  {
+    name: 'RAGGUARD_CALIBRATION_CACHE', default: 'true',
+    doc: 'Keep the profile run\'s calibration in RAGGUARD_INDEX_DIR/calibration.json, keyed by everything it depends on (the models\' bytes, ragguard\'s code and native libraries, ONNX Runtime\'s version, CPU and GPUs, the settings that shape a run), and restore it at the next start while none of that changed: a restart skips the 30-140 s run. A changed input or a damaged file: the profile runs again (the log says why) and the file is rewritten. false: profile at every start.',
+    apply: bool((c, v) => (c.calibrationCache = v)),
   },
   {
     name: 'RAGGUARD_HOST_METER', default: 'accounted',
