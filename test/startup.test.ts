@@ -13,21 +13,27 @@ import { createLogger } from '../src/server/logging.js';
 import { serve, type Serving } from '../src/server/serve.js';
 import { holdRuns, smallCorpus, tempDir, testConfig } from './helpers.js';
 
-/** A loader that hands over `models` only when the test opens it, saying one model is loaded meanwhile. */
+/**
+ * A loader that hands over `models` only when the test opens it, saying one model is loaded meanwhile;
+ * `called` resolves once the start has called it (after the service's modules are loaded).
+ */
 function heldLoader(models: Models) {
   let open!: () => void;
   let fail!: (e: Error) => void;
+  let reached!: () => void;
+  const called = new Promise<void>((r) => (reached = r));
   const gate = new Promise<void>((resolve, reject) => {
     open = resolve;
     fail = reject;
   });
   const load = async (_cfg: Config, onLoaded: (done: number, of: number) => void) => {
     onLoaded(1, 3);
+    reached();
     await gate;
     onLoaded(3, 3);
     return models;
   };
-  return { load, open, fail };
+  return { load, open, fail, called };
 }
 
 /** GET /readyz until `until` holds of its body; each try is a request, never a clock. */
@@ -57,8 +63,11 @@ describe('a server that is still starting', () => {
     const loader = heldLoader(models);
     serving = await serve(cfg, { logger: createLogger('silent'), loadModels: loader.load });
     const base = `http://127.0.0.1:${serving.port}`;
+    // Listening before the service's modules are loaded: alive already.
+    await request(base).get('/healthz').expect(200);
 
     // Loading: held by the loader.
+    await loader.called;
     const health = await request(base).get('/healthz').expect(200);
     assert.equal(health.body.status, 'ok');
     assert.equal(health.body.ready, false);
@@ -117,6 +126,7 @@ test('while starting: keys are checked as once ready, probes stay open, a stop c
   const loader = heldLoader(undefined as unknown as Models);
   const serving = await serve(cfg, { logger: createLogger('silent'), loadModels: loader.load });
   const base = `http://127.0.0.1:${serving.port}`;
+  await loader.called;
   try {
     await request(base).get('/healthz').expect(200);
     await request(base).get('/readyz').expect(503);

@@ -87,7 +87,7 @@ export interface MemorySnapshot {
   };
 }
 
-export function processFigures(m: ProcessMemory): MemorySnapshot['process'] {
+function snake(m: ProcessMemory): MemorySnapshot['process'] {
   return { rss: m.rss, heap_total: m.heapTotal, heap_used: m.heapUsed, external: m.external, array_buffers: m.arrayBuffers };
 }
 
@@ -175,7 +175,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       ? { source: 'nvml', gpus: gpu.gpus.map((g) => ({ index: g.index, name: g.name, total_bytes: g.totalBytes, used_bytes: g.usedBytes, free_bytes: g.freeBytes })) }
       : null,
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
-    process: processFigures(processMemory()),
+    process: snake(processMemory()),
     onnxruntime_host: ((c) => (c
       ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations() }
       : { accounted: false as const, reason: accountingUnavailable() }))(countingAllocator()),

@@ -6,16 +6,20 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Config } from '../config/config.js';
-import { describeKvPool } from '../guards/budget.js';
-import { loadModels, RagService, type Models } from '../rag.js';
-import { lowerOtherThreads } from '../runtime/thread-priority.js';
+import type { Models, RagService } from '../rag.js';
 import { Startup } from '../service/startup.js';
-import { createApp } from './app.js';
 import type { Logger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
 import { AppHandoff, startingApp } from './starting.js';
-import { logCapacity, logModels, startProgress } from './startup-log.js';
-import { warmUp } from './warmup.js';
+
+/**
+ * The service, its app and what they bring (ONNX Runtime, faiss, koffi, the model code): loaded once
+ * the port is open. Loading them took 2 s of a loaded 2-core machine, before which no probe was answered.
+ */
+const serviceModules = () => Promise.all([
+  import('../rag.js'), import('./app.js'), import('./startup-log.js'), import('./warmup.js'),
+  import('../guards/budget.js'), import('../runtime/thread-priority.js'),
+]);
 
 export interface ServeOptions {
   logger: Logger;
@@ -58,6 +62,8 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
 
   let service: RagService | undefined;
   const ready = (async () => {
+    const [{ loadModels, RagService }, { createApp }, { logCapacity, logModels, startProgress }, { warmUp }, { describeKvPool }, { lowerOtherThreads }] =
+      await serviceModules();
     const t0 = performance.now();
     log.info({ embedder: cfg.embedderPath, reranker: cfg.rerankerPath, decoder: cfg.decoderPath }, 'loading models');
     const models = await (opts.loadModels ?? loadModels)(cfg, startup.onModelLoaded);

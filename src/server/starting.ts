@@ -16,16 +16,13 @@
  */
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
 import express, { type NextFunction, type Request, type Response } from 'express';
-import { Gauge, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Registry } from 'prom-client';
 import type { Config } from '../config/config.js';
-import { processMemory } from '../guards/process-memory.js';
 import { STARTUP_PHASES, type Startup } from '../service/startup.js';
 import { authenticate, cors } from './auth.js';
-import { processFigures } from './debug-memory.js';
 import { HttpError } from './errors.js';
 import { noteError, requestLogger, type Logger } from './logging.js';
 import { dashboardIfHtml } from './memory-dashboard.js';
-import { PREFIX } from './metrics.js';
 import { pathOf } from './shutdown.js';
 
 /** Seconds a client is asked to wait before trying again: a start takes seconds to minutes. */
@@ -51,14 +48,18 @@ export function startingApp(cfg: Config, startup: Startup, log: Logger): express
     const e = startingError(startup);
     res.status(503).set(e.headers).json({ status: 'starting', ...startup.status(), ...e.body() });
   });
-  const metrics = startingMetrics(startup);
+  let metrics: Promise<Registry> | undefined;
   app.get('/metrics', (_req, res, next) => {
-    metrics.metrics().then((text) => res.type(metrics.contentType).send(text), next);
+    (metrics ??= startingMetrics(startup)).then((r) => r.metrics().then((text) => res.type(r.contentType).send(text))).catch(next);
   });
   app.get(['/debug/memory', '/debug/memory.html'], dashboardIfHtml);
   app.get('/debug/memory', (_req, res) => {
     const e = startingError(startup);
-    res.status(503).set(e.headers).json({ ...e.body(), starting: startup.status(), process: processFigures(processMemory()) });
+    const m = process.memoryUsage();
+    res.status(503).set(e.headers).json({
+      ...e.body(), starting: startup.status(),
+      process: { rss: m.rss, heap_total: m.heapTotal, heap_used: m.heapUsed, external: m.external, array_buffers: m.arrayBuffers },
+    });
   });
   app.use((_req, _res, next) => next(startingError(startup)));
   app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
@@ -70,12 +71,16 @@ export function startingApp(cfg: Config, startup: Startup, log: Logger): express
   return app;
 }
 
-/** The process' default metrics and the phase, until the service's own registry takes over. */
-function startingMetrics(startup: Startup): Registry {
+/**
+ * The process' default metrics and the phase, until the service's own registry (metrics.ts) takes over.
+ * prom-client is loaded when first asked for: the port opens before it (see serve.ts).
+ */
+async function startingMetrics(startup: Startup): Promise<Registry> {
+  const { Gauge, Registry, collectDefaultMetrics } = await import('prom-client');
   const r = new Registry();
   collectDefaultMetrics({ register: r });
   new Gauge({
-    name: `${PREFIX}startup_phase`, help: 'The start-up phase the server is in (1), while it is not ready.', labelNames: ['phase'], registers: [r],
+    name: 'ragguard:startup_phase', help: 'The start-up phase the server is in (1), while it is not ready.', labelNames: ['phase'], registers: [r],
     collect() {
       for (const p of STARTUP_PHASES) this.labels(p).set(startup.phase === p ? 1 : 0);
     },
