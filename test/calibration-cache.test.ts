@@ -11,7 +11,7 @@ import { before, describe, test } from 'node:test';
 import { CALIBRATION_FILE, keyDifferences, readCalibration, type CalibrationKey } from '../src/guards/calibration-cache.js';
 import { hostMeter } from '../src/guards/peak-meter.js';
 import type { CacheNote } from '../src/guards/profile.js';
-import { loadModels, RagService, type Models } from '../src/rag.js';
+import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { ROOT, tempDir, testConfig } from './helpers.js';
 
 const meter = hostMeter({ hostMeter: 'accounted' });

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import request from 'supertest';
 import type { Config } from '../src/config/config.js';
-import { loadModels, type Models } from '../src/rag.js';
+import { loadModels, type Models } from '../src/service/rag.js';
 import { createLogger } from '../src/server/logging.js';
 import { serve, type Serving } from '../src/server/serve.js';
 import { holdRuns, smallCorpus, tempDir, testConfig } from './helpers.js';

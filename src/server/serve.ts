@@ -6,7 +6,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Config } from '../config/config.js';
-import type { Models, RagService } from '../rag.js';
+import type { Models, RagService } from '../service/rag.js';
 import { Startup } from '../service/startup.js';
 import type { Logger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
@@ -17,7 +17,7 @@ import { AppHandoff, startingApp } from './starting.js';
  * the port is open. Loading them took 2 s of a loaded 2-core machine, before which no probe was answered.
  */
 const serviceModules = () => Promise.all([
-  import('../rag.js'), import('./app.js'), import('./startup-log.js'), import('./warmup.js'),
+  import('../service/rag.js'), import('./app.js'), import('./startup-log.js'), import('./warmup.js'),
   import('../guards/budget.js'), import('../runtime/thread-priority.js'),
 ]);
 

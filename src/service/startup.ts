@@ -17,7 +17,7 @@
  * - warming: the service is up and its app takes requests; the warm-up query runs (server/warmup.ts).
  * Then ready.
  */
-import type { RagService, StartPhase } from '../rag.js';
+import type { RagService, StartPhase } from './rag.js';
 
 export type StartupPhase = 'loading' | 'profiling' | 'ingesting' | 'warming';
 export const STARTUP_PHASES: readonly StartupPhase[] = ['loading', 'profiling', 'ingesting', 'warming'];
