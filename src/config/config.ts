@@ -129,7 +129,7 @@ export interface Config {
   intraOpThreads: number;
   /** Whether those threads spin while a run goes on ('runs') or always sleep when idle ('off'). */
   intraOpSpin: 'off' | 'runs';
-  /** One query through the server before it reports listening (server/warmup.ts). */
+  /** One query through the server before it reports ready (server/warmup.ts). */
   warmup: boolean;
 }
 
@@ -541,7 +541,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_WARMUP', default: 'true',
-    doc: 'Before reporting that it listens, the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
+    doc: 'Before it reports ready (GET /readyz 200), the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
     apply: bool((c, v) => (c.warmup = v)),
   },
 ];
