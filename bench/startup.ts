@@ -26,7 +26,7 @@ import path from 'node:path';
 const ROOT = path.resolve(import.meta.dirname, '..');
 const POLL_MS = Number(process.env['BENCH_STARTUP_POLL_MS'] ?? 100);
 /** A start that is not ready by then is reported as such (the server is stopped). */
-const LIMIT_MS = Number(process.env['BENCH_STARTUP_LIMIT_S'] ?? 1200) * 1000;
+const LIMIT_MS = Number(process.env['BENCH_STARTUP_LIMIT_S'] ?? 3600) * 1000;
 const QUERY = { query: 'What is the sticky bit used for on /tmp?', max_new_tokens: 8 };
 
 const keptIndex = process.env['BENCH_STARTUP_INDEX_DIR'];
