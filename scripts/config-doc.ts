@@ -15,7 +15,7 @@ if (process.argv.includes('--write')) {
   const from = readme.indexOf(BEGIN);
   const to = readme.indexOf(END);
   if (from < 0 || to < from) throw new Error(`README.md lacks the markers ${BEGIN} ... ${END}`);
-  writeFileSync(file, `${readme.slice(0, from + BEGIN.length)}\n${configTable()}\n${readme.slice(to)}`);
+  writeFileSync(file, `${readme.slice(0, from + BEGIN.length)}\n\n${configTable()}\n\n${readme.slice(to)}`);
   console.log('README.md: configuration table written');
 } else {
   console.log(configTable());
