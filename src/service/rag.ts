@@ -216,9 +216,6 @@ export class RagService {
     this.trend = new MemoryTrend({
       horizonMs: cfg.leakHorizonMs, warmupMs: cfg.leakWarmupMs, minSpanMs: cfg.leakMinSpanMs, slopeBytesPerMin: cfg.leakSlopeBytesPerMin,
     });
-    this.sampleMemory();
-    this.trendTimer = setInterval(() => this.sampleMemory(), cfg.leakSampleMs);
-    this.trendTimer.unref();
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
@@ -249,6 +246,10 @@ export class RagService {
       const kv = blocks.stats();
       return { workspaceTotal: this.workspaceBytes, kvFreeBlocks: kv.freeBlocks, kvTotalBlocks: kv.totalBlocks };
     }, cfg.reshapeOrder, { minPromptTokens: cfg.minPromptTokens, minNewTokens: cfg.minNewTokens });
+    // The slow-leak check's samples, from now on (the engine and its pool exist: expectedGrowthBytes).
+    this.sampleMemory();
+    this.trendTimer = setInterval(() => this.sampleMemory(), cfg.leakSampleMs);
+    this.trendTimer.unref();
   }
 
   /** Bytes of the three models (host and device), as measured when they loaded. */
@@ -320,10 +321,21 @@ export class RagService {
     return this.store.indexBytes + this.storeBytesMemo.bytes;
   }
 
+  /**
+   * Growth the process is expected to show: the store's documents, and the KV pool's blocks as they are
+   * first used (a host pool's pages are written, and become resident, block by block: bounded by the
+   * pool, not a leak). A device pool adds nothing on the host.
+   */
+  expectedGrowthBytes(): number {
+    const hostPool = this.engine.runner.pool.location !== 'device';
+    const kv = hostPool ? this.blocks.stats().touchedBlocks * this.cfg.kvBlockSize * this.models.decoder.kvBytesPerToken : 0;
+    return this.storeResidentBytes() + kv;
+  }
+
   /** One sample of the slow-leak check (the timer's; tests call it to sample at once). */
   sampleMemory(at = Date.now()): void {
     const m = processMemory();
-    this.trend.record({ at, rss: m.rss, heapUsed: m.heapUsed, external: m.external, expectedBytes: this.storeResidentBytes() });
+    this.trend.record({ at, rss: m.rss, heapUsed: m.heapUsed, external: m.external, expectedBytes: this.expectedGrowthBytes() });
   }
 
   /** `onPhase` hears each start-up phase as it begins (the start-up log's progress). */
