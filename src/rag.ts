@@ -34,7 +34,7 @@ import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
 import { installCountingAllocator } from './runtime/ort-allocator.js';
 import { applySessionSettings } from './runtime/ort-direct.js';
 import { nextTurn } from './server/turns.js';
-import { chunkText } from './retrieval/chunker.js';
+import { chunkSections, type Section } from './retrieval/chunker.js';
 import { Embedder } from './retrieval/embedder.js';
 import { dedupe } from './retrieval/prune.js';
 import { Retriever } from './retrieval/retriever.js';
@@ -44,6 +44,10 @@ export interface DocumentInput {
   docId?: string;
   title?: string;
   text: string;
+  /** The text in sections under their references (a file's pages or headings): chunked per section when given. */
+  sections?: readonly Section[];
+  /** What the source file said of itself (retrieval/files/registry.ts). */
+  metadata?: Record<string, string>;
 }
 
 export interface IngestResult {
@@ -88,6 +92,8 @@ export interface Citation {
   /** First-stage score: cosine (dense), BM25 (lexical) or the reciprocal-rank fusion sum (hybrid). */
   retrieval_score: number;
   text: string;
+  /** Where in the document the chunk is: "page 3", "section: Install > Linux"; absent when the source has no pages or headings. */
+  locator?: string;
 }
 
 export interface QueryResult {
@@ -342,7 +348,7 @@ export class RagService {
     const { embedder } = this.models;
     const prepared = docs.map((d) => {
       const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
-      return { docId, title: d.title ?? docId, text: d.text };
+      return { docId, title: d.title ?? docId, text: d.text, sections: d.sections ?? [{ text: d.text }], metadata: d.metadata };
     });
     const seen = new Set<string>();
     for (const d of prepared) {
@@ -354,13 +360,13 @@ export class RagService {
     const progress = (this.ingestProgress = { done: 0, of: prepared.length });
     for (const d of prepared) {
       signal?.throwIfAborted(); // abandoned (or stopped by shutdown): nothing of the batch is kept
-      const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
+      const spans = chunkSections(d.sections, (w) => embedder.tokenizer.encode(w).length, {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
       });
       // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
+      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
       progress.done++;
     }
@@ -421,6 +427,7 @@ export class RagService {
         score,
         retrieval_score: hit.score,
         text: hit.chunk.text,
+        ...(hit.chunk.locator === undefined ? {} : { locator: hit.chunk.locator }),
       };
     });
     q.hooks?.onCitations?.(citations);

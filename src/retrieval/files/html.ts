@@ -80,7 +80,8 @@ export function parseHtmlText(html: string): Omit<ParsedFile, 'kind'> {
         }
         heading = undefined;
       }
-      if (BLOCK.has(name)) text += '\n';
+      // Void elements (br, hr) are closed as they open: one line break, not two.
+      if (BLOCK.has(name) && name !== 'br' && name !== 'hr') text += '\n';
     },
   }, { decodeEntities: true, lowerCaseTags: true });
   parser.write(html);

@@ -85,7 +85,7 @@ export async function parseFile(f: FileInput): Promise<ParsedFile> {
   const reader = readerFor(f);
   if (f.bytes.length === 0) throw new UnreadableFileError(f.filename, 'empty file');
   const parsed = await reader.parse(f.bytes, f.filename, mediaType(f.contentType).charset);
-  if (parsed.sections.length === 0) throw new UnreadableFileError(f.filename, 'no text in it');
+  if (parsed.sections.length === 0) throw new UnreadableFileError(f.filename, `no text in it${reader.kind === 'html' || reader.kind === 'docx' ? ' (empty after stripping markup)' : ''}`);
   return { kind: reader.kind, ...parsed };
 }
 
