@@ -8,6 +8,9 @@
 import assert from 'node:assert/strict';
 import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { readFolder } from '../src/cli/folder.js';
 import { loadModels, RagService } from '../src/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
@@ -70,7 +73,11 @@ before(async () => {
   url = `http://127.0.0.1:${typeof a === 'object' && a ? a.port : 0}`;
 });
 
-after(() => server?.close());
+const servers: Server[] = [];
+after(() => {
+  server?.close();
+  for (const s of servers) s.close();
+});
 
 describe('ingest of files', () => {
   test('a multipart upload of PDF, DOCX and HTML and a damaged PDF: 207, the damaged one 422 naming it, the others in with their titles and metadata', async () => {
@@ -170,5 +177,69 @@ describe('ingest of files', () => {
     const d = reopened.store.documents(0, 100).find((x) => x.title === 'Skerry Point harbour manual')!;
     assert.deepEqual(d.chunkIds.map((id) => reopened.store.chunk(id).locator), ['page 1', 'page 2']);
     assert.equal(d.metadata!['author'], 'Harbour Board');
+  });
+
+  test('an upload over RAGGUARD_MAX_UPLOAD_BYTES is a 413, with a Content-Length or streamed without one', async () => {
+    const small = new RagService({ ...service.cfg, maxUploadBytes: 4096 }, service.models, service.store);
+    const base = await new Promise<string>((resolve) => {
+      const s = createApp(small, { logger: createLogger('silent') }).listen(0, '127.0.0.1', () => {
+        const a = s.address();
+        resolve(`http://127.0.0.1:${typeof a === 'object' && a ? a.port : 0}`);
+      });
+      servers.push(s);
+    });
+    const big = 'lorem ipsum '.repeat(1000);
+    const form = new FormData();
+    form.append('file', file(big, 'text/plain'), 'big.txt');
+    const sized = await fetch(`${base}/documents`, { method: 'POST', body: form });
+    assert.equal(sized.status, 413);
+    assert.equal(((await sized.json()) as { error: { code: string } }).error.code, 'payload_too_large');
+    // The same multipart bytes as a stream: no Content-Length, the count as it arrives stops it.
+    const req = new Request(`${base}/documents`, { method: 'POST', body: form });
+    const bytes = new Uint8Array(await req.arrayBuffer());
+    const stream = new ReadableStream<Uint8Array>({
+      start(c) {
+        for (let i = 0; i < bytes.length; i += 1024) c.enqueue(bytes.subarray(i, i + 1024));
+        c.close();
+      },
+    });
+    const streamed = await fetch(`${base}/documents`, {
+      method: 'POST', body: stream, headers: { 'content-type': req.headers.get('content-type')! }, duplex: 'half',
+    } as RequestInit & { duplex: 'half' });
+    assert.equal(streamed.status, 413);
+    assert.equal(((await streamed.json()) as { error: { code: string } }).error.code, 'payload_too_large');
+    assert.equal(service.store.documents(0, 100).some((d) => d.metadata?.['filename'] === 'big.txt'), false);
+  });
+
+  test('PUT /documents/:id replaces a document with a file, its locators with it', async () => {
+    const put = await fetch(`${url}/documents/harbour-copy`, {
+      method: 'PUT', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ content: PDF.toString('base64'), filename: 'harbour.pdf' }),
+    });
+    assert.equal(put.status, 201);
+    const doc = await (await fetch(`${url}/documents/harbour-copy`)).json() as { title: string; chunks: { locator: string }[] };
+    assert.equal(doc.title, 'Skerry Point harbour manual');
+    assert.deepEqual(doc.chunks.map((c) => c.locator), ['page 1', 'page 2']);
+    const bad = await fetch(`${url}/documents/harbour-copy`, {
+      method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ content: 'AAAA', filename: 'scan.tiff' }),
+    });
+    assert.equal(bad.status, 415);
+    assert.equal(((await bad.json()) as { error: { filename: string } }).error.filename, 'scan.tiff');
+  });
+
+  test('the CLI folder walk reads PDF and DOCX with their pages and sections, and skips a damaged file with why', async () => {
+    const dir = await tempDir('ragguard-files-');
+    await mkdir(path.join(dir, 'manuals'));
+    await writeFile(path.join(dir, 'manuals', 'harbour.pdf'), PDF);
+    await writeFile(path.join(dir, 'greenhouse.docx'), await DOCX);
+    await writeFile(path.join(dir, 'torn.pdf'), PDF.subarray(0, 300));
+    const { documents, skipped } = await readFolder(dir, 1 << 20);
+    assert.deepEqual(documents.map((d) => [d.docId, d.title, d.sections.map((x) => x.locator)]), [
+      ['greenhouse', 'Greenhouse handbook', ['section: Watering', 'section: Pollination']],
+      ['manuals.harbour', 'Skerry Point harbour manual', ['page 1', 'page 2']],
+    ]);
+    assert.equal(skipped.length, 1);
+    assert.equal(skipped[0]!.file, 'torn.pdf');
+    assert.match(skipped[0]!.reason, /^not a readable PDF/);
   });
 });

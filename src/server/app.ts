@@ -12,7 +12,7 @@ import { frontDoor, healthReport, letIn } from './front-door.js';
 import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
 import { documentsRouter } from './documents.js';
-import { multipartUpload, postDocuments } from './document-intake.js';
+import { multipartUpload, postDocuments, uploadJson } from './document-intake.js';
 import { createLogger, noteError, requestLogger, type Logger } from './logging.js';
 import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
@@ -59,9 +59,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     next();
   });
   // Files as base64 in JSON, and multipart uploads, go to the document routes under their own limit (document-intake.ts).
-  const uploadJson = express.json({ limit: Math.max(cfg.maxDocumentBytes, cfg.maxUploadBytes) });
-  app.post('/documents', uploadJson, multipartUpload(cfg));
-  app.put('/documents/:id', uploadJson);
+  app.post('/documents', uploadJson(cfg), multipartUpload(cfg));
+  app.put('/documents/:id', uploadJson(cfg));
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   // Also answered at the front door (front-door.ts); here for the paths it leaves to express ('/healthz/').

@@ -23,7 +23,7 @@
  * `results` holds one entry per item, in the request's order: {index, filename?, status, doc_id?, title?,
  * chunks?, error?: {code, message}}.
  */
-import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
 import multer from 'multer';
 import type { Writable } from 'node:stream';
 import type { Config } from '../config/config.js';
@@ -31,6 +31,7 @@ import { DuplicateDocumentError, type DocumentInput, type IngestResult, type Rag
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
 import { requestSignal } from './shutdown.js';
+import { nextTurn } from './turns.js';
 import { parseDocuments, type DocumentItem } from './validate.js';
 
 /** Files in one request at most (as JSON's documents list). */
@@ -76,6 +77,24 @@ export function multipartUpload(cfg: Pick<Config, 'maxUploadBytes'>): RequestHan
       return next(new HttpError(400, 'invalid_upload', `multipart body: ${(err as Error).message}`));
     });
   };
+}
+
+/**
+ * JSON for the document routes, under RAGGUARD_MAX_UPLOAD_BYTES (files as base64); a body of texts
+ * alone is still held to RAGGUARD_MAX_DOCUMENT_BYTES, by textBodyWithin once it is parsed.
+ */
+export function uploadJson(cfg: Pick<Config, 'maxUploadBytes' | 'maxDocumentBytes'>): RequestHandler {
+  const limit = Math.max(cfg.maxDocumentBytes, cfg.maxUploadBytes);
+  const parse = express.json({ limit });
+  return (req, res, next) => parse(req, res, (err?: unknown) => {
+    next((err as { type?: string } | undefined)?.type === 'entity.too.large' ? tooLarge(limit) : err);
+  });
+}
+
+/** A JSON body without files is held to RAGGUARD_MAX_DOCUMENT_BYTES, as before files were taken. */
+export function textBodyWithin(req: Request, maxDocumentBytes: number): void {
+  const bytes = Number(req.headers['content-length'] ?? Buffer.byteLength(JSON.stringify(req.body ?? null)));
+  if (bytes > maxDocumentBytes) throw new HttpError(413, 'payload_too_large', 'request body exceeds RAGGUARD_MAX_DOCUMENT_BYTES');
 }
 
 /** The items of a multipart body: its files, with doc_id and title when there is one file. */
@@ -133,13 +152,12 @@ export async function postDocuments(service: RagService, req: Request, res: Resp
   // A JSON body of texts alone is held to RAGGUARD_MAX_DOCUMENT_BYTES as it always was; the larger
   // upload limit its parser allowed is for base64 files.
   const items = multipart ? multipartItems(req) : parseDocuments(req.body);
-  const bodyBytes = () => Number(req.headers['content-length'] ?? Buffer.byteLength(JSON.stringify(req.body)));
-  if (!multipart && items.every((i) => 'text' in i) && bodyBytes() > cfg.maxDocumentBytes) {
-    throw new HttpError(413, 'payload_too_large', 'request body exceeds RAGGUARD_MAX_DOCUMENT_BYTES');
-  }
+  if (!multipart && items.every((i) => 'text' in i)) textBodyWithin(req, cfg.maxDocumentBytes);
   const read: (DocumentInput | HttpError)[] = [];
   for (const item of items) {
     if ('text' in item) { read.push(item.text); continue; }
+    // A file's parse holds the event loop (a long PDF: a while): one file per turn (turns.ts).
+    await nextTurn();
     try {
       read.push(await readFileDocument(item.file, cfg.maxDocumentBytes, item.docId, item.title));
     } catch (e) {

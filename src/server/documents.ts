@@ -13,7 +13,7 @@ import { z } from 'zod';
 import { removeDocument, replaceDocument } from '../documents.js';
 import type { RagService } from '../rag.js';
 import type { StoredDocument } from '../retrieval/store.js';
-import { readFileDocument } from './document-intake.js';
+import { readFileDocument, textBodyWithin } from './document-intake.js';
 import { HttpError } from './errors.js';
 import { fileFields, textOrFile } from './schemas.js';
 
@@ -81,6 +81,7 @@ export function documentsRouter(service: RagService): Router {
       throw new HttpError(400, 'invalid_field', `doc_id '${b.data.doc_id}' differs from the path's '${id}'`);
     }
     const title = b.data.title?.trim() || undefined;
+    if (b.data.content === undefined) textBodyWithin(req, service.cfg.maxDocumentBytes);
     const d = b.data.content === undefined ? { text: b.data.text!, title }
       : await readFileDocument({ filename: b.data.filename!, contentType: b.data.content_type, bytes: Buffer.from(b.data.content, 'base64') }, service.cfg.maxDocumentBytes, id, title);
     const { result, replaced } = await replaceDocument(service, { ...d, docId: id });
