@@ -150,6 +150,11 @@ describe('ingest of files', () => {
     assert.equal(e.filename, 'diagram.png');
     assert.match(e.message, /^diagram\.png: unsupported file type \(extension '\.png', type 'image\/png'\)/);
 
+    // A raw PDF as the body: no name to read it by, and not a form: the route says what it takes.
+    const raw = await fetch(`${url}/documents`, { method: 'POST', body: PDF, headers: { 'content-type': 'application/pdf' } });
+    assert.equal(raw.status, 415);
+    assert.match(((await raw.json()) as { error: { message: string } }).error.message, /takes application\/json or multipart\/form-data/);
+
     const torn = await post('/documents', { content: PDF.subarray(0, 300).toString('base64'), filename: 'torn.pdf' });
     assert.equal(torn.status, 422);
     assert.equal((torn.body['error'] as { filename: string }).filename, 'torn.pdf');

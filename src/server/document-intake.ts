@@ -148,7 +148,11 @@ interface Result {
 /** The POST /documents handler (after express.json and multipartUpload). */
 export async function postDocuments(service: RagService, req: Request, res: Response): Promise<void> {
   const { cfg } = service;
-  const multipart = req.is('multipart') !== false && req.is('multipart') !== null;
+  const multipart = typeof req.is('multipart') === 'string';
+  // A raw file as the body (Content-Type: application/pdf) has no name to read it by: say what is taken.
+  if (!multipart && req.headers['content-type'] !== undefined && typeof req.is('json') !== 'string') {
+    throw new HttpError(415, 'unsupported_media_type', `POST /documents takes application/json or multipart/form-data, not ${req.headers['content-type']}`);
+  }
   // A JSON body of texts alone is held to RAGGUARD_MAX_DOCUMENT_BYTES as it always was; the larger
   // upload limit its parser allowed is for base64 files.
   const items = multipart ? multipartItems(req) : parseDocuments(req.body);

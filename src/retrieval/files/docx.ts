@@ -11,6 +11,8 @@ import { Parser } from 'htmlparser2';
 import { parseHtmlText } from './html.js';
 import { putMeta, UnreadableFileError, type ParsedFile } from './parsed-file.js';
 
+/** What a Word package may unpack to: far beyond any document of text, well within the host's memory. */
+const MAX_UNPACKED_BYTES = 256 * 1024 * 1024;
 const STYLE_MAP = ["p[style-name='Title'] => h1:fresh", "p[style-name='Subtitle'] => h2:fresh"];
 const CORE: Record<string, string> = {
   'dc:title': 'title', 'dc:creator': 'author', 'dc:subject': 'subject', 'dc:description': 'description', 'cp:keywords': 'keywords',
@@ -41,6 +43,11 @@ export async function parseDocx(bytes: Uint8Array, filename: string): Promise<Om
     throw new UnreadableFileError(filename, `not a Word document: not a readable zip package (${(e as Error).message})`);
   }
   if (!zip.file('word/document.xml')) throw new UnreadableFileError(filename, 'not a Word document: the package has no word/document.xml');
+  // Mammoth unpacks whole parts in memory: a package that says it unpacks to far more than any document
+  // of text does (a zip bomb) is refused before it is unpacked. The sizes are the package's own word;
+  // jszip fails a part whose data runs past what it declared.
+  const unpacked = Object.values(zip.files).reduce((n, f) => n + ((f as unknown as { _data?: { uncompressedSize?: number } })._data?.uncompressedSize ?? 0), 0);
+  if (unpacked > MAX_UNPACKED_BYTES) throw new UnreadableFileError(filename, `the Word package unpacks to ${unpacked} bytes, more than ${MAX_UNPACKED_BYTES}`);
   let html: string;
   try {
     html = (await mammoth.convertToHtml({ buffer }, { styleMap: STYLE_MAP })).value;
