@@ -11,7 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { readFolder } from '../src/cli/folder.js';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { makeDocx, makePdf } from './file-fixtures.js';

@@ -27,11 +27,11 @@ import express, { type NextFunction, type Request, type RequestHandler, type Res
 import multer from 'multer';
 import type { Writable } from 'node:stream';
 import type { Config } from '../config/config.js';
-import { DuplicateDocumentError, type DocumentInput, type IngestResult, type RagService } from '../rag.js';
+import { DuplicateDocumentError, type DocumentInput, type IngestResult, type RagService } from '../service/rag.js';
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
 import { requestSignal } from './shutdown.js';
-import { nextTurn } from './turns.js';
+import { nextTurn } from '../runtime/turns.js';
 import { parseDocuments, type DocumentItem } from './validate.js';
 
 /** Files in one request at most (as JSON's documents list). */
