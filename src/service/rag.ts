@@ -309,7 +309,7 @@ export class RagService {
 
   /**
    * What the store holds for its documents, predicted from their sizes: the vectors (exact), the chunk
-   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), the lexical index's postings
+   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), their locators (two a character at most), the lexical index's postings
    * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
    */
   storeResidentBytes(): number {
@@ -319,7 +319,7 @@ export class RagService {
       for (let i = 0; i < n; i++) {
         const c = this.store.chunk(i);
         // eslint-disable-next-line no-control-regex
-        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
+        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + (c.locator?.length ?? 0) * 2 + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
       }
       this.storeBytesMemo = { chunks: n, bytes };
     }
