@@ -142,13 +142,14 @@ describe('ingest of files', () => {
   test('a type no parser reads: 415 naming the file; a damaged PDF alone: 422 naming it; nothing goes in', async () => {
     const before = service.store.documentCount;
     const png = new FormData();
-    png.append('file', file(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), 'image/png'), 'diagram.png');
+    // A name beyond ASCII comes back as it was sent (UTF-8, not busboy's latin1 default).
+    png.append('file', file(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), 'image/png'), 'schéma.png');
     const r = await post('/documents', png);
     assert.equal(r.status, 415);
     const e = r.body['error'] as { code: string; message: string; filename: string };
     assert.equal(e.code, 'unsupported_file_type');
-    assert.equal(e.filename, 'diagram.png');
-    assert.match(e.message, /^diagram\.png: unsupported file type \(extension '\.png', type 'image\/png'\)/);
+    assert.equal(e.filename, 'schéma.png');
+    assert.match(e.message, /^schéma\.png: unsupported file type \(extension '\.png', type 'image\/png'\)/);
 
     // A raw PDF as the body: no name to read it by, and not a form: the route says what it takes.
     const raw = await fetch(`${url}/documents`, { method: 'POST', body: PDF, headers: { 'content-type': 'application/pdf' } });
