@@ -75,6 +75,8 @@ export interface Config {
   /** Cross-encoder rerank of the first stage's hits; off: they keep the first stage's order. */
   rerank: boolean;
   maxDocumentBytes: number;
+  /** Largest file upload (multipart, or base64 in JSON) to POST /documents or PUT /documents/:id, per request. */
+  maxUploadBytes: number;
   /** Paged KV cache: tokens per block, pool size, admission watermark, batching limits. */
   kvBlockSize: number;
   /** Explicit KV pool size; 0 = the budget's share (kvFraction of what weights and index leave). */
@@ -361,6 +363,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_MAX_DOCUMENT_BYTES', default: '2000000', doc: 'Largest POST /documents body, in bytes.',
     apply: int(1024, 1 << 30, (c, v) => (c.maxDocumentBytes = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_UPLOAD_BYTES', default: '33554432',
+    doc: 'Largest request carrying files to POST /documents or PUT /documents/:id (a multipart upload, or JSON with base64 content), in bytes, held in memory while its files are read; the text taken from each file is still held to RAGGUARD_MAX_DOCUMENT_BYTES.',
+    apply: int(1024, 1 << 30, (c, v) => (c.maxUploadBytes = v)),
   },
   {
     name: 'RAGGUARD_KV_BLOCK_SIZE', default: '16', doc: 'Tokens per KV-cache block.',

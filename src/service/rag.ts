@@ -38,7 +38,7 @@ import { mallocStats, trimMalloc } from '../runtime/malloc.js';
 import { installCountingAllocator } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
-import { chunkText } from '../retrieval/chunker.js';
+import { chunkSections, type Section } from '../retrieval/chunker.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { dedupe } from '../retrieval/prune.js';
 import { Retriever } from '../retrieval/retriever.js';
@@ -48,6 +48,10 @@ export interface DocumentInput {
   docId?: string;
   title?: string;
   text: string;
+  /** The text in sections under their references (a file's pages or headings): chunked per section when given. */
+  sections?: readonly Section[];
+  /** What the source file said of itself (retrieval/files/registry.ts). */
+  metadata?: Record<string, string>;
 }
 
 export interface IngestResult {
@@ -92,6 +96,8 @@ export interface Citation {
   /** First-stage score: cosine (dense), BM25 (lexical) or the reciprocal-rank fusion sum (hybrid). */
   retrieval_score: number;
   text: string;
+  /** Where in the document the chunk is: "page 3", "section: Install > Linux"; absent when the source has no pages or headings. */
+  locator?: string;
 }
 
 export interface QueryResult {
@@ -317,7 +323,7 @@ export class RagService {
 
   /**
    * What the store holds for its documents, predicted from their sizes: the vectors (exact), the chunk
-   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), the lexical index's postings
+   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), their locators (two a character at most), the lexical index's postings
    * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
    */
   storeResidentBytes(): number {
@@ -327,7 +333,7 @@ export class RagService {
       for (let i = 0; i < n; i++) {
         const c = this.store.chunk(i);
         // eslint-disable-next-line no-control-regex
-        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
+        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + (c.locator?.length ?? 0) * 2 + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
       }
       this.storeBytesMemo = { chunks: n, bytes };
     }
@@ -436,7 +442,7 @@ export class RagService {
     const { embedder } = this.models;
     const prepared = docs.map((d) => {
       const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
-      return { docId, title: d.title ?? docId, text: d.text };
+      return { docId, title: d.title ?? docId, text: d.text, sections: d.sections ?? [{ text: d.text }], metadata: d.metadata };
     });
     const seen = new Set<string>();
     for (const d of prepared) {
@@ -448,13 +454,13 @@ export class RagService {
     const progress = (this.ingestProgress = { done: 0, of: prepared.length });
     for (const d of prepared) {
       signal?.throwIfAborted(); // abandoned (or stopped by shutdown): nothing of the batch is kept
-      const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
+      const spans = chunkSections(d.sections, (w) => embedder.tokenizer.encode(w).length, {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
       });
       // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
+      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
       progress.done++;
     }
@@ -515,6 +521,7 @@ export class RagService {
         score,
         retrieval_score: hit.score,
         text: hit.chunk.text,
+        ...(hit.chunk.locator === undefined ? {} : { locator: hit.chunk.locator }),
       };
     });
     q.hooks?.onCitations?.(citations);
