@@ -6,6 +6,7 @@
  */
 import type { DecoderModel, KvTensor } from './decoder-model.js';
 import { sampleToken, seededRandom } from './sampler.js';
+import type { TokenLogprobs } from './logprobs.js';
 
 export interface GenerateOptions {
   maxNewTokens: number;
@@ -24,6 +25,8 @@ export interface Generation {
   finishReason: FinishReason;
   /** Prompt tokens whose KV came from the prefix cache (the engine's; 0 for sequential generation). */
   cachedTokens?: number;
+  /** Each generated token's logprobs (ids' order), where the request asked (logprobs.ts). */
+  logprobs?: TokenLogprobs[];
 }
 
 export async function generate(model: DecoderModel, promptIds: readonly number[], opts: GenerateOptions): Promise<Generation> {

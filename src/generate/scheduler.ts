@@ -57,6 +57,12 @@ export class Scheduler {
     this.waiting.push(seq);
   }
 
+  /** A sequence whose blocks the caller already made (a fork of a running one: engine.ts) joins the running batch. */
+  adopt(seq: Sequence): void {
+    seq.status = 'running';
+    this.running.push(seq);
+  }
+
   get hasWork(): boolean {
     return this.waiting.length > 0 || this.running.length > 0;
   }
