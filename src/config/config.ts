@@ -52,6 +52,8 @@ export interface Config {
   maxRerankTopN: number;
   defaultMaxNewTokens: number;
   maxNewTokensLimit: number;
+  /** Largest `n` (samples per request) the /v1 generation routes take. */
+  maxN: number;
   /** Upper bound on prompt tokens given to the decoder (context + question + template). */
   promptBudgetTokens: number;
   maxQueryTokens: number;
@@ -300,6 +302,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_MAX_NEW_TOKENS_LIMIT', default: '256', doc: 'Largest max_new_tokens a request may ask for.',
     apply: int(1, 4096, (c, v) => (c.maxNewTokensLimit = v)),
+  },
+  {
+    name: 'RAGGUARD_MAX_N', default: '8',
+    doc: 'Largest `n` (samples of one prompt) a /v1 completion may ask for; they share the prompt\'s KV blocks, each adds its own new tokens\' KV.',
+    apply: int(1, 64, (c, v) => (c.maxN = v)),
   },
   {
     name: 'RAGGUARD_PROMPT_BUDGET', default: '768', doc: 'Most prompt tokens (template + context + question) given to the decoder.',
