@@ -9,10 +9,12 @@
  *   ragguard ingest <folder> --direct  the same straight into the index on disk (RAGGUARD_INDEX_DIR), for
  *                                      when no server runs on it (direct-ingest.ts): one snapshot write
  *   ragguard query "question" [opts]  asks a running server (POST /query): the answer and its citations
+ *   ragguard rerank --query Q doc...   scores documents against Q with a running server's reranker
+ *                                      (POST /v1/rerank): most relevant first, with their scores
  *
  * Options: --url URL (else RAGGUARD_URL, else http://$HOST:$PORT with the server's defaults),
  * --key KEY (else RAGGUARD_ADMIN_KEY for ingest, RAGGUARD_API_KEY for query), --json (the report or
- * reply as JSON on stdout), for query --top-k N, --rerank-top-n N, --max-tokens N.
+ * reply as JSON on stdout), for query --top-k N, --rerank-top-n N, --max-tokens N, for rerank --top-n N.
  * Exit status: 0 done, 1 a request failed (or a file could not be ingested), 2 bad usage.
  */
 import { parseArgs } from 'node:util';
@@ -25,7 +27,8 @@ const USAGE = `usage:
   ragguard serve
   ragguard ingest <folder> [--url URL] [--key KEY] [--json]
   ragguard ingest <folder> --direct [--json]      (into RAGGUARD_INDEX_DIR, no server running on it)
-  ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]`;
+  ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]
+  ragguard rerank --query "question" doc1 doc2 ... [--url URL] [--key KEY] [--top-n N] [--json]`;
 
 class UsageError extends Error {}
 
@@ -154,6 +157,31 @@ async function query(args: string[]): Promise<number> {
   return 0;
 }
 
+async function rerank(args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args, allowPositionals: true,
+    options: { url: { type: 'string' }, key: { type: 'string' }, json: { type: 'boolean' }, query: { type: 'string' }, 'top-n': { type: 'string' } },
+  });
+  if (values.query === undefined || values.query.trim() === '') throw new UsageError('rerank needs --query "question"');
+  if (positionals.length === 0) throw new UsageError('rerank takes one or more documents after --query');
+  const topN = values['top-n'];
+  if (topN !== undefined && !/^[1-9]\d*$/.test(topN)) throw new UsageError('--top-n takes a positive integer');
+  const body = { query: values.query, documents: positionals, ...(topN !== undefined ? { top_n: Number(topN) } : {}) };
+  const r = await call(`${baseUrl(values.url)}/v1/rerank`, 'POST', values.key ?? process.env['RAGGUARD_API_KEY'], body);
+  if (r.status !== 200) {
+    process.stderr.write(`ragguard rerank: ${errorText(r)}\n`);
+    return 1;
+  }
+  if (values.json) {
+    process.stdout.write(`${JSON.stringify(r.body)}\n`);
+    return 0;
+  }
+  const results = r.body['results'] as { index: number; relevance_score: number; document?: { text: string } }[];
+  const lines = results.map((x) => `${x.relevance_score.toFixed(4)}  [${x.index + 1}] ${x.document?.text ?? positionals[x.index]}`);
+  process.stdout.write(`${lines.join('\n')}\n`);
+  return 0;
+}
+
 async function main(argv: string[]): Promise<number> {
   const [cmd, ...rest] = argv;
   switch (cmd) {
@@ -165,6 +193,8 @@ async function main(argv: string[]): Promise<number> {
       return ingest(rest);
     case 'query':
       return query(rest);
+    case 'rerank':
+      return rerank(rest);
     case 'help':
     case '--help':
     case '-h':

@@ -54,8 +54,8 @@ export function rerankRoutes(service: RagService, admission: Admission): express
   const metrics = metricsFor(service);
 
   /** The pairs' relevance scores, guarded; with the token count (usage) and the pairs that were cut. */
-  const score = async (res: Response, route: '/v1/rerank' | '/v1/score', model: string, pairs: readonly (readonly [string, string])[]) => {
-    if (model !== rerankerId) {
+  const score = async (res: Response, route: '/v1/rerank' | '/v1/score', model: string | undefined, pairs: readonly (readonly [string, string])[]) => {
+    if (model !== undefined && model !== rerankerId) {
       throw new HttpError(404, 'model_not_found', `the model '${model}' does not exist here; this route serves the reranker '${rerankerId}'`, { param: 'model' });
     }
     // Tokenized once here for the guard's shape and the usage; the reranker cuts over-long pairs itself.
@@ -82,14 +82,14 @@ export function rerankRoutes(service: RagService, admission: Admission): express
     const results = order.slice(0, b.top_n ?? order.length).map((index) => ({
       index, relevance_score: r.scores[index]!, ...(b.return_documents ?? true ? { document: { text: texts[index]! } } : {}),
     }));
-    res.json({ id: `rerank-${randomBytes(12).toString('hex')}`, model: b.model, results, usage: r.usage, ragguard: { truncated: r.truncated } });
+    res.json({ id: `rerank-${randomBytes(12).toString('hex')}`, model: rerankerId, results, usage: r.usage, ragguard: { truncated: r.truncated } });
   });
 
   router.post('/v1/score', async (req, res) => {
     const b = parseBody(schemasFor(service.cfg).score, req.body);
     const r = await score(res, '/v1/score', b.model, scorePairs(b));
     res.json({
-      id: `score-${randomBytes(12).toString('hex')}`, object: 'list', created: Math.floor(Date.now() / 1000), model: b.model,
+      id: `score-${randomBytes(12).toString('hex')}`, object: 'list', created: Math.floor(Date.now() / 1000), model: rerankerId,
       data: r.scores.map((score, index) => ({ index, object: 'score', score })), usage: r.usage, ragguard: { truncated: r.truncated },
     });
   });

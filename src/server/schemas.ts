@@ -136,7 +136,7 @@ export const MAX_RERANK_DOCUMENTS = 1000;
 const rerankText = z.string().min(1);
 
 export const rerankSchema = z.strictObject({
-  model: z.string().min(1).describe('The reranker\'s id (GET /v1/models).'),
+  model: z.string().min(1).optional().describe('The reranker\'s id (GET /v1/models); absent: the reranker (as vLLM defaults it).'),
   query: rerankText,
   documents: z.union([z.array(rerankText).min(1).max(MAX_RERANK_DOCUMENTS), z.array(z.strictObject({ text: rerankText })).min(1).max(MAX_RERANK_DOCUMENTS)])
     .describe('Texts, or {text} objects (Jina\'s and Cohere\'s forms).'),
@@ -147,7 +147,7 @@ export const rerankSchema = z.strictObject({
 const scoreTexts = z.union([rerankText, z.array(rerankText).min(1).max(MAX_RERANK_DOCUMENTS)]);
 
 export const scoreSchema = z.strictObject({
-  model: z.string().min(1).describe('The reranker\'s id (GET /v1/models).'),
+  model: z.string().min(1).optional().describe('The reranker\'s id (GET /v1/models); absent: the reranker.'),
   text_1: scoreTexts.describe('A text (paired with each of text_2), or a list: one (paired with each of text_2) or as many as text_2 (paired in order).'),
   text_2: scoreTexts,
 });
