@@ -21,7 +21,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../src/config/config.js';
-import { Reranker } from '../src/rerank/reranker.js';
+import { Reranker } from '../src/retrieval/reranker.js';
 import { applySessionSettings } from '../src/runtime/ort-direct.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

@@ -7,8 +7,9 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { before, test } from 'node:test';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import type { Engine } from '../src/generate/engine.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 import { tokenLogprobs, topIds, type TokenLogprobs } from '../src/generate/logprobs.js';
 import { ROOT, TEST_ENV } from './helpers.js';
 
@@ -24,7 +25,7 @@ before(async () => {
 
 function engine(opts: { prefixCaching?: boolean } = {}): { engine: Engine; blocks: BlockManager } {
   const blocks = new BlockManager({ numBlocks: 128, blockSize: BS, enablePrefixCaching: opts.prefixCaching ?? true });
-  return { engine: new Engine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 16, maxNumBatchedTokens: 4096, paceSliceMs: 0 }), blocks };
+  return { engine: ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 16, maxNumBatchedTokens: 4096, paceSliceMs: 0 }), blocks };
 }
 
 /** The decoder's last logits for `ids`, one forward pass from an empty cache (no engine, no pool). */

@@ -6,8 +6,13 @@
  * the variable, never a silent fallback.
  */
 import path from 'node:path';
-import { RESHAPE_STEPS, type ReshapeStep } from '../guards/policy.js';
-import type { WebGpuBufferCache } from '../runtime/session.js';
+
+/** What a reshape may shrink, in the order RAGGUARD_RESHAPE_ORDER lists them (guards/policy.ts applies them). */
+export type ReshapeStep = 'batch' | 'rerank' | 'context' | 'new_tokens';
+export const RESHAPE_STEPS: readonly ReshapeStep[] = ['batch', 'rerank', 'context', 'new_tokens'];
+
+/** ONNX Runtime's WebGPU storage-buffer cache modes (RAGGUARD_WEBGPU_BUFFER_CACHE). */
+export type WebGpuBufferCache = 'disabled' | 'lazyRelease' | 'simple' | 'bucket';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
 export type ModelRole = 'embedder' | 'reranker' | 'decoder';

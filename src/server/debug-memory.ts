@@ -5,13 +5,13 @@
  */
 import { totalmem } from 'node:os';
 import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
-import { DecoderModel } from '../generate/decoder-model.js';
+import { DecoderModel } from '../backends/ort/decoder-model.js';
 import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
 import type { ProfileReport } from '../guards/profile.js';
 import type { AdapterStats } from '../generate/adapters.js';
-import type { RagService } from '../rag.js';
+import type { RagService } from '../service/rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
 

@@ -16,7 +16,7 @@ import type { NextFunction, Request, Response } from 'express';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Sequence } from '../generate/sequence.js';
 import type { Admission } from '../guards/admission.js';
-import type { RagService } from '../rag.js';
+import type { RagService } from '../service/rag.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
 
 export const PREFIX = 'ragguard:';
