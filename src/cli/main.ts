@@ -143,17 +143,19 @@ async function query(args: string[]): Promise<number> {
     top_k: int('top-k', values['top-k']), rerank_top_n: int('rerank-top-n', values['rerank-top-n']), max_new_tokens: int('max-tokens', values['max-tokens']),
   };
   const r = await call(`${baseUrl(values.url)}/query`, 'POST', values.key ?? process.env['RAGGUARD_API_KEY'], body);
+  return printReply('query', r, values.json, () => {
+    const citations = (r.body['citations'] as { doc_id: string; title: string; score: number }[] | undefined) ?? [];
+    return [String(r.body['answer']), '', ...citations.map((c, i) => `[${i + 1}] ${c.title} (${c.doc_id}, score ${c.score.toFixed(2)})`)];
+  });
+}
+
+/** A reply on stdout (its JSON with --json, else `lines`) and exit 0, or its error on stderr and exit 1. */
+function printReply(cmd: string, r: Reply, json: boolean | undefined, lines: () => string[]): number {
   if (r.status !== 200) {
-    process.stderr.write(`ragguard query: ${errorText(r)}\n`);
+    process.stderr.write(`ragguard ${cmd}: ${errorText(r)}\n`);
     return 1;
   }
-  if (values.json) {
-    process.stdout.write(`${JSON.stringify(r.body)}\n`);
-    return 0;
-  }
-  const citations = (r.body['citations'] as { doc_id: string; title: string; score: number }[] | undefined) ?? [];
-  const lines = [String(r.body['answer']), '', ...citations.map((c, i) => `[${i + 1}] ${c.title} (${c.doc_id}, score ${c.score.toFixed(2)})`)];
-  process.stdout.write(`${lines.join('\n')}\n`);
+  process.stdout.write(`${json ? JSON.stringify(r.body) : lines().join('\n')}\n`);
   return 0;
 }
 
@@ -168,18 +170,10 @@ async function rerank(args: string[]): Promise<number> {
   if (topN !== undefined && !/^[1-9]\d*$/.test(topN)) throw new UsageError('--top-n takes a positive integer');
   const body = { query: values.query, documents: positionals, ...(topN !== undefined ? { top_n: Number(topN) } : {}) };
   const r = await call(`${baseUrl(values.url)}/v1/rerank`, 'POST', values.key ?? process.env['RAGGUARD_API_KEY'], body);
-  if (r.status !== 200) {
-    process.stderr.write(`ragguard rerank: ${errorText(r)}\n`);
-    return 1;
-  }
-  if (values.json) {
-    process.stdout.write(`${JSON.stringify(r.body)}\n`);
-    return 0;
-  }
-  const results = r.body['results'] as { index: number; relevance_score: number; document?: { text: string } }[];
-  const lines = results.map((x) => `${x.relevance_score.toFixed(4)}  [${x.index + 1}] ${x.document?.text ?? positionals[x.index]}`);
-  process.stdout.write(`${lines.join('\n')}\n`);
-  return 0;
+  return printReply('rerank', r, values.json, () => {
+    const results = r.body['results'] as { index: number; relevance_score: number; document?: { text: string } }[];
+    return results.map((x) => `${x.relevance_score.toFixed(4)}  [${x.index + 1}] ${x.document?.text ?? positionals[x.index]}`);
+  });
 }
 
 async function main(argv: string[]): Promise<number> {
