@@ -11,6 +11,7 @@ import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import type { Engine } from '../src/generate/engine.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';
 import { tokenLogprobs, topIds, type TokenLogprobs } from '../src/generate/logprobs.js';
+import { MemoryModel } from '../src/guards/memory-model.js';
 import { ROOT, TEST_ENV } from './helpers.js';
 
 const BS = 16;
@@ -139,4 +140,28 @@ test('n samples abandoned before their prefill: all reject, nothing held', async
   await assert.rejects(p, /gone/);
   await e.idle();
   assert.equal(blocks.stats().usedBlocks, 0);
+});
+
+test('the memory model\'s n samples: the prompt\'s full blocks once, each sample its own from the last prompt block on; n decode rows', () => {
+  const m = new MemoryModel({ numLayers: 2, hiddenSize: 128, numHeads: 4, intermediateSize: 512 },
+    { numLayers: 4, hiddenSize: 256, numHeads: 8, numKvHeads: 2, headDim: 32, intermediateSize: 768, vocabSize: 4096 }, 16);
+  const one = { queryTokens: 0, topK: 0, rerankTopN: 0, pairTokens: 0, promptTokens: 40, maxNewTokens: 30 };
+  assert.equal(m.predict(one).kvBlocks, 5); // 70 tokens
+  // 2 shared full blocks (32 tokens), then each sample's tokens 32..69: 3 blocks each.
+  assert.equal(m.predict({ ...one, samples: 4 }).kvBlocks, 2 + 4 * 3);
+  assert.ok(m.predict({ ...one, samples: 4 }).stages.decode > m.predict(one).stages.decode, 'four decode rows cost more than one');
+  assert.equal(m.predict({ ...one, samples: 4 }).stages.prefill, m.predict(one).stages.prefill, 'one prefill');
+});
+
+test('a group of n is admitted when its samples fit max_num_seqs beside the running ones', async () => {
+  const blocks = new BlockManager({ numBlocks: 128, blockSize: BS });
+  const e = ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 4, maxNumBatchedTokens: 4096, paceSliceMs: 0 });
+  let most = 0;
+  const watch = () => (most = Math.max(most, e.scheduler.running.length));
+  const gens = await Promise.all([
+    e.generate(prompt, { maxNewTokens: 6, temperature: 0, ignoreEos: true }, { onToken: watch }),
+    e.generateMany(prompt, { maxNewTokens: 6, temperature: 1, seed: 1, ignoreEos: true }, 4, { onToken: watch }),
+  ]);
+  assert.equal(gens[1].length, 4);
+  assert.ok(most <= 4, `${most} sequences ran at once, max_num_seqs 4`);
 });

@@ -548,6 +548,9 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
+    if (c.maxN > c.maxNumSeqs) {
+      problems.push('RAGGUARD_MAX_N: must not exceed RAGGUARD_MAX_NUM_SEQS (the samples of one request decode in one batch)');
+    }
     if (c.defaultMaxNewTokens > c.maxNewTokensLimit) {
       problems.push('RAGGUARD_MAX_NEW_TOKENS: must not exceed RAGGUARD_MAX_NEW_TOKENS_LIMIT');
     }

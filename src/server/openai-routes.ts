@@ -317,15 +317,12 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   /**
    * A generation without retrieval, guarded, as one reply or as a stream of chunks: `n` samples of the
    * prompt (engine.generateMany), the prompt counted once in the usage (as OpenAI counts it). The guard
-   * sizes the KV of n samples' new tokens besides the one prompt.
+   * predicts n decode rows and the KV of n samples' new tokens besides the one prompt (RequestShape.samples).
    */
   async function generateReply(res: Response, ids: number[], p: SamplingParams, n: number, adapter: string | undefined, stream: boolean,
     includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
-    const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens * n), { fixedPrompt: true });
-    const maxNewTokens = decision ? Math.floor(decision.shape.maxNewTokens / n) : p.maxNewTokens;
-    if (maxNewTokens < 1) {
-      throw new HttpError(413, 'request_too_large', `${n} samples of a ${ids.length}-token prompt can never fit the memory budget`, { param: 'n' });
-    }
+    const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens, n), { fixedPrompt: true });
+    const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
     const sse = stream ? new SseStream(res) : undefined;
     const signal = workSignal(res, sse);
     const first = new Array<boolean>(n).fill(true);
@@ -354,7 +351,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       }, { signal });
       const u = usage(ids.length, gens.reduce((a, g) => a + g.ids.length, 0));
       if (!sse) {
-        res.json(shapes.reply(gens, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens * n), cachedTokens: gens[0]!.cachedTokens ?? 0 })));
+        res.json(shapes.reply(gens, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens, n), cachedTokens: gens[0]!.cachedTokens ?? 0 })));
         return;
       }
       // An empty answer still announces the role; logprobs of tokens that made no text go out here.
