@@ -95,6 +95,20 @@ describe('logprobs', () => {
     assert.equal(lp.tokens!.join('').replace(/\s+/g, ''), r.choices[0]!.text.replace(/\s+/g, ''));
   });
 
+  test('completions streamed: the chunks\' logprobs add up to the reply\'s, text_offset running on across chunks', async () => {
+    const body = { model: MODEL, prompt: 'The cron daemon', max_tokens: 8, temperature: 0, logprobs: 1 };
+    const whole = (await client.completions.create(body)).choices[0]!.logprobs!;
+    const got = { tokens: [] as string[], token_logprobs: [] as number[], text_offset: [] as number[] };
+    for await (const c of await client.completions.create({ ...body, stream: true })) {
+      const lp = c.choices[0]?.logprobs;
+      if (!lp) continue;
+      got.tokens.push(...lp.tokens!);
+      got.token_logprobs.push(...lp.token_logprobs!);
+      got.text_offset.push(...lp.text_offset!);
+    }
+    assert.deepEqual(got, { tokens: whole.tokens, token_logprobs: whole.token_logprobs, text_offset: whole.text_offset });
+  });
+
   test('no logprobs asked: null', async () => {
     const r = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2, temperature: 0 });
     assert.equal(r.choices[0]!.logprobs, null);

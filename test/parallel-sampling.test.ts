@@ -24,9 +24,9 @@ before(async () => {
   assert.ok(prompt.length % BS !== 0 && prompt.length > 2 * BS, `the prompt (${prompt.length} tokens) ends in a partly filled block`);
 });
 
-function engine(opts: { prefixCaching?: boolean } = {}): { engine: Engine; blocks: BlockManager } {
+function engine(opts: { prefixCaching?: boolean; kvWriteBack?: 'eager' | 'lazy' } = {}): { engine: Engine; blocks: BlockManager } {
   const blocks = new BlockManager({ numBlocks: 128, blockSize: BS, enablePrefixCaching: opts.prefixCaching ?? true });
-  return { engine: ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 16, maxNumBatchedTokens: 4096, paceSliceMs: 0 }), blocks };
+  return { engine: ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 16, maxNumBatchedTokens: 4096, paceSliceMs: 0, kvWriteBack: opts.kvWriteBack }), blocks };
 }
 
 /** The decoder's last logits for `ids`, one forward pass from an empty cache (no engine, no pool). */
@@ -83,11 +83,11 @@ test('no logprobs asked: none computed', async () => {
   assert.equal(g.logprobs, undefined);
 });
 
-test('n = 4: one prefill, the prompt\'s blocks held once (forked, shared), seeded apart, reproducible', async () => {
+for (const kvWriteBack of ['eager', 'lazy'] as const) test(`n = 4 (${kvWriteBack} KV write-back): one prefill, the prompt's blocks held once (forked, shared), seeded apart, reproducible`, async () => {
   const promptBlocks = Math.ceil(prompt.length / BS);
   const run = async () => {
     // No prefix cache: only the fork can share the prompt's blocks.
-    const { engine: e, blocks } = engine({ prefixCaching: false });
+    const { engine: e, blocks } = engine({ prefixCaching: false, kvWriteBack });
     const firstSeen: number[] = [];
     let peak = 0;
     const gens = await e.generateMany(prompt, { maxNewTokens: 12, temperature: 1, seed: 42 }, 4, {
