@@ -24,7 +24,7 @@ import { chatContextPrompt } from '../generate/chat-prompt.js';
 import { ChatTemplate, chatTemplateFrom, tokenizerAddsBos } from '../generate/chat-template.js';
 import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from '../generate/prompt.js';
 import { planBudget, type BudgetPlan } from '../guards/budget.js';
-import { GrowthTracker } from '../guards/growth.js';
+import { GrowthTracker, MemoryTrend } from '../guards/growth.js';
 import { MemoryGuard } from '../guards/guard.js';
 import { MemoryModel, type RequestShape } from '../guards/memory-model.js';
 import { GpuSampler, nvmlReader } from '../guards/nvml.js';
@@ -156,6 +156,10 @@ export async function loadModels(cfg: Config): Promise<Models> {
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 
+/** Predicted bytes of a chunk's lexical postings per token, and of its objects (chunk, ids, map entries). */
+const POSTING_BYTES = 24;
+const CHUNK_OBJECT_BYTES = 256;
+
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
 
 export class RagService {
@@ -171,6 +175,10 @@ export class RagService {
   readonly adapters: AdapterRegistry;
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
+  /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
+  readonly trend: MemoryTrend;
+  private trendTimer: NodeJS.Timeout | undefined;
+  private storeBytesMemo = { chunks: -1, bytes: 0 };
   /** GPU memory as NVML reads it; without a GPU, one reading that says why, and no sampling. */
   readonly gpu: GpuSampler;
   readonly budget: BudgetPlan;
@@ -205,6 +213,12 @@ export class RagService {
     // once the registry has asked for its slots (their scratch is in the workspace).
     this.loads = models.decoder instanceof CudaDecoder ? { ...models.loads, decoder: models.decoder.loadBytes() } : models.loads;
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
+    this.trend = new MemoryTrend({
+      horizonMs: cfg.leakHorizonMs, warmupMs: cfg.leakWarmupMs, minSpanMs: cfg.leakMinSpanMs, slopeBytesPerMin: cfg.leakSlopeBytesPerMin,
+    });
+    this.sampleMemory();
+    this.trendTimer = setInterval(() => this.sampleMemory(), cfg.leakSampleMs);
+    this.trendTimer.unref();
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
@@ -284,6 +298,32 @@ export class RagService {
     await this.settled();
     await this.engine.idle();
     this.gpu.stop();
+    clearInterval(this.trendTimer);
+  }
+
+  /**
+   * What the store holds for its documents, predicted from their sizes: the vectors (exact), the chunk
+   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), the lexical index's postings
+   * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
+   */
+  storeResidentBytes(): number {
+    const n = this.store.chunkCount;
+    if (n !== this.storeBytesMemo.chunks) {
+      let bytes = 0;
+      for (let i = 0; i < n; i++) {
+        const c = this.store.chunk(i);
+        // eslint-disable-next-line no-control-regex
+        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
+      }
+      this.storeBytesMemo = { chunks: n, bytes };
+    }
+    return this.store.indexBytes + this.storeBytesMemo.bytes;
+  }
+
+  /** One sample of the slow-leak check (the timer's; tests call it to sample at once). */
+  sampleMemory(at = Date.now()): void {
+    const m = processMemory();
+    this.trend.record({ at, rss: m.rss, heapUsed: m.heapUsed, external: m.external, expectedBytes: this.storeResidentBytes() });
   }
 
   /** `onPhase` hears each start-up phase as it begins (the start-up log's progress). */
