@@ -144,9 +144,10 @@ export class Engine {
     }
     const refused = this.runner.refuse?.(params);
     if (refused) return Promise.reject(new UnsupportedSamplingError(refused));
-    // One failure stops the siblings: a request gets all its samples or an error.
-    const stop = new AbortController();
-    const signal = hooks.signal ? AbortSignal.any([hooks.signal, stop.signal]) : stop.signal;
+    // One failure stops the siblings: a request gets all its samples or an error. (A single sequence
+    // needs no such signal: without one of its own it stays one the runner cannot stop, as it was.)
+    const stop = n > 1 ? new AbortController() : undefined;
+    const signal = stop ? (hooks.signal ? AbortSignal.any([hooks.signal, stop.signal]) : stop.signal) : hooks.signal;
     const seqs = Array.from({ length: n }, (_, i) => {
       const p = params.seed === undefined || i === 0 ? params : { ...params, seed: params.seed + i };
       const seq = new Sequence(this.nextId++, promptIds, p, performance.now());
@@ -156,7 +157,7 @@ export class Engine {
       return seq;
     });
     const done = seqs.map((seq, i) => new Promise<Generation>((resolve, reject) => this.pending.set(seq, {
-      resolve, reject: (e) => { stop.abort(e); reject(e); },
+      resolve, reject: (e) => { stop?.abort(e); reject(e); },
       hooks: { signal, onToken: hooks.onToken && ((e) => hooks.onToken!(i, e)) },
     })));
     if (n > 1) seqs[0]!.forks = seqs.slice(1);
