@@ -8,6 +8,7 @@ import { createApp } from './app.js';
 import { createLogger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
 import { warmUp } from './warmup.js';
+import { storeLabel } from '../retrieval/open-store.js';
 import { logCapacity, logModels, startProgress } from './startup-log.js';
 
 async function main(): Promise<void> {
@@ -40,7 +41,7 @@ async function main(): Promise<void> {
   } finally {
     progress.stop();
   }
-  logCapacity(log, service);
+  await logCapacity(log, service);
   // After the models are loaded and profiled: their threads exist now (thread-priority.ts says why).
   const lowered = lowerOtherThreads(cfg.workerThreadNice);
   log.info({ nice: cfg.workerThreadNice, ...lowered }, lowered.skipped ?? `${lowered.threads} threads besides the event loop's at nice ${cfg.workerThreadNice}`);
@@ -52,8 +53,8 @@ async function main(): Promise<void> {
     // One query through every request path before the first client (warmup.ts says why).
     void (cfg.warmup ? warmUp(cfg.host, port, cfg.apiKey) : Promise.resolve(undefined)).then((w) => {
       if (w) (w.status === 200 ? log.info.bind(log) : log.warn.bind(log))({ warmup_ms: w.ms, status: w.status, error: w.error }, 'warm-up query');
-      log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents: service.store.documentCount, chunks: service.store.chunkCount },
-        `ragguard listening on http://${cfg.host}:${port}`);
+      return service.store.counts().then(({ documents, chunks }) => log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), documents, chunks, store: storeLabel(cfg.store) },
+        `ragguard listening on http://${cfg.host}:${port}`));
     });
   });
   let stopping = false;
@@ -69,11 +70,13 @@ async function main(): Promise<void> {
     const code = report.dropped === 0 ? 0 : 3;
     // Ingest is atomic (durable before its reply): one still writing settles here, kept whole or not at all.
     await service.settled();
+    const { documents } = await service.store.counts().catch(() => ({ documents: NaN }));
+    await service.store.close().catch(() => undefined);
     log.info({ ms: report.ms, in_flight: report.inFlight, finished: report.finished, dropped: report.dropped, refused: report.refused,
-      documents: service.store.documentCount, exit: code },
+      documents, exit: code },
     `drained in ${report.ms} ms: ${report.finished} of ${report.inFlight} in-flight requests finished, ` +
       `${report.dropped} stopped at the grace deadline (answered 503 shutting_down), ${report.refused} new ones refused; ` +
-      `index: ${service.store.documentCount} documents durable; exit ${code}`);
+      `index: ${documents} documents durable; exit ${code}`);
     server.close();
     server.closeAllConnections();
     service.gpu.stop();

@@ -1,7 +1,10 @@
 /** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
 import type { DocumentInput, QueryInput } from '../rag.js';
-import { bodySchemas, documentsSchema, parseBody } from './schemas.js';
+import { DEFAULT_COLLECTION, type SearchFilter } from '../retrieval/retrieval-store.js';
+import { HttpError } from './errors.js';
+import { bodySchemas, documentsSchema, parseBody, type filterSchema } from './schemas.js';
+import type { z } from 'zod';
 import type { SamplingOptions } from '../rag.js';
 
 type Schemas = ReturnType<typeof bodySchemas>;
@@ -44,8 +47,21 @@ export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: b
     temperature: b.temperature ?? 0,
     seed: b.seed,
     adapter: b.adapter,
+    filter: searchFilter(b.collection, b.filter),
     sampling: samplingOptions(b, b.sample_top_k),
     stream: b.stream ?? false,
+  };
+}
+
+/** `collection` and `filter` of a body as one search filter (a collection named twice must agree). */
+export function searchFilter(collection: string | undefined, filter: z.output<typeof filterSchema> | undefined): SearchFilter {
+  if (collection !== undefined && filter?.collection !== undefined && collection !== filter.collection) {
+    throw new HttpError(400, 'invalid_body', `collection '${collection}' differs from filter.collection '${filter.collection}'`, { param: 'filter.collection' });
+  }
+  const metadata = filter?.metadata;
+  return {
+    collection: collection ?? filter?.collection ?? DEFAULT_COLLECTION,
+    ...(metadata && Object.keys(metadata).length > 0 ? { metadata } : {}),
   };
 }
 
@@ -56,5 +72,5 @@ export function parseDocuments(body: unknown): DocumentInput[] {
   const schema = batch ? documentsSchema.options[1] : documentsSchema.options[0];
   const b = parseBody(schema, body);
   const docs = 'documents' in b ? b.documents : [b];
-  return docs.map((d) => ({ text: d.text, docId: d.doc_id, title: d.title?.trim() || undefined }));
+  return docs.map((d) => ({ text: d.text, docId: d.doc_id, title: d.title?.trim() || undefined, collection: d.collection, metadata: d.metadata }));
 }
