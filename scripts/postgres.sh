@@ -8,7 +8,7 @@
 #   scripts/postgres.sh url [DIR]     the URL of the server in DIR
 #   scripts/postgres.sh stop [DIR]    stop it (fast shutdown) and remove DIR
 #
-# DIR defaults, for url and stop, to the last one started (.cache/postgres/last). PostgreSQL refuses to
+# DIR defaults, for url and stop, to the last one started without a DIR (.cache/postgres/last). PostgreSQL refuses to
 # run as root: as root, the server runs as the user `postgres` where it exists, else as the system user
 # `ragguard-pg` (created when missing). Authentication is `trust` on loopback only: a test server.
 set -euo pipefail
@@ -54,7 +54,8 @@ cmd="${1:-}"
 case "$cmd" in
   start)
     dir="${2:-}"
-    if [[ -z "$dir" ]]; then dir="$(mktemp -d "${TMPDIR:-/tmp}/ragguard-pg.XXXXXX")"; else mkdir -p "$dir"; fi
+    remember=""
+    if [[ -z "$dir" ]]; then dir="$(mktemp -d "${TMPDIR:-/tmp}/ragguard-pg.XXXXXX")"; remember=1; else mkdir -p "$dir"; fi
     chmod 755 "$dir"
     [[ "$(id -u)" -eq 0 ]] && chown "$PGUSER_OS" "$dir"
     as_pg "$PG/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C --no-sync >"$dir/initdb.log" 2>&1 \
@@ -75,8 +76,8 @@ case "$cmd" in
       as_pg "$PG/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d "$db" -v ON_ERROR_STOP=1 \
         -c 'CREATE EXTENSION IF NOT EXISTS vector' >/dev/null || die "CREATE EXTENSION vector failed in $db"
     done
-    mkdir -p "$(dirname "$LAST")"
-    echo "$dir" >"$LAST"
+    # Only a server started without a directory becomes the default of url and stop (a test's own is not).
+    if [[ -n "$remember" ]]; then mkdir -p "$(dirname "$LAST")"; echo "$dir" >"$LAST"; fi
     log "PostgreSQL $("$PG/postgres" --version | awk '{print $3}') with pgvector in $dir, port $port, as $PGUSER_OS"
     url_of "$dir"
     ;;
