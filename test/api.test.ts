@@ -165,7 +165,7 @@ describe('documents', () => {
 
   test('POST /documents ingests, and the new text is retrievable', async () => {
     const res = await request(app).post('/documents').send({ doc_id: 'zorblax', title: 'The zorblaxd daemon', text: fact }).expect(201);
-    assert.deepEqual(res.body.documents, [{ doc_id: 'zorblax', title: 'The zorblaxd daemon', chunks: 1 }]);
+    assert.deepEqual(res.body.documents, [{ doc_id: 'zorblax', title: 'The zorblaxd daemon', chunks: 1, collection: 'default' }]);
     const q = await request(app).post('/query').send({ query: 'Which port does zorblaxd listen on?', max_new_tokens: 8 }).expect(200);
     assert.equal(q.body.citations[0].doc_id, 'zorblax');
   });

@@ -34,7 +34,7 @@ async function searchDocs(s: RagService, q: string, k = 50): Promise<string[]> {
   return faiss(s).search(v, k).map((h) => h.chunk.docId);
 }
 
-/** Every chunk id is its faiss label and every document's chunks are its own. */
+/** Every document's chunks are its own, in order, and every chunk belongs to a document. */
 function assertConsistent(s: RagService): void {
   let n = 0;
   for (const d of faiss(s).documents(0, 1 << 30)) {
@@ -82,7 +82,7 @@ describe('documents', () => {
 
   test('PUT creates (201), then replaces (200): re-chunked and re-embedded, the old text gone from the index', async () => {
     const created = await request(app).put('/documents/vehicle').send({ title: 'Vehicle', text: SUBMARINE }).expect(201);
-    assert.deepEqual(created.body, { document: { doc_id: 'vehicle', title: 'Vehicle', chunks: 1 }, replaced: false });
+    assert.deepEqual(created.body, { document: { doc_id: 'vehicle', title: 'Vehicle', chunks: 1, collection: 'default' }, replaced: false });
     assert.equal((await searchDocs(service, 'yellow submarine Mariana trench', 1))[0], 'vehicle');
     const chunksBefore = faiss(service).chunkCount;
     const long = Array.from({ length: 30 }, () => BALLOON).join(' ');
@@ -103,15 +103,15 @@ describe('documents', () => {
     await request(app).put('/documents/vehicle').send({ doc_id: 'other', text: 'x' }).expect(400);
   });
 
-  test('DELETE removes a document from the store and the index; chunks after it keep their labels consistent', async () => {
+  test('DELETE removes a document from the store and the index; the chunks left keep their ids', async () => {
     const total = faiss(service).chunkCount;
     const gone = faiss(service).document('apt-cache')!.chunkIds.length;
     const res = await request(app).delete('/documents/apt-cache').expect(200);
-    assert.deepEqual(res.body, { doc_id: 'apt-cache', deleted: true, chunks: gone });
+    assert.deepEqual(res.body, { doc_id: 'apt-cache', collection: 'default', deleted: true, chunks: gone });
     assert.equal(faiss(service).chunkCount, total - gone);
     assert.ok(!(await searchDocs(service, 'apt-cache search package names')).includes('apt-cache'));
     assertConsistent(service);
-    // Retrieval over the renumbered chunks still finds the right documents.
+    // Retrieval over the compacted index still finds the right documents.
     assert.equal((await searchDocs(service, 'disk quota limits for users', 1))[0], 'quotas');
     assert.equal((await request(app).delete('/documents/apt-cache').expect(404)).body.error.code, 'document_not_found');
     await request(app).get('/documents/apt-cache').expect(404);
@@ -125,8 +125,8 @@ describe('documents', () => {
     const hit = faiss(service).search(v, 1)[0]!;
     assert.equal(hit.chunk.docId, 'transient');
     await request(app).delete('/documents/transient').expect(200);
-    // What the query in flight looks up next (rag.ts: the title for its reranker pairs and citations).
-    assert.equal(faiss(service).document('transient')?.title, 'Transient');
+    // A hit carries its document's title (rag.ts: reranker pairs and citations), so a query in flight needs no lookup.
+    assert.equal(hit.chunk.title, 'Transient');
     assert.equal(faiss(service).document('transient'), undefined);
     assert.equal(faiss(service).has('transient'), false);
   });
