@@ -25,6 +25,7 @@ const Page = z.object({
 }).strict();
 
 const InCollection = z.object({ collection: collectionSchema.default(DEFAULT_COLLECTION) }).strict();
+const MaybeCollection = z.object({ collection: collectionSchema.optional() }).strict();
 
 const Replacement = z.object({
   text: z.string().refine((t) => t.trim() !== '', 'must be a non-empty string'),
@@ -90,7 +91,7 @@ export function documentsRouter(service: RagService): Router {
     if (b.data.doc_id !== undefined && b.data.doc_id !== id) {
       throw new HttpError(400, 'invalid_field', `doc_id '${b.data.doc_id}' differs from the path's '${id}'`);
     }
-    const query = InCollection.partial().safeParse(req.query);
+    const query = MaybeCollection.safeParse(req.query);
     if (!query.success) throw invalid(query.error);
     if (query.data.collection !== undefined && b.data.collection !== undefined && query.data.collection !== b.data.collection) {
       throw new HttpError(400, 'invalid_field', `collection '${b.data.collection}' differs from the query's '${query.data.collection}'`);
