@@ -330,6 +330,16 @@ describe('postgres store shared by replicas', () => {
     }
   });
 
+  test('every connection searches with the iterative HNSW scan and the configured ef_search', async () => {
+    const store = await PostgresStore.open(await pgServer.database(), D, { bm25: BM25, efSearch: 123, poolSize: 3 });
+    try {
+      const all = await Promise.all(Array.from({ length: 6 }, () => store.settings()));
+      for (const s of all) assert.deepEqual(s, { iterativeScan: 'relaxed_order', efSearch: 123 });
+    } finally {
+      await store.close();
+    }
+  });
+
   test('a database holding vectors of another dimension refuses to open', async () => {
     const url = await pgServer.database();
     await (await PostgresStore.open(url, D, { bm25: BM25 })).close();

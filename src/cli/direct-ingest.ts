@@ -7,7 +7,7 @@
  * the batch is one transaction that running servers see at once.
  */
 import { loadConfig } from '../config/config.js';
-import { embedDocument, type EmbeddedDocument } from '../documents.js';
+import { embedDocument, type EmbeddedDocument } from '../service/documents.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { openStore } from '../retrieval/open-store.js';
 import type { FolderDocument } from './folder.js';

@@ -166,10 +166,15 @@ export class PostgresStore implements RetrievalStore {
    * the role may) and checks that the stored vectors have the embedder's dimension.
    */
   static async open(url: string, dimension: number, opts: PostgresStoreOptions): Promise<PostgresStore> {
-    const settings = `-c hnsw.iterative_scan=relaxed_order -c hnsw.ef_search=${opts.efSearch ?? 100}`;
-    const pool = new pg.Pool({ connectionString: url, max: opts.poolSize ?? 10, options: settings });
+    const pool = new pg.Pool({ connectionString: url, max: opts.poolSize ?? 10 });
     // An idle connection the server closed (a restart, a failover) is an error on the pool, not a crash.
     pool.on('error', () => undefined);
+    // Per connection, ahead of anything else on it (a client runs its queries in order); not as startup
+    // options, which the URL's own ?options= would replace.
+    const efSearch = Math.trunc(opts.efSearch ?? 100);
+    pool.on('connect', (client) => {
+      client.query(`SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = ${efSearch}`).catch(() => undefined);
+    });
     let where = url;
     try {
       const u = new URL(url);
@@ -198,6 +203,12 @@ export class PostgresStore implements RetrievalStore {
     }
     client.release();
     return new PostgresStore(pool, dimension, opts.bm25, where);
+  }
+
+  /** The search settings a connection of the pool runs with (what the tests check). */
+  async settings(): Promise<{ iterativeScan: string; efSearch: number }> {
+    const { rows } = await this.pool.query<{ s: string; e: string }>("SELECT current_setting('hnsw.iterative_scan') AS s, current_setting('hnsw.ef_search') AS e");
+    return { iterativeScan: rows[0]!.s, efSearch: Number(rows[0]!.e) };
   }
 
   async counts(collection?: string): Promise<StoreCounts> {

@@ -36,7 +36,7 @@ export class Retriever {
   /**
    * search() with `between` awaited between its parts (the lexical search; the dense search and the
    * fusion): in a burst each is several milliseconds of a contended main thread, and the server gives
-   * the event loop a turn there (server/turns.ts) rather than hold a probe behind both. Both sides search
+   * the event loop a turn there (runtime/turns.ts) rather than hold a probe behind both. Both sides search
    * inside the filter (the store applies it), so each brings its full depth.
    */
   async searchPaced(queryVector: Float32Array, query: string, topK: number, filter: SearchFilter, between: () => Promise<void>): Promise<Retrieved> {

@@ -9,8 +9,8 @@
  */
 import { Router, type Request } from 'express';
 import { z } from 'zod';
-import { removeDocument, replaceDocument } from '../documents.js';
-import type { RagService } from '../rag.js';
+import { removeDocument, replaceDocument } from '../service/documents.js';
+import type { RagService } from '../service/rag.js';
 import { DEFAULT_COLLECTION, type StoredDocument } from '../retrieval/retrieval-store.js';
 import { HttpError } from './errors.js';
 import { collectionSchema, metadataSchema } from './schemas.js';

@@ -3,11 +3,11 @@
  * the index's one writer in this process (after any ingest in flight) and is one atomic write of the
  * store, as ingest is; the embedding happens first, so a failure there leaves the store untouched.
  */
-import type { Config } from './config/config.js';
+import type { Config } from '../config/config.js';
 import type { IngestResult, RagService } from './rag.js';
-import { chunkText, type ChunkSpan } from './retrieval/chunker.js';
-import type { Embedder } from './retrieval/embedder.js';
-import { DEFAULT_COLLECTION, type Metadata, type StoredDocument } from './retrieval/retrieval-store.js';
+import { chunkText, type ChunkSpan } from '../retrieval/chunker.js';
+import type { Embedder } from '../retrieval/embedder.js';
+import { DEFAULT_COLLECTION, type Metadata, type StoredDocument } from '../retrieval/retrieval-store.js';
 
 export interface EmbeddedDocument {
   docId: string;
