@@ -7,6 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { seededRandom } from '../src/generate/sampler.js';
 import { normalize } from '../src/retrieval/embedder.js';
 import { FaissStore } from '../src/retrieval/faiss-store.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
@@ -20,17 +21,8 @@ import { startTestPostgres, type TestPostgres } from './postgres.js';
 const D = 16;
 const BM25 = { k1: 1.2, b: 0.75 };
 
-/** A seeded generator (mulberry32): the randomised tests repeat exactly. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded generator (the sampler's mulberry32): the randomised tests repeat exactly. */
+const rng = seededRandom;
 
 function randomUnit(next: () => number): Float32Array {
   const v = Float32Array.from({ length: D }, () => next() * 2 - 1);
@@ -327,6 +319,29 @@ describe('postgres store shared by replicas', () => {
       }
     } finally {
       await a.close();
+    }
+  });
+
+  test('overlapping batches from two instances at once: one commits, the other is refused whole (no deadlock)', async () => {
+    const url = await pgServer.database();
+    const a = await PostgresStore.open(url, D, { bm25: BM25 });
+    const b = await PostgresStore.open(url, D, { bm25: BM25 });
+    try {
+      const r = rng(10);
+      for (let round = 0; round < 5; round++) {
+        const ids = Array.from({ length: 6 }, (_, i) => `r${round}-d${i}`);
+        const mk = (order: string[], tag: string) => order.map((id) => doc(id, [`${tag} text of ${id}`], [randomUnit(r)]));
+        const results = await Promise.allSettled([a.addBatch(mk(ids, 'a')), b.addBatch(mk([...ids].reverse(), 'b'))]);
+        assert.equal(results.filter((x) => x.status === 'fulfilled').length, 1, `round ${round}: one batch commits`);
+        const failed = results.find((x) => x.status === 'rejected') as PromiseRejectedResult;
+        assert.ok(failed.reason instanceof DocumentExistsError, String(failed.reason));
+        // Disjoint batches at once both commit.
+        await Promise.all([a.addBatch([doc(`r${round}-only-a`, ['x'], [randomUnit(r)])]), b.addBatch([doc(`r${round}-only-b`, ['y'], [randomUnit(r)])])]);
+      }
+      assert.deepEqual(await a.counts(), { documents: 40, chunks: 40 });
+    } finally {
+      await a.close();
+      await b.close();
     }
   });
 

@@ -44,6 +44,7 @@ interface SectionMeta {
 }
 
 const SNAPSHOT = 'index.snapshot';
+const collectionChunks = new WeakMap<object, Map<string, number>>();
 const key = (collection: string, docId: string) => `${collection}\u0000${docId}`;
 
 /** One state of the store: replaced whole by a write. */
@@ -234,6 +235,7 @@ export class FaissStore implements RetrievalStore {
     const total = labels.length;
     if (total === 0 || k <= 0) return [];
     const pass = this.passes(filter);
+    if (pass === nothing) return [];
     const q = Array.from(query);
     // The flat index is exact: widening until k pass (or all were looked at) finds the filtered top k.
     for (let n = Math.min(k, total); ; n = Math.min(total, n * 4)) {
@@ -253,6 +255,7 @@ export class FaissStore implements RetrievalStore {
     const lexical = this.lexicalIndex();
     const { chunks } = this.state;
     const pass = this.passes(filter);
+    if (pass === nothing) return [];
     return lexical.search(query, k, pass === everything ? undefined : (id) => pass(chunks.get(id)!))
       .map((h) => ({ chunk: chunks.get(h.chunkId)!, score: h.score }));
   }
@@ -281,12 +284,25 @@ export class FaissStore implements RetrievalStore {
     return writeFileAtomic(path.join(this.dir, SNAPSHOT), buf);
   }
 
+  /** Chunks per collection, for the state searched now (counted once per state). */
+  private collectionChunks(): Map<string, number> {
+    let m = collectionChunks.get(this.state);
+    if (!m) {
+      m = new Map();
+      for (const d of this.state.docs.values()) m.set(d.collection, (m.get(d.collection) ?? 0) + d.chunkIds.length);
+      collectionChunks.set(this.state, m);
+    }
+    return m;
+  }
+
   private passes(filter: SearchFilter | undefined): (c: StoredChunk) => boolean {
     if (!filter) return everything;
     const { collection, metadata } = filter;
     const { docs } = this.state;
     if (!metadata || Object.keys(metadata).length === 0) {
-      if ([...docs.values()].every((d) => d.collection === collection)) return everything;
+      const inCollection = this.collectionChunks().get(collection) ?? 0;
+      if (inCollection === this.state.labels.length) return everything;
+      if (inCollection === 0) return nothing;
       return (c) => c.collection === collection;
     }
     return (c) => {
@@ -368,6 +384,7 @@ export class FaissStore implements RetrievalStore {
 }
 
 const everything = (): boolean => true;
+const nothing = (): boolean => false;
 
 /** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
 const lexicalEntry = (c: StoredChunk) => ({ id: c.id, text: `${c.title}\n${c.text}` });

@@ -145,6 +145,41 @@ function termsOf(title: string, text: string): { terms: Map<string, number>; dis
   return { terms, distinct: terms.size };
 }
 
+/** What a write changes of the corpus figures BM25 reads (chunks, summed lengths). */
+interface LexicalDelta {
+  chunks: number;
+  terms: number;
+}
+
+/**
+ * The one row of corpus figures, updated once, last in a write's transaction: concurrent writes (other
+ * replicas) queue on it only for their commit, and never hold it while waiting on a document's row.
+ */
+async function applyDelta(client: pg.PoolClient, d: LexicalDelta): Promise<void> {
+  if (d.chunks === 0 && d.terms === 0) return;
+  await client.query('UPDATE ragguard_lexical_stats SET chunks = chunks + $1, total_terms = total_terms + $2', [d.chunks, d.terms]);
+}
+
+/** Places in the documents' listing order for a batch, in batch order (the rows are written in another order). */
+async function listPlaces(client: pg.PoolClient, n: number): Promise<string[]> {
+  const { rows } = await client.query<{ seq: string }>(
+    "SELECT nextval(pg_get_serial_sequence('ragguard_documents', 'seq')) AS seq FROM generate_series(1, $1::int) ORDER BY 1", [n]);
+  return rows.map((r) => r.seq);
+}
+
+/**
+ * The batch's positions in (collection, doc id) order: every write takes its documents' row locks in
+ * one global order, so two overlapping batches (from two replicas) wait for each other, never deadlock.
+ */
+function keyOrder(batch: readonly NewDocument[]): number[] {
+  const key = (d: NewDocument) => [d.doc.collection ?? DEFAULT_COLLECTION, d.doc.docId] as const;
+  return batch.map((_, i) => i).sort((x, y) => {
+    const [cx, ix] = key(batch[x]!);
+    const [cy, iy] = key(batch[y]!);
+    return cx < cy ? -1 : cx > cy ? 1 : ix < iy ? -1 : ix > iy ? 1 : x - y;
+  });
+}
+
 export class PostgresStore implements RetrievalStore {
   readonly kind = 'postgres';
   /** The index lives in the database server: this process holds none of it. */
@@ -248,8 +283,11 @@ export class PostgresStore implements RetrievalStore {
 
   addBatch(batch: readonly NewDocument[]): Promise<StoredDocument[]> {
     return this.transaction(async (client) => {
+      const delta: LexicalDelta = { chunks: 0, terms: 0 };
+      const seqs = await listPlaces(client, batch.length);
       const out: StoredDocument[] = [];
-      for (const d of batch) out.push(await this.insert(client, d));
+      for (const i of keyOrder(batch)) out[i] = await this.insert(client, batch[i]!, seqs[i]!, delta);
+      await applyDelta(client, delta);
       return out;
     });
   }
@@ -260,11 +298,15 @@ export class PostgresStore implements RetrievalStore {
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.transaction(async (client) => {
+          const delta: LexicalDelta = { chunks: 0, terms: 0 };
+          const seqs = await listPlaces(client, batch.length);
           const out: { document: StoredDocument; replaced: boolean }[] = [];
-          for (const doc of batch) {
-            const replaced = (await this.delete(client, doc.doc.collection ?? DEFAULT_COLLECTION, doc.doc.docId)) !== undefined;
-            out.push({ document: await this.insert(client, doc), replaced });
+          for (const i of keyOrder(batch)) {
+            const doc = batch[i]!;
+            const replaced = (await this.delete(client, doc.doc.collection ?? DEFAULT_COLLECTION, doc.doc.docId, delta)) !== undefined;
+            out[i] = { document: await this.insert(client, doc, seqs[i]!, delta), replaced };
           }
+          await applyDelta(client, delta);
           return out;
         });
       } catch (e) {
@@ -274,7 +316,12 @@ export class PostgresStore implements RetrievalStore {
   }
 
   remove(collection: string, docId: string): Promise<StoredDocument | undefined> {
-    return this.transaction((client) => this.delete(client, collection, docId));
+    return this.transaction(async (client) => {
+      const delta: LexicalDelta = { chunks: 0, terms: 0 };
+      const removed = await this.delete(client, collection, docId, delta);
+      await applyDelta(client, delta);
+      return removed;
+    });
   }
 
   async searchDense(query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
@@ -339,13 +386,13 @@ export class PostgresStore implements RetrievalStore {
     }
   }
 
-  private async insert(client: pg.PoolClient, { doc, chunks, vectors }: NewDocument): Promise<StoredDocument> {
+  private async insert(client: pg.PoolClient, { doc, chunks, vectors }: NewDocument, seq: string, delta: LexicalDelta): Promise<StoredDocument> {
     const collection = doc.collection ?? DEFAULT_COLLECTION;
     const metadata = doc.metadata ?? {};
     if (vectors.length !== chunks.length * this.dimension) throw new Error('one embedding per chunk expected');
     try {
-      await client.query('INSERT INTO ragguard_documents (collection, doc_id, title, bytes, metadata) VALUES ($1, $2, $3, $4, $5)',
-        [collection, doc.docId, doc.title, doc.bytes, JSON.stringify(metadata)]);
+      await client.query('INSERT INTO ragguard_documents (collection, doc_id, seq, title, bytes, metadata) VALUES ($1, $2, $3, $4, $5, $6)',
+        [collection, doc.docId, seq, doc.title, doc.bytes, JSON.stringify(metadata)]);
     } catch (e) {
       // The transaction is aborted now: the caller's rollback drops the whole batch.
       if ((e as { code?: string }).code === UNIQUE_VIOLATION) throw new DocumentExistsError(doc.docId, collection);
@@ -375,12 +422,12 @@ export class PostgresStore implements RetrievalStore {
     if (terms.length > 0) {
       await client.query('INSERT INTO ragguard_terms (term, chunk_id, tf) SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[])', [terms, chunkIds, tfs]);
     }
-    await client.query('UPDATE ragguard_lexical_stats SET chunks = chunks + $1, total_terms = total_terms + $2',
-      [chunks.length, lexical.reduce((s, l) => s + l.distinct, 0)]);
+    delta.chunks += chunks.length;
+    delta.terms += lexical.reduce((s, l) => s + l.distinct, 0);
     return { collection, docId: doc.docId, title: doc.title, bytes: doc.bytes, metadata: { ...metadata }, chunkIds: ids };
   }
 
-  private async delete(client: pg.PoolClient, collection: string, docId: string): Promise<StoredDocument | undefined> {
+  private async delete(client: pg.PoolClient, collection: string, docId: string, delta: LexicalDelta): Promise<StoredDocument | undefined> {
     const { rows } = await client.query<DocumentRow & { chunks: string; total_terms: string | null }>(
       `SELECT d.collection, d.doc_id, d.title, d.bytes, d.metadata,
               ARRAY(SELECT c.id FROM ragguard_chunks c WHERE c.collection = d.collection AND c.doc_id = d.doc_id ORDER BY c.ord) AS chunk_ids,
@@ -390,8 +437,8 @@ export class PostgresStore implements RetrievalStore {
     const row = rows[0];
     if (!row) return undefined;
     await client.query('DELETE FROM ragguard_documents WHERE collection = $1 AND doc_id = $2', [collection, docId]);
-    await client.query('UPDATE ragguard_lexical_stats SET chunks = chunks - $1, total_terms = total_terms - $2',
-      [Number(row.chunks), Number(row.total_terms ?? 0)]);
+    delta.chunks -= Number(row.chunks);
+    delta.terms -= Number(row.total_terms ?? 0);
     return toDocument(row);
   }
 }
