@@ -3,7 +3,7 @@ import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import { normalize } from '../src/retrieval/embedder.js';
-import { CorruptSnapshotError } from '../src/retrieval/snapshot.js';
+import { CorruptSnapshotError, encodeSections } from '../src/retrieval/snapshot.js';
 import { FaissStore } from '../src/retrieval/faiss-store.js';
 import { tempDir } from './helpers.js';
 
@@ -66,4 +66,27 @@ test('a snapshot of another dimension or a corrupt file refuses to open', async 
   await assert.rejects(FaissStore.open(dir, 16), /8-dimensional vectors but the embedder makes 16/);
   await writeFile(path.join(dir, 'index.snapshot'), 'garbage');
   await assert.rejects(FaissStore.open(dir, D), CorruptSnapshotError);
+});
+
+test('a snapshot written before collections opens into the default collection, titles on its chunks, ids kept', async () => {
+  const dir = await tempDir();
+  const { default: faissNode } = await import('faiss-node');
+  const index = new faissNode.IndexFlatIP(D);
+  index.add([...unit(1), ...unit(2), ...unit(3)]);
+  // The version-2 layout as it was: no collection or metadata on documents, no title on chunks, no nextId.
+  const meta = {
+    version: 2, dimension: D,
+    documents: [{ docId: 'a', title: 'A', bytes: 3, chunkIds: [0, 1] }, { docId: 'b', title: 'B', bytes: 3, chunkIds: [2] }],
+    chunks: [{ id: 0, docId: 'a', ord: 0, tokens: 1 }, { id: 1, docId: 'a', ord: 1, tokens: 1 }, { id: 2, docId: 'b', ord: 0, tokens: 1 }],
+  };
+  await writeFile(path.join(dir, 'index.snapshot'), encodeSections([
+    ['metadata', Buffer.from(JSON.stringify(meta))], ['text', Buffer.from(JSON.stringify(['a0', 'a1', 'b0']))], ['vectors', index.toBuffer()],
+  ]));
+  const store = await FaissStore.open(dir, D);
+  assert.deepEqual(await store.counts('default'), { documents: 2, chunks: 3 });
+  assert.deepEqual((await store.get('default', 'a'))!.metadata, {});
+  const hit = (await store.searchDense(unit(3), 1, { collection: 'default' }))[0]!;
+  assert.deepEqual([hit.chunk.id, hit.chunk.title, hit.chunk.collection, hit.chunk.text], [2, 'B', 'default', 'b0']);
+  await store.addBatch([add('c', ['c0'], unit(4))]);
+  assert.deepEqual(store.document('c')!.chunkIds, [3], 'new ids after the old ones');
 });
