@@ -7,7 +7,7 @@
  * the batch is one transaction that running servers see at once.
  */
 import { loadConfig } from '../config/config.js';
-import { embedDocument, type EmbeddedDocument } from '../service/documents.js';
+import { documentInfo, embedDocument, type EmbeddedDocument } from '../service/documents.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { openStore } from '../retrieval/open-store.js';
 import type { FolderDocument } from './folder.js';
@@ -32,7 +32,7 @@ export async function ingestDirect(documents: readonly FolderDocument[], progres
   const replaced: string[] = [];
   let chunks = 0;
   try {
-    const written = await store.replaceBatch(embedded.map((e) => ({ doc: { docId: e.docId, title: e.title, bytes: e.bytes }, chunks: e.spans, vectors: e.vectors })));
+    const written = await store.replaceBatch(embedded.map((e) => ({ doc: documentInfo(e), chunks: e.spans, vectors: e.vectors })));
     written.forEach((w, i) => {
       (w.replaced ? replaced : created).push(embedded[i]!.file);
       chunks += w.document.chunkIds.length;

@@ -3,8 +3,10 @@
  * collection (`?collection=`, 'default' when left out), on whichever store RAGGUARD_STORE names.
  *
  *   GET    /documents?collection=&limit=&offset=   {documents: [{doc_id, collection, title, bytes, metadata, chunks}], total, offset, limit, next_offset}
- *   GET    /documents/:id?collection=              the document with its chunks (id, position, tokens, text, locator)
- *   PUT    /documents/:id {text, title?, collection?, metadata?}  replace (re-chunk, re-embed): 200, or 201 when it is new
+ *   GET    /documents/:id?collection=              the document (its metadata too) with its chunks (id, position, tokens, locator, text)
+ *   PUT    /documents/:id {text, title?, collection?, metadata?} | {content (base64), filename, content_type?, title?, collection?}
+ *                                     replace (re-chunk, re-embed): 200, or 201 when it is new; a file
+ *                                     that cannot be read is a 415/422 naming it (document-intake.ts)
  *   DELETE /documents/:id?collection=              200 {doc_id, collection, deleted: true, chunks}; 404 when there is none
  */
 import { Router, type Request } from 'express';
@@ -12,8 +14,9 @@ import { z } from 'zod';
 import { removeDocument, replaceDocument } from '../service/documents.js';
 import type { RagService } from '../service/rag.js';
 import { DEFAULT_COLLECTION, type StoredDocument } from '../retrieval/retrieval-store.js';
+import { readFileDocument, textBodyWithin } from './document-intake.js';
 import { HttpError } from './errors.js';
-import { collectionSchema, metadataSchema } from './schemas.js';
+import { collectionSchema, fileFields, metadataSchema, textOrFile } from './schemas.js';
 
 const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const MAX_PAGE = 1000;
@@ -28,12 +31,13 @@ const InCollection = z.object({ collection: collectionSchema.default(DEFAULT_COL
 const MaybeCollection = z.object({ collection: collectionSchema.optional() }).strict();
 
 const Replacement = z.object({
-  text: z.string().refine((t) => t.trim() !== '', 'must be a non-empty string'),
+  text: z.string().refine((t) => t.trim() !== '', 'must be a non-empty string').optional(),
   title: z.string().max(512).optional(),
   doc_id: z.string().optional(),
   collection: collectionSchema.optional(),
   metadata: metadataSchema.optional(),
-}).strict();
+  ...fileFields,
+}).strict().superRefine(textOrFile);
 
 function invalid(e: z.ZodError): HttpError {
   const problems = e.issues.map((i) => `${i.path.join('.') || 'body'}: ${i.message}`);
@@ -80,7 +84,7 @@ export function documentsRouter(service: RagService): Router {
     const chunks = await store.chunksOf(collection, id);
     res.json({
       ...summary(d),
-      chunks: chunks.map((ch) => ({ chunk_id: ch.id, ord: ch.ord, tokens: ch.tokens, text: ch.text, ...(ch.locator !== undefined ? { locator: ch.locator } : {}) })),
+      chunks: chunks.map((ch) => ({ chunk_id: ch.id, ord: ch.ord, tokens: ch.tokens, ...(ch.locator === undefined ? {} : { locator: ch.locator }), text: ch.text })),
     });
   });
 
@@ -97,9 +101,11 @@ export function documentsRouter(service: RagService): Router {
       throw new HttpError(400, 'invalid_field', `collection '${b.data.collection}' differs from the query's '${query.data.collection}'`);
     }
     const collection = b.data.collection ?? query.data.collection ?? DEFAULT_COLLECTION;
-    const { result, replaced } = await replaceDocument(service, {
-      docId: id, title: b.data.title?.trim() || undefined, text: b.data.text, collection, metadata: b.data.metadata,
-    });
+    const title = b.data.title?.trim() || undefined;
+    if (b.data.content === undefined) textBodyWithin(req, service.cfg.maxDocumentBytes);
+    const d = b.data.content === undefined ? { text: b.data.text!, title, ...(b.data.metadata ? { metadata: b.data.metadata } : {}) }
+      : await readFileDocument({ filename: b.data.filename!, contentType: b.data.content_type, bytes: Buffer.from(b.data.content, 'base64') }, service.cfg.maxDocumentBytes, id, title);
+    const { result, replaced } = await replaceDocument(service, { ...d, docId: id, collection });
     res.status(replaced ? 200 : 201).json({ document: result, replaced });
   });
 
