@@ -5,7 +5,10 @@
  * from the same list (`npm run config:doc`). An invalid value stops start-up with a message naming
  * the variable, never a silent fallback.
  */
+import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
+import { parseKeysFile, type TenantKey } from './keys-file.js';
 
 /** What a reshape may shrink, in the order RAGGUARD_RESHAPE_ORDER lists them (guards/policy.ts applies them). */
 export type ReshapeStep = 'batch' | 'rerank' | 'context' | 'new_tokens';
@@ -126,6 +129,9 @@ export interface Config {
   /** Bearer keys (auth.ts): '' = not required. */
   apiKey: string;
   adminKey: string;
+  /** RAGGUARD_KEYS_FILE's path ('' = none) and its keys, each scoped to collections with its limits (keys-file.ts). */
+  keysFile: string;
+  keys: TenantKey[];
   /** Origins allowed by CORS; ['*'] = any; [] = CORS off. */
   corsOrigins: string[];
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
@@ -538,6 +544,26 @@ export const VARIABLES: readonly Variable[] = [
     apply: str((c, v) => (c.adminKey = apiKey(v)), true),
   },
   {
+    name: 'RAGGUARD_KEYS_FILE', default: '',
+    doc: "JSON file of API keys, each scoped to collections with its own request and token limits per minute (README: Authentication); '' = none. Read at start-up: a bad entry stops the start, naming it. Works beside RAGGUARD_API_KEY and RAGGUARD_ADMIN_KEY (both keep every collection).",
+    apply: (c, raw) => {
+      c.keysFile = raw.trim() === '' ? '' : rel(raw.trim());
+      c.keys = [];
+      if (c.keysFile === '') return;
+      let text: string;
+      try {
+        text = readFileSync(c.keysFile, 'utf8');
+      } catch (e) {
+        throw new Error(`cannot read ${c.keysFile}: ${(e as Error).message}`);
+      }
+      try {
+        c.keys = parseKeysFile(text, (k) => createHash('sha256').update(k).digest('hex'));
+      } catch (e) {
+        throw new Error(`${c.keysFile}: ${(e as Error).message}`);
+      }
+    },
+  },
+  {
     name: 'RAGGUARD_CORS_ORIGINS', default: '',
     doc: "Comma-separated origins (e.g. 'https://app.example.com') allowed to call from a browser, or '*'; '' = CORS off (no CORS headers).",
     apply: (c, raw) => {
@@ -608,6 +634,11 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.leakMinSpanMs > c.leakHorizonMs) problems.push('RAGGUARD_LEAK_MIN_SPAN_MS: must not exceed RAGGUARD_LEAK_HORIZON_MS');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
+    for (const [v, key] of [['RAGGUARD_API_KEY', c.apiKey], ['RAGGUARD_ADMIN_KEY', c.adminKey]] as const) {
+      const digest = key === '' ? '' : createHash('sha256').update(key).digest('hex');
+      const same = c.keys.find((k) => k.sha256 === digest);
+      if (same) problems.push(`RAGGUARD_KEYS_FILE: '${same.name}' has the same key as ${v}`);
+    }
     if (c.maxN > c.maxNumSeqs) {
       problems.push('RAGGUARD_MAX_N: must not exceed RAGGUARD_MAX_NUM_SEQS (the samples of one request decode in one batch)');
     }

@@ -36,6 +36,8 @@ export interface KvSequence {
   readonly tokenIds: readonly number[];
   /** LoRA adapter: its KV differs from the base model's, so prefix-cache entries are per adapter. */
   adapter?: string | undefined;
+  /** The tenant's salt: prefix-cache entries are per salt too (prefix-hash.ts). */
+  cacheSalt?: string | undefined;
 }
 
 export interface BlockManagerOptions {
@@ -74,6 +76,7 @@ interface SequenceBlocks {
   table: BlockTable;
   numTokens: number;
   adapter: string | undefined;
+  cacheSalt: string | undefined;
   /** Hash of the last full block: the parent of the next one's. */
   lastHash: BlockHash | undefined;
   /** Token ids in the last block while it is not full (tracked only with prefix caching). */
@@ -157,6 +160,7 @@ export class BlockManager {
       table,
       numTokens: n,
       adapter: seq.adapter,
+      cacheSalt: seq.cacheSalt,
       lastHash: numFull > 0 ? hashes[numFull - 1] : undefined,
       partial: this.prefixCaching ? tokens.slice(numFull * bs) : [],
       computed: hits * bs,
@@ -207,7 +211,7 @@ export class BlockManager {
       if (!this.prefixCaching) continue;
       s.partial.push(token);
       if (s.partial.length === bs) {
-        s.lastHash = hashBlock(s.lastHash, s.partial, s.adapter);
+        s.lastHash = hashBlock(s.lastHash, s.partial, s.adapter, s.cacheSalt);
         this.pool.register(id, s.lastHash);
         s.partial = [];
       }
@@ -314,7 +318,7 @@ export class BlockManager {
     let hs = this.hashMemo.get(seq);
     if (!hs) this.hashMemo.set(seq, (hs = []));
     const bs = this.blockSize;
-    for (let i = hs.length; i < count; i++) hs.push(hashBlock(hs[i - 1], tokens.slice(i * bs, (i + 1) * bs), seq.adapter));
+    for (let i = hs.length; i < count; i++) hs.push(hashBlock(hs[i - 1], tokens.slice(i * bs, (i + 1) * bs), seq.adapter, seq.cacheSalt));
     return hs;
   }
 

@@ -20,6 +20,11 @@ export interface SamplingParams extends SamplerSettings {
   stop?: readonly string[];
   /** LoRA adapter the row runs with (loaded by the caller, who releases it after the generation). */
   adapter?: DecoderAdapter;
+  /**
+   * Mixed into the prefix cache's block hashes: a tenant's cached blocks are found only by its own
+   * sequences (vLLM's cache_salt), so one tenant never reads another's KV, nor times a hit on it.
+   */
+  cacheSalt?: string;
   /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks of decode throughput). */
   ignoreEos?: boolean;
   /** Log-probabilities of each generated token and of this many most likely alternatives (0-20; logprobs.ts); absent: none computed. */
@@ -63,6 +68,10 @@ export class Sequence {
   /** The adapter's key: the KV depends on it, so prefix-cache entries are per adapter (block-manager.ts). */
   get adapter(): string | undefined {
     return this.params.adapter?.key;
+  }
+
+  get cacheSalt(): string | undefined {
+    return this.params.cacheSalt;
   }
 
   get length(): number {

@@ -19,6 +19,8 @@ import { HttpError, toHttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
 import { nextTurn } from '../runtime/turns.js';
 import { parseQuery } from './validate.js';
+import { chargeTokens, checkTokenBudget, KeyLimits, limitKeys } from './rate-limits.js';
+import { tenantOf } from './tenant.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
 
@@ -45,7 +47,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   const handle = entry.handle.bind(app);
   entry.handle = (req, res, next) => front(req, res, () => handle(req, res, next));
   app.use(requestLogger(log, onDone));
-  app.use(cors(cfg), authenticate(cfg));
+  app.use(cors(cfg), authenticate(cfg), limitKeys(new KeyLimits(metrics.keyEvents)));
   app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once. The
   // front door did this for POST /query; here for what it left to express.
@@ -78,7 +80,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     // Aborted when the client goes away or a shutdown stops the request: the work stops at its next
     // step. Asked for after the turn: a burst's intake does not make its controller (shutdown.ts).
     const signal = requestSignal(res);
-    const q = parseQuery(req.body, cfg);
+    const q = parseQuery(req.body, cfg, tenantOf(res));
+    checkTokenBudget(res);
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
@@ -86,6 +89,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     if (!cfg.guards) {
       // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
       const { shape: _shape, ...result } = await admission.run(() => service.query(q, signal), signal, res.locals['admission']);
+      chargeTokens(res, result.usage.prompt_tokens + result.usage.completion_tokens);
       res.json({ ...result, guard: { decision: 'off' } });
       return;
     }
@@ -108,6 +112,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
         release();
       }
     }, signal, res.locals['admission']);
+    chargeTokens(res, result.usage.prompt_tokens + result.usage.completion_tokens);
     const asRun = service.guard.model.predict(shape);
     res.json({
       ...result,

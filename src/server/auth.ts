@@ -8,8 +8,10 @@
  *   api     everything else.
  * With RAGGUARD_API_KEY set, api routes need `Authorization: Bearer <key>` (the admin key also
  * passes). With RAGGUARD_ADMIN_KEY set, admin routes need the admin key: the API key there is 403
- * (known, not allowed); without an admin key they take the API key. Neither set: all open (the
- * default host is loopback). A missing or unknown key is 401 with `WWW-Authenticate: Bearer`.
+ * (known, not allowed); without an admin key they take the API key. RAGGUARD_KEYS_FILE adds keys
+ * scoped to collections, each with its limits (tenant.ts); its `admin` keys open admin routes too.
+ * None set: all open (the default host is loopback). A missing or unknown key is 401 with
+ * `WWW-Authenticate: Bearer`.
  *
  * CORS is off (no CORS headers at all, so browsers keep other origins out) unless
  * RAGGUARD_CORS_ORIGINS names origins (or `*`). A preflight is answered before authentication:
@@ -18,13 +20,17 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { NextFunction, Request, Response } from 'express';
+import type { TenantKey } from '../config/keys-file.js';
 import { HttpError } from './errors.js';
+import { keyTenant, OPEN_TENANT, operatorTenant, setTenant, type Tenant } from './tenant.js';
 
 export type RouteClass = 'open' | 'admin' | 'api';
 
 export interface AuthConfig {
   apiKey: string;
   adminKey: string;
+  /** Keys of RAGGUARD_KEYS_FILE, scoped to collections (config/keys-file.ts). */
+  keys?: readonly TenantKey[];
   /** Allowed origins; ['*'] = any; [] = CORS off. */
   corsOrigins: readonly string[];
 }
@@ -44,11 +50,6 @@ export function routeClass(method: string, path: string): RouteClass {
 
 const digest = (s: string): Buffer => createHash('sha256').update(s).digest();
 
-/** Constant-time comparison of a presented key with a configured one (through their digests: equal lengths). */
-function same(presented: Buffer, key: Buffer | undefined): boolean {
-  return key !== undefined && timingSafeEqual(presented, key);
-}
-
 /** The key in an Authorization header: undefined without one, '' when it is not a bearer key. */
 function bearer(h: string | undefined): string | undefined {
   if (h === undefined) return undefined;
@@ -58,33 +59,65 @@ function bearer(h: string | undefined): string | undefined {
 
 const unauthorized = (code: string, message: string) => new HttpError(401, code, message, {}, { 'WWW-Authenticate': 'Bearer realm="ragguard"' });
 
+interface KnownKey {
+  digest: Buffer;
+  tenant: Tenant;
+}
+
+/** Every configured key with the tenant it speaks for: RAGGUARD_API_KEY and RAGGUARD_ADMIN_KEY keep every collection. */
+function knownKeys(cfg: AuthConfig): KnownKey[] {
+  const keys: KnownKey[] = [];
+  const file = cfg.keys ?? [];
+  // Without any admin key, admin routes take every key (as they took the API key before keys files).
+  const anyAdmin = cfg.adminKey !== '' || file.some((k) => k.admin);
+  if (cfg.adminKey) keys.push({ digest: digest(cfg.adminKey), tenant: operatorTenant('admin', true) });
+  if (cfg.apiKey) keys.push({ digest: digest(cfg.apiKey), tenant: operatorTenant('api', !anyAdmin) });
+  for (const k of file) keys.push({ digest: Buffer.from(k.sha256, 'hex'), tenant: keyTenant(k, k.admin || !anyAdmin) });
+  return keys;
+}
+
 /**
- * Who may call what: the refusal (401, 403) of `method path` with the Authorization header given, or
- * undefined when it may go on. Pure, for the middleware below and for the front door (front-door.ts).
+ * Who is calling `method path` with the Authorization header given: its tenant, or the refusal (401,
+ * 403). Pure, for the middleware below and for the front door (front-door.ts). Open routes, and every
+ * route when no key is configured, go on as the open tenant (every collection).
  */
-export function authorizer(cfg: AuthConfig): (method: string, path: string, authorization: string | undefined) => HttpError | undefined {
-  const api = cfg.apiKey ? digest(cfg.apiKey) : undefined;
-  const admin = cfg.adminKey ? digest(cfg.adminKey) : undefined;
+export function identifier(cfg: AuthConfig): (method: string, path: string, authorization: string | undefined) => HttpError | Tenant {
+  const keys = knownKeys(cfg);
   return (method, path, authorization) => {
     const cls = routeClass(method, path);
-    if (cls === 'open') return undefined;
-    // The keys that open this class of route: the admin key opens everything.
-    const needed = cls === 'admin' && admin ? [admin] : [api, admin].filter((k): k is Buffer => k !== undefined);
-    if (needed.length === 0) return undefined;
+    if (cls === 'open' || keys.length === 0) return OPEN_TENANT;
     const token = bearer(authorization);
     if (token === undefined) return unauthorized('unauthorized', `${method} ${path} needs an API key: send 'Authorization: Bearer <key>'`);
     const presented = digest(token);
-    if (needed.some((k) => same(presented, k))) return undefined;
-    if (cls === 'admin' && same(presented, api)) {
-      return new HttpError(403, 'forbidden', `${method} ${path} needs the admin key (RAGGUARD_ADMIN_KEY); the API key is not enough`);
+    // Every key compared, in constant time each, so that the time taken does not say which one matched.
+    let found: Tenant | undefined;
+    for (const k of keys) if (timingSafeEqual(presented, k.digest) && found === undefined) found = k.tenant;
+    if (!found) return unauthorized('invalid_api_key', 'the key sent is not a valid key for this server');
+    if (cls === 'admin' && !found.admin) {
+      return new HttpError(403, 'forbidden', `${method} ${path} needs an admin key (RAGGUARD_ADMIN_KEY, or admin in RAGGUARD_KEYS_FILE); the key '${found.name}' is not one`);
     }
-    return unauthorized('invalid_api_key', 'the key sent is not a valid key for this server');
+    return found;
   };
 }
 
+/** The refusal (401, 403) of `method path` with the Authorization header given, or undefined when it may go on. */
+export function authorizer(cfg: AuthConfig): (method: string, path: string, authorization: string | undefined) => HttpError | undefined {
+  const identify = identifier(cfg);
+  return (method, path, authorization) => {
+    const t = identify(method, path, authorization);
+    return t instanceof HttpError ? t : undefined;
+  };
+}
+
+/** Refuses what the key may not call; puts the caller's tenant in `res.locals.tenant` (tenant.ts reads it). */
 export function authenticate(cfg: AuthConfig) {
-  const refusal = authorizer(cfg);
-  return (req: Request, _res: Response, next: NextFunction): void => next(refusal(req.method, req.path, req.get('authorization')));
+  const identify = identifier(cfg);
+  return (req: Request, res: Response, next: NextFunction): void => {
+    const t = identify(req.method, req.path, req.get('authorization'));
+    if (t instanceof HttpError) return next(t);
+    setTenant(res, t);
+    next();
+  };
 }
 
 /**

@@ -31,6 +31,7 @@ import { DuplicateDocumentError, type DocumentInput, type IngestResult, type Rag
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
 import { requestSignal } from './shutdown.js';
+import { collectionFor, tenantOf } from './tenant.js';
 import { nextTurn } from '../runtime/turns.js';
 import { parseDocuments, type DocumentItem } from './validate.js';
 
@@ -156,6 +157,13 @@ export async function postDocuments(service: RagService, req: Request, res: Resp
   // A JSON body of texts alone is held to RAGGUARD_MAX_DOCUMENT_BYTES as it always was; the larger
   // upload limit its parser allowed is for base64 files.
   const items = multipart ? multipartItems(req) : parseDocuments(req.body);
+  // Every document in a collection the key may use (its default where none is named), before any is read or written.
+  const tenant = tenantOf(res);
+  items.forEach((item, i) => {
+    const param = items.length > 1 ? `documents[${i}].collection` : 'collection';
+    if ('text' in item) item.text = { ...item.text, collection: collectionFor(tenant, item.text.collection, param) };
+    else item.collection = collectionFor(tenant, item.collection, param);
+  });
   if (!multipart && items.every((i) => 'text' in i)) textBodyWithin(req, cfg.maxDocumentBytes);
   const read: (DocumentInput | HttpError)[] = [];
   for (const item of items) {

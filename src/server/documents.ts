@@ -9,7 +9,7 @@
  *                                     that cannot be read is a 415/422 naming it (document-intake.ts)
  *   DELETE /documents/:id?collection=              200 {doc_id, collection, deleted: true, chunks}; 404 when there is none
  */
-import { Router, type Request } from 'express';
+import { Router, type Request, type Response } from 'express';
 import { z } from 'zod';
 import { removeDocument, replaceDocument } from '../service/documents.js';
 import type { RagService } from '../service/rag.js';
@@ -17,6 +17,7 @@ import { DEFAULT_COLLECTION, type StoredDocument } from '../retrieval/retrieval-
 import { readFileDocument, textBodyWithin } from './document-intake.js';
 import { HttpError } from './errors.js';
 import { collectionSchema, fileFields, metadataSchema, textOrFile } from './schemas.js';
+import { collectionFor, mayUse, tenantOf } from './tenant.js';
 
 const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const MAX_PAGE = 1000;
@@ -24,10 +25,9 @@ export const MAX_PAGE = 1000;
 const Page = z.object({
   limit: z.coerce.number().int().min(1).max(MAX_PAGE).default(100),
   offset: z.coerce.number().int().min(0).default(0),
-  collection: collectionSchema.default(DEFAULT_COLLECTION),
+  collection: collectionSchema.optional(),
 }).strict();
 
-const InCollection = z.object({ collection: collectionSchema.default(DEFAULT_COLLECTION) }).strict();
 const MaybeCollection = z.object({ collection: collectionSchema.optional() }).strict();
 
 const Replacement = z.object({
@@ -50,10 +50,16 @@ function docId(req: Request): string {
   return id;
 }
 
-function collectionOf(req: Request): string {
-  const q = InCollection.safeParse(req.query);
+/**
+ * The collection of a read or delete of document `id`: the one named (its key's default when none). One
+ * the key may not use is the same 404 as a missing document (tenant.ts says why).
+ */
+function collectionOf(req: Request, res: Response, id: string): string {
+  const q = MaybeCollection.safeParse(req.query);
   if (!q.success) throw invalid(q.error);
-  return q.data.collection;
+  const tenant = tenantOf(res);
+  if (q.data.collection !== undefined && !mayUse(tenant, q.data.collection)) throw notFound(id, q.data.collection);
+  return collectionFor(tenant, q.data.collection);
 }
 
 const summary = (d: StoredDocument) => ({
@@ -71,14 +77,15 @@ export function documentsRouter(service: RagService): Router {
   r.get('/documents', async (req, res) => {
     const q = Page.safeParse(req.query);
     if (!q.success) throw invalid(q.error);
-    const { limit, offset, collection } = q.data;
+    const { limit, offset } = q.data;
+    const collection = collectionFor(tenantOf(res), q.data.collection);
     const { documents: page, total } = await store.list(collection, offset, limit);
     res.json({ documents: page.map(summary), total, offset, limit, next_offset: offset + page.length < total ? offset + page.length : null });
   });
 
   r.get('/documents/:id', async (req, res) => {
     const id = docId(req);
-    const collection = collectionOf(req);
+    const collection = collectionOf(req, res, id);
     const d = await store.get(collection, id);
     if (!d) throw notFound(id, collection);
     const chunks = await store.chunksOf(collection, id);
@@ -100,7 +107,7 @@ export function documentsRouter(service: RagService): Router {
     if (query.data.collection !== undefined && b.data.collection !== undefined && query.data.collection !== b.data.collection) {
       throw new HttpError(400, 'invalid_field', `collection '${b.data.collection}' differs from the query's '${query.data.collection}'`);
     }
-    const collection = b.data.collection ?? query.data.collection ?? DEFAULT_COLLECTION;
+    const collection = collectionFor(tenantOf(res), b.data.collection ?? query.data.collection);
     const title = b.data.title?.trim() || undefined;
     if (b.data.content === undefined) textBodyWithin(req, service.cfg.maxDocumentBytes);
     const d = b.data.content === undefined ? { text: b.data.text!, title, ...(b.data.metadata ? { metadata: b.data.metadata } : {}) }
@@ -111,7 +118,7 @@ export function documentsRouter(service: RagService): Router {
 
   r.delete('/documents/:id', async (req, res) => {
     const id = docId(req);
-    const collection = collectionOf(req);
+    const collection = collectionOf(req, res, id);
     const d = await removeDocument(service, id, collection);
     if (!d) throw notFound(id, collection);
     res.json({ doc_id: id, collection, deleted: true, chunks: d.chunkIds.length });

@@ -23,7 +23,7 @@ async function main(): Promise<void> {
     log.warn('GLIBC_TUNABLES lacks the allocator settings of scripts/tuned.sh (npm start applies them): ' +
       'freed run buffers will stay resident, so resident memory overstates what runs hold');
   }
-  if (!cfg.apiKey && !['127.0.0.1', 'localhost', '::1'].includes(cfg.host)) {
+  if (!cfg.apiKey && !cfg.adminKey && cfg.keys.length === 0 && !['127.0.0.1', 'localhost', '::1'].includes(cfg.host)) {
     log.warn({ host: cfg.host }, 'listening beyond loopback without RAGGUARD_API_KEY: every route is open to whoever reaches the port');
   }
   const serving = await serve(cfg, { logger: log });

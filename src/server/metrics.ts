@@ -19,6 +19,7 @@ import type { Admission } from '../guards/admission.js';
 import type { RagService } from '../service/rag.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
 import { mallocStats } from '../runtime/malloc.js';
+import type { LimitEvents } from './rate-limits.js';
 
 export const PREFIX = 'ragguard:';
 
@@ -47,6 +48,9 @@ export class ServerMetrics {
   private readonly httpRequests: Counter<'method' | 'route' | 'status'>;
   private readonly rerankPairs: Counter<'route'>;
   private readonly httpDuration: Histogram<'method' | 'route'>;
+  private readonly keyRequests: Counter<'key'>;
+  private readonly keyTokens: Counter<'key'>;
+  private readonly keyLimited: Counter<'key' | 'code'>;
 
   constructor(service: RagService) {
     const r = this.registry;
@@ -181,6 +185,11 @@ export class ServerMetrics {
     this.httpRequests = new Counter({ name: name('http_requests_total'), help: 'HTTP requests by method, route and status.', labelNames: ['method', 'route', 'status'], registers: [r] });
     this.httpDuration = new Histogram({ name: name('http_request_duration_seconds'), help: 'HTTP request latency as the client sees it (retrieval included).', labelNames: ['method', 'route'], buckets: E2E_BUCKETS, registers: [r] });
 
+    // Per API key, by the key's name (RAGGUARD_KEYS_FILE; 'api', 'admin' for the single keys, 'open' without keys): never the key itself.
+    this.keyRequests = new Counter({ name: name('key_requests_total'), help: 'Requests let in past authentication and the rate limit, by API key name.', labelNames: ['key'], registers: [r] });
+    this.keyTokens = new Counter({ name: name('key_tokens_total'), help: 'Prompt plus generated tokens charged, by API key name.', labelNames: ['key'], registers: [r] });
+    this.keyLimited = new Counter({ name: name('key_limited_total'), help: 'Requests refused 429 by a per-key limit, by API key name and code (rate_limited, token_limit).', labelNames: ['key', 'code'], registers: [r] });
+
     this.rerankPairs = new Counter({ name: name('rerank_pairs_total'), help: 'Pairs scored by the reranker for /v1/rerank and /v1/score (rerank-routes.ts).', labelNames: ['route'], registers: [r] });
 
     engine.observer = {
@@ -216,6 +225,13 @@ export class ServerMetrics {
   addQueue(admission: Admission): void {
     this.queues.add(admission);
   }
+
+  /** The per-key limits' events, counted by key name (rate-limits.ts). */
+  readonly keyEvents: LimitEvents = {
+    request: (key) => this.keyRequests.labels(key).inc(),
+    tokens: (key, n) => this.keyTokens.labels(key).inc(n),
+    limited: (key, code) => this.keyLimited.labels(key, code).inc(),
+  };
 
   /** Counts pairs the reranker scored for a route. */
   reranked(route: '/v1/rerank' | '/v1/score', pairs: number): void {

@@ -42,6 +42,8 @@ import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.
 import type { TokenLogprobs } from '../generate/logprobs.js';
 import { chatLogprobs, completionLogprobs } from './openai-logprobs.js';
 import { rerankRoutes } from './rerank-routes.js';
+import { chargeTokens, checkTokenBudget } from './rate-limits.js';
+import { tenantOf } from './tenant.js';
 
 /** OpenAI's error `type` for a status. */
 function errorType(status: number): string {
@@ -188,6 +190,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   router.post('/v1/completions', async (req, res) => {
     const b = parseBody(schemasFor(cfg).completion, req.body);
     const adapter = await generationModel(b.model);
+    checkTokenBudget(res);
     const maxTokens = b.max_tokens ?? 16; // OpenAI's default for completions
     const text = typeof b.prompt === 'string' ? b.prompt : b.prompt[0]!;
     const ids = chat.encodeText(text);
@@ -220,6 +223,10 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   router.post('/v1/chat/completions', async (req, res) => {
     const b = parseBody(schemasFor(cfg).chatCompletion, req.body);
     const adapter = await generationModel(b.model);
+    const tenant = tenantOf(res);
+    // Where a rag collection is named, the key's right to it is decided first (403 before 429).
+    const filter = b.rag ? searchFilter(b.rag.collection, b.rag.filter, tenant) : undefined;
+    checkTokenBudget(res);
     const maxTokens = b.max_completion_tokens ?? b.max_tokens ?? cfg.defaultMaxNewTokens;
     const messages: ChatMessage[] = b.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
     const id = newId('chatcmpl');
@@ -263,7 +270,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
       temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
-      filter: searchFilter(b.rag.collection, b.rag.filter),
+      filter, ...(tenant.cacheSalt === undefined ? {} : { cacheSalt: tenant.cacheSalt }),
       // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
     };
@@ -290,6 +297,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         },
       }), { signal });
       const u = usage(r.usage.prompt_tokens, r.usage.completion_tokens);
+      chargeTokens(res, u.total_tokens);
       const guard = guardReport(service, decision, r.shape);
       const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason };
       if (!sse) {
@@ -323,6 +331,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   async function generateReply(res: Response, ids: number[], p: SamplingParams, n: number, adapter: string | undefined, stream: boolean,
     includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
     const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens, n), { fixedPrompt: true });
+    const salt = tenantOf(res).cacheSalt;
     const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
     const sse = stream ? new SseStream(res) : undefined;
     const signal = workSignal(res, sse);
@@ -339,7 +348,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         // The adapter loads for this generation (or shares a running one's slot) and is released after.
         const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter, signal);
         try {
-          return await service.engine.generateMany(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, n, {
+          return await service.engine.generateMany(ids, { ...p, maxNewTokens, adapter: lease?.adapter, ...(salt === undefined ? {} : { cacheSalt: salt }) }, n, {
             signal,
             onToken: sse && ((index, t) => {
               if (t.logprobs) held[index]!.push(t.logprobs);
@@ -351,6 +360,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         }
       }, { signal });
       const u = usage(ids.length, gens.reduce((a, g) => a + g.ids.length, 0));
+      chargeTokens(res, u.total_tokens);
       if (!sse) {
         res.json(shapes.reply(gens, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens, n), cachedTokens: gens[0]!.cachedTokens ?? 0 })));
         return;

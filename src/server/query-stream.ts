@@ -17,6 +17,7 @@ import type { QueryInput, RagService } from '../service/rag.js';
 import { toHttpError } from './errors.js';
 import { decideOrReject, guardReport, runGuarded, workSignal } from './guarded.js';
 import { SseStream } from './sse.js';
+import { chargeTokens } from './rate-limits.js';
 
 export async function streamQuery(service: RagService, admission: Admission, q: QueryInput, res: Response): Promise<void> {
   const decision = decideOrReject(service, service.requestShape(q));
@@ -36,6 +37,7 @@ export async function streamQuery(service: RagService, admission: Admission, q: 
         },
       },
     }), { signal });
+    chargeTokens(res, rest.usage.prompt_tokens + rest.usage.completion_tokens);
     sse.send({ answer, ...rest, guard: guardReport(service, decision, shape) }, 'done');
   } catch (e) {
     if (sse.closed) return; // the client is gone: nobody to tell

@@ -89,7 +89,7 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
     service = started;
     // One query through every request path before the first client (warmup.ts says why).
     if (cfg.warmup) {
-      const w = await warmUp(cfg.host, port, cfg.apiKey);
+      const w = await warmUp(cfg.host, port, cfg.apiKey || cfg.adminKey);
       (w.status === 200 ? log.info.bind(log) : log.warn.bind(log))({ warmup_ms: w.ms, status: w.status, error: w.error }, 'warm-up query');
     }
     startup.finish();

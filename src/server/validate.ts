@@ -1,9 +1,10 @@
 /** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
 import type { DocumentInput, QueryInput } from '../service/rag.js';
-import { DEFAULT_COLLECTION, type Metadata, type SearchFilter } from '../retrieval/retrieval-store.js';
+import type { Metadata, SearchFilter } from '../retrieval/retrieval-store.js';
 import type { FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
+import { collectionFor, OPEN_TENANT, type Tenant } from './tenant.js';
 import { bodySchemas, documentsSchema, parseBody, type filterSchema } from './schemas.js';
 import type { z } from 'zod';
 import type { SamplingOptions } from '../service/rag.js';
@@ -38,7 +39,8 @@ export function samplingOptions(b: {
   return o;
 }
 
-export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: boolean } {
+/** A /query body as the service takes it; `tenant` decides the collection searched (tenant.ts). */
+export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TENANT): QueryInput & { stream: boolean } {
   const b = parseBody(schemasFor(cfg).query, body);
   return {
     query: b.query,
@@ -48,20 +50,24 @@ export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: b
     temperature: b.temperature ?? 0,
     seed: b.seed,
     adapter: b.adapter,
-    filter: searchFilter(b.collection, b.filter),
+    filter: searchFilter(b.collection, b.filter, tenant),
+    ...(tenant.cacheSalt === undefined ? {} : { cacheSalt: tenant.cacheSalt }),
     sampling: samplingOptions(b, b.sample_top_k),
     stream: b.stream ?? false,
   };
 }
 
-/** `collection` and `filter` of a body as one search filter (a collection named twice must agree). */
-export function searchFilter(collection: string | undefined, filter: z.output<typeof filterSchema> | undefined): SearchFilter {
+/**
+ * `collection` and `filter` of a body as one search filter (a collection named twice must agree), in a
+ * collection the tenant may use (403 otherwise; its default when none is named).
+ */
+export function searchFilter(collection: string | undefined, filter: z.output<typeof filterSchema> | undefined, tenant: Tenant = OPEN_TENANT): SearchFilter {
   if (collection !== undefined && filter?.collection !== undefined && collection !== filter.collection) {
     throw new HttpError(400, 'invalid_body', `collection '${collection}' differs from filter.collection '${filter.collection}'`, { param: 'filter.collection' });
   }
   const metadata = filter?.metadata;
   return {
-    collection: collection ?? filter?.collection ?? DEFAULT_COLLECTION,
+    collection: collectionFor(tenant, collection ?? filter?.collection, collection === undefined && filter?.collection !== undefined ? 'filter.collection' : 'collection'),
     ...(metadata && Object.keys(metadata).length > 0 ? { metadata } : {}),
   };
 }

@@ -88,6 +88,8 @@ export interface QueryInput {
   rerankBatch?: number;
   /** LoRA adapter to generate with (a name under RAGGUARD_ADAPTER_DIR). */
   adapter?: string;
+  /** The tenant's prefix-cache salt: its cached blocks serve only its own prompts (prefix-hash.ts). */
+  cacheSalt?: string;
   /** The collection searched and the metadata conditions its chunks must meet (default: the 'default' collection). */
   filter?: SearchFilter;
   sampling?: SamplingOptions;
@@ -550,7 +552,7 @@ export class RagService {
     let gen: Generation;
     try {
       const hooks = { ...q.hooks, signal };
-      gen = await this.engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter }, hooks);
+      gen = await this.engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter, ...(q.cacheSalt === undefined ? {} : { cacheSalt: q.cacheSalt }) }, hooks);
     } finally {
       lease?.release();
     }
