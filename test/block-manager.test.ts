@@ -293,6 +293,39 @@ test('prefix hashes chain the parent, the tokens and the adapter', () => {
   assert.notEqual(hashBlock(undefined, [65536 + 1, 2, 3, 4]), h, 'ids are not truncated to 16 bits');
 });
 
+test('tenant isolation: the same tokens under another cache salt never hit; the same salt does', () => {
+  const m = manager(64);
+  const p = toks(13); // three full blocks and one token
+  assert.equal(m.allocate({ id: 0, tokenIds: p, cacheSalt: 'key:a' }), 0);
+  m.free(0); // a's blocks stay in the prefix cache
+  assert.equal(m.allocate({ id: 1, tokenIds: p, cacheSalt: 'key:b' }), 0, "b's identical prompt finds none of a's blocks");
+  assert.equal(m.allocate({ id: 2, tokenIds: p }), 0, 'nor does an unsalted prompt');
+  assert.equal(m.allocate({ id: 3, tokenIds: p, cacheSalt: 'key:a' }), 12, "a's repeat hits its own blocks");
+  assert.equal(new Set([...ids(m, 1), ...ids(m, 3)]).size, ids(m, 1).length + ids(m, 3).length, "no physical block shared between a and b");
+  assert.equal(m.allocate({ id: 4, tokenIds: p, cacheSalt: 'key:b' }), 12, "b's repeat hits b's blocks");
+  assert.deepEqual(ids(m, 4).slice(0, 3), ids(m, 1).slice(0, 3));
+  // A block filled while decoding chains from the salted prefix: still the tenant's own.
+  const short = toks(3, 500);
+  m.allocate({ id: 5, tokenIds: short, cacheSalt: 'key:a' });
+  m.appendSlots(5, [7]); // the first block becomes full during decode (no parent hash yet)
+  assert.equal(m.allocate({ id: 6, tokenIds: [...short, 7, 8], cacheSalt: 'key:b' }), 0);
+  assert.equal(m.allocate({ id: 7, tokenIds: [...short, 7, 8], cacheSalt: 'key:a' }), 4);
+  // Salt and adapter both count.
+  assert.equal(m.allocate({ id: 8, tokenIds: p, cacheSalt: 'key:a', adapter: 'lora-a' }), 0);
+});
+
+test('a salt goes into the first block only; without one the hash is as it was', () => {
+  const t = [1, 2, 3, 4];
+  const plain = hashBlock(undefined, t);
+  assert.equal(hashBlock(undefined, t, undefined, undefined), plain);
+  assert.notEqual(hashBlock(undefined, t, undefined, 'key:a'), plain);
+  assert.notEqual(hashBlock(undefined, t, undefined, 'key:a'), hashBlock(undefined, t, undefined, 'key:b'));
+  assert.notEqual(hashBlock(undefined, t, undefined, ''), plain, 'an empty salt is still a salt');
+  assert.notEqual(hashBlock(undefined, t, 'a', undefined), hashBlock(undefined, t, undefined, 'a'), 'a salt is not an adapter name');
+  // After the first block the parent carries the salt.
+  assert.equal(hashBlock(plain, t, undefined, 'key:a'), hashBlock(plain, t));
+});
+
 test('pool: cached free blocks are evicted least recently freed first; a hit revives one', () => {
   const pool = new BlockPool(3, BS);
   const [a, b, c] = [pool.allocate(), pool.allocate(), pool.allocate()] as [number, number, number];
