@@ -46,6 +46,8 @@ export interface QueryOptions {
   seed?: number;
   /** A LoRA adapter's name under RAGGUARD_ADAPTER_DIR. */
   adapter?: string;
+  /** A tenant's prefix-cache salt: its cached prompt blocks are found only by requests with the same salt (vLLM's cache_salt). */
+  cacheSalt?: string;
   /** The collection searched ('default' when left out) and metadata conditions every hit meets. */
   filter?: SearchFilter;
   sampling?: SamplingOptions;
@@ -61,6 +63,8 @@ export interface GenerateOptions {
   temperature?: number;
   seed?: number;
   adapter?: string;
+  /** A tenant's prefix-cache salt: its cached prompt blocks are found only by requests with the same salt (vLLM's cache_salt). */
+  cacheSalt?: string;
   sampling?: SamplingOptions;
   signal?: AbortSignal;
 }
@@ -112,7 +116,7 @@ export class Ragguard {
     const q = {
       query: o.query, topK: o.topK ?? cfg.defaultTopK, rerankTopN: o.rerankTopN ?? cfg.defaultRerankTopN,
       maxNewTokens: o.maxNewTokens ?? cfg.defaultMaxNewTokens, temperature: o.temperature ?? 0, seed: o.seed,
-      adapter: o.adapter, sampling: o.sampling, filter: o.filter,
+      adapter: o.adapter, sampling: o.sampling, filter: o.filter, ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
     };
     const decision = decideOrReject(this.service, this.service.requestShape(q));
     return runGuarded(this.service, this.admission, decision, (shape) => this.service.query(shape ? {
@@ -137,6 +141,7 @@ export class Ragguard {
       try {
         return await service.engine.generate(ids, {
           ...o.sampling, maxNewTokens: shape?.maxNewTokens ?? maxNewTokens, temperature: o.temperature ?? 0, seed: o.seed, adapter: lease?.adapter,
+          ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
         }, { signal: o.signal });
       } finally {
         lease?.release();
