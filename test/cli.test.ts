@@ -181,6 +181,21 @@ describe('ragguard query and usage', () => {
   });
 });
 
+describe('ragguard rerank', () => {
+  test('scores the documents against the query with the server\'s reranker: most relevant first; --json the reply; usage errors exit 2', async () => {
+    const docs = ['The cron daemon runs scheduled jobs.', 'Fog signals sound when visibility drops below two miles.'];
+    const r = await ragguard(['rerank', '--query', 'When do fog signals sound?', ...docs, '--url', url]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /^[01]\.\d{4} {2}\[2\] Fog signals[^\n]*\n[01]\.\d{4} {2}\[1\] The cron daemon[^\n]*\n$/);
+    const j = await ragguard(['rerank', '--query', 'When do fog signals sound?', ...docs, '--url', url, '--top-n', '1', '--json']);
+    assert.equal(j.code, 0, j.stderr);
+    assert.deepEqual((JSON.parse(j.stdout) as { results: { index: number }[] }).results.map((x) => x.index), [1]);
+    for (const args of [['rerank', 'doc'], ['rerank', '--query', 'q'], ['rerank', '--query', 'q', 'd', '--top-n', '0']]) {
+      assert.equal((await ragguard(args)).code, 2, args.join(' '));
+    }
+  });
+});
+
 describe('ragguard serve', () => {
   test('starts the server: JSON logs with the capacity summary, then it answers', async () => {
     const corpus = await smallCorpus(0, ['quotas']);

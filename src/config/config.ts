@@ -61,6 +61,8 @@ export interface Config {
   maxRerankTopN: number;
   defaultMaxNewTokens: number;
   maxNewTokensLimit: number;
+  /** Largest `n` (samples per request) the /v1 generation routes take. */
+  maxN: number;
   /** Upper bound on prompt tokens given to the decoder (context + question + template). */
   promptBudgetTokens: number;
   maxQueryTokens: number;
@@ -335,6 +337,11 @@ export const VARIABLES: readonly Variable[] = [
     apply: int(1, 4096, (c, v) => (c.maxNewTokensLimit = v)),
   },
   {
+    name: 'RAGGUARD_MAX_N', default: '8',
+    doc: 'Largest `n` (samples of one prompt) a /v1 completion may ask for; they share the prompt\'s KV blocks, each adds its own new tokens\' KV.',
+    apply: int(1, 64, (c, v) => (c.maxN = v)),
+  },
+  {
     name: 'RAGGUARD_PROMPT_BUDGET', default: '768', doc: 'Most prompt tokens (template + context + question) given to the decoder.',
     apply: int(32, 32768, (c, v) => (c.promptBudgetTokens = v)),
   },
@@ -601,6 +608,9 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.leakMinSpanMs > c.leakHorizonMs) problems.push('RAGGUARD_LEAK_MIN_SPAN_MS: must not exceed RAGGUARD_LEAK_HORIZON_MS');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
+    if (c.maxN > c.maxNumSeqs) {
+      problems.push('RAGGUARD_MAX_N: must not exceed RAGGUARD_MAX_NUM_SEQS (the samples of one request decode in one batch)');
+    }
     if (c.defaultMaxNewTokens > c.maxNewTokensLimit) {
       problems.push('RAGGUARD_MAX_NEW_TOKENS: must not exceed RAGGUARD_MAX_NEW_TOKENS_LIMIT');
     }
