@@ -26,7 +26,7 @@
  * The bytes a unit costs are GGUF's own (Q4_K 4.625 bits a weight against its 4.5: the 12 packed scale
  * bytes of a super-block become 16), so decode reads what llama.cpp reads.
  */
-import { GGML, ggmlTypeName, halfToFloat, q4kScaleMin } from '../../runtime/gguf.js';
+import { GGML, ggmlTypeName, halfToFloat } from '../../runtime/gguf.js';
 import { floatToHalf } from '../../runtime/float16.js';
 
 /** The device's unit types (ggml type ids; F32 matrices are packed as F16). */
@@ -87,6 +87,11 @@ export function checkShape(type: DeviceQuantType, rows: number, cols: number, na
   if (cols % per !== 0 || rows < 1) throw new QuantLayoutError(`${name}: rows of ${cols} are not a whole number of ${per}-weight blocks`);
 }
 
+/** Copies n bytes (a loop: a subarray per block would be most of a large file's packing time). */
+function copy(dst: Uint8Array, to: number, src: Uint8Array, from: number, n: number): void {
+  for (let i = 0; i < n; i++) dst[to + i] = src[from + i]!;
+}
+
 function nibbles(dst: Uint8Array, at: number, v: ArrayLike<number>): void {
   for (let i = 0; i < 16; i++) dst[at + i] = (v[i]! & 15) | ((v[i + 16]! & 15) << 4);
 }
@@ -114,49 +119,50 @@ export function packMatrix(ggmlType: number, raw: Uint8Array, rows: number, cols
       break;
     case GGML.Q8_0:
       for (let u = 0; u < units; u++) {
-        out.set(raw.subarray(u * 34 + 2, u * 34 + 34), u * 32);
-        out.set(raw.subarray(u * 34, u * 34 + 2), off.s + 2 * u);
+        copy(out, u * 32, raw, u * 34 + 2, 32);
+        copy(out, off.s + 2 * u, raw, u * 34, 2);
       }
       break;
     case GGML.Q4_0:
       for (let u = 0; u < units; u++) {
-        out.set(raw.subarray(u * 18 + 2, u * 18 + 18), u * 16);
-        out.set(raw.subarray(u * 18, u * 18 + 2), off.s + 2 * u);
+        copy(out, u * 16, raw, u * 18 + 2, 16);
+        copy(out, off.s + 2 * u, raw, u * 18, 2);
       }
       break;
     case GGML.Q4_1:
       for (let u = 0; u < units; u++) {
-        out.set(raw.subarray(u * 20 + 4, u * 20 + 20), u * 16);
-        out.set(raw.subarray(u * 20, u * 20 + 4), off.s + 4 * u);
+        copy(out, u * 16, raw, u * 20 + 4, 16);
+        copy(out, off.s + 4 * u, raw, u * 20, 4);
       }
       break;
     case GGML.Q5_0:
       for (let u = 0; u < units; u++) {
-        out.set(raw.subarray(u * 22 + 6, u * 22 + 22), u * 20);
-        out.set(raw.subarray(u * 22 + 2, u * 22 + 6), u * 20 + 16);
-        out.set(raw.subarray(u * 22, u * 22 + 2), off.s + 2 * u);
+        copy(out, u * 20, raw, u * 22 + 6, 16);
+        copy(out, u * 20 + 16, raw, u * 22 + 2, 4);
+        copy(out, off.s + 2 * u, raw, u * 22, 2);
       }
       break;
     case GGML.Q4_K:
       for (let sb = 0; sb < units / SUPER_UNITS; sb++) {
         const at = sb * 144;
-        out.set(raw.subarray(at, at + 4), off.h + 4 * sb);
+        copy(out, off.h + 4 * sb, raw, at, 4);
         for (let j = 0; j < 8; j++) {
           const u = sb * 8 + j;
-          const [sc, mn] = q4kScaleMin(raw, at + 4, j);
-          out[off.s + 2 * u] = sc;
-          out[off.s + 2 * u + 1] = mn;
+          // q4kScaleMin's 6-bit scale and min of sub-block j, inline (a tuple a unit is slow at this count).
+          const b = at + 4;
+          out[off.s + 2 * u] = j < 4 ? raw[b + j]! & 63 : (raw[b + j + 4]! & 0x0f) | ((raw[b + j - 4]! >> 6) << 4);
+          out[off.s + 2 * u + 1] = j < 4 ? raw[b + j + 4]! & 63 : (raw[b + j + 4]! >> 4) | ((raw[b + j]! >> 6) << 4);
           // Sub-block j: the low (j even) or high nibbles of the 32 bytes of chunk j >> 1.
           const q = at + 16 + 32 * (j >> 1);
-          for (let l = 0; l < 32; l++) v[l] = j & 1 ? raw[q + l]! >> 4 : raw[q + l]! & 15;
-          nibbles(out, 16 * u, v);
+          const shift = j & 1 ? 4 : 0;
+          for (let i = 0; i < 16; i++) out[16 * u + i] = ((raw[q + i]! >> shift) & 15) | (((raw[q + i + 16]! >> shift) & 15) << 4);
         }
       }
       break;
     case GGML.Q6_K:
       for (let sb = 0; sb < units / SUPER_UNITS; sb++) {
         const at = sb * 210;
-        out.set(raw.subarray(at + 208, at + 210), off.h + 2 * sb);
+        copy(out, off.h + 2 * sb, raw, at + 208, 2);
         // Unit 4 half + quarter holds elements 128 half + 32 quarter + l (gguf.ts's q1..q4 of that half).
         for (let half = 0; half < 2; half++) {
           for (let quarter = 0; quarter < 4; quarter++) {
