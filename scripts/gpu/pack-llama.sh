@@ -28,7 +28,7 @@ if [[ ! -f $out/llama.cpp.txz || ! -f $out/.version || $(cat "$out/.version") !=
   tmp=$(mktemp -d)
   tar -xzf "$sdist" -C "$tmp"
   src=$(find "$tmp" -maxdepth 2 -type d -name llama.cpp | head -1)
-  (cd "$src" && rm -rf docs models media benches tests .github .devops examples pocs scripts skills app ci .pi .gemini requirements)
+  (cd "$src" && rm -rf docs models media benches tests .github .devops examples pocs skills app ci .pi .gemini requirements)
   # The top-level CMakeLists adds tests/examples/pocs/app only when asked (LLAMA_BUILD_* OFF in run-issue29.sh).
   tar -C "$(dirname "$src")" -cJf "$out/llama.cpp.txz" llama.cpp
   rm -rf "$tmp"
