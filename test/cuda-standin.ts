@@ -70,7 +70,7 @@ export function applyPenaltyEntries(logits: Float32Array, p: { repetition: numbe
 
 export interface SlotWrite { layer: number; projection: number; entry: number; a: Float32Array | null; b: Float32Array | null }
 
-export interface QuantUpload { kind: number; layer: number; row0: number; type: number; rows: number; cols: number; offset: number; bytes: number }
+export interface QuantUpload { kind: number; layer: number; row0: number; type: number; rows: number; cols: number; offset: number; bytes: number; data: boolean }
 
 export interface StandIn extends CudaBackend {
   /** Every quantized segment uploaded (a GGUF decoder's matrices), its packed size. */
@@ -139,7 +139,10 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
     })),
     copyBlocks: () => {},
     loraWrite: (_h, layer, projection, entry, a, b) => void s.writes.push({ layer, projection, entry, a: a && a.slice(), b: b && b.slice() }),
-    quantUpload: (_h, kind, layer, row0, type, rows, cols, offset, packed) => void s.uploads.push({ kind, layer, row0, type, rows, cols, offset, bytes: packed.length }),
+    quantUpload: (_h, kind, layer, row0, type, rows, cols, offset, packed, bytes) => {
+      if (packed && packed.length !== bytes) throw new Error('packed length differs from bytes');
+      s.uploads.push({ kind, layer, row0, type, rows, cols, offset, bytes, data: packed !== null });
+    },
     memory: (h): NativeMemory => {
       const cfg = engines.get(h);
       if (!cfg) throw new Error('no such engine');

@@ -19,6 +19,8 @@
 #   bench     npm run bench:gpu-gguf on the 0.5B Q4_K_M and Q8_0 files against llama-batched-bench (1, 8, 32,
 #             64 concurrent) and llama-server's greedy ids
 #   bench7b   the same on the 7B files
+#   fp8       bench:gpu's 7B figures (batch 1 tokens/s and bandwidth, batch 64) with bfloat16 weights and with
+#             RAGGUARD_CUDA_WEIGHTS=fp8 (BENCH_GPU_WEIGHTS=fp8) on the same checkpoint (models7b first)
 # Output: $OUT/issue29.log (everything), $OUT/issue29.jsonl (each step's last JSON line).
 #   e.g. STEPS=llama bash scripts/gpu/run-issue29.sh; then STEPS="build models gguf check bench" ...
 set -uo pipefail
@@ -87,4 +89,8 @@ if has gguf7b; then GGUF_MODELS=qwen2-7b-bf16 record gguf7b to_gguf; fi
 has check && record check node --import tsx scripts/check-cuda.ts "$MODELS/qwen2-0.5b-f16=$GGUF/qwen2-0.5b-f16-F16.gguf"
 files() { local m=$1 q f=(); for q in $GGUF_TYPES; do f+=("$GGUF/$m-$q.gguf"); done; (IFS=,; echo "${f[*]}"); }
 has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin record bench node --import tsx bench/gpu-gguf.ts
+if has fp8; then
+  BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record fp8-bf16 node --import tsx bench/gpu.ts
+  BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 BENCH_GPU_WEIGHTS=fp8 record fp8 node --import tsx bench/gpu.ts
+fi
 has bench7b && BENCH_GPU_GGUF=$(files qwen2-7b-bf16) LLAMA_BIN=$LLAMA/build/bin record bench7b node --import tsx bench/gpu-gguf.ts

@@ -23,6 +23,8 @@ export interface Config {
   decoderPath: string;
   /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
   ggufWeights: 'nbits' | 'dequant';
+  /** The CUDA decoder's matrices: as the checkpoint holds them, or FP8 made at load. */
+  cudaWeights: 'model' | 'fp8';
   /** Who runs a converted GGUF's block products on the CPU: ragguard's QMatMul8 and QMatMul4, or ONNX Runtime's MatMulNBits. */
   cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */
@@ -209,6 +211,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_GGUF_WEIGHTS', default: 'nbits',
     doc: "A .gguf RAGGUARD_DECODER's weights in the converted graph: nbits (quantized projections stay quantized, ONNX Runtime's MatMulNBits: 4 bits a weight for Q4_0/Q4_1/Q4_K, 8 for Q8_0/Q6_K/Q5_0, plus a scale per block; each product quantizes its input to int8 per block, as llama.cpp's CPU products do) or dequant (float32 everywhere, inputs included: slower, closest to the weights as stored).",
     apply: oneOf(['nbits', 'dequant'] as const, (c, v) => (c.ggufWeights = v)),
+  },
+  {
+    name: 'RAGGUARD_CUDA_WEIGHTS', default: 'model',
+    doc: "The CUDA decoder's matrices (RAGGUARD_DECODER_EP=cuda): model (as the checkpoint holds them: float16/bfloat16, or a GGUF file's own block types, kept quantized on the device) or fp8 (a float16/bfloat16 checkpoint's matrices as FP8 E4M3 with a float16 scale per 32 weights, made on the device at load: half the bytes a decode step reads; norms and biases stay as they are). Checkpoints already quantized (quantization_config) are refused by name.",
+    apply: oneOf(['model', 'fp8'] as const, (c, v) => (c.cudaWeights = v)),
   },
   {
     name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',

@@ -20,8 +20,9 @@ export interface NativeConfig {
   /** LoRA slots: adapters resident at once (0: none) and rank per module. */
   max_loras: number; max_lora_rank: number;
   /**
-   * A GGUF decoder (1): the embedding, head and projections stay quantized (rg_quant_upload), in
-   * `quant_bytes` at the end of the weights; `quant_tile_bytes` of workspace dequantize the larger products.
+   * A GGUF decoder (1) or FP8 weights made at load (2): the embedding, head and projections stay quantized
+   * (rg_quant_upload), in `quant_bytes` at the end of the weights; `quant_tile_bytes` of workspace
+   * dequantize the larger products.
    */
   quantized: number; quant_bytes: number; quant_tile_bytes: number;
 }
@@ -68,9 +69,10 @@ export interface CudaBackend {
   loraWrite(h: EngineHandle, layer: number, projection: number, entry: number, a: Float32Array | null, b: Float32Array | null): void;
   /**
    * Uploads output rows [row0, row0 + rows) of a GGUF decoder's quantized matrix `kind` (gguf-blocks.ts's
-   * planes of ggml type `type`) at byte `offset` of the quantized area.
+   * planes of ggml type `type`, `bytes` long) at byte `offset` of the quantized area; `packed` null
+   * registers an FP8 matrix that loadTensor then fills.
    */
-  quantUpload(h: EngineHandle, kind: number, layer: number, row0: number, type: number, rows: number, cols: number, offset: number, packed: Uint8Array): void;
+  quantUpload(h: EngineHandle, kind: number, layer: number, row0: number, type: number, rows: number, cols: number, offset: number, packed: Uint8Array | null, bytes: number): void;
 }
 
 /** Milliseconds by phase over `steps` profiled steps (rg_profile_read's order). */
@@ -178,8 +180,8 @@ function bind(file: string): CudaBackend {
     loraWrite(h, layer, projection, entry, a, b) {
       check(loraWrite(h, layer, projection, entry, a, b), `writing LoRA entry ${entry}`);
     },
-    quantUpload(h, kind, layer, row0, type, rows, cols, offset, packed) {
-      check(quantUpload(h, kind, layer, row0, type, rows, cols, offset, packed, packed.length), `uploading quantized weight kind ${kind} of layer ${layer}`);
+    quantUpload(h, kind, layer, row0, type, rows, cols, offset, packed, bytes) {
+      check(quantUpload(h, kind, layer, row0, type, rows, cols, offset, packed, bytes), `uploading quantized weight kind ${kind} of layer ${layer}`);
     },
   };
 }

@@ -20,6 +20,7 @@ import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend } from './binding.js';
 import { cudaLoraPool, type CudaLoraPool } from './cuda-lora.js';
 import { CudaModelRunner, CudaUnavailableError, type CudaRunnerOptions } from './cuda-runner.js';
+import { withFp8 } from './fp8-weights.js';
 import { openGguf } from './gguf-checkpoint.js';
 import { CheckpointError, openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { kvBytesPerToken, planDevice } from './step-pack.js';
@@ -33,6 +34,8 @@ export interface CudaDecoderLimits {
   device?: number;
   /** Device LoRA slots: adapters resident at once (0: none, adapters refused) and rank per module. */
   maxLoras?: number;
+  /** RAGGUARD_CUDA_WEIGHTS: the checkpoint's own matrices (model) or FP8 made at load. */
+  weights?: 'model' | 'fp8';
   maxLoraRank?: number;
 }
 
@@ -71,12 +74,14 @@ export class CudaDecoder implements AdapterHost {
     if (dir.toLowerCase().endsWith('.gguf')) {
       if (!existsSync(dir)) throw new CheckpointError(`${dir}: no such GGUF file`);
       const { checkpoint, tokenizer } = await openGguf(dir);
+      if (limits.weights === 'fp8') withFp8(checkpoint); // refuses, naming why
       return new CudaDecoder(dir, checkpoint, tokenizer, limits, native);
     }
     if (existsSync(path.join(dir, 'onnx', 'model.onnx')) || existsSync(path.join(dir, 'genai_config.json'))) {
       throw new CheckpointError(`${dir}: an ONNX export; the CUDA backend reads Hugging Face checkpoints (config.json + *.safetensors)`);
     }
-    const checkpoint = await openCheckpoint(dir);
+    const opened = await openCheckpoint(dir);
+    const checkpoint = limits.weights === 'fp8' ? withFp8(opened) : opened;
     if (!existsSync(path.join(dir, 'tokenizer.json'))) {
       throw new CheckpointError(`${dir}: no tokenizer.json: the server needs the checkpoint's tokenizer (tokenizer.json, tokenizer_config.json)`);
     }

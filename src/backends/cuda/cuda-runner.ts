@@ -24,6 +24,7 @@ import type { SamplingParams, Sequence } from '../../generate/sequence.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory, type StepProfile } from './binding.js';
 import { CudaLoraPool } from './cuda-lora.js';
+import { withFp8 } from './fp8-weights.js';
 import { openGguf, packSegment } from './gguf-checkpoint.js';
 import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { PenaltyTally } from '../../generate/penalty-tally.js';
@@ -37,6 +38,8 @@ export interface CudaRunnerOptions {
   maxSeqs: number;
   /** Model dtype on the device; default: the checkpoint's own when it is float16 or bfloat16, else float16. */
   dtype?: ModelDtype;
+  /** The matrices as the checkpoint holds them (model, the default) or as FP8 made at load (RAGGUARD_CUDA_WEIGHTS=fp8). */
+  weights?: 'model' | 'fp8';
   /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
@@ -165,7 +168,8 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
    * Allocates the device memory for an opened checkpoint, uploads its weights (read from the files here,
    * synchronously: start-up only) and captures the decode graphs.
    */
-  static create(native: CudaBackend, ckpt: Checkpoint, tokenizer: TokenDecoder, opts: CudaRunnerOptions): CudaModelRunner {
+  static create(native: CudaBackend, opened: Checkpoint, tokenizer: TokenDecoder, opts: CudaRunnerOptions): CudaModelRunner {
+    const ckpt = opts.weights === 'fp8' && opened.quant?.mode !== 'fp8' ? withFp8(opened) : opened;
     const c = ckpt.config;
     const dtype = CudaModelRunner.dtypeFor(ckpt, opts.dtype);
     const limits = CudaModelRunner.limitsFor(ckpt, opts);
@@ -177,7 +181,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       max_batched_tokens: limits.maxBatchedTokens, max_seqs: limits.maxSeqs, max_blocks_per_seq: limits.maxBlocksPerSeq,
       cublas_workspace_bytes: limits.cublasWorkspaceBytes, device: opts.device ?? 0, graph_max_batch: graphMax,
       max_loras: limits.maxLoras ?? 0, max_lora_rank: limits.maxLoraRank ?? 0,
-      quantized: ckpt.quant ? 1 : 0, quant_bytes: ckpt.quant?.bytes ?? 0, quant_tile_bytes: ckpt.quant?.tileBytes ?? 0,
+      quantized: ckpt.quant ? (ckpt.quant.mode === 'fp8' ? 2 : 1) : 0, quant_bytes: ckpt.quant?.bytes ?? 0, quant_tile_bytes: ckpt.quant?.tileBytes ?? 0,
     };
     // The accountant's figures and the native allocator's must be the same numbers.
     const nativePlan = native.plan(cfg);
@@ -188,11 +192,13 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     const h = native.create(cfg);
     try {
       native.setRope(h, ckpt.invFreq);
+      // FP8: each fused matrix's place first; the checkpoint's tensors are quantized into it as they load.
+      for (const s of ckpt.quant?.mode === 'fp8' ? ckpt.quant.segments : []) native.quantUpload(h, s.kind, s.layer, 0, s.deviceType, s.rows, s.cols, s.offset, null, s.packedBytes);
       for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
       // A GGUF decoder's matrices: read, re-laid out and uploaded one at a time (the host holds one tensor).
-      for (const s of ckpt.quant?.segments ?? []) {
+      for (const s of ckpt.quant?.mode === 'gguf' ? ckpt.quant.segments : []) {
         const p = packSegment(s);
-        native.quantUpload(h, s.kind, s.layer, s.row0, p.type, s.rows, s.cols, s.offset, p.bytes);
+        native.quantUpload(h, s.kind, s.layer, s.row0, p.type, s.rows, s.cols, s.offset, p.bytes, p.bytes.length);
       }
       native.loadDone(h);
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];

@@ -31,7 +31,12 @@ import { floatToHalf } from '../../runtime/float16.js';
 
 /** The device's unit types (ggml type ids; F32 matrices are packed as F16). */
 export const DEVICE_QUANT_TYPES = [GGML.F16, GGML.BF16, GGML.Q8_0, GGML.Q4_0, GGML.Q4_1, GGML.Q5_0, GGML.Q4_K, GGML.Q6_K] as const;
-export type DeviceQuantType = (typeof DEVICE_QUANT_TYPES)[number];
+/**
+ * RAGGUARD_CUDA_WEIGHTS=fp8's unit (not a ggml type; ragguard_cuda.cu QT_FP8): 32 E4M3 bytes and a float16
+ * scale (the block's largest |value| / 448), made on the device from a float16/bfloat16 checkpoint at load.
+ */
+export const FP8_E4M3 = 1000;
+export type DeviceQuantType = (typeof DEVICE_QUANT_TYPES)[number] | typeof FP8_E4M3;
 
 export const UNIT = 32;
 /** Units in a K-quant super-block (256 weights). */
@@ -53,6 +58,7 @@ const LAYOUTS: Record<DeviceQuantType, UnitLayout> = {
   [GGML.Q5_0]: { q: 20, s: 2, h: 0 },
   [GGML.Q4_K]: { q: 16, s: 2, h: 4 },
   [GGML.Q6_K]: { q: 24, s: 2, h: 2 },
+  [FP8_E4M3]: { q: 32, s: 2, h: 0 },
 };
 
 export class QuantLayoutError extends Error {}

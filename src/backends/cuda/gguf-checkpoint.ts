@@ -176,7 +176,7 @@ export function planGguf(f: GgufFile): Checkpoint {
   }
   return {
     dir: f.path, config, loads, fileBytes, invFreq,
-    quant: { segments, bytes: offset, tileBytes: quantTileBytes(Math.max(H, q, I)) },
+    quant: { mode: 'gguf', segments, bytes: offset, tileBytes: quantTileBytes(Math.max(H, q, I)) },
   };
 }
 

@@ -78,6 +78,7 @@ interface RawConfig {
   dtype?: string;
   bos_token_id?: number | null;
   eos_token_id?: number | number[] | null;
+  quantization_config?: { quant_method?: string; format?: string } | null;
 }
 
 function positiveInt(v: unknown, field: string): number {
@@ -90,6 +91,11 @@ export function parseConfig(raw: RawConfig): CudaModelConfig {
   const type = raw.model_type;
   if (type !== 'llama' && type !== 'qwen2') {
     throw new CheckpointError(`model_type '${String(type)}' is not supported by the CUDA backend (llama and qwen2 are)`);
+  }
+  if (raw.quantization_config) {
+    const q = raw.quantization_config;
+    throw new CheckpointError(`quantization_config (${q.quant_method ?? 'unknown method'}${q.format ? `, ${q.format}` : ''}): quantized checkpoints are not read by the CUDA backend; ` +
+      'serve the float16/bfloat16 checkpoint (RAGGUARD_CUDA_WEIGHTS=fp8 makes FP8 weights from it at load) or a GGUF file');
   }
   if ((raw.hidden_act ?? 'silu') !== 'silu') throw new CheckpointError(`hidden_act '${raw.hidden_act}' (the CUDA backend runs silu)`);
   if (raw.mlp_bias) throw new CheckpointError('mlp_bias: MLP biases are not supported by the CUDA backend');
@@ -219,6 +225,8 @@ export interface QuantSegment {
 }
 
 export interface QuantWeights {
+  /** gguf: a GGUF file's blocks, packed on the host; fp8: E4M3 made on the device from the checkpoint's tensors. */
+  mode: 'gguf' | 'fp8';
   segments: QuantSegment[];
   /** The quantized area's bytes (rg_config.quant_bytes). */
   bytes: number;

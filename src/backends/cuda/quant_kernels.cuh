@@ -14,8 +14,9 @@
 //     multiplied by cuBLAS on the tensor cores.
 // The embedding gathers and dequantizes only the rows of the step's tokens.
 
-// ggml type ids (ggml.h), the device types of gguf-blocks.ts.
-enum { QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14, QT_BF16 = 30 };
+// ggml type ids (ggml.h), the device types of gguf-blocks.ts; QT_FP8 (not a ggml type): RAGGUARD_CUDA_WEIGHTS=fp8's
+// E4M3 weights of a float16/bfloat16 checkpoint, made on the device at load (fp8_pack_kernel).
+enum { QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14, QT_BF16 = 30, QT_FP8 = 1000 };
 
 struct QLayout { int q, s, h; };
 // Bytes of a unit in the Q and S planes, and of a super-block (8 units) in the H plane; {0,0,0}: unknown.
@@ -27,6 +28,7 @@ __host__ __device__ constexpr QLayout qlayout(int t) {
        : t == QT_Q5_0 ? QLayout{20, 2, 0}
        : t == QT_Q4_K ? QLayout{16, 2, 4}
        : t == QT_Q6_K ? QLayout{24, 2, 2}
+       : t == QT_FP8 ? QLayout{32, 2, 0}
        : QLayout{0, 0, 0};
 }
 
@@ -134,6 +136,51 @@ template <> __device__ __forceinline__ void unit32<QT_Q6_K>(const QPlanes& p, si
   }
 }
 
+// FP8: 32 E4M3 bytes and a float16 scale a unit (per-block scales of 32 weights: a row's outliers cost only
+// their own block's resolution).
+template <> __device__ __forceinline__ void unit32<QT_FP8>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.s + 2 * u);
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    const uint4 v = __ldg(q + g);
+    const __nv_fp8_e4m3* b = reinterpret_cast<const __nv_fp8_e4m3*>(&v);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[16 * g + i] = d * (float)b[i];
+  }
+}
+
+// Quantizes `units` units of 32 source values (src_dtype 0 f32, 1 f16, 2 bf16) into FP8 units from unit
+// `u_begin` on: scale = the block's largest |value| / 448 (E4M3's largest), rounded up to float16 so that
+// no value saturates, each value rounded to the nearest E4M3.
+__global__ void fp8_pack_kernel(const void* __restrict__ src, int src_dtype, QPlanes P, size_t u_begin, size_t units) {
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= units) return;
+  float x[32];
+#pragma unroll
+  for (int k = 0; k < 32; ++k) {
+    const size_t e = i * 32 + k;
+    x[k] = src_dtype == 0 ? reinterpret_cast<const float*>(src)[e]
+         : src_dtype == 1 ? __half2float(reinterpret_cast<const __half*>(src)[e])
+                          : __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[e]);
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(x[k]));
+  const __half hs = __float2half_ru(amax / 448.f);
+  const float s = __half2float(hs);
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  const size_t u = u_begin + i;
+  *reinterpret_cast<__half*>(const_cast<uint8_t*>(P.s) + 2 * u) = hs;
+  uint4 out[2];
+  __nv_fp8_e4m3* q = reinterpret_cast<__nv_fp8_e4m3*>(out);
+#pragma unroll
+  for (int k = 0; k < 32; ++k) q[k] = __nv_fp8_e4m3(x[k] * inv);
+  uint4* dst = reinterpret_cast<uint4*>(const_cast<uint8_t*>(P.q) + u * 32);
+  dst[0] = out[0];
+  dst[1] = out[1];
+}
+
 constexpr int QGEMV_MAX_ROWS = 8;
 constexpr int QGEMV_WARPS = 4;
 
@@ -225,5 +272,6 @@ __global__ void qembed_kernel(StepView v, QPlanes E, T* __restrict__ out, int hi
     case QT_Q5_0: { constexpr int TY = QT_Q5_0; __VA_ARGS__; } break;        \
     case QT_Q4_K: { constexpr int TY = QT_Q4_K; __VA_ARGS__; } break;        \
     case QT_Q6_K: { constexpr int TY = QT_Q6_K; __VA_ARGS__; } break;        \
+    case QT_FP8: { constexpr int TY = QT_FP8; __VA_ARGS__; } break;          \
     default: bad;                                                            \
   }

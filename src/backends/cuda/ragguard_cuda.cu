@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cublas_v2.h>
 #include <mma.h>
 #include <algorithm>
@@ -1055,7 +1056,8 @@ struct rg_config {
   int32_t graph_max_batch;  // decode steps of up to this many rows replay CUDA graphs (0: none)
   int32_t max_loras;        // adapters resident at once in the LoRA slots (0: no slots)
   int32_t max_lora_rank;    // rank per module of a slot
-  int32_t quantized;        // 1: a GGUF decoder (embedding, head and projections uploaded by rg_quant_upload)
+  int32_t quantized;        // 1: a GGUF decoder (embedding, head and projections uploaded by rg_quant_upload);
+                            // 2: FP8 weights made at load from a float16/bfloat16 checkpoint (rg_load_tensor)
   int64_t quant_bytes;      // the quantized matrices' packed bytes (gguf-blocks.ts planeOffsets, summed)
   int64_t quant_tile_bytes; // the dequantization scratch of the larger products
 };
@@ -1503,6 +1505,47 @@ int attn_smem_opt_in(Engine& e) {
   return 0;
 }
 
+
+// RAGGUARD_CUDA_WEIGHTS=fp8: `count` elements of a checkpoint tensor (whole rows of the fused weight `kind`,
+// from element `dst_offset` on) read from the file through the staging buffers and quantized on the device
+// into the FP8 segment rg_quant_upload registered for (kind, layer).
+int load_fp8(Engine& e, int kind, int layer, int64_t dst_offset, const char* path, int64_t file_offset, int64_t count, int src_dtype) {
+  const rg_config& c = e.cfg;
+  int n, k;
+  qmat_dims(c, kind, n, k);
+  if (kind == W_LM_HEAD && c.tie_embeddings) return fail("lm_head is tied to the embeddings");
+  const int l = kind == W_EMBED || kind == W_LM_HEAD ? -1 : layer;
+  if (l >= c.num_layers || (l < 0 && kind != W_EMBED && kind != W_LM_HEAD)) return fail("layer out of range");
+  const std::vector<Engine::QSeg>& segs = e.qmats[e.qmat_index(kind, l)];
+  if (segs.size() != 1 || segs[0].type != QT_FP8 || segs[0].rows != n) return fail("no FP8 segment registered for this weight");
+  if (dst_offset < 0 || dst_offset % k || count % 32 || (size_t)(dst_offset + count) > (size_t)n * k) return fail("tensor does not fit its FP8 weight in whole rows");
+  const size_t src_elt = src_dtype == 0 ? 4 : 2;
+  const size_t chunk = 64ull << 20;  // a multiple of 32 elements of every source type
+  if (!e.stage_h && cudaMallocHost(&e.stage_h, chunk) != cudaSuccess) { e.stage_h = nullptr; return fail("staging allocation failed"); }
+  if (!e.stage_d && cudaMalloc(&e.stage_d, chunk) != cudaSuccess) { e.stage_d = nullptr; return fail("staging allocation failed"); }
+  const int fd = open(path, O_RDONLY);
+  if (fd < 0) return fail(std::string("cannot open ") + path);
+  const size_t bytes = (size_t)count * src_elt;
+  int rc = 0;
+  for (size_t done = 0; done < bytes && rc == 0;) {
+    const size_t nb = bytes - done < chunk ? bytes - done : chunk;
+    size_t got = 0;
+    while (got < nb) {
+      const ssize_t r = pread(fd, static_cast<char*>(e.stage_h) + got, nb - got, file_offset + done + got);
+      if (r <= 0) { rc = fail(std::string("short read from ") + path); break; }
+      got += (size_t)r;
+    }
+    if (rc) break;
+    if (cudaMemcpy(e.stage_d, e.stage_h, nb, cudaMemcpyHostToDevice) != cudaSuccess) { rc = fail("weight upload failed"); break; }
+    const size_t units = nb / src_elt / 32, u0 = ((size_t)dst_offset + done / src_elt) / 32;
+    fp8_pack_kernel<<<(unsigned)((units + 255) / 256), 256>>>(e.stage_d, src_dtype, segs[0].p, u0, units);
+    if (cudaDeviceSynchronize() != cudaSuccess) rc = fail("FP8 quantization failed");
+    done += nb;
+  }
+  close(fd);
+  return rc;
+}
+
 }  // namespace
 
 extern "C" {
@@ -1719,6 +1762,7 @@ int rg_load_tensor(void* h, int kind, int layer, int64_t dst_offset, const char*
       base = ptrs[kind];
     }
   }
+  if (c.quantized == 2 && quant_kind(kind)) return load_fp8(*e, kind, layer, dst_offset, path, file_offset, count, src_dtype);
   if (!base) return fail("this model has no such weight (kind " + std::to_string(kind) + ")");
   if (kind == W_LM_HEAD && c.tie_embeddings) return fail("lm_head is tied to the embeddings");
   if (dst_offset < 0 || (size_t)(dst_offset + count) > weight_elems(c, kind)) return fail("tensor does not fit its weight");
@@ -2056,7 +2100,13 @@ int rg_quant_upload(void* h, int kind, int layer, int row0, int type, int rows, 
   for (const auto& sg : segs) {
     if (row0 < sg.row0 + sg.rows && sg.row0 < row0 + rows) return fail("quantized segment overlaps one uploaded before");
   }
-  CUDA_TRY(cudaMemcpy(e->qarea + offset, data, bytes, cudaMemcpyHostToDevice));
+  if (data) {
+    CUDA_TRY(cudaMemcpy(e->qarea + offset, data, bytes, cudaMemcpyHostToDevice));
+  } else {
+    // An FP8 matrix's place, filled by rg_load_tensor as the checkpoint's tensors arrive.
+    if (type != QT_FP8) return fail("only an FP8 segment is registered without data");
+    CUDA_TRY(cudaMemset(e->qarea + offset, 0, bytes));
+  }
   segs.push_back(Engine::QSeg{type, row0, rows, cols, p});
   e->qused += bytes;
   e->qready = false;
