@@ -123,24 +123,15 @@ export function packMatrix(ggmlType: number, raw: Uint8Array, rows: number, cols
     case GGML.F16: case GGML.BF16:
       out.set(raw.subarray(0, rows * cols * 2), 0);
       break;
-    case GGML.Q8_0:
+    case GGML.Q8_0: case GGML.Q4_0: case GGML.Q4_1: {
+      // A block is its scales (the S plane's bytes) then its quants (the Q plane's), as they are.
+      const { q, s } = LAYOUTS[type];
       for (let u = 0; u < units; u++) {
-        copy(out, u * 32, raw, u * 34 + 2, 32);
-        copy(out, off.s + 2 * u, raw, u * 34, 2);
+        copy(out, u * q, raw, u * (s + q) + s, q);
+        copy(out, off.s + s * u, raw, u * (s + q), s);
       }
       break;
-    case GGML.Q4_0:
-      for (let u = 0; u < units; u++) {
-        copy(out, u * 16, raw, u * 18 + 2, 16);
-        copy(out, off.s + 2 * u, raw, u * 18, 2);
-      }
-      break;
-    case GGML.Q4_1:
-      for (let u = 0; u < units; u++) {
-        copy(out, u * 16, raw, u * 20 + 4, 16);
-        copy(out, off.s + 4 * u, raw, u * 20, 4);
-      }
-      break;
+    }
     case GGML.Q5_0:
       for (let u = 0; u < units; u++) {
         copy(out, u * 20, raw, u * 22 + 6, 16);

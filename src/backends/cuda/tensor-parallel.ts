@@ -59,20 +59,14 @@ export function shardPlan(c: CudaModelConfig, tp: number): ShardPlan {
   return { tp, ranks };
 }
 
-/** One piece of a tensor for a rank: `rows` rows of `elems` values, `fileRowStride` values apart in the file. */
-export interface ShardLoad {
-  name: string;
-  kind: WeightKindId;
-  layer: number;
-  /** Element offset in the rank's fused weight (its rows are `elems` long). */
-  dstOffset: number;
-  file: string;
-  /** Byte offset of the piece's first value. */
-  fileOffset: number;
+/**
+ * One piece of a tensor for a rank: `rows` rows of `elems` values, `fileRowStride` values apart in the file
+ * from `fileOffset` (bytes) on, to element `dstOffset` of the rank's fused weight.
+ */
+export interface ShardLoad extends Omit<TensorLoad, 'count'> {
   rows: number;
   elems: number;
   fileRowStride: number;
-  dtype: TensorLoad['dtype'];
 }
 
 const BYTES: Record<TensorLoad['dtype'], number> = { F32: 4, F16: 2, BF16: 2 };
