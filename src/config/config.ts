@@ -265,7 +265,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
-    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
+    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint or a GGUF file as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
     apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
   },
   {
@@ -279,7 +279,7 @@ export const VARIABLES: readonly Variable[] = [
   ...(['embedder', 'reranker', 'decoder'] as const).map((role): Variable => ({
     name: `RAGGUARD_${role.toUpperCase()}_EP`, default: '',
     doc: role === 'decoder'
-      ? "Where the decoder runs ('' = RAGGUARD_EXECUTION_PROVIDER): cpu or webgpu (ONNX Runtime: an ONNX export or a GGUF file), cuda (the native CUDA backend: a Hugging Face checkpoint directory, config.json + safetensors + tokenizer.json), auto (ONNX Runtime's first provider that loads)."
+      ? "Where the decoder runs ('' = RAGGUARD_EXECUTION_PROVIDER): cpu or webgpu (ONNX Runtime: an ONNX export or a GGUF file), cuda (the native CUDA backend: a Hugging Face checkpoint directory, config.json + safetensors + tokenizer.json, or a GGUF file of llama or qwen2, its weights kept quantized on the device), auto (ONNX Runtime's first provider that loads)."
       : `ONNX Runtime execution provider of the ${role} alone ('' = RAGGUARD_EXECUTION_PROVIDER; where that is cuda, auto): cpu, webgpu, cuda (ONNX Runtime's CUDA provider, where installed) or auto.`,
     apply: (c, raw) => {
       if (raw === '') return;
