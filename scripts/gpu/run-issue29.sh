@@ -19,6 +19,10 @@
 #   bench     npm run bench:gpu-gguf on the 0.5B Q4_K_M and Q8_0 files against llama-batched-bench (1, 8, 32,
 #             64 concurrent) and llama-server's greedy ids
 #   bench7b   the same on the 7B files
+#   rag       the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, carried by scripts/gpu/model-pieces.sh to
+#             $DEFAULT_GGUF) serving the question set on this backend: npm run bench:rag with
+#             RAGGUARD_DECODER_EP=cuda (held-out answers, /query p50/p95); needs the full pack (scripts/gpu/pack.sh:
+#             ONNX Runtime and faiss for the encoders and the index; source .gpu/enter.sh before this script)
 #   fp8       bench:gpu's 7B figures (batch 1 tokens/s and bandwidth, batch 64) with bfloat16 weights and with
 #             RAGGUARD_CUDA_WEIGHTS=fp8 (BENCH_GPU_WEIGHTS=fp8) on the same checkpoint (models7b first)
 # Output: $OUT/issue29.log (everything), $OUT/issue29.jsonl (each step's last JSON line).
@@ -92,5 +96,13 @@ has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin r
 if has fp8; then
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record fp8-bf16 node --import tsx bench/gpu.ts
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 BENCH_GPU_WEIGHTS=fp8 record fp8 node --import tsx bench/gpu.ts
+fi
+if has rag; then
+  DEFAULT_GGUF=${DEFAULT_GGUF:-/tmp/rg-default.gguf}
+  rag_cuda() {
+    [[ -f $DEFAULT_GGUF ]] || { echo "{\"error\":\"$DEFAULT_GGUF is not here (scripts/gpu/model-pieces.sh)\"}"; return 1; }
+    RAGGUARD_DECODER=$DEFAULT_GGUF RAGGUARD_DECODER_EP=cuda sh scripts/tuned.sh node --import tsx bench/rag.ts
+  }
+  record rag rag_cuda
 fi
 has bench7b && BENCH_GPU_GGUF=$(files qwen2-7b-bf16) LLAMA_BIN=$LLAMA/build/bin record bench7b node --import tsx bench/gpu-gguf.ts
