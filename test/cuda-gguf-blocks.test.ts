@@ -83,6 +83,18 @@ describe('GGUF blocks on the device', () => {
     assert.throws(() => packMatrix(13 /* Q5_K */, new Uint8Array(176), 1, 256), /Q5_K is not supported by the CUDA backend/);
   });
 
+  test('llama.cpp\'s q/k permutation (its converter\'s (n_head, 2, d/2) -> (n_head, d/2, 2)) is undone exactly', () => {
+    const heads = 3, d = 8, rows = heads * d, rowLen = 5;
+    const original = Uint8Array.from({ length: rows * rowLen }, (_, i) => (i * 7 + 3) & 255);
+    // As convert_hf_to_gguf.py writes them: stored row h d + 2 i + j holds original row h d + j d/2 + i.
+    const stored = new Uint8Array(original.length);
+    for (let h = 0; h < heads; h++) for (let j = 0; j < 2; j++) for (let i = 0; i < d / 2; i++) {
+      stored.set(original.subarray((h * d + j * (d / 2) + i) * rowLen, (h * d + j * (d / 2) + i + 1) * rowLen), (h * d + 2 * i + j) * rowLen);
+    }
+    assert.notDeepEqual([...stored], [...original]);
+    assert.deepEqual([...permuteRowBytes(stored, rowLen, llamaUnpermutation(rows, d))], [...original]);
+  });
+
   test('llama\'s q/k rows go back to rotate-half order, whole rows moved', () => {
     // Head of 4: stored rows (0, 2 | 1, 3) pair adjacently; transformers' row r comes from perm[r].
     assert.deepEqual([...llamaUnpermutation(8, 4)], [0, 2, 1, 3, 4, 6, 5, 7]);
