@@ -119,7 +119,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
 
   const params = (b: ChatCompletionBody | CompletionBody, maxTokens: number, logprobs: number | undefined): SamplingParams => ({
     ...samplingOptions(b, b.top_k), maxNewTokens: maxTokens, temperature: b.temperature ?? 1, seed: b.seed,
-    ...(logprobs !== undefined ? { logprobs } : {}),
+    ...(logprobs !== undefined ? { logprobs } : {}), ...(b.ignore_eos ? { ignoreEos: true } : {}),
   });
 
   router.get('/openapi.json', (_req, res) => {

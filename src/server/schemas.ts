@@ -112,6 +112,7 @@ function openaiCommon(cfg: Config) {
     n: z.number().int().min(1).max(cfg.maxN).optional()
       .describe('Samples of the prompt (RAGGUARD_MAX_N at most): the prompt is prefilled once and its KV shared; with a seed, sample i is seeded seed + i.'),
     user: z.string().optional().describe('Accepted, not used.'),
+    ignore_eos: z.boolean().optional().describe('Generate max_tokens tokens past any end-of-sequence token (vLLM\'s and llama.cpp\'s extension; benchmarks).'),
     stream_options: z.strictObject({ include_usage: z.boolean().optional() }).optional()
       .describe('include_usage: a last chunk with the usage (and no choices) before [DONE].'),
     ...s,
