@@ -253,9 +253,10 @@ export class Engine {
     this.observer?.token(seq, performance.now());
     if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
+    seq.guide?.accept(next);
     const text = seq.text?.push(next) ?? '';
     this.pending.get(seq)?.hooks.onToken?.({ tokenId: next, text });
-    if (seq.text?.stopped !== undefined) return 'stop';
+    if (seq.text?.stopped !== undefined || seq.guide?.done) return 'stop';
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.runner.shape.maxPositions) return 'length';
     return undefined;
   }

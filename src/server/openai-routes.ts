@@ -37,6 +37,7 @@ import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
 import { checkQueryShape } from '../guards/request-shape.js';
 import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
+import { planChat, replyMessage, StructuredOutputs, ToolDeltas } from './structured.js';
 
 /** OpenAI's error `type` for a status. */
 function errorType(status: number): string {
@@ -60,10 +61,7 @@ const now = () => Math.floor(Date.now() / 1000);
 type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number };
 const usage = (prompt: number, completion: number): Usage => ({ prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion });
 
-/** A message's text: a string, or its text parts joined. */
-const messageText = (c: string | { text: string }[]) => (typeof c === 'string' ? c : c.map((p) => p.text).join(''));
-
-export function openaiRoutes(service: RagService, admission: Admission): express.Router {
+export function openaiRoutes(service: RagService, admission: Admission, outputs = new StructuredOutputs(service.engine.runner)): express.Router {
   const { cfg } = service;
   const { decoder, embedder } = service.models;
   const router = express.Router();
@@ -163,10 +161,11 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const ids = chat.encodeText(text);
     if (ids.length === 0) throw new HttpError(400, 'invalid_body', 'prompt is empty (and this tokenizer adds no BOS)', { param: 'prompt' });
     checkContext(ids.length, maxTokens);
+    const grammar = await outputs.forFormat(b.response_format);
     const id = newId('cmpl');
     const created = now();
     const base = { id, object: 'text_completion', created, model: b.model };
-    await generateReply(res, ids, params(b, maxTokens), adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
+    await generateReply(res, ids, { ...params(b, maxTokens), grammar }, adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
       chunk: (text) => ({ ...base, choices: [{ index: 0, text, logprobs: null, finish_reason: null }] }),
       last: (reason) => ({ ...base, choices: [{ index: 0, text: '', logprobs: null, finish_reason: reason }] }),
       usageChunk: (u) => ({ ...base, choices: [], usage: u }),
@@ -178,30 +177,38 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const b = parseBody(schemasFor(cfg).chatCompletion, req.body);
     const adapter = await generationModel(b.model);
     const maxTokens = b.max_completion_tokens ?? b.max_tokens ?? cfg.defaultMaxNewTokens;
-    const messages: ChatMessage[] = b.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
+    const plan = await planChat(b, chat, outputs);
+    const messages: ChatMessage[] = plan.messages;
     const id = newId('chatcmpl');
     const created = now();
     const base = { id, object: 'chat.completion.chunk', created, model: b.model };
+    const toolDeltas = plan.tools ? new ToolDeltas(plan.tools) : undefined;
+    const delta = (d: Record<string, unknown>, first: boolean) => ({
+      ...base, choices: [{ index: 0, delta: first ? { role: 'assistant', ...d } : d, logprobs: null, finish_reason: null }],
+    });
     const shapes = {
-      chunk: (content: string, first: boolean) => ({
-        ...base, choices: [{ index: 0, delta: first ? { role: 'assistant', content } : { content }, logprobs: null, finish_reason: null }],
-      }),
-      last: (reason: string) => ({ ...base, choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }] }),
+      chunk: (content: string, first: boolean) => delta({ content }, first),
+      // Tools asked for: the text is read for calls, given as OpenAI's tool_calls deltas.
+      ...(toolDeltas ? { chunks: (text: string | null, first: boolean) => toolDeltas.deltas(text).map((d, i) => delta(d, first && i === 0)) } : {}),
+      last: (reason: string) => ({ ...base, choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: toolDeltas?.finishReason(reason) ?? reason }] }),
       usageChunk: (u: Usage) => ({ ...base, choices: [], usage: u }),
-      reply: (g: Generation, u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => ({
-        ...base, object: 'chat.completion',
-        choices: [{ index: 0, message: { role: 'assistant', content: g.text, refusal: null }, logprobs: null, finish_reason: g.finishReason }],
-        usage: u,
-        ...(citations ? { citations } : {}),
-        ragguard: { guard },
-      }),
+      reply: (g: Generation, u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => {
+        const { message, finishReason } = replyMessage(g.text, g.finishReason, plan.tools);
+        return {
+          ...base, object: 'chat.completion',
+          choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason }],
+          usage: u,
+          ...(citations ? { citations } : {}),
+          ragguard: { guard },
+        };
+      },
     };
     const stream = b.stream ?? false;
     const includeUsage = b.stream_options?.include_usage ?? false;
     if (!b.rag) {
-      const ids = chat.encode(messages);
+      const ids = chat.encode(messages, true, plan.extras);
       checkContext(ids.length, maxTokens);
-      await generateReply(res, ids, params(b, maxTokens), adapter, stream, includeUsage, shapes);
+      await generateReply(res, ids, { ...params(b, maxTokens), grammar: plan.grammar }, adapter, stream, includeUsage, shapes);
       return;
     }
     // Grounded: retrieve on the last user message; the ranked chunks go into a system message ahead
@@ -215,7 +222,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       chatContextPrompt(chat, service.template, messages, chunks, budget, between);
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
-      temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
+      temperature: b.temperature ?? 1, seed: b.seed, sampling: { ...samplingOptions(b, b.top_k), grammar: plan.grammar }, promptFor, adapter,
       // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
     };
@@ -264,6 +271,8 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     last(reason: string): object;
     usageChunk(u: Usage): object;
     reply(g: Generation, u: Usage, guard: Record<string, unknown>): object;
+    /** The chunks for generated text (null: its end) where they are not one content chunk each. */
+    chunks?(text: string | null, first: boolean): object[];
   }
 
   /** A generation without retrieval, guarded, as one reply or as a stream of chunks. */
@@ -274,6 +283,13 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const sse = stream ? new SseStream(res) : undefined;
     const signal = workSignal(res, sse);
     let first = true;
+    const send = (text: string | null) => {
+      const out = shapes.chunks ? shapes.chunks(text, first) : text ? [shapes.chunk(text, first)] : [];
+      for (const c of out) {
+        sse!.send(c);
+        first = false;
+      }
+    };
     try {
       const g = await runGuarded(service, admission, decision, async () => {
         // The adapter loads for this generation (or shares a running one's slot) and is released after.
@@ -282,10 +298,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
           return await service.engine.generate(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, {
             signal,
             onToken: (t) => {
-              if (sse && t.text) {
-                sse.send(shapes.chunk(t.text, first));
-                first = false;
-              }
+              if (sse && t.text) send(t.text);
             },
           });
         } finally {
@@ -297,6 +310,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         res.json(shapes.reply(g, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens), cachedTokens: g.cachedTokens ?? 0 })));
         return;
       }
+      send(null);
       if (first) sse.send(shapes.chunk('', true)); // an empty answer still announces the role
       sse.send(shapes.last(g.finishReason));
       if (includeUsage) sse.send(shapes.usageChunk(u));

@@ -1,7 +1,7 @@
 /** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
 import type { DocumentInput, QueryInput } from '../rag.js';
-import { bodySchemas, documentsSchema, parseBody } from './schemas.js';
+import { bodySchemas, documentsSchema, parseBody, type QueryBody } from './schemas.js';
 import type { SamplingOptions } from '../rag.js';
 
 type Schemas = ReturnType<typeof bodySchemas>;
@@ -34,7 +34,7 @@ export function samplingOptions(b: {
   return o;
 }
 
-export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: boolean } {
+export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: boolean; responseFormat?: QueryBody['response_format'] } {
   const b = parseBody(schemasFor(cfg).query, body);
   return {
     query: b.query,
@@ -46,6 +46,7 @@ export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: b
     adapter: b.adapter,
     sampling: samplingOptions(b, b.sample_top_k),
     stream: b.stream ?? false,
+    responseFormat: b.response_format,
   };
 }
 

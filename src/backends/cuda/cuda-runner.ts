@@ -216,6 +216,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
 
   /** Requests for an adapter these slots cannot run (every sampling setting, penalties included, runs on the device). */
   refuse(params: SamplingParams): string | undefined {
+    if (params.grammar) return 'constrained decoding (response_format json_object/json_schema, tools) is not implemented on the CUDA decoder yet: its tokens are sampled on the device';
     const a = params.adapter;
     if (a && !this.loraPool) return 'this CUDA decoder has no LoRA slots (RAGGUARD_MAX_LORAS)';
     if (a && (a.released || a.entry < 1 || a.entry > this.loraPool!.maxLoras)) return `adapter ${a.key} is not resident in the CUDA decoder's slots`;

@@ -352,8 +352,10 @@ export class OrtModelRunner implements ModelRunner {
 
   /** The next token of row `row` of a run's last logits (the graph's greedy id where that is the answer). */
   private sample(seq: Sequence, logits: Float32Array, greedyIds: readonly number[] | undefined, row: number): number {
-    if (greedyIds && plainGreedy(seq.params)) return greedyIds[row]!;
+    const guide = seq.guide;
+    // A constrained greedy row keeps the graph's argmax where the grammar takes it (then it is the masked argmax too).
+    if (greedyIds && plainGreedy(seq.params) && (!guide || guide.allows(greedyIds[row]!))) return greedyIds[row]!;
     const V = this.model.shape.vocabSize;
-    return sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds);
+    return sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds, guide?.mask());
   }
 }
