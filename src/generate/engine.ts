@@ -12,7 +12,7 @@
 import { OrtModelRunner, type OrtRunnerOptions } from '../backends/ort/ort-runner.js';
 import type { DecoderModel } from './decoder-model.js';
 import type { FinishReason, Generation } from './generator.js';
-import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
+import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink, TokenDecoder } from './model-runner.js';
 import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
@@ -120,7 +120,7 @@ export class Engine {
     const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
     // Text as generated costs two small decodes per token: only where a stop sequence or a listener needs it
     // (otherwise the whole output is decoded once at the end, to the same text).
-    if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.runner.tokenizer, params.stop);
+    if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.decoderOf(seq), params.stop);
     const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject, hooks }));
     this.scheduler.add(seq);
     this.loop ??= this.run();
@@ -261,6 +261,14 @@ export class Engine {
     return undefined;
   }
 
+  /**
+   * A constrained sequence's text is its tokens' texts as the grammar read them: a tokenizer's decoder
+   * may clean up spaces (" ," to ",") and so change the JSON the grammar checked.
+   */
+  private decoderOf(seq: Sequence): TokenDecoder {
+    return seq.guide?.grammar.vocab ?? this.runner.tokenizer;
+  }
+
   private finishSeq(seq: Sequence, reason: FinishReason): void {
     seq.finishReason = reason;
     this.settle(seq);
@@ -283,7 +291,7 @@ export class Engine {
       const tail = seq.text?.finish() ?? '';
       if (tail) p.hooks.onToken?.({ tokenId: null, text: tail });
       p.resolve({
-        ids: seq.outputIds, text: seq.text?.text ?? this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
+        ids: seq.outputIds, text: seq.text?.text ?? this.decoderOf(seq).decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
       });
     } catch (e) {
