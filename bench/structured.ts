@@ -32,7 +32,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import { loadConfig } from '../src/config/config.js';
 import { validates } from '../src/generate/structured/json-schema.js';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

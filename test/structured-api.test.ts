@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 import type { Config } from '../src/config/config.js';
 import { validates } from '../src/generate/structured/json-schema.js';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 

@@ -28,8 +28,8 @@
  * architecture or activation, LayerNorm, quantized weights, fused projections, a constant the graph
  * multiplies or adds that no mapped weight accounts for (a q/k norm, say).
  */
-import { halfsToFloats } from '../runtime/float16.js';
-import { ONNX_BFLOAT16, ONNX_FLOAT, ONNX_FLOAT16, readTensor, type Initializer, type ReadGraph, type ReadNode } from '../runtime/onnx-proto.js';
+import { halfsToFloats } from '../../../runtime/float16.js';
+import { ONNX_BFLOAT16, ONNX_FLOAT, ONNX_FLOAT16, readTensor, type Initializer, type ReadGraph, type ReadNode } from '../../../runtime/onnx-proto.js';
 import type { GqaSourceConfig, WeightSource } from './gqa-builder.js';
 import { rotaryFromConfig } from './rope-scaling.js';
 

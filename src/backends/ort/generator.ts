@@ -5,7 +5,8 @@
  * new token up front): the baseline the paged engine is measured against.
  */
 import type { DecoderModel, KvTensor } from './decoder-model.js';
-import { sampleToken, seededRandom } from './sampler.js';
+import { sampleToken, seededRandom } from '../../generate/sampler.js';
+import type { FinishReason, Generation } from '../../generate/generation.js';
 
 export interface GenerateOptions {
   maxNewTokens: number;
@@ -14,16 +15,6 @@ export interface GenerateOptions {
   seed?: number;
   /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks). */
   ignoreEos?: boolean;
-}
-
-export type FinishReason = 'stop' | 'length';
-
-export interface Generation {
-  ids: number[];
-  text: string;
-  finishReason: FinishReason;
-  /** Prompt tokens whose KV came from the prefix cache (the engine's; 0 for sequential generation). */
-  cachedTokens?: number;
 }
 
 export async function generate(model: DecoderModel, promptIds: readonly number[], opts: GenerateOptions): Promise<Generation> {

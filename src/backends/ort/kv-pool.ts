@@ -12,31 +12,8 @@
  * ONNX Runtime takes and gives for float16 tensors); gather and scatter only move them.
  */
 
-import { Pacer } from '../runtime/pacer.js';
-import type { KvTensor } from './decoder-model.js';
-
-export type KvDtype = 'float32' | 'float16';
-export type KvArray = Float32Array | Uint16Array;
-
-export interface KvShape {
-  numLayers: number;
-  numKvHeads: number;
-  headDim: number;
-  /** float32 when absent. */
-  kvDtype?: KvDtype;
-}
-
-export const dtypeBytes = (d: KvDtype | undefined): number => (d === 'float16' ? 2 : 4);
-
-/** KV bytes one token takes across all layers: a key and a value per layer and KV head. */
-export function kvBytesPerToken(shape: KvShape): number {
-  return 2 * shape.numLayers * shape.numKvHeads * shape.headDim * dtypeBytes(shape.kvDtype);
-}
-
-/** A zeroed array of `n` elements of the KV type. */
-export function kvArray(dtype: KvDtype | undefined, n: number): KvArray {
-  return dtype === 'float16' ? new Uint16Array(n) : new Float32Array(n);
-}
+import { Pacer } from '../../runtime/pacer.js';
+import { kvArray, kvBytesPerToken, type KvArray, type KvDtype, type KvShape } from '../../generate/decoder-shape.js';
 
 /** What gather needs of a sequence: its physical blocks in logical order, and how many tokens to read. */
 export interface GatherRow {
@@ -156,12 +133,4 @@ export class KvCachePool {
   copyBlock(src: number, dst: number): void {
     for (const a of this.data) a.copyWithin(dst * this.blockStride, src * this.blockStride, (src + 1) * this.blockStride);
   }
-}
-
-/** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
-export function presentData(present: readonly KvTensor[]): KvArray[] {
-  return present.map((t) => {
-    if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
-    return t.data as KvArray;
-  });
 }

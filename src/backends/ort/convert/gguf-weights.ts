@@ -11,7 +11,7 @@
  * along a row), so that the graph is the transformers model's (rotate-half GroupQueryAttention) and
  * adapters trained on it apply as they are.
  */
-import { GGML, GgufFile, ggmlTypeName, halfToFloat, q4kScaleMin, q5Value, rowBytes, type GgufTensorInfo } from '../runtime/gguf.js';
+import { GGML, GgufFile, ggmlTypeName, halfToFloat, q4kScaleMin, q5Value, rowBytes, type GgufTensorInfo } from '../../../runtime/gguf.js';
 import type { BlockWeight, GqaOptions, GqaSourceConfig, WeightSource } from './gqa-builder.js';
 
 export const GGUF_ARCHITECTURES = ['llama', 'qwen2'] as const;

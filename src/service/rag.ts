@@ -8,37 +8,39 @@ import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import path from 'node:path';
-import type { Config } from './config/config.js';
-import { AdapterRegistry } from './generate/adapters.js';
-import { BlockManager } from './generate/block-manager.js';
-import { CudaDecoder, type CudaDecoderLimits } from './backends/cuda/cuda-decoder.js';
-import { CudaModelRunner } from './backends/cuda/cuda-runner.js';
-import { DecoderModel } from './generate/decoder-model.js';
-import { Engine, type GenerateHooks } from './generate/engine.js';
-import type { SamplingParams } from './generate/sequence.js';
-import { ggufDecoderDir, ggufOptionsFor, isGguf } from './generate/gguf-decoder.js';
-import { exportDecoderDir } from './generate/export-decoder.js';
-import type { FinishReason, Generation } from './generate/generator.js';
-import { chatContextPrompt } from './generate/chat-prompt.js';
-import { ChatTemplate, chatTemplateFrom, tokenizerAddsBos } from './generate/chat-template.js';
-import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from './generate/prompt.js';
-import { planBudget, type BudgetPlan } from './guards/budget.js';
-import { GrowthTracker } from './guards/growth.js';
-import { MemoryGuard } from './guards/guard.js';
-import { MemoryModel, type RequestShape } from './guards/memory-model.js';
-import { GpuSampler, nvmlReader } from './guards/nvml.js';
-import { gpuPeakMeter, hostMeter } from './guards/peak-meter.js';
-import { measureLoad, processMemory, type LoadBytes } from './guards/process-memory.js';
-import { profileMemory, type ProfileReport } from './guards/profile.js';
-import { RERANK_BATCH, Reranker } from './rerank/reranker.js';
-import { installCountingAllocator } from './runtime/ort-allocator.js';
-import { applySessionSettings } from './runtime/ort-direct.js';
-import { nextTurn } from './server/turns.js';
-import { chunkText } from './retrieval/chunker.js';
-import { Embedder } from './retrieval/embedder.js';
-import { dedupe } from './retrieval/prune.js';
-import { Retriever } from './retrieval/retriever.js';
-import { DocumentStore, type Hit, type NewDocument } from './retrieval/store.js';
+import type { Config } from '../config/config.js';
+import { AdapterRegistry } from '../generate/adapters.js';
+import { BlockManager } from '../generate/block-manager.js';
+import { CudaDecoder, type CudaDecoderLimits } from '../backends/cuda/cuda-decoder.js';
+import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
+import { DecoderModel } from '../backends/ort/decoder-model.js';
+import { OrtModelRunner } from '../backends/ort/ort-runner.js';
+import { Engine, type GenerateHooks } from '../generate/engine.js';
+import type { SamplingParams } from '../generate/sequence.js';
+import { ggufDecoderDir, ggufOptionsFor, isGguf } from '../backends/ort/convert/gguf-decoder.js';
+import { exportDecoderDir } from '../backends/ort/convert/export-decoder.js';
+import type { FinishReason, Generation } from '../generate/generation.js';
+import { chatContextPrompt } from '../generate/chat-prompt.js';
+import { ChatTemplate, chatTemplateFrom, tokenizerAddsBos } from '../generate/chat-template.js';
+import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from '../generate/prompt.js';
+import { planBudget, type BudgetPlan } from '../guards/budget.js';
+import { GrowthTracker, MemoryTrend } from '../guards/growth.js';
+import { MemoryGuard } from '../guards/guard.js';
+import { MemoryModel, type RequestShape } from '../guards/memory-model.js';
+import { GpuSampler, nvmlReader } from '../guards/nvml.js';
+import { gpuPeakMeter, hostMeter } from '../guards/peak-meter.js';
+import { measureLoad, processMemory } from '../guards/process-memory.js';
+import { type LoadBytes } from '../runtime/load-bytes.js';
+import { profileMemory, type ProfileReport } from '../guards/profile.js';
+import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
+import { installCountingAllocator } from '../runtime/ort-allocator.js';
+import { applySessionSettings } from '../runtime/ort-direct.js';
+import { nextTurn } from '../runtime/turns.js';
+import { chunkText } from '../retrieval/chunker.js';
+import { Embedder } from '../retrieval/embedder.js';
+import { dedupe } from '../retrieval/prune.js';
+import { Retriever } from '../retrieval/retriever.js';
+import { DocumentStore, type Hit, type NewDocument } from '../retrieval/store.js';
 
 export interface DocumentInput {
   docId?: string;
@@ -154,6 +156,10 @@ export async function loadModels(cfg: Config): Promise<Models> {
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 
+/** Predicted bytes of a chunk's lexical postings per token, and of its objects (chunk, ids, map entries). */
+const POSTING_BYTES = 24;
+const CHUNK_OBJECT_BYTES = 256;
+
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
 
 export class RagService {
@@ -169,6 +175,10 @@ export class RagService {
   readonly adapters: AdapterRegistry;
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
+  /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
+  readonly trend: MemoryTrend;
+  private trendTimer: NodeJS.Timeout | undefined;
+  private storeBytesMemo = { chunks: -1, bytes: 0 };
   /** GPU memory as NVML reads it; without a GPU, one reading that says why, and no sampling. */
   readonly gpu: GpuSampler;
   readonly budget: BudgetPlan;
@@ -203,6 +213,12 @@ export class RagService {
     // once the registry has asked for its slots (their scratch is in the workspace).
     this.loads = models.decoder instanceof CudaDecoder ? { ...models.loads, decoder: models.decoder.loadBytes() } : models.loads;
     this.growth = new GrowthTracker(cfg.leakWindow, cfg.leakThresholdBytes);
+    this.trend = new MemoryTrend({
+      horizonMs: cfg.leakHorizonMs, warmupMs: cfg.leakWarmupMs, minSpanMs: cfg.leakMinSpanMs, slopeBytesPerMin: cfg.leakSlopeBytesPerMin,
+    });
+    this.sampleMemory();
+    this.trendTimer = setInterval(() => this.sampleMemory(), cfg.leakSampleMs);
+    this.trendTimer.unref();
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
@@ -220,11 +236,10 @@ export class RagService {
     const decoder = models.decoder;
     // The CUDA decoder allocates everything now, for this pool; its figures become the accountant's
     // (graphs included), so the workspace the budget leaves is exact.
-    const runner = decoder instanceof CudaDecoder ? decoder.createRunner(numBlocks) : decoder;
+    const pool = { numBlocks, blockSize: cfg.kvBlockSize };
+    const runner = decoder instanceof CudaDecoder ? decoder.createRunner(numBlocks) : new OrtModelRunner(decoder, pool);
     if (runner instanceof CudaModelRunner) this.loads = { ...models.loads, decoder: CudaDecoder.loadBytes(runner) };
-    this.engine = new Engine(runner, blocks, {
-      numBlocks, blockSize: cfg.kvBlockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
-    });
+    this.engine = new Engine(runner, blocks, { ...pool, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens });
     const memoryModel = new MemoryModel(models.reranker.dims, decoder instanceof CudaDecoder ? { ...d, preallocated: true } : {
       ...d, kvLayout: decoder.layout, kvInPlace: decoder.runPath.path === 'direct', lora: decoder.loraSlots !== null,
       loraMaxRank: this.adapters.pool ? cfg.maxLoraRank : 0,
@@ -266,6 +281,49 @@ export class RagService {
       promptTokens: Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens),
       maxNewTokens: q.maxNewTokens,
     };
+  }
+
+  /** The decoder's chat template (its own, or the fallback), for chats without retrieval (the /v1 routes, the library's generate). */
+  get chatTemplate(): ChatTemplate {
+    this.chatForModel ??= ChatTemplate.forModel(this.models.decoder.tokenizer, this.models.decoder.bosId);
+    return this.chatForModel;
+  }
+  private chatForModel: ChatTemplate | undefined;
+
+  /**
+   * Waits for the writes begun so far and for the engine's requests to end, then stops the service's
+   * timers (GPU sampling). The models stay loaded for the process's life (their sessions are not reused).
+   */
+  async close(): Promise<void> {
+    await this.settled();
+    await this.engine.idle();
+    this.gpu.stop();
+    clearInterval(this.trendTimer);
+  }
+
+  /**
+   * What the store holds for its documents, predicted from their sizes: the vectors (exact), the chunk
+   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), the lexical index's postings
+   * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
+   */
+  storeResidentBytes(): number {
+    const n = this.store.chunkCount;
+    if (n !== this.storeBytesMemo.chunks) {
+      let bytes = 0;
+      for (let i = 0; i < n; i++) {
+        const c = this.store.chunk(i);
+        // eslint-disable-next-line no-control-regex
+        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
+      }
+      this.storeBytesMemo = { chunks: n, bytes };
+    }
+    return this.store.indexBytes + this.storeBytesMemo.bytes;
+  }
+
+  /** One sample of the slow-leak check (the timer's; tests call it to sample at once). */
+  sampleMemory(at = Date.now()): void {
+    const m = processMemory();
+    this.trend.record({ at, rss: m.rss, heapUsed: m.heapUsed, external: m.external, expectedBytes: this.storeResidentBytes() });
   }
 
   /** `onPhase` hears each start-up phase as it begins (the start-up log's progress). */
@@ -380,7 +438,7 @@ export class RagService {
     let t = performance.now();
     const qv = await embedder.embed([q.query], undefined, signal);
     const embedMs = ms(t);
-    // Retrieval and prompt assembly (a few ms of the main thread each) on turns of their own (server/turns.ts).
+    // Retrieval and prompt assembly (a few ms of the main thread each) on turns of their own (runtime/turns.ts).
     await nextTurn();
 
     t = performance.now();

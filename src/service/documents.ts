@@ -4,11 +4,11 @@
  * ingest does; the embedding happens first, so a failure there leaves the store untouched, and a
  * failed write puts the store back (DocumentStore.transact).
  */
-import type { Config } from './config/config.js';
+import type { Config } from '../config/config.js';
 import type { IngestResult, RagService } from './rag.js';
-import { chunkText, type ChunkSpan } from './retrieval/chunker.js';
-import type { Embedder } from './retrieval/embedder.js';
-import type { StoredDocument } from './retrieval/store.js';
+import { chunkText, type ChunkSpan } from '../retrieval/chunker.js';
+import type { Embedder } from '../retrieval/embedder.js';
+import type { StoredDocument } from '../retrieval/store.js';
 
 export interface EmbeddedDocument {
   docId: string;

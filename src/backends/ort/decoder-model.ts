@@ -18,7 +18,7 @@
  *   repeating KV heads or attending to padding. On the CPU the runs go through ONNX Runtime's C API
  *   (runtime/ort-direct.ts) with the buffer in memory ONNX Runtime allocated: nothing is copied in
  *   or out (onnxruntime-node would hand the whole buffer back as a copy every run; it is the fallback
- *   where the C API cannot be bound). src/generate/gqa-builder.ts converts an Optimum export.
+ *   where the C API cannot be bound). convert/gqa-builder.ts converts an Optimum export.
  *
  * The shape facts come from config.json; the KV and logits types (float32 or float16) from the graph.
  * A genai graph with LoRA inputs (gqa-builder.ts) also takes `lora_index` and each projection's adapter
@@ -30,20 +30,19 @@
  */
 import path from 'node:path';
 import * as ort from 'onnxruntime-node';
-import type { ExecutionProvider } from '../config/config.js';
-import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { halfsToFloats } from '../runtime/float16.js';
-import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../runtime/onnx-graph.js';
-import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, type DirectSessionOptions, type SessionValueInfo } from '../runtime/ort-direct.js';
-import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../runtime/session.js';
-import { gatedRun } from '../runtime/run-gate.js';
-import { TextTokenizer } from '../runtime/tokenizer.js';
-import { kvArray, kvBytesPerToken, presentData, type KvArray, type KvDtype } from './kv-pool.js';
-import { GREEDY_IDS, LAST_POSITIONS } from './gqa-builder.js';
-import { LORA_INDEX, loraSlots, type LoraSlot } from './lora.js';
-import { LoraPool, type DecoderAdapter } from './lora-pool.js';
+import type { ExecutionProvider } from '../../config/config.js';
+import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../../runtime/model-dir.js';
+import { halfsToFloats } from '../../runtime/float16.js';
+import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../../runtime/onnx-graph.js';
+import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, type DirectSessionOptions, type SessionValueInfo } from '../../runtime/ort-direct.js';
+import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../../runtime/session.js';
+import { gatedRun } from '../../runtime/run-gate.js';
+import { TextTokenizer } from '../../runtime/tokenizer.js';
+import { kvArray, kvBytesPerToken, type DecoderShape, type KvArray, type KvDtype } from '../../generate/decoder-shape.js';
+import { GREEDY_IDS, LAST_POSITIONS } from './convert/gqa-builder.js';
+import { LORA_INDEX, loraSlots, type LoraSlot } from '../../generate/lora.js';
+import { LoraPool, type DecoderAdapter } from '../../generate/lora-pool.js';
 
-export { DecoderAdapter } from './lora-pool.js';
 
 interface DecoderConfig {
   model_type?: string;
@@ -77,19 +76,6 @@ export function configDims(cfg: Pick<DecoderConfig, 'hidden_size' | 'intermediat
 interface GenerationConfig {
   eos_token_id?: number | number[];
   bos_token_id?: number;
-}
-
-export interface DecoderShape {
-  numLayers: number;
-  hiddenSize: number;
-  numHeads: number;
-  intermediateSize: number;
-  numKvHeads: number;
-  headDim: number;
-  vocabSize: number;
-  maxPositions: number;
-  /** Element type of the past/present KV tensors (and of the activations). */
-  kvDtype: KvDtype;
 }
 
 export type KvLayout = 'optimum' | 'genai';
@@ -612,4 +598,12 @@ interface RunResult {
   reused: boolean;
   present: KvTensor[];
   release(): void;
+}
+
+/** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
+export function presentData(present: readonly KvTensor[]): KvArray[] {
+  return present.map((t) => {
+    if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
+    return t.data as KvArray;
+  });
 }

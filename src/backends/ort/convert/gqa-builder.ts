@@ -25,11 +25,11 @@
  * (`weights: 'nbits'`): they become ONNX Runtime's MatMulNBits (com.microsoft), which reads 4 or 8 bits
  * a weight and a scale per block instead of 32 bits a weight.
  */
-import { qmatmul4Layout, qmatmul8Layout } from '../backends/ort/qmatmul-layout.js';
-import { floatsToHalfs, halfsToFloats } from '../runtime/float16.js';
-import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_INT64, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../runtime/onnx-proto.js';
-import { LORA_INDEX, loraSlots } from './lora.js';
-import { rotaryFromConfig } from './rope-scaling.js';
+import { qmatmul4Layout, qmatmul8Layout } from '../qmatmul-layout.js';
+import { floatsToHalfs, halfsToFloats } from '../../../runtime/float16.js';
+import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_INT64, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../../../runtime/onnx-proto.js';
+import { LORA_INDEX, loraSlots } from '../../../generate/lora.js';
+import { rotaryFromConfig, type RotaryScaling } from './rope-scaling.js';
 
 /** The output holding each row's argmax of the last logits (float32 graphs built here). */
 export const GREEDY_IDS = 'greedy_ids';
@@ -194,7 +194,7 @@ export interface GqaOptions {
    * Rotary scaling, computed into the cos/sin tables: positions divided by `linearFactor`, each
    * frequency i divided by `freqFactors[i]` (Llama 3's, as GGUF stores them in rope_freqs.weight).
    */
-  rotary?: { linearFactor?: number; freqFactors?: Float32Array };
+  rotary?: RotaryScaling;
 }
 
 /**

@@ -4,7 +4,7 @@
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import type { EncoderDims } from '../guards/memory-model.js';
+import type { EncoderDims } from '../runtime/encoder-session.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
 import { EncoderSession } from '../runtime/encoder-session.js';
 import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';

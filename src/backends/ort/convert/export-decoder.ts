@@ -18,8 +18,8 @@ import { createReadStream, existsSync } from 'node:fs';
 import { copyFile, mkdir, open, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { externalDataReader, readJsonIfExists } from '../runtime/model-dir.js';
-import { externalDataFiles, readGraph, writeModel } from '../runtime/onnx-proto.js';
+import { externalDataReader, readJsonIfExists } from '../../../runtime/model-dir.js';
+import { externalDataFiles, readGraph, writeModel } from '../../../runtime/onnx-proto.js';
 import { exportWeights } from './export-weights.js';
 import { buildGqaDecoder, type GqaDtype, type GqaSourceConfig } from './gqa-builder.js';
 
@@ -100,7 +100,8 @@ export function isOptimumExport(dir: string): boolean {
 }
 
 /** The sources whose code decides the converted bytes: a change to any of them reconverts. */
-const CONVERTER_SOURCES = ['../runtime/onnx-proto.ts', './export-weights.ts', './gqa-builder.ts', './lora.ts', './rope-scaling.ts', './export-decoder.ts'];
+// Relative to this file (src/backends/ort/convert/).
+const CONVERTER_SOURCES = ['../../../runtime/onnx-proto.ts', './export-weights.ts', './gqa-builder.ts', '../../../generate/lora.ts', './rope-scaling.ts', './export-decoder.ts'];
 
 async function hashFile(h: ReturnType<typeof createHash>, file: string): Promise<void> {
   for await (const chunk of createReadStream(file, { highWaterMark: 4 * 2 ** 20 })) h.update(chunk as Buffer);

@@ -21,16 +21,16 @@ import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/p
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { GgufFile } from '../runtime/gguf.js';
-import { ggufTokenizer } from '../runtime/gguf-tokenizer.js';
-import { writeModel } from '../runtime/onnx-proto.js';
-import { ragguardOpsUnavailable, ragguardOpsVnni } from '../runtime/ort-direct.js';
-import type { Config } from '../config/config.js';
-import { loraWanted } from './adapters.js';
-import { configDims } from './decoder-model.js';
+import { GgufFile } from '../../../runtime/gguf.js';
+import { ggufTokenizer } from '../../../runtime/gguf-tokenizer.js';
+import { writeModel } from '../../../runtime/onnx-proto.js';
+import { ragguardOpsUnavailable, ragguardOpsVnni } from '../../../runtime/ort-direct.js';
+import type { Config } from '../../../config/config.js';
+import { loraWanted } from '../../../generate/adapters.js';
+import { configDims } from '../decoder-model.js';
 import { buildGqaDecoder, gqaOpsets, type CpuKernels } from './gqa-builder.js';
 import { ggufModel } from './gguf-weights.js';
-import type { LoraShape } from './lora.js';
+import type { LoraShape } from '../../../generate/lora.js';
 
 export type GgufWeightsMode = 'nbits' | 'dequant';
 
@@ -88,9 +88,9 @@ export function isGguf(p: string): boolean {
 }
 
 /** The sources whose code decides the converted bytes: a change to any of them reconverts. */
-const CONVERTER_SOURCES = [
-  '../runtime/gguf.ts', '../runtime/gguf-tokenizer.ts', '../runtime/onnx-proto.ts', './gguf-weights.ts', './gqa-builder.ts', './lora.ts', './rope-scaling.ts', './gguf-decoder.ts',
-  '../backends/ort/qmatmul-layout.ts',
+const CONVERTER_SOURCES = [ // relative to this file (src/backends/ort/convert/)
+  '../../../runtime/gguf.ts', '../../../runtime/gguf-tokenizer.ts', '../../../runtime/onnx-proto.ts', './gguf-weights.ts', './gqa-builder.ts',
+  '../../../generate/lora.ts', './rope-scaling.ts', './gguf-decoder.ts', '../qmatmul-layout.ts',
 ];
 
 async function converterHash(): Promise<string> {

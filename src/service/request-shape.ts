@@ -2,8 +2,8 @@
  * Shape limits checked before any model runs: a query whose own tokens cannot fit the decoder's
  * prompt (next to the answer it asks for) can never be served, so it gets 413 at once.
  */
-import type { QueryInput, RagService } from '../rag.js';
-import { HttpError } from '../server/errors.js';
+import type { QueryInput, RagService } from './rag.js';
+import { HttpError } from '../runtime/errors.js';
 
 export function checkQueryShape(q: QueryInput, service: RagService): void {
   const { cfg } = service;

@@ -11,13 +11,18 @@
  * (position-dependent frequencies, attention scaling) and is refused by name: converting without it
  * would make another model.
  */
-import type { GqaOptions } from './gqa-builder.js';
 
 type RopeConfig = Record<string, unknown>;
 
+/** Rotary scaling as the cos/sin tables hold it: positions divided by linearFactor, each inverse frequency by its freqFactor. */
+export interface RotaryScaling {
+  linearFactor?: number;
+  freqFactors?: Float32Array;
+}
+
 export interface RotaryFromConfig {
   theta: number | undefined;
-  rotary: NonNullable<GqaOptions['rotary']>;
+  rotary: RotaryScaling;
 }
 
 function num(c: RopeConfig, key: string, where: string): number {
