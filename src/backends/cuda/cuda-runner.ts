@@ -216,7 +216,6 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
 
   /** Requests for an adapter these slots cannot run (every sampling setting, penalties included, runs on the device). */
   refuse(params: SamplingParams): string | undefined {
-    if (params.grammar) return 'constrained decoding (response_format json_object/json_schema, tools) is not implemented on the CUDA decoder yet: its tokens are sampled on the device';
     const a = params.adapter;
     if (a && !this.loraPool) return 'this CUDA decoder has no LoRA slots (RAGGUARD_MAX_LORAS)';
     if (a && (a.released || a.entry < 1 || a.entry > this.loraPool!.maxLoras)) return `adapter ${a.key} is not resident in the CUDA decoder's slots`;
@@ -322,7 +321,9 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       if (tally) this.tallies.set(seq, tally);
     }
     if (tally) sampling.penalties = tally.list(seq.outputIds);
-    return { tokens, start, blocks: step.blocks(seq), sampling, lora: seq.params.adapter?.entry ?? 0 };
+    // A constrained row: the grammar's mask goes with the step, applied on the device before sampling.
+    const mask = seq.guide?.mask();
+    return { tokens, start, blocks: step.blocks(seq), sampling, lora: seq.params.adapter?.entry ?? 0, ...(mask ? { mask } : {}) };
   }
 
   private async run(items: readonly StepItem[]): Promise<Int32Array> {
