@@ -99,6 +99,22 @@ describe('response_format', () => {
     assert.ok(service.engine.stats.decodeRows > 0);
   });
 
+  test('/v1/completions takes response_format too, streamed: the chunks join into a reply that validates', async () => {
+    const schema = SCHEMAS[1]!;
+    const stream = await client.completions.create({
+      model: MODEL, prompt: 'Question: How big is the apt cache?\nAnswer:', max_tokens: 200, temperature: 1, seed: 2, stream: true,
+      response_format: { type: 'json_schema', json_schema: { name: 'size', schema } },
+    } as OpenAI.CompletionCreateParamsStreaming);
+    let text = '';
+    let finish: string | null = null;
+    for await (const c of stream) {
+      text += c.choices[0]?.text ?? '';
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(finish, 'stop');
+    assert.ok(validates(parse(text.trim()), schema), text);
+  });
+
   test('json_object: an object; max_tokens inside it ends with finish_reason length', async () => {
     const r = await client.chat.completions.create({ model: MODEL, max_tokens: 200, temperature: 1, seed: 5, messages: [{ role: 'user', content: 'Describe apt.' }], response_format: { type: 'json_object' } });
     const text = r.choices[0]!.message.content!;
