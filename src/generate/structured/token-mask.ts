@@ -209,12 +209,23 @@ async function buildVocabulary(tokenizer: TokenTextSource, size: number, eosIds:
       throw new Error(`this tokenizer's tokens do not decode independently (tokens ${a} and ${b}), so constrained decoding cannot mask them`);
     }
   }
-  return new TokenVocabulary(size, texts, eosIds);
+  const v = new TokenVocabulary(size, texts, eosIds);
+  vocabularyBytes += v.ids.byteLength + v.specialIds.byteLength + v.plain.byteLength;
+  vocabularyChars += v.texts.reduce((n, t) => n + t.length, 0);
+  return v;
 }
 
 /** Cached masks of every grammar, least recently used first. */
 const maskCache = new Map<string, TokenMask>();
 let maskCacheBytes = 0;
+/** The built vocabularies' typed arrays and their texts' characters (what /debug/memory shows). */
+let vocabularyBytes = 0;
+let vocabularyChars = 0;
+
+/** Host bytes constrained decoding holds: the mask cache and the vocabularies' arrays (exact), and their texts' characters. */
+export function tokenMaskMemory(): { maskCacheBytes: number; masks: number; vocabularyBytes: number; vocabularyChars: number } {
+  return { maskCacheBytes, masks: maskCache.size, vocabularyBytes, vocabularyChars };
+}
 let grammarIds = 0;
 
 /** A compiled schema over one vocabulary: starts a guide per sequence; its masks are cached by state. */
