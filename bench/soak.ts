@@ -38,7 +38,8 @@ if (source) cpSync(source, indexDir, { recursive: true });
 
 const server = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/server/main.ts'], {
   cwd: ROOT,
-  env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_LOG_LEVEL: 'warn' },
+  // Info level: the server says where it listens in an info line.
+  env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir },
   stdio: ['ignore', 'pipe', 'pipe'],
 });
 let serverLog = '';
@@ -77,11 +78,15 @@ try {
   const started = performance.now();
   const port = await new Promise<number>((resolve, reject) => {
     let out = '';
-    server.stdout.on('data', (c: Buffer) => {
+    const look = (c: Buffer) => {
       out += c.toString();
       const m = /listening on http:\/\/[^:]+:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
+      if (!m) return;
+      server.stdout.off('data', look);
+      server.stdout.resume(); // the request log from here on is not read
+      resolve(Number(m[1]));
+    };
+    server.stdout.on('data', look);
     server.on('exit', (code) => reject(new Error(`server exited (${code}) before listening:\n${serverLog}`)));
   });
   const startS = (performance.now() - started) / 1000;
