@@ -12,7 +12,8 @@ import { after, before, describe, test } from 'node:test';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
-import { htmlToText, markdownTitle } from '../src/cli/html-text.js';
+import { parseHtmlText } from '../src/retrieval/files/html.js';
+import { parseMarkdownText } from '../src/retrieval/files/markdown.js';
 import { ROOT, smallCorpus, tempDir, TEST_ENV, testConfig } from './helpers.js';
 
 const BIN = path.join(ROOT, 'bin', 'ragguard.js');
@@ -180,6 +181,21 @@ describe('ragguard query and usage', () => {
   });
 });
 
+describe('ragguard rerank', () => {
+  test('scores the documents against the query with the server\'s reranker: most relevant first; --json the reply; usage errors exit 2', async () => {
+    const docs = ['The cron daemon runs scheduled jobs.', 'Fog signals sound when visibility drops below two miles.'];
+    const r = await ragguard(['rerank', '--query', 'When do fog signals sound?', ...docs, '--url', url]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /^[01]\.\d{4} {2}\[2\] Fog signals[^\n]*\n[01]\.\d{4} {2}\[1\] The cron daemon[^\n]*\n$/);
+    const j = await ragguard(['rerank', '--query', 'When do fog signals sound?', ...docs, '--url', url, '--top-n', '1', '--json']);
+    assert.equal(j.code, 0, j.stderr);
+    assert.deepEqual((JSON.parse(j.stdout) as { results: { index: number }[] }).results.map((x) => x.index), [1]);
+    for (const args of [['rerank', 'doc'], ['rerank', '--query', 'q'], ['rerank', '--query', 'q', 'd', '--top-n', '0']]) {
+      assert.equal((await ragguard(args)).code, 2, args.join(' '));
+    }
+  });
+});
+
 describe('ragguard serve', () => {
   test('starts the server: JSON logs with the capacity summary, then it answers', async () => {
     const corpus = await smallCorpus(0, ['quotas']);
@@ -227,9 +243,10 @@ describe('ragguard serve', () => {
 
 describe('folder conversion', () => {
   test('HTML to text and titles', () => {
-    assert.deepEqual(htmlToText('<h2>A &lt;b&gt;</h2><p>x&#39;s &#x263A;<br>y</p>'), { title: 'A <b>', text: "A <b>\n\nx's \u263A\ny" });
-    assert.equal(markdownTitle('intro\n\n```\n# not a title\n```\n## Real one ##\n'), 'Real one');
-    assert.equal(markdownTitle('Setext title\n============\n'), 'Setext title');
-    assert.equal(markdownTitle('no heading at all'), undefined);
+    const html = parseHtmlText('<h2>A &lt;b&gt;</h2><p>x&#39;s &#x263A;<br>y</p>');
+    assert.deepEqual(html, { title: 'A <b>', metadata: {}, sections: [{ locator: 'section: A <b>', text: "A <b>\n\nx's \u263A\ny" }] });
+    assert.equal(parseMarkdownText('intro\n\n```\n# not a title\n```\n## Real one ##\n').title, 'Real one');
+    assert.equal(parseMarkdownText('Setext title\n============\n').title, 'Setext title');
+    assert.equal(parseMarkdownText('no heading at all').title, undefined);
   });
 });

@@ -4,6 +4,7 @@ import type { DecoderAdapter } from './lora-pool.js';
 import type { FinishReason } from './generation.js';
 import type { OutputText } from './output-text.js';
 import type { TokenGrammar, TokenGuide } from './structured/token-mask.js';
+import type { TokenLogprobs } from './logprobs.js';
 
 export type SequenceStatus = 'waiting' | 'running' | 'finished';
 
@@ -24,6 +25,8 @@ export interface SamplingParams extends SamplerSettings {
   ignoreEos?: boolean;
   /** Constrained decoding: every token drawn from those the grammar allows next (structured/token-mask.ts). */
   grammar?: TokenGrammar;
+  /** Log-probabilities of each generated token and of this many most likely alternatives (0-20; logprobs.ts); absent: none computed. */
+  logprobs?: number;
 }
 
 export class Sequence {
@@ -42,6 +45,13 @@ export class Sequence {
   text: OutputText | undefined;
   /** Where the output stands in params.grammar (survives preemption, as the output does). */
   readonly guide: TokenGuide | undefined;
+  /** Each output token's logprobs, where params.logprobs asks (outputIds' order). */
+  readonly logprobs: TokenLogprobs[] = [];
+  /**
+   * Parallel samples of the same prompt (OpenAI's `n`) waiting for this sequence's prefill: each then
+   * takes its first token from the same logits and shares the prompt's blocks (engine.ts).
+   */
+  forks: Sequence[] | undefined;
 
   constructor(
     readonly id: number,

@@ -54,10 +54,29 @@ export function openapiDocument(s: Schemas): Record<string, unknown> {
     info: { title: 'ragguard', version: '0.1.0', description: 'Retrieval-augmented generation server with memory guards; OpenAI-compatible routes under /v1.' },
     paths: {
       '/query': post('Answer a question from the index, with citations', 'query', '{answer, citations, finish_reason, usage, retrieval, timings_ms, guard}', true),
-      '/documents': { post: { summary: 'Ingest documents', requestBody: body('documents'), responses: { 201: ok('{documents: [{doc_id, title, chunks}]}'), ...errors } } },
+      '/documents': {
+        post: {
+          summary: 'Ingest documents: texts, or files (PDF, DOCX, HTML, Markdown, text) as base64 JSON or a multipart upload',
+          requestBody: {
+            required: true,
+            content: {
+              ...body('documents').content,
+              'multipart/form-data': { schema: { type: 'object', description: 'One or more file parts (any field name); doc_id and title fields with one file.', properties: { doc_id: { type: 'string' }, title: { type: 'string' } }, additionalProperties: { type: 'string', format: 'binary' } } },
+            },
+          },
+          responses: {
+            201: ok('{documents: [{doc_id, title, chunks}]}'),
+            207: ok('some files could not be read: {documents, results: [{index, filename?, status, doc_id?, title?, chunks?, error?}]}'),
+            ...errors,
+          },
+        },
+      },
       '/v1/chat/completions': post('OpenAI chat completion (rag: grounded on the index)', 'chatCompletion', 'chat.completion', true),
       '/v1/completions': post('OpenAI text completion', 'completion', 'text_completion', true),
       '/v1/embeddings': post('OpenAI embeddings (the embedder)', 'embedding', '{object: list, data: [{embedding, index}], usage}'),
+      '/v1/rerank': post('Rerank documents against a query with the cross-encoder (Jina/Cohere shape)', 'rerank',
+        '{id, model, results: [{index, relevance_score, document?: {text}}], usage}'),
+      '/v1/score': post('Score text pairs with the cross-encoder (vLLM\'s shape)', 'score', '{id, object: list, model, data: [{index, object: score, score}], usage}'),
       '/v1/models': get('The served models'),
       '/healthz': get('Liveness and index counts'),
       '/debug/memory': get('Memory by component'),

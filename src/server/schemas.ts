@@ -7,6 +7,7 @@
 import { z } from 'zod';
 import type { Config } from '../config/config.js';
 import { HttpError } from './errors.js';
+import { MAX_TOP_LOGPROBS } from '../generate/logprobs.js';
 
 /** One problem of a request body: the field's path (dots and [i]), unknown_field or invalid_field, and why. */
 export interface FieldError {
@@ -69,11 +70,31 @@ export function querySchema(cfg: Config) {
 
 const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+
+/** A file in JSON: its bytes as base64, its name (its extension picks the parser unless content_type does). */
+export const fileFields = {
+  content: z.string().transform((c) => c.replace(/\s+/g, '')).refine((c) => c.length > 0 && c.length % 4 !== 1 && BASE64.test(c), 'content must be base64')
+    .optional().describe('The file\'s bytes, base64 (instead of text): PDF, DOCX, HTML, Markdown or plain text.'),
+  filename: z.string().min(1).max(255).optional().describe('With content: the file\'s name; its extension picks the parser unless content_type names one.'),
+  content_type: z.string().min(1).max(255).optional().describe('With content: its MIME type (a charset parameter is honoured for text).'),
+};
+
+/** Exactly one of text and content; filename and content_type only with content, filename required with it. */
+export function textOrFile(d: { text?: string | undefined; content?: string | undefined; filename?: string | undefined; content_type?: string | undefined }, ctx: z.RefinementCtx): void {
+  if ((d.text === undefined) === (d.content === undefined)) ctx.addIssue({ code: 'custom', message: 'give either text or content (a base64 file with its filename)', path: [] });
+  if (d.content !== undefined && d.filename === undefined) ctx.addIssue({ code: 'custom', message: 'filename is required with content', path: ['filename'] });
+  if (d.content === undefined && (d.filename !== undefined || d.content_type !== undefined)) {
+    ctx.addIssue({ code: 'custom', message: 'filename and content_type go with content', path: [d.filename !== undefined ? 'filename' : 'content_type'] });
+  }
+}
+
 const documentSchema = z.strictObject({
   doc_id: z.string().regex(DOC_ID, `doc_id must match ${DOC_ID.source}`).optional(),
   title: z.string().max(512).optional(),
-  text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string'),
-});
+  text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string').optional(),
+  ...fileFields,
+}).superRefine(textOrFile);
 
 export const documentsSchema = z.union([
   documentSchema,
@@ -141,7 +162,8 @@ function openaiCommon(cfg: Config) {
     model: z.string().min(1).describe('A model id from GET /v1/models.'),
     max_tokens: _maxTokens.optional(),
     top_k: tokenTopK,
-    n: z.literal(1).optional().describe('One choice per request.'),
+    n: z.number().int().min(1).max(cfg.maxN).optional()
+      .describe('Samples of the prompt (RAGGUARD_MAX_N at most): the prompt is prefilled once and its KV shared; with a seed, sample i is seeded seed + i.'),
     user: z.string().optional().describe('Accepted, not used.'),
     stream_options: z.strictObject({ include_usage: z.boolean().optional() }).optional()
       .describe('include_usage: a last chunk with the usage (and no choices) before [DONE].'),
@@ -157,23 +179,57 @@ export function chatCompletionSchema(cfg: Config) {
     tools: z.array(tool).min(1).max(128).optional(),
     tool_choice: toolChoice.optional(),
     parallel_tool_calls: z.boolean().optional().describe('Accepted: auto may call several; a forced call is one.'),
+    logprobs: z.boolean().optional().describe('Each output token\'s logprob: the log-softmax of the model\'s raw logits (before penalties and temperature, as vLLM\'s default).'),
+    top_logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).optional().describe('The most likely alternatives at each position (needs logprobs: true).'),
     ...openaiCommon(cfg),
-  });
+  }).refine((b) => b.top_logprobs === undefined || b.logprobs === true, { message: 'top_logprobs needs logprobs: true', path: ['top_logprobs'] });
 }
 
 export function completionSchema(cfg: Config) {
   return z.strictObject({
     prompt: z.union([z.string(), z.array(z.string()).length(1)]).describe('A text (or a list of one).'),
+    logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).optional()
+      .describe('Each output token\'s logprob and this many most likely alternatives (log-softmax of the raw logits).'),
     ...openaiCommon(cfg),
   });
 }
 
+const tokenIds = z.array(z.number().int().min(0)).min(1);
+
 export const embeddingSchema = z.strictObject({
   model: z.string().min(1),
-  input: z.union([z.string(), z.array(z.string()).min(1).max(2048)]),
+  input: z.union([z.string(), z.array(z.string()).min(1).max(2048), tokenIds, z.array(tokenIds).min(1).max(2048)])
+    .describe('Texts, or token ids of the embedder\'s own vocabulary (as vLLM takes them: fed as they are, no special tokens added; ' +
+      'not the cl100k ids that LangChain\'s OpenAIEmbeddings sends by default: set check_embedding_ctx_length=False there to send text).'),
+  dimensions: z.number().int().min(1).optional().describe('Accepted only where it is the embedder\'s own dimension (it cannot shorten its vectors).'),
   encoding_format: z.enum(['float', 'base64']).optional(),
   user: z.string().optional().describe('Accepted, not used.'),
 });
+
+/** Documents per /v1/rerank or pairs per /v1/score request. */
+export const MAX_RERANK_DOCUMENTS = 1000;
+
+const rerankText = z.string().min(1);
+
+export const rerankSchema = z.strictObject({
+  model: z.string().min(1).optional().describe('The reranker\'s id (GET /v1/models); absent: the reranker (as vLLM defaults it).'),
+  query: rerankText,
+  documents: z.union([z.array(rerankText).min(1).max(MAX_RERANK_DOCUMENTS), z.array(z.strictObject({ text: rerankText })).min(1).max(MAX_RERANK_DOCUMENTS)])
+    .describe('Texts, or {text} objects (Jina\'s and Cohere\'s forms).'),
+  top_n: z.number().int().min(1).optional().describe('Only the top_n most relevant (default: all), most relevant first.'),
+  return_documents: z.boolean().optional().describe('Each result carries its document\'s {text} (default true).'),
+});
+
+const scoreTexts = z.union([rerankText, z.array(rerankText).min(1).max(MAX_RERANK_DOCUMENTS)]);
+
+export const scoreSchema = z.strictObject({
+  model: z.string().min(1).optional().describe('The reranker\'s id (GET /v1/models); absent: the reranker.'),
+  text_1: scoreTexts.describe('A text (paired with each of text_2), or a list: one (paired with each of text_2) or as many as text_2 (paired in order).'),
+  text_2: scoreTexts,
+});
+
+export type RerankBody = z.output<typeof rerankSchema>;
+export type ScoreBody = z.output<typeof scoreSchema>;
 
 /** Every route's body schema, built for this configuration (openapi.ts documents them). */
 export function bodySchemas(cfg: Config) {
@@ -183,6 +239,8 @@ export function bodySchemas(cfg: Config) {
     chatCompletion: chatCompletionSchema(cfg),
     completion: completionSchema(cfg),
     embedding: embeddingSchema,
+    rerank: rerankSchema,
+    score: scoreSchema,
   };
 }
 
