@@ -53,6 +53,27 @@ function sampling(cfg: Config) {
   };
 }
 
+export const COLLECTION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+const FIELD = /^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/;
+
+export const collectionSchema = z.string().regex(COLLECTION, `collection must match ${COLLECTION.source}`)
+  .describe("The collection: documents live in one, and a query searches one ('default' when left out).");
+
+const metadataValue = z.union([z.string().max(1024), z.number().finite(), z.boolean()]);
+const fieldName = z.string().regex(FIELD, `a metadata field name must match ${FIELD.source}`);
+
+export const metadataSchema = z.record(fieldName, metadataValue)
+  .refine((m) => Object.keys(m).length <= 64, 'at most 64 metadata fields')
+  .describe('Metadata of the document: field names to strings, numbers or booleans.');
+
+/** A search filter: the collection, and metadata conditions (equality, or `in` a list) that every hit meets. */
+export const filterSchema = z.strictObject({
+  collection: collectionSchema.optional(),
+  metadata: z.record(fieldName, z.union([metadataValue, z.strictObject({ in: z.array(metadataValue).min(1).max(256) })]))
+    .refine((m) => Object.keys(m).length <= 32, 'at most 32 metadata conditions').optional()
+    .describe('field: value (equal) or field: {in: [values]} (one of them); every condition must hold. Applied inside the search: top_k stays full.'),
+}).describe('Which chunks may be retrieved.');
+
 const tokenTopK = z.number().int().min(-1).max(100000).optional().describe('Sample from the top_k most likely tokens; 0 or -1: all; 1: greedy.');
 
 export function querySchema(cfg: Config) {
@@ -63,6 +84,8 @@ export function querySchema(cfg: Config) {
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking.'),
     max_new_tokens: _maxTokens.default(cfg.defaultMaxNewTokens),
     adapter: z.string().optional().describe('A LoRA adapter under RAGGUARD_ADAPTER_DIR.'),
+    collection: collectionSchema.optional(),
+    filter: filterSchema.optional(),
     sample_top_k: tokenTopK.describe('The sampler\'s top-k (top_k here is retrieval\'s): 0 or -1 all tokens, 1 greedy.'),
     ...s,
   });
@@ -93,6 +116,8 @@ const documentSchema = z.strictObject({
   doc_id: z.string().regex(DOC_ID, `doc_id must match ${DOC_ID.source}`).optional(),
   title: z.string().max(512).optional(),
   text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string').optional(),
+  collection: collectionSchema.optional(),
+  metadata: metadataSchema.optional(),
   ...fileFields,
 }).superRefine(textOrFile);
 
@@ -153,6 +178,8 @@ function ragExtension(cfg: Config) {
   return z.strictObject({
     top_k: z.number().int().min(1).max(cfg.maxTopK).default(cfg.defaultTopK).describe('Hits retrieved from the index.'),
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking, placed in the prompt.'),
+    collection: collectionSchema.optional(),
+    filter: filterSchema.optional(),
   }).describe('ragguard extension: ground the answer on the index; the reply carries `citations`.');
 }
 
@@ -165,6 +192,7 @@ function openaiCommon(cfg: Config) {
     n: z.number().int().min(1).max(cfg.maxN).optional()
       .describe('Samples of the prompt (RAGGUARD_MAX_N at most): the prompt is prefilled once and its KV shared; with a seed, sample i is seeded seed + i.'),
     user: z.string().optional().describe('Accepted, not used.'),
+    ignore_eos: z.boolean().optional().describe('Generate max_tokens tokens past any end-of-sequence token (vLLM\'s and llama.cpp\'s extension; benchmarks).'),
     stream_options: z.strictObject({ include_usage: z.boolean().optional() }).optional()
       .describe('include_usage: a last chunk with the usage (and no choices) before [DONE].'),
     ...s,
