@@ -15,6 +15,11 @@
  * whose answer contains the gold fact (bench/answers.ts: normalised token match of the gold answer or
  * an accepted variant), the fraction unreadable, and the latency of /query (p50, p95).
  *
+ * BENCH_RAG_ADAPTER=name answers every chosen question twice, with the base model and with that LoRA adapter
+ * (a name under RAGGUARD_ADAPTER_DIR; e.g. coder-grounded, trained on the tune split), in turn, judged the same
+ * way: `answers` is the base model's, `answers_adapter` the adapter's, and `adapter_gain` the difference in
+ * correct answers.
+ *
  * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only). For prompt work on the tuning split (never the
  * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead, BENCH_RAG_LIMIT=n the first n
  * of them, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
@@ -130,6 +135,8 @@ async function main(): Promise<void> {
     console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
 
     let answers: Record<string, number> | null = null;
+    let adapterAnswers: Record<string, number> | null = null;
+    const adapter = process.env['BENCH_RAG_ADAPTER'] || undefined;
     let asked = 0;
     if (withAnswers) {
       const vocabulary = new Set<string>();
@@ -137,9 +144,9 @@ async function main(): Promise<void> {
       const server = createApp(service).listen(0, '127.0.0.1');
       await new Promise<void>((resolve) => server.once('listening', () => resolve()));
       const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/query`;
-      const ask = async (q: Question) => {
+      const ask = async (q: Question, adapter?: string) => {
         const t0 = performance.now();
-        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question }) });
+        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...(adapter ? { adapter } : {}) }) });
         const body = (await res.json()) as { answer?: string; citations?: { doc_id: string }[]; error?: { code: string } };
         if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
         return { ms: performance.now() - t0, answer: body.answer ?? '', cited: (body.citations ?? []).some((c) => c.doc_id === q.doc_id) };
@@ -149,32 +156,37 @@ async function main(): Promise<void> {
       const log: string[] = [];
       try {
         await ask(chosen[0]!); // warm-up, not counted
-        const lat: number[] = [];
-        let correct = 0;
-        let unreadable = 0;
-        let cited = 0;
-        const samples: string[] = [];
+        if (adapter) await ask(chosen[0]!, adapter);
+        const runs = [{ adapter: undefined as string | undefined }, ...(adapter ? [{ adapter }] : [])];
+        const tally = runs.map(() => ({ lat: [] as number[], correct: 0, unreadable: 0, cited: 0, samples: [] as string[] }));
         for (const q of chosen) {
-          const r = await ask(q);
-          lat.push(r.ms);
-          const ok = isCorrect(r.answer, q.answer, q.accept);
-          if (ok) correct++;
-          const bad = isUnreadable(r.answer, vocabulary);
-          if (bad) unreadable++;
-          if (r.cited) cited++;
-          log.push(JSON.stringify({ id: q.id, correct: ok, unreadable: bad, cited: r.cited, ms: Math.round(r.ms), question: q.question, gold: q.answer, answer: r.answer }));
-          if (samples.length < 5) samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+          for (const [i, run] of runs.entries()) {
+            const r = await ask(q, run.adapter);
+            const t = tally[i]!;
+            t.lat.push(r.ms);
+            const ok = isCorrect(r.answer, q.answer, q.accept);
+            if (ok) t.correct++;
+            const bad = isUnreadable(r.answer, vocabulary);
+            if (bad) t.unreadable++;
+            if (r.cited) t.cited++;
+            log.push(JSON.stringify({ id: q.id, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, cited: r.cited, ms: Math.round(r.ms), question: q.question, gold: q.answer, answer: r.answer }));
+            if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+          }
         }
         const n = chosen.length;
         if (process.env['BENCH_RAG_LOG']) await writeFile(process.env['BENCH_RAG_LOG'], `${log.join('\n')}\n`);
-        answers = {
-          correct: round(correct / n), unreadable: round(unreadable / n), gold_doc_cited: round(cited / n),
-          p50_ms: round(quantile(lat, 0.5), 1), p95_ms: round(quantile(lat, 0.95), 1),
-        };
-        console.log('');
-        console.log(`answers (${answerSplit === 'heldout' ? 'held out' : 'tuning split'}, ${n}): correct ${answers['correct']}, unreadable ${answers['unreadable']}, ` +
-          `gold document cited ${answers['gold_doc_cited']}; /query latency p50 ${answers['p50_ms']} ms, p95 ${answers['p95_ms']} ms`);
-        console.log(samples.join('\n'));
+        const summary = (t: (typeof tally)[number]) => ({
+          correct: round(t.correct / n), unreadable: round(t.unreadable / n), gold_doc_cited: round(t.cited / n),
+          p50_ms: round(quantile(t.lat, 0.5), 1), p95_ms: round(quantile(t.lat, 0.95), 1),
+        });
+        [answers, adapterAnswers] = [summary(tally[0]!), tally[1] ? summary(tally[1]) : null];
+        for (const [i, run] of runs.entries()) {
+          const a = summary(tally[i]!);
+          console.log('');
+          console.log(`answers${run.adapter ? ` with adapter ${run.adapter}` : ''} (${answerSplit === 'heldout' ? 'held out' : 'tuning split'}, ${n}): correct ${a.correct}, unreadable ${a.unreadable}, ` +
+            `gold document cited ${a.gold_doc_cited}; /query latency p50 ${a.p50_ms} ms, p95 ${a.p95_ms} ms`);
+          console.log(tally[i]!.samples.join('\n'));
+        }
       } finally {
         await new Promise<void>((resolve) => server.close(() => resolve()));
       }
@@ -193,7 +205,8 @@ async function main(): Promise<void> {
       retrieval: cfg.retrieval, rerank: cfg.rerank,
       all: flat(a), heldout: flat(h), tune: flat(table['tune']!),
       rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke,
-      answers, ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
+      answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers['correct']! - answers['correct']!) : null } : {}),
+      ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
       start_s: round(startS, 1), ...(keptIndex ? { index_kept: true } : {}), // kept: start_s is a load, not an ingest
       where: embedder.provider,
     }));
