@@ -28,6 +28,28 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 
+def save(model, args, examples, steps_total: int, updates_total: int, update: int, seconds: float) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    # float16 halves the file; the registry widens F16 as it loads.
+    path = os.path.join(args.out, "adapter_model.safetensors")
+    tensors = {k: v.to(torch.float16).contiguous() for k, v in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    conf_path = os.path.join(args.out, "adapter_config.json")
+    conf = json.load(open(conf_path))
+    conf["base_model_name_or_path"] = args.base_name
+    with open(conf_path, "w") as f:
+        json.dump(conf, f, indent=2, sort_keys=True)
+        f.write("\n")
+    with open(os.path.join(args.out, "training.json"), "w") as f:
+        json.dump({"data": os.path.basename(args.data), "examples": len(examples), "steps": steps_total, "updates": updates_total,
+                   "updates_done": update, "accumulate": args.accumulate, "epochs": args.epochs, "lr": args.lr, "rank": args.rank,
+                   "alpha": args.alpha, "target_modules": ["q_proj", "v_proj"], "seed": args.seed, "seconds": round(seconds),
+                   "torch": torch.__version__}, f, indent=2)
+        f.write("\n")
+    print(f"[train] {args.out}: {len(tensors)} tensors after {update} of {updates_total} updates ({seconds:.0f} s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -42,6 +64,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=32)
     ap.add_argument("--limit", type=int, default=0, help="first n examples only (a smoke run)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-every", type=int, default=10, help="also write the adapter every n updates (a run stopped early leaves one)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -98,30 +121,14 @@ def main() -> None:
             opt.step()
             opt.zero_grad()
             update += 1
+            if args.save_every and update % args.save_every == 0 and step < steps_total:
+                save(model, args, examples, steps_total, updates_total, update, time.time() - t0)
             if update % 5 == 0 or step == steps_total:
                 print(f"[train] update {update}/{updates_total} step {step}/{steps_total} loss {sum(running) / len(running):.3f} "
                       f"({time.time() - t0:.0f} s)", flush=True)
                 running = []
 
-    os.makedirs(args.out, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    # float16 halves the file; the registry widens F16 as it loads.
-    path = os.path.join(args.out, "adapter_model.safetensors")
-    tensors = {k: v.to(torch.float16).contiguous() for k, v in load_file(path).items()}
-    save_file(tensors, path, metadata={"format": "pt"})
-    conf_path = os.path.join(args.out, "adapter_config.json")
-    conf = json.load(open(conf_path))
-    conf["base_model_name_or_path"] = args.base_name
-    with open(conf_path, "w") as f:
-        json.dump(conf, f, indent=2, sort_keys=True)
-        f.write("\n")
-    with open(os.path.join(args.out, "training.json"), "w") as f:
-        json.dump({"data": os.path.basename(args.data), "examples": len(examples), "steps": steps_total, "updates": updates_total,
-                   "accumulate": args.accumulate, "epochs": args.epochs, "lr": args.lr, "rank": args.rank, "alpha": args.alpha,
-                   "target_modules": ["q_proj", "v_proj"], "seed": args.seed, "seconds": round(time.time() - t0),
-                   "torch": torch.__version__}, f, indent=2)
-        f.write("\n")
-    print(f"[train] {args.out}: {len(tensors)} tensors, {steps_total} steps in {time.time() - t0:.0f} s", flush=True)
+    save(model, args, examples, steps_total, updates_total, update, time.time() - t0)
 
 
 if __name__ == "__main__":
