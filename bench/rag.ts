@@ -20,7 +20,7 @@
  * way: `answers` is the base model's, `answers_adapter` the adapter's, and `adapter_gain` the difference in
  * correct answers.
  *
- * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only). For prompt work on the tuning split (never the
+ * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only); BENCH_RAG_RETRIEVAL=0 the retrieval tables (answers only). For prompt work on the tuning split (never the
  * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead, BENCH_RAG_LIMIT=n the first n
  * of them, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer.
@@ -98,7 +98,8 @@ async function main(): Promise<void> {
     let rerankFixed = 0;
     let rerankBroke = 0;
     t = performance.now();
-    for (const q of questions) {
+    const withRetrieval = process.env['BENCH_RAG_RETRIEVAL'] !== '0';
+    for (const q of withRetrieval ? questions : []) {
       const qv = await embedder.embed([q.question]);
       ranks.dense.set(q.id, rankOf(docsOf(dense.search(qv, q.question, cfg.defaultTopK).hits), q.doc_id));
       ranks.bm25.set(q.id, rankOf(docsOf(lexical.search(qv, q.question, cfg.defaultTopK).hits), q.doc_id));
@@ -118,7 +119,7 @@ async function main(): Promise<void> {
 
     const splits = { all: questions, tune: questions.filter((q) => q.split === 'tune'), heldout: questions.filter((q) => q.split === 'heldout') };
     const table: Record<string, Record<Method, Recall>> = {};
-    for (const [name, qs] of Object.entries(splits)) {
+    for (const [name, qs] of withRetrieval ? Object.entries(splits) : []) {
       table[name] = Object.fromEntries(METHODS.map((m) => [m, recall(qs.map((q) => ranks[m].get(q.id)!))])) as Record<Method, Recall>;
     }
 
@@ -128,11 +129,13 @@ async function main(): Promise<void> {
     console.log(`start + ingest ${startS.toFixed(1)} s; retrieval over every question ${retrievalS.toFixed(1)} s; ` +
       `top_k ${cfg.defaultTopK}, fusion depth ${depth}, rrf k ${cfg.rrfK}, weights dense ${cfg.rrfDenseWeight} / bm25 ${cfg.rrfLexicalWeight}`);
     console.log('');
-    console.log(`${'method'.padEnd(14)}  ${Object.keys(splits).map((s) => `${s} R@1  ${s} R@5`.padStart(22)).join('  ')}`);
-    for (const m of METHODS) {
-      console.log(`${m.padEnd(14)}  ${Object.keys(splits).map((s) => `${table[s]![m].r1.toFixed(3)}  ${table[s]![m].r5.toFixed(3)}`.padStart(22)).join('  ')}`);
+    if (withRetrieval) {
+      console.log(`${'method'.padEnd(14)}  ${Object.keys(splits).map((s) => `${s} R@1  ${s} R@5`.padStart(22)).join('  ')}`);
+      for (const m of METHODS) {
+        console.log(`${m.padEnd(14)}  ${Object.keys(splits).map((s) => `${table[s]![m].r1.toFixed(3)}  ${table[s]![m].r5.toFixed(3)}`.padStart(22)).join('  ')}`);
+      }
+      console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
     }
-    console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
 
     let answers: Record<string, number> | null = null;
     let adapterAnswers: Record<string, number> | null = null;
@@ -192,19 +195,18 @@ async function main(): Promise<void> {
       }
     }
 
-    const h = table['heldout']!;
-    const a = table['all']!;
-    const best = cfg.rerank ? a.fused_rerank : a.fused;
+    const h = table['heldout'];
+    const a = table['all'];
+    const best = a && (cfg.rerank ? a.fused_rerank : a.fused);
     console.log('');
-    console.log(`goal R@5 >= ${GOAL_R5} and >= bm25's (all questions, the served first stage ${cfg.rerank ? 'fused + rerank' : 'fused'}): ` +
+    if (a && best) console.log(`goal R@5 >= ${GOAL_R5} and >= bm25's (all questions, the served first stage ${cfg.rerank ? 'fused + rerank' : 'fused'}): ` +
       `${best.r5 >= GOAL_R5 && best.r5 >= a.bm25.r5 ? 'met' : 'NOT met'} (${best.r5.toFixed(3)} vs bm25 ${a.bm25.r5.toFixed(3)})`);
     const flat = (s: Record<Method, Recall>) => Object.fromEntries(METHODS.flatMap((m) => [[`${m}_r1`, round(s[m].r1)], [`${m}_r5`, round(s[m].r5)]]));
     console.log(JSON.stringify({
       questions: questions.length, heldout_questions: splits.heldout.length, documents: store.documentCount, chunks: store.chunkCount,
       embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
       retrieval: cfg.retrieval, rerank: cfg.rerank,
-      all: flat(a), heldout: flat(h), tune: flat(table['tune']!),
-      rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke,
+      ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
       answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers['correct']! - answers['correct']!) : null } : {}),
       ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
       start_s: round(startS, 1), ...(keptIndex ? { index_kept: true } : {}), // kept: start_s is a load, not an ingest
