@@ -6,8 +6,8 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { loadConfig, type Config } from '../src/config/config.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
 import { applySessionSettings } from '../src/runtime/ort-direct.js';
 
 export interface GgufWorkload {

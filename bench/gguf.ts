@@ -28,8 +28,9 @@ import { availableParallelism, loadavg } from 'node:os';
 import path from 'node:path';
 import { getLlama, type LlamaContextSequence, type Token } from 'node-llama-cpp';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { Engine } from '../src/generate/engine.js';
+
 import { ggufWorkload } from './gguf-workload.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
@@ -76,7 +77,7 @@ async function clients(concurrency: number, requests: number, one: (client: numb
 async function engineRun(concurrency: number, requests: number, newTokens = NEW_TOKENS): Promise<Run> {
   const numBlocks = Math.ceil((maxPrompt + newTokens) / BLOCK) * concurrency + 8;
   const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
-  const engine = new Engine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: concurrency, maxNumBatchedTokens: 8192 });
+  const engine = ortEngine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: concurrency, maxNumBatchedTokens: 8192 });
   return clients(concurrency, requests, async (_c, ids) => (await engine.generate(ids, { maxNewTokens: newTokens, temperature: 0, ignoreEos: true })).ids);
 }
 

@@ -190,7 +190,7 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   return {
     model: path.basename(dir), dtype: runner.dtype, weights_bytes: runner.plan.weights,
     batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, fraction_of_4_3TBps: Number((bytesPerStep / stepS / BANDWIDTH).toFixed(3)),
-      // As session 7 counted it (the whole embedding table too), for comparison.
+      // As the H200 figures of 2026-12-03 (4bccb38) counted it (the whole embedding table too), for comparison.
       fraction_counting_embedding: Number(((bytesPerStep + unreadEmbedding) / stepS / BANDWIDTH).toFixed(3)) },
     batch64: { tokens_per_s: Math.round(b64.tokensPerS) },
     batch1_breakdown: breakdown,

@@ -38,7 +38,7 @@ import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
 import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { CudaDecoder } from '../src/backends/cuda/cuda-decoder.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { createApp } from '../src/server/app.js';
 

@@ -25,9 +25,10 @@ import { readdir, readFile } from 'node:fs/promises';
 import { loadConfig } from '../src/config/config.js';
 import { AdapterRegistry, type AdapterLease } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel, type DecoderAdapter } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
-import { ggufDecoderDir, ggufOptionsFor, isGguf } from '../src/generate/gguf-decoder.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { ggufDecoderDir, ggufOptionsFor, isGguf } from '../src/backends/ort/convert/gguf-decoder.js';
+import { type DecoderAdapter } from '../src/generate/lora-pool.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const REQUESTS = Number(process.env['BENCH_REQUESTS'] ?? 32);
@@ -70,7 +71,7 @@ interface Run {
 async function run(adapterOf: (i: number) => DecoderAdapter | undefined, on: DecoderModel = model): Promise<Run> {
   const numBlocks = Math.ceil((Math.max(...prompts.map((p) => p.length)) + NEW_TOKENS) / BLOCK) * CONCURRENCY + 8;
   const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
-  const engine = new Engine(on, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: CONCURRENCY, maxNumBatchedTokens: 8192 });
+  const engine = ortEngine(on, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: CONCURRENCY, maxNumBatchedTokens: 8192 });
   const outputs: number[][] = new Array(prompts.length);
   const rowRates: number[] = new Array(prompts.length);
   let next = 0;

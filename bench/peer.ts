@@ -27,9 +27,10 @@ import path from 'node:path';
 import { AutoModelForCausalLM, StoppingCriteria, Tensor, env, type DataType, type DeviceType } from '@huggingface/transformers';
 import type { ExecutionProvider } from '../src/config/config.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+
 import { sessionOptions } from '../src/runtime/session.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const MODEL = process.env['BENCH_PEER_MODEL'] ?? 'models/decoder';
@@ -126,7 +127,7 @@ async function engineRun(concurrency: number, maxNewTokens: number): Promise<Run
   const tokensPerSeq = Math.max(...prompts.map((p) => p.length)) + maxNewTokens;
   const numBlocks = Math.ceil(tokensPerSeq / BLOCK) * concurrency + 8;
   const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
-  const engine = new Engine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: concurrency, maxNumBatchedTokens: 8192 });
+  const engine = ortEngine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: concurrency, maxNumBatchedTokens: 8192 });
   const outputs: number[][] = new Array(prompts.length);
   const latenciesMs: number[] = new Array(prompts.length);
   let next = 0;
@@ -192,7 +193,7 @@ const refFile = path.join(MODEL_DIR, 'reference.json');
 if (existsSync(refFile)) {
   const ref = JSON.parse(await readFile(refFile, 'utf8')) as { max_new_tokens: number; cases: { prompt_ids: number[]; greedy_ids: number[] }[] };
   const blocks = new BlockManager({ numBlocks: 256, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
-  const engine = new Engine(model, blocks, { numBlocks: 256, blockSize: BLOCK, maxNumSeqs: 8, maxNumBatchedTokens: 8192 });
+  const engine = ortEngine(model, blocks, { numBlocks: 256, blockSize: BLOCK, maxNumSeqs: 8, maxNumBatchedTokens: 8192 });
   const ours = await Promise.all(ref.cases.map((c) => engine.generate(c.prompt_ids, { maxNewTokens: ref.max_new_tokens, temperature: 0, ignoreEos: true })));
   result['torch_reference_cases'] = ref.cases.length;
   result['torch_reference_matches'] = ours.filter((g, i) => g.ids.join() === ref.cases[i]!.greedy_ids.join()).length;

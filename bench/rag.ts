@@ -31,7 +31,7 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/config.js';
-import { RagService, readCorpus } from '../src/rag.js';
+import { RagService, readCorpus } from '../src/service/rag.js';
 import { dedupe } from '../src/retrieval/prune.js';
 import { Retriever } from '../src/retrieval/retriever.js';
 import type { Hit } from '../src/retrieval/store.js';

@@ -14,7 +14,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/config.js';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 import { Bm25 } from './bm25.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

@@ -23,7 +23,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/config.js';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

@@ -25,12 +25,13 @@
  */
 import path from 'node:path';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
-import { generate } from '../src/generate/generator.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+
+import { generate } from '../src/backends/ort/generator.js';
 import { assemblePrompt, templateFromConfig } from '../src/generate/prompt.js';
-import { readCorpus } from '../src/rag.js';
+import { readCorpus } from '../src/service/rag.js';
 import { readFile } from 'node:fs/promises';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const REQUESTS = Number(process.env['BENCH_REQUESTS'] ?? 32);
@@ -82,7 +83,7 @@ async function batched(w: Workload, concurrency: number): Promise<Run> {
   const tokensPerSeq = Math.max(...w.prompts.map((p) => p.length)) + w.maxNewTokens;
   const numBlocks = Math.ceil(tokensPerSeq / BLOCK) * concurrency + 8;
   const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
-  const engine = new Engine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: concurrency, maxNumBatchedTokens: 8192 });
+  const engine = ortEngine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: concurrency, maxNumBatchedTokens: 8192 });
   const outputs: number[][] = new Array(w.prompts.length);
   let next = 0;
   const t0 = performance.now();

@@ -1,11 +1,11 @@
 /**
- * Converts a GGUF decoder into the genai layout once (src/generate/gguf-decoder.ts), into
+ * Converts a GGUF decoder into the genai layout once (src/backends/ort/convert/gguf-decoder.ts), into
  * RAGGUARD_GGUF_CACHE with RAGGUARD_GGUF_WEIGHTS, as the server would at start-up; a later start (or
  * run) finds it converted. Setup runs it on the pretrained decoder.
  *   tsx scripts/build-gguf-decoder.ts <model.gguf>
  */
 import { loadConfig } from '../src/config/config.js';
-import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
+import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
 
 const [file] = process.argv.slice(2);
 if (!file) {

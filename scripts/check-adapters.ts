@@ -11,8 +11,10 @@ import path from 'node:path';
 import type { ExecutionProvider } from '../src/config/config.js';
 import { AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel, type DecoderAdapter } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { type DecoderAdapter } from '../src/generate/lora-pool.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
+
 
 interface Reference {
   prompt_ids: number[];
@@ -43,7 +45,7 @@ for (const ep of (providers.length ? providers : ['cpu']) as ExecutionProvider[]
   };
   const greedyOf = async (adapter?: DecoderAdapter) => {
     const blocks = new BlockManager({ numBlocks: 64, blockSize: 16, watermark: 0.01, enablePrefixCaching: false });
-    const engine = new Engine(model, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs: 4, maxNumBatchedTokens: 4096 });
+    const engine = ortEngine(model, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs: 4, maxNumBatchedTokens: 4096 });
     return (await engine.generate(ids, { maxNewTokens: 16, temperature: 0, ignoreEos: true, adapter })).ids;
   };
   const result: Record<string, unknown> = { provider: model.provider, run_path: model.runPath.path };

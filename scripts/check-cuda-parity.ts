@@ -17,7 +17,9 @@ import path from 'node:path';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { bufferCapacity, DecoderModel, type DecoderAdapter } from '../src/generate/decoder-model.js';
+import { bufferCapacity, DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { OrtModelRunner } from '../src/backends/ort/ort-runner.js';
+import { type DecoderAdapter } from '../src/generate/lora-pool.js';
 import { Engine } from '../src/generate/engine.js';
 import type { ModelRunner } from '../src/generate/model-runner.js';
 
@@ -61,7 +63,8 @@ async function ortLogits(ids: readonly number[], adapter?: DecoderAdapter): Prom
 
 function engineOver(runner: DecoderModel | ModelRunner, seqs: number): Engine {
   const blocks = new BlockManager({ numBlocks: 1024, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
-  return new Engine(runner, blocks, { numBlocks: 1024, blockSize: BLOCK, maxNumSeqs: seqs, maxNumBatchedTokens: 2048 });
+  const opts = { numBlocks: 1024, blockSize: BLOCK, maxNumSeqs: seqs, maxNumBatchedTokens: 2048 };
+  return new Engine(runner instanceof DecoderModel ? new OrtModelRunner(runner, opts) : runner, blocks, opts);
 }
 
 const failures: string[] = [];

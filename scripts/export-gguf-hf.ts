@@ -11,7 +11,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { GgufFile } from '../src/runtime/gguf.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
-import { ggufModel } from '../src/generate/gguf-weights.js';
+import { ggufModel } from '../src/backends/ort/convert/gguf-weights.js';
 
 const [src, out] = process.argv.slice(2);
 if (!src || !out) throw new Error('usage: tsx scripts/export-gguf-hf.ts <model.gguf> <out dir>');

@@ -20,7 +20,7 @@ import { parseQuestions } from '../bench/questions.js';
 import { loadConfig } from '../src/config/config.js';
 import { chatContextPrompt } from '../src/generate/chat-prompt.js';
 import { assemblePrompt } from '../src/generate/prompt.js';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { budget: { type: 'string', default: '320' } } });
 const out = positionals[0];

@@ -15,7 +15,7 @@ import { readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/config.js';
-import { isGguf, ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
+import { isGguf, ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
 import { loraSlots } from '../src/generate/lora.js';
 import { readJson } from '../src/runtime/model-dir.js';
 import { DirectSession, directUnavailable, type HostTensor } from '../src/runtime/ort-direct.js';

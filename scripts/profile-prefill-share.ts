@@ -12,6 +12,7 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import { ggufWorkload } from '../bench/gguf-workload.js';
 import { setRunObserver, type RunStage } from '../src/runtime/run-meter.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
@@ -40,7 +41,7 @@ setRunObserver({
 async function round(requests: number, newTokens: number): Promise<{ seconds: number; tokens: number; outputs: number[][]; stats: Engine['stats'] }> {
   const numBlocks = Math.ceil((maxPrompt + newTokens) / BLOCK) * C + 8;
   const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
-  const engine = new Engine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: C, maxNumBatchedTokens: 8192 });
+  const engine = ortEngine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: C, maxNumBatchedTokens: 8192 });
   let next = 0;
   let tokens = 0;
   const outputs: number[][] = [];

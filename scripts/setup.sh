@@ -156,7 +156,7 @@ console.log("  @huggingface/tokenizers ok  encode(\"Hello World\").ids=%j", enc.
 
 # --- 5. the decoder in onnxruntime-genai's layout ---------------------------------------------
 gqa=models/decoder-gqa/model.onnx
-if [[ ! -f $gqa || models/decoder/onnx/model.onnx -nt $gqa || src/generate/gqa-builder.ts -nt $gqa || src/generate/lora.ts -nt $gqa || src/runtime/onnx-proto.ts -nt $gqa || src/generate/export-weights.ts -nt $gqa || src/generate/export-decoder.ts -nt $gqa ]]; then
+if [[ ! -f $gqa || models/decoder/onnx/model.onnx -nt $gqa || src/backends/ort/convert/gqa-builder.ts -nt $gqa || src/generate/lora.ts -nt $gqa || src/runtime/onnx-proto.ts -nt $gqa || src/backends/ort/convert/export-weights.ts -nt $gqa || src/backends/ort/convert/export-decoder.ts -nt $gqa ]]; then
   log "decoder in onnxruntime-genai's layout (scripts/build-gqa-decoder.ts)"
   node --import tsx scripts/build-gqa-decoder.ts models/decoder models/decoder-gqa
 else

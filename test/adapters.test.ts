@@ -11,15 +11,17 @@ import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError, AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel, type DecoderAdapter } from '../src/generate/decoder-model.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { type DecoderAdapter } from '../src/generate/lora-pool.js';
 import { Engine } from '../src/generate/engine.js';
-import { buildGqaDecoder, type GqaSourceConfig } from '../src/generate/gqa-builder.js';
+import { buildGqaDecoder, type GqaSourceConfig } from '../src/backends/ort/convert/gqa-builder.js';
 import { loraSlots, planAdapter, slotTensors, writeEntry, type PeftConfig } from '../src/generate/lora.js';
 import { halfsToFloats } from '../src/runtime/float16.js';
 import { ONNX_FLOAT, readInitializers, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import { countingAllocator, installCountingAllocator } from '../src/runtime/ort-allocator.js';
 import { headerOf, parseHeader, SafetensorsError, tensorValues, writeSafetensors } from '../src/runtime/safetensors.js';
 import { ROOT, tempDir } from './helpers.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ADAPTERS = path.join(ROOT, 'models', 'adapters');
 const SHAPE = { numLayers: 4, hiddenSize: 256, numHeads: 8, numKvHeads: 2, headDim: 32, intermediateSize: 768 };
@@ -175,7 +177,7 @@ describe('the decoder with adapters', () => {
 
   function engine(m: DecoderModel): Engine {
     const blocks = new BlockManager({ numBlocks: 256, blockSize: 16, watermark: 0.01, enablePrefixCaching: true });
-    return new Engine(m, blocks, { numBlocks: 256, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
+    return ortEngine(m, blocks, { numBlocks: 256, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
   }
 
   const greedy = (e: Engine, p: number[], adapter?: DecoderAdapter) => e.generate(p, { maxNewTokens: 24, temperature: 0, ignoreEos: true, adapter }).then((g) => g.ids);

@@ -7,7 +7,7 @@ import { before, describe, test } from 'node:test';
 import request from 'supertest';
 import type { Express } from 'express';
 import type { Config } from '../src/config/config.js';
-import { loadModels, RagService, type Models } from '../src/rag.js';
+import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { cp, mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';

@@ -12,13 +12,14 @@ import { after, before, describe, test } from 'node:test';
 import { cp } from 'node:fs/promises';
 import { AdapterRegistry } from '../src/generate/adapters.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+
 import { Admission } from '../src/guards/admission.js';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { gateStats } from '../src/runtime/run-gate.js';
 import { holdRuns, ROOT, smallCorpus, tempDir, testConfig, turn } from './helpers.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 
 class Gone extends Error {}
@@ -63,7 +64,7 @@ describe('with the shipped decoder', () => {
 
   test('the engine drops an abandoned sequence at the next step barrier, waiting or running, and frees its blocks', async () => {
     const blocks = new BlockManager({ numBlocks: 128, blockSize: 16, watermark: 0.01, enablePrefixCaching: false });
-    const engine = new Engine(model, blocks, { numBlocks: 128, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
+    const engine = ortEngine(model, blocks, { numBlocks: 128, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
     const prompt = [1, ...model.tokenizer.encode('Context:\n[1] cron: users listed in cron.deny may not use crontab.\n\nQuestion: how do I stop a user from using cron?\nAnswer:')];
     const long = { maxNewTokens: 200, temperature: 0, ignoreEos: true };
     const keep = engine.generate(prompt, long);
@@ -90,7 +91,7 @@ describe('with the shipped decoder', () => {
   });
   test('a step whose every sequence was abandoned stops: its run leaves the gate unrun, its blocks are freed and kept from prefix hits', async () => {
     const blocks = new BlockManager({ numBlocks: 128, blockSize: 16, watermark: 0.01, enablePrefixCaching: true });
-    const engine = new Engine(model, blocks, { numBlocks: 128, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
+    const engine = ortEngine(model, blocks, { numBlocks: 128, blockSize: 16, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
     const prompt = [1, ...model.tokenizer.encode('Context:\n[1] quota: edquota sets the limits of one user; repquota reports them all.\n\nQuestion: how do I set a disk quota?\nAnswer:')];
     assert.ok(prompt.length > 32, 'full blocks that a prefix hit could find');
     const release = await holdRuns();

@@ -9,7 +9,7 @@ import { mkdir, symlink, writeFile } from 'node:fs/promises';
 import type { Server } from 'node:http';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { loadModels, RagService, type Models } from '../src/rag.js';
+import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { htmlToText, markdownTitle } from '../src/cli/html-text.js';

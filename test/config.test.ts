@@ -59,4 +59,7 @@ test('the README documents every variable', async () => {
   const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8');
   for (const v of VARIABLES) assert.ok(readme.includes(`\`${v.name}\``), `README lacks ${v.name}`);
   assert.ok(configTable().split('\n').length === VARIABLES.length + 2);
+  // The table between the markers is configTable()'s own output, defaults and meanings included.
+  const table = /<!-- config-doc:begin -->\n([\s\S]*?)\n<!-- config-doc:end -->/.exec(readme)?.[1]?.trim();
+  assert.equal(table, configTable(), "README's configuration table is stale: run npm run config:doc -- --write");
 });

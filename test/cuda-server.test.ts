@@ -18,7 +18,7 @@ import { CudaDecoder } from '../src/backends/cuda/cuda-decoder.js';
 import { CudaModelRunner, CudaUnavailableError } from '../src/backends/cuda/cuda-runner.js';
 import { CheckpointError } from '../src/backends/cuda/hf-checkpoint.js';
 import { loadConfig, type Config } from '../src/config/config.js';
-import { cudaDecoderLimits, loadModels, RagService } from '../src/rag.js';
+import { cudaDecoderLimits, loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 import { standInCuda, type StandIn } from './cuda-standin.js';

@@ -9,7 +9,7 @@ import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import request from 'supertest';
-import { loadModels, RagService, type Models } from '../src/rag.js';
+import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';

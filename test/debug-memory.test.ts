@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import request from 'supertest';
 import type { Express } from 'express';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 

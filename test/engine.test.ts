@@ -11,10 +11,11 @@ import { tmpdir } from 'node:os';
 import { after, before, describe, test } from 'node:test';
 import { execFileSync } from 'node:child_process';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import { Engine, PromptNeverFitsError } from '../src/generate/engine.js';
-import { generate } from '../src/generate/generator.js';
+import { generate } from '../src/backends/ort/generator.js';
 import { ROOT } from './helpers.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const BS = 16;
 let tmp: string;
@@ -33,7 +34,7 @@ let refs: number[][];
 
 function engine(numBlocks: number, maxNumSeqs = 32, kvWriteBack: 'eager' | 'lazy' = 'eager'): { engine: Engine; blocks: BlockManager } {
   const blocks = new BlockManager({ numBlocks, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  return { engine: new Engine(model, blocks, { numBlocks, blockSize: BS, maxNumSeqs, maxNumBatchedTokens: 4096, kvWriteBack }), blocks };
+  return { engine: ortEngine(model, blocks, { numBlocks, blockSize: BS, maxNumSeqs, maxNumBatchedTokens: 4096, kvWriteBack }), blocks };
 }
 
 before(async () => {
@@ -84,7 +85,7 @@ test('a batch that shrinks step by step (staggered lengths): outputs unchanged; 
 
 test('a batch step\'s main-thread work paced (slices of 0 ms): a turn of the event loop between rows, outputs unchanged', async () => {
   const blocks = new BlockManager({ numBlocks: 256, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  const e = new Engine(model, blocks, { numBlocks: 256, blockSize: BS, maxNumSeqs: 32, maxNumBatchedTokens: 4096, paceSliceMs: 0 });
+  const e = ortEngine(model, blocks, { numBlocks: 256, blockSize: BS, maxNumSeqs: 32, maxNumBatchedTokens: 4096, paceSliceMs: 0 });
   const outs = await Promise.all(prompts.map((p) => e.generate(p, { maxNewTokens: 20, temperature: 0 })));
   outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i}`));
   // Every decode row's sampling waits for its turn (the releases and gathers add more).

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { readdir } from 'node:fs/promises';
 import { test } from 'node:test';
 import request from 'supertest';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { editedExport, fold } from './export-fixture.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';

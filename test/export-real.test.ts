@@ -11,9 +11,9 @@ import { cp, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { convertExport } from '../src/generate/export-decoder.js';
-import { generate } from '../src/generate/generator.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { convertExport } from '../src/backends/ort/convert/export-decoder.js';
+import { generate } from '../src/backends/ort/generator.js';
 import { readGraph } from '../src/runtime/onnx-proto.js';
 import { ROOT, tempDir } from './helpers.js';
 

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KvCachePool, kvBytesPerToken } from '../src/generate/kv-pool.js';
+import { KvCachePool } from '../src/backends/ort/kv-pool.js';
+import { kvBytesPerToken } from '../src/generate/decoder-shape.js';
 import { floatToHalf, halfsToFloats, halfToFloat } from '../src/runtime/float16.js';
 
 test('half-precision words decode to their float values', () => {

@@ -8,7 +8,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import request from 'supertest';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 

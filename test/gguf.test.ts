@@ -13,13 +13,13 @@ import path from 'node:path';
 import { describe, test } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { loraWanted } from '../src/generate/adapters.js';
-import { ggufDecoderDir, ggufOptionsFor } from '../src/generate/gguf-decoder.js';
-import { toBlocks } from '../src/generate/gguf-weights.js';
-import { buildGqaDecoder, type BlockWeight, type CpuKernels, type GqaSourceConfig, type WeightSource } from '../src/generate/gqa-builder.js';
+import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
+import { toBlocks } from '../src/backends/ort/convert/gguf-weights.js';
+import { buildGqaDecoder, type BlockWeight, type CpuKernels, type GqaSourceConfig, type WeightSource } from '../src/backends/ort/convert/gqa-builder.js';
 import { dequantize, GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type GgufValueType } from '../src/runtime/gguf.js';
 import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type NodeSpec } from '../src/runtime/onnx-proto.js';
 import { seededRandom } from '../src/generate/sampler.js';
@@ -27,6 +27,7 @@ import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { ragguardOpsVnni, setRagguardOpsPortable } from '../src/runtime/ort-direct.js';
 import { ROOT, tempDir } from './helpers.js';
 import { loadConfig } from '../src/config/config.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 /** The converted models' cache as configured (RAGGUARD_GGUF_CACHE): a worktree whose models/gguf-cache is shared points it at its own. */
 const GGUF_CACHE = loadConfig(process.env).ggufCacheDir;
@@ -615,7 +616,7 @@ describe('the graph\'s greedy ids (SmolLM2-135M-Instruct Q4_1, nbits)', { skip: 
     const prompts = texts.map((t) => m.tokenizer.encode(t));
     const run = async (params: Omit<SamplingParams, 'maxNewTokens'>) => {
       const blocks = new BlockManager({ numBlocks: 64, blockSize: 16, watermark: 0.01, enablePrefixCaching: false });
-      const engine = new Engine(m, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs: 4, maxNumBatchedTokens: 4096 });
+      const engine = ortEngine(m, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs: 4, maxNumBatchedTokens: 4096 });
       return Promise.all(prompts.map(async (p) => (await engine.generate(p, { maxNewTokens: 12, ignoreEos: true, ...params })).ids));
     };
     const forward = m.forward.bind(m);
@@ -656,7 +657,7 @@ describe('padded prefill on a GGUF conversion (SmolLM2-135M-Instruct Q4_1, nbits
       .map((q) => m.tokenizer.encode(`<|im_start|>user\n${q}<|im_end|>\n<|im_start|>assistant\n`));
     const run = async (maxNumSeqs: number) => {
       const blocks = new BlockManager({ numBlocks: 64, blockSize: 16, watermark: 0.01, enablePrefixCaching: false });
-      const engine = new Engine(m, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs, maxNumBatchedTokens: 4096 });
+      const engine = ortEngine(m, blocks, { numBlocks: 64, blockSize: 16, maxNumSeqs, maxNumBatchedTokens: 4096 });
       const ids = await Promise.all(prompts.map(async (p) => (await engine.generate(p, { maxNewTokens: 16, temperature: 0, ignoreEos: true })).ids));
       return { ids, padded: engine.stats.paddedPrefills };
     };

@@ -5,7 +5,7 @@ import request from 'supertest';
 import { MemoryGuard } from '../src/guards/guard.js';
 import { MemoryModel } from '../src/guards/memory-model.js';
 import { HttpError } from '../src/server/errors.js';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 

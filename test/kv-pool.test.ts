@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { KvCachePool } from '../src/generate/kv-pool.js';
+import { KvCachePool } from '../src/backends/ort/kv-pool.js';
 import { Pacer } from '../src/runtime/pacer.js';
 
 const shape = { numLayers: 2, numKvHeads: 2, headDim: 3 };

@@ -9,8 +9,8 @@ import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 import type { Config } from '../src/config/config.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { loadModels, RagService } from '../src/rag.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 

@@ -11,14 +11,14 @@ import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { OrtModelRunner } from '../src/backends/ort/ort-runner.js';
+import { OrtModelRunner, ortEngine } from '../src/backends/ort/ort-runner.js';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { Engine } from '../src/generate/engine.js';
-import { exportWeights } from '../src/generate/export-weights.js';
-import { generate } from '../src/generate/generator.js';
-import { buildGqaDecoder, LAST_POSITIONS, type GqaSourceConfig } from '../src/generate/gqa-builder.js';
-import type { KvArray } from '../src/generate/kv-pool.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+
+import { exportWeights } from '../src/backends/ort/convert/export-weights.js';
+import { generate } from '../src/backends/ort/generator.js';
+import { buildGqaDecoder, LAST_POSITIONS, type GqaSourceConfig } from '../src/backends/ort/convert/gqa-builder.js';
+import type { KvArray } from '../src/generate/decoder-shape.js';
 import type { RunnerStep, StepSink } from '../src/generate/model-runner.js';
 import { Sequence } from '../src/generate/sequence.js';
 import { readGraph, writeModel } from '../src/runtime/onnx-proto.js';
@@ -158,7 +158,7 @@ for (const kvWriteBack of ['eager', 'lazy'] as const) describe(`write-back ${kvW
 
   test('the engine with newcomers arriving together: every greedy continuation is the one generated alone', async () => {
     const blocks = new BlockManager({ numBlocks: 128, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-    const e = new Engine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096, kvWriteBack });
+    const e = ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096, kvWriteBack });
     const outs = await Promise.all(prompts.map((p) => e.generate(p, { maxNewTokens: 12, temperature: 0 })));
     outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i}`));
     assert.ok(e.stats.paddedPrefills > 0, 'some newcomers prefilled together');
@@ -168,7 +168,7 @@ for (const kvWriteBack of ['eager', 'lazy'] as const) describe(`write-back ${kvW
 
 test('a padded group that is the whole batch carries its present KV into the decode steps (lazy write-back): the same continuations', async () => {
   const blocks = new BlockManager({ numBlocks: 128, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  const e = new Engine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096, kvWriteBack: 'lazy' });
+  const e = ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096, kvWriteBack: 'lazy' });
   const pick = [1, 3, 7]; // 18 or 19 tokens: one group
   const outs = await Promise.all(pick.map((i) => e.generate(prompts[i]!, { maxNewTokens: 12, temperature: 0 })));
   outs.forEach((g, k) => assert.deepEqual(g.ids, refs[pick[k]!], `prompt ${pick[k]}`));
@@ -180,7 +180,7 @@ test('a padded group that is the whole batch carries its present KV into the dec
 
 test('newcomers with prefix hits prefill alone, after the padded groups, beside fresh ones: the same continuations', async () => {
   const blocks = new BlockManager({ numBlocks: 128, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  const e = new Engine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
+  const e = ortEngine(model, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
   // Two prompts sharing a first block of 16 tokens with a finished one: their prefills start past it.
   const shared = [1, ...model.tokenizer.encode('Context: the quick brown fox jumps over the lazy dog again and again\n')].slice(0, BS);
   assert.equal(shared.length, BS);
@@ -198,7 +198,7 @@ test('newcomers with prefix hits prefill alone, after the padded groups, beside 
 
 test('a graph without per-row last positions prefills each newcomer alone, with the same continuations', async () => {
   const blocks = new BlockManager({ numBlocks: 128, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  const e = new Engine(older, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
+  const e = ortEngine(older, blocks, { numBlocks: 128, blockSize: BS, maxNumSeqs: 8, maxNumBatchedTokens: 4096 });
   const outs = await Promise.all(prompts.map((p) => e.generate(p, { maxNewTokens: 12, temperature: 0 })));
   outs.forEach((g, i) => assert.deepEqual(g.ids, refs[i], `prompt ${i}`));
   assert.equal(e.stats.paddedPrefills, 0);

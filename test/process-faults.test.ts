@@ -11,7 +11,7 @@ import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import path from 'node:path';
 import { describe, test } from 'node:test';
-import { readCorpus } from '../src/rag.js';
+import { readCorpus } from '../src/service/rag.js';
 import { CORPUS, ROOT, smallCorpus, startServer, tempDir, TEST_ENV } from './helpers.js';
 
 interface Reply {

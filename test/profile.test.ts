@@ -4,7 +4,7 @@ import { before, describe, test } from 'node:test';
 import { STAGES } from '../src/guards/memory-model.js';
 import { hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { fitStage, headroom } from '../src/guards/profile.js';
-import { RagService } from '../src/rag.js';
+import { RagService } from '../src/service/rag.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const MiB = 1 << 20;

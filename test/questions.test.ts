@@ -5,7 +5,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { containsFact, isCorrect, isUnreadable, normalizeTokens, words } from '../bench/answers.js';
 import { parseQuestions } from '../bench/questions.js';
-import { readCorpus } from '../src/rag.js';
+import { readCorpus } from '../src/service/rag.js';
 import { CORPUS, ROOT } from './helpers.js';
 
 test('data/questions.json: 150+ questions, unique ids, known documents, a held-out split, a gold fact in every document', async () => {

@@ -7,9 +7,9 @@ import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { before, test } from 'node:test';
-import { DecoderModel } from '../src/generate/decoder-model.js';
-import { generate } from '../src/generate/generator.js';
-import { Reranker } from '../src/rerank/reranker.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
+import { generate } from '../src/backends/ort/generator.js';
+import { Reranker } from '../src/retrieval/reranker.js';
 import { Embedder } from '../src/retrieval/embedder.js';
 import { ROOT } from './helpers.js';
 

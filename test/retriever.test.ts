@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import request from 'supertest';
-import { loadModels, RagService, type Models } from '../src/rag.js';
+import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { Retriever } from '../src/retrieval/retriever.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';

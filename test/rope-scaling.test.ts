@@ -4,8 +4,8 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { buildGqaDecoder, type GqaSourceConfig } from '../src/generate/gqa-builder.js';
-import { rotaryFromConfig } from '../src/generate/rope-scaling.js';
+import { buildGqaDecoder, type GqaSourceConfig } from '../src/backends/ort/convert/gqa-builder.js';
+import { rotaryFromConfig } from '../src/backends/ort/convert/rope-scaling.js';
 
 const base: GqaSourceConfig = {
   vocab_size: 8, hidden_size: 8, intermediate_size: 8, num_hidden_layers: 1, num_attention_heads: 1, head_dim: 8, rope_theta: 10000, max_position_embeddings: 16,

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
 import { BlockManager } from '../src/generate/block-manager.js';
-import { DecoderModel } from '../src/generate/decoder-model.js';
+import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import { Engine, type TokenEvent } from '../src/generate/engine.js';
 import { OutputText } from '../src/generate/output-text.js';
 import { PenaltyTally } from '../src/generate/penalty-tally.js';
@@ -16,6 +16,7 @@ import { applyPenalties, argmax, sampleNext, seededRandom } from '../src/generat
 import type { SamplingParams } from '../src/generate/sequence.js';
 import { applyPenaltyEntries } from './cuda-standin.js';
 import { ROOT } from './helpers.js';
+import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const BS = 16;
 let model: DecoderModel;
@@ -23,7 +24,7 @@ let prompts: number[][];
 
 function engine(numBlocks = 256): { engine: Engine; blocks: BlockManager } {
   const blocks = new BlockManager({ numBlocks, blockSize: BS, watermark: 0.01, enablePrefixCaching: true });
-  return { engine: new Engine(model, blocks, { numBlocks, blockSize: BS, maxNumSeqs: 32, maxNumBatchedTokens: 4096 }), blocks };
+  return { engine: ortEngine(model, blocks, { numBlocks, blockSize: BS, maxNumSeqs: 32, maxNumBatchedTokens: 4096 }), blocks };
 }
 
 before(async () => {

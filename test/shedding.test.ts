@@ -13,7 +13,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Writable } from 'node:stream';
 import { after, before, test } from 'node:test';
-import { loadModels, RagService } from '../src/rag.js';
+import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { Lifecycle } from '../src/server/shutdown.js';

@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { gatedRun, gateStats } from '../src/runtime/run-gate.js';
-import { MAX_HOLD_MS, nextTurn, noteArrival, setMaxHold } from '../src/server/turns.js';
+import { MAX_HOLD_MS, nextTurn, noteArrival, setMaxHold } from '../src/runtime/turns.js';
 
 test('requests prepare in arrival order, one every other turn of the event loop', async () => {
   const order: string[] = [];

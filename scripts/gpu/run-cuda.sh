@@ -60,7 +60,7 @@ if has serve; then
         const answer = await q.json();
         const ms = performance.now() - t0;
         const withAdapter = await (await post("/query", { query: "How can I stop one particular user from scheduling cron jobs?", max_new_tokens: 24, temperature: 0, adapter: "demo-r8" })).json();
-        // Penalties run on the device sampler (session 10; refused with 422 before).
+        // Penalties run on the device sampler (since 2026-12-04; refused with 422 before).
         const model = (await (await fetch(base + "/v1/models")).json()).data[0].id;
         const penalized = await post("/v1/completions", { model, prompt: "apt apt apt", max_tokens: 16, frequency_penalty: 1, repetition_penalty: 1.3 });
         const pen = { status: penalized.status, body: await penalized.json() };
@@ -84,9 +84,9 @@ if has guard; then
   # A workspace the unguarded server's reranker bursts overflow. The decoder's device bytes are all
   # allocated at start-up (NVML grows by 0 while requests run), so what requests contend for is the
   # encoders' host workspace: at 64 MiB and bursts of 24 the unguarded peaks (57-65 MiB) overflowed it
-  # once in three runs (session 10); at 48 MiB and bursts of 32 in every run (2 of 3 bursts each, peaks
+  # once in three runs (H200, 2026-12-04, 3d857d0); at 48 MiB and bursts of 32 in every run (2 of 3 bursts each, peaks
   # 56-65 MiB), guarded peaks 31-39 MiB; at 40 MiB the resident meter (the JS heap of 32 requests
-  # included, which the guard does not predict) once put a guarded burst 0.45 MiB over (session 11).
+  # included, which the guard does not predict) once put a guarded burst 0.45 MiB over (H200, 2026-12-04, 500f35f).
   # Through scripts/tuned.sh, as npm run bench:guard runs it: without one malloc arena, the 16 cores'
   # threads kept their own arenas and resident peaks were 3-6x the accounted ones, guards on or off.
   guard_cuda() { env "${cuda_env[@]}" RAGGUARD_RERANK=${RAGGUARD_RERANK:-true} BENCH_GUARD_WORKSPACE_MB=${BENCH_GUARD_WORKSPACE_MB:-48} BENCH_GUARD_BURST=${BENCH_GUARD_BURST:-32} sh scripts/tuned.sh node --import tsx bench/guard.ts; }

@@ -6,7 +6,7 @@
  * them (its next write persists its own copy).
  */
 import { loadConfig } from '../config/config.js';
-import { embedDocument, type EmbeddedDocument } from '../documents.js';
+import { embedDocument, type EmbeddedDocument } from '../service/documents.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { DocumentStore } from '../retrieval/store.js';
 import type { FolderDocument } from './folder.js';

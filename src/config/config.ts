@@ -6,8 +6,13 @@
  * the variable, never a silent fallback.
  */
 import path from 'node:path';
-import { RESHAPE_STEPS, type ReshapeStep } from '../guards/policy.js';
-import type { WebGpuBufferCache } from '../runtime/session.js';
+
+/** What a reshape may shrink, in the order RAGGUARD_RESHAPE_ORDER lists them (guards/policy.ts applies them). */
+export type ReshapeStep = 'batch' | 'rerank' | 'context' | 'new_tokens';
+export const RESHAPE_STEPS: readonly ReshapeStep[] = ['batch', 'rerank', 'context', 'new_tokens'];
+
+/** ONNX Runtime's WebGPU storage-buffer cache modes (RAGGUARD_WEBGPU_BUFFER_CACHE). */
+export type WebGpuBufferCache = 'disabled' | 'lazyRelease' | 'simple' | 'bucket';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda' | 'auto';
 export type ModelRole = 'embedder' | 'reranker' | 'decoder';
@@ -96,6 +101,12 @@ export interface Config {
   /** Leak check: requests in the growth window, and the growth that flags it. */
   leakWindow: number;
   leakThresholdBytes: number;
+  /** The slow-leak check (guards/growth.ts MemoryTrend): sampling period, warm-up, horizon, shortest span and slope that flags. */
+  leakSampleMs: number;
+  leakWarmupMs: number;
+  leakHorizonMs: number;
+  leakMinSpanMs: number;
+  leakSlopeBytesPerMin: number;
   /** NVML sampling period for GPU memory readings. */
   gpuSampleMs: number;
   /** Requests generating at once; more wait in the queue. */
@@ -441,6 +452,27 @@ export const VARIABLES: readonly Variable[] = [
     apply: int(1, Number.MAX_SAFE_INTEGER, (c, v) => (c.leakThresholdBytes = v)),
   },
   {
+    name: 'RAGGUARD_LEAK_SAMPLE_MS', default: '10000', doc: 'Period of the slow-leak check\'s memory samples (resident, heap, expected growth of the store).',
+    apply: int(10, 3600000, (c, v) => (c.leakSampleMs = v)),
+  },
+  {
+    name: 'RAGGUARD_LEAK_WARMUP_MS', default: '300000', doc: 'Samples of the first ms after start that the slow-leak check leaves out (first runs, V8 sizing its heap).',
+    apply: int(0, 86400000, (c, v) => (c.leakWarmupMs = v)),
+  },
+  {
+    name: 'RAGGUARD_LEAK_HORIZON_MS', default: '3600000', doc: 'How far back the slow-leak check fits its slope.',
+    apply: int(1000, 7 * 86400000, (c, v) => (c.leakHorizonMs = v)),
+  },
+  {
+    name: 'RAGGUARD_LEAK_MIN_SPAN_MS', default: '600000', doc: 'Shortest span of samples (after the warm-up) before the slow-leak check gives a verdict.',
+    apply: int(100, 7 * 86400000, (c, v) => (c.leakMinSpanMs = v)),
+  },
+  {
+    name: 'RAGGUARD_LEAK_SLOPE_BYTES_PER_MIN', default: '1048576',
+    doc: 'Growth of resident memory (less the stored documents\' predicted bytes) per minute that /debug/memory and /metrics flag as a slow leak.',
+    apply: int(1, Number.MAX_SAFE_INTEGER, (c, v) => (c.leakSlopeBytesPerMin = v)),
+  },
+  {
     name: 'RAGGUARD_GPU_SAMPLE_MS', default: '1000', doc: 'Period of NVML GPU memory sampling (where a GPU is present).',
     apply: int(10, 3600000, (c, v) => (c.gpuSampleMs = v)),
   },
@@ -534,6 +566,7 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
     if (c.retrieval === 'hybrid' && c.rrfDenseWeight + c.rrfLexicalWeight === 0) problems.push('RAGGUARD_RRF_DENSE_WEIGHT, RAGGUARD_RRF_LEXICAL_WEIGHT: not both 0');
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
+    if (c.leakMinSpanMs > c.leakHorizonMs) problems.push('RAGGUARD_LEAK_MIN_SPAN_MS: must not exceed RAGGUARD_LEAK_HORIZON_MS');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
     if (c.defaultMaxNewTokens > c.maxNewTokensLimit) {

@@ -13,7 +13,7 @@ import { createHash } from 'node:crypto';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime/safetensors.js';
-import { dtypeBytes, type KvDtype } from './kv-pool.js';
+import { dtypeBytes, type KvDtype } from './decoder-shape.js';
 import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
 import type { AdapterSlots, DecoderAdapter } from './lora-pool.js';
 

@@ -9,9 +9,7 @@
  * WebGPU, or the native CUDA decoder) and reports each sequence's next token. Which runner runs is
  * invisible here, to the scheduler, the block manager and the guards.
  */
-import { OrtModelRunner, type OrtRunnerOptions } from '../backends/ort/ort-runner.js';
-import type { DecoderModel } from './decoder-model.js';
-import type { FinishReason, Generation } from './generator.js';
+import type { FinishReason, Generation } from './generation.js';
 import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
 import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -28,16 +26,19 @@ export interface EngineBlockManager extends KvBlockSpace {
   blockTable(seqId: number): BlockTableView;
 }
 
-/** Options for an engine over an ONNX decoder (the runner's: numBlocks, blockSize, kvWriteBack) and the scheduler's limits. */
-export interface EngineOptions extends SchedulerLimits, OrtRunnerOptions {}
+/**
+ * The scheduler's limits; `numBlocks` and `blockSize`, where given, are the pool the block manager
+ * manages, checked against the one the runner holds (a mismatch would let the scheduler hand out
+ * blocks the runner has no room for).
+ */
+export interface EngineOptions extends SchedulerLimits {
+  numBlocks?: number;
+  blockSize?: number;
+}
 
 export class PromptNeverFitsError extends Error {}
 /** The runner cannot generate as the request asks (rather than generating something else). */
 export class UnsupportedSamplingError extends Error {}
-
-function isRunner(m: DecoderModel | ModelRunner): m is ModelRunner {
-  return typeof (m as Partial<ModelRunner>).execute === 'function';
-}
 
 interface Pending {
   resolve(g: Generation): void;
@@ -95,9 +96,13 @@ export class Engine {
   /** Told of every sampled token and every request's end (metrics.ts); none by default. */
   observer: EngineObserver | undefined;
 
-  /** An ONNX decoder gets the ONNX Runtime runner; any other backend comes as its runner. */
-  constructor(model: DecoderModel | ModelRunner, readonly blocks: EngineBlockManager, opts: EngineOptions) {
-    this.runner = isRunner(model) ? model : new OrtModelRunner(model, opts);
+  /** `runner` executes the steps on its backend (backends/ort/ort-runner.ts, backends/cuda/cuda-runner.ts). */
+  constructor(runner: ModelRunner, readonly blocks: EngineBlockManager, opts: EngineOptions) {
+    this.runner = runner;
+    const { numBlocks, blockSize } = runner.pool;
+    if ((opts.numBlocks !== undefined && opts.numBlocks !== numBlocks) || (opts.blockSize !== undefined && opts.blockSize !== blockSize)) {
+      throw new Error(`the engine's pool (${opts.numBlocks} blocks of ${opts.blockSize}) is not the runner's (${numBlocks} of ${blockSize})`);
+    }
     this.scheduler = new Scheduler(blocks, opts);
     this.blocksOf = (seq) => this.blocks.blockTable(seq.id).ids();
   }
@@ -108,7 +113,7 @@ export class Engine {
   }
 
   get stats(): EngineStats {
-    const r = this.runner instanceof OrtModelRunner ? this.runner.stats : undefined;
+    const r = this.runner.stats;
     return { ...this.counters, pastReused: r?.pastReused ?? 0, writeBacks: r?.writeBacks ?? 0, paced: r?.paced ?? 0, spareTaken: r?.spareTaken ?? 0,
       paddedPrefills: r?.paddedPrefills ?? 0, paddedPrefillRows: r?.paddedPrefillRows ?? 0 };
   }

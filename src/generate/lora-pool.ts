@@ -6,7 +6,7 @@
  * vLLM's LoRA manager preallocates max_loras x max_lora_rank.
  */
 import { floatsToHalfs } from '../runtime/float16.js';
-import type { KvArray, KvDtype } from './kv-pool.js';
+import type { KvArray, KvDtype } from './decoder-shape.js';
 import { slotCapacity, writeEntry, type LoraSlot, type SlotTensors } from './lora.js';
 
 /** A host tensor as runs take it (the decoder's: ONNX Runtime's memory on the direct path). */

@@ -17,7 +17,7 @@
  * below the slot's capacity is zero-padded, which adds nothing.
  */
 
-import type { DecoderShape } from './decoder-model.js';
+import type { DecoderShape } from './decoder-shape.js';
 
 export type LoraProjection = 'self_attn.qkv_proj' | 'self_attn.o_proj' | 'mlp.gate_proj' | 'mlp.up_proj' | 'mlp.down_proj';
 

@@ -8,8 +8,8 @@
  * - CudaModelRunner (backends/cuda/cuda-runner.ts): the native CUDA decoder; the KV pool is one device
  *   allocation laid out by block, the kernels read the block tables, sampling on the device.
  */
-import type { DecoderShape } from './decoder-model.js';
-import type { FinishReason } from './generator.js';
+import type { DecoderShape } from './decoder-shape.js';
+import type { FinishReason } from './generation.js';
 import type { BlockCopy } from './scheduler.js';
 import type { SamplingParams, Sequence } from './sequence.js';
 
@@ -54,7 +54,18 @@ export interface KvPoolInfo {
   location: 'host' | 'device';
 }
 
+/** Counters a runner keeps of its own work (the ONNX Runtime runner's; others report none). */
+export interface RunnerStats {
+  pastReused: number;
+  writeBacks: number;
+  paced: number;
+  spareTaken: number;
+  paddedPrefills: number;
+  paddedPrefillRows: number;
+}
+
 export interface ModelRunner {
+  readonly stats?: RunnerStats;
   readonly shape: DecoderShape;
   readonly eosIds: ReadonlySet<number>;
   readonly tokenizer: TokenDecoder;

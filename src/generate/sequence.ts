@@ -1,7 +1,7 @@
 /** One request's generation state, as the scheduler and the engine see it. */
 import { seededRandom, type SamplerSettings } from './sampler.js';
-import type { DecoderAdapter } from './decoder-model.js';
-import type { FinishReason } from './generator.js';
+import type { DecoderAdapter } from './lora-pool.js';
+import type { FinishReason } from './generation.js';
 import type { OutputText } from './output-text.js';
 
 export type SequenceStatus = 'waiting' | 'running' | 'finished';

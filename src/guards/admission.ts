@@ -4,8 +4,8 @@
  * overloaded server sheds load instead of piling up memory.
  */
 import PQueue from 'p-queue';
-import { HttpError } from '../server/errors.js';
-import { nextTurn } from '../server/turns.js';
+import { HttpError } from '../runtime/errors.js';
+import { nextTurn } from '../runtime/turns.js';
 
 class QueueTimeout extends Error {}
 

@@ -4,9 +4,10 @@
  * a deadline; a request that can never fit was already turned away by the decision (413), so a wait
  * ends either with room or with 503.
  */
-import { HttpError } from '../server/errors.js';
+import { HttpError } from '../runtime/errors.js';
 import type { MemoryModel, RequestShape } from './memory-model.js';
-import { decide, type Decision, type Floors, type ReshapeStep } from './policy.js';
+import { decide, type Decision, type Floors } from './policy.js';
+import { type ReshapeStep } from '../config/config.js';
 
 export interface GuardCapacity {
   /** Bytes the budget gives run workspace now (budget - weights - KV pool - index). */

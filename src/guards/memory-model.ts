@@ -11,16 +11,11 @@
  * produces in a layer, since a runtime keeps a layer's intermediates alive until the layer ends.
  */
 
-import { dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/kv-pool.js';
-import { bufferCapacity, type KvLayout } from '../generate/decoder-model.js';
+import type { EncoderDims } from '../runtime/encoder-session.js';
+import { dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/decoder-shape.js';
+import { bufferCapacity, type KvLayout } from '../backends/ort/decoder-model.js';
 import { loraSlots, slotCapacity } from '../generate/lora.js';
 
-export interface EncoderDims {
-  numLayers: number;
-  hiddenSize: number;
-  numHeads: number;
-  intermediateSize: number;
-}
 
 export interface DecoderDims {
   numLayers: number;

@@ -11,8 +11,7 @@
  */
 import type { MemoryModel, Prediction, RequestShape } from './memory-model.js';
 
-export type ReshapeStep = 'batch' | 'rerank' | 'context' | 'new_tokens';
-export const RESHAPE_STEPS: readonly ReshapeStep[] = ['batch', 'rerank', 'context', 'new_tokens'];
+import type { ReshapeStep } from '../config/config.js';
 
 export interface Capacity {
   /** Workspace bytes not reserved by admitted requests, and the total the budget gives workspace. */

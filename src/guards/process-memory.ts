@@ -1,5 +1,6 @@
 /** Memory readings: the process's own counters, and bytes measured around a load (host, and GPU through NVML). */
 import { regionViewBytes } from '../runtime/ort-direct.js';
+import type { LoadBytes } from '../runtime/load-bytes.js';
 import { usedBytes, type GpuMemoryReader } from './nvml.js';
 
 export interface ProcessMemory {
@@ -19,13 +20,6 @@ export function processMemory(): ProcessMemory {
   return { rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external - regionViewBytes(), arrayBuffers: m.arrayBuffers };
 }
 
-export interface LoadBytes {
-  /** Host and device bytes together. */
-  bytes: number;
-  hostBytes: number;
-  /** Device memory the load took, where NVML reads it (a model whose weights the provider uploads). */
-  deviceBytes: number;
-}
 
 /**
  * Runs `load` and reports how much memory it added: resident memory on the host and, with a `device`

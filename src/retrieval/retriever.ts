@@ -43,7 +43,7 @@ export class Retriever {
   /**
    * search() with `between` awaited between its parts (the lexical search; the dense search and the
    * fusion): in a burst each is several milliseconds of a contended main thread, and the server gives
-   * the event loop a turn there (server/turns.ts) rather than hold a probe behind both.
+   * the event loop a turn there (runtime/turns.ts) rather than hold a probe behind both.
    */
   async searchPaced(queryVector: Float32Array, query: string, topK: number, between: () => Promise<void>): Promise<Retrieved> {
     const parts = this.parts(queryVector, query, topK);

@@ -128,3 +128,11 @@ export class EncoderSession {
     await this.run(undefined, this.outputNames[0]!, Array.from({ length: batch }, () => row), padId);
   }
 }
+
+/** An encoder's layer dimensions (embedder, reranker), from which the memory model sizes its runs. */
+export interface EncoderDims {
+  numLayers: number;
+  hiddenSize: number;
+  numHeads: number;
+  intermediateSize: number;
+}

@@ -9,7 +9,7 @@ import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import * as ort from 'onnxruntime-node';
-import type { ExecutionProvider } from '../config/config.js';
+import type { ExecutionProvider, WebGpuBufferCache } from '../config/config.js';
 import { padRows } from './model-dir.js';
 import { countingAllocator } from './ort-allocator.js';
 import { gatedRun } from './run-gate.js';
@@ -30,7 +30,6 @@ export function cudaProviderPresent(): boolean {
   return existsSync(path.join(pkg, 'bin', 'napi-v6', process.platform, process.arch, 'libonnxruntime_providers_cuda.so'));
 }
 
-export type WebGpuBufferCache = 'disabled' | 'lazyRelease' | 'simple' | 'bucket';
 
 export interface SessionExtras {
   /** Outputs to keep in device memory where the provider has one (WebGPU's 'gpu-buffer'). */

@@ -3,11 +3,10 @@
  * failure into a status plus `{error: {code, message}}`.
  */
 import express, { type NextFunction, type Request, type Response } from 'express';
-import { AdapterBusyError, AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
-import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
+import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
 import { Admission } from '../guards/admission.js';
-import { checkQueryShape } from '../guards/request-shape.js';
-import { DuplicateDocumentError, type RagService } from '../rag.js';
+import { checkQueryShape } from '../service/request-shape.js';
+import { DuplicateDocumentError, type RagService } from '../service/rag.js';
 import { frontDoor, healthReport, letIn } from './front-door.js';
 import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
@@ -15,24 +14,24 @@ import { documentsRouter } from './documents.js';
 import { createLogger, noteError, requestLogger, type Logger } from './logging.js';
 import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
-import { HttpError } from './errors.js';
+import { HttpError, toHttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
-import { RunInterrupted } from '../runtime/ort-direct.js';
-import { nextTurn } from './turns.js';
+import { nextTurn } from '../runtime/turns.js';
 import { parseDocuments, parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
 
 /**
  * `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM);
- * `logger`: where request lines go (JSON on stdout by default).
+ * `logger`: where request lines go (JSON on stdout by default); `admission`: the queue to share (a new one by default).
  */
-export function createApp(service: RagService, opts: { logger?: Logger; lifecycle?: Lifecycle } = {}): express.Express {
+export function createApp(service: RagService, opts: { logger?: Logger; lifecycle?: Lifecycle; admission?: Admission } = {}): express.Express {
   const lifecycle = opts.lifecycle ?? new Lifecycle();
   const { cfg } = service;
   const log = opts.logger ?? createLogger(cfg.logLevel);
   const metrics = metricsFor(service);
-  const admission = new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
+  // One queue per process where the library shares its own (index.ts) with the apps it mounts.
+  const admission = opts.admission ?? new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
   metrics.addQueue(admission);
   const app = express();
   app.disable('x-powered-by');
@@ -156,22 +155,4 @@ async function inspectAdapter(service: RagService, name: string): Promise<void> 
     if (e instanceof AdapterInvalidError) throw new HttpError(422, 'adapter_invalid', e.message, { adapter: name });
     throw e;
   }
-}
-
-/** body-parser's errors carry a status and a type; anything else unknown is a 500. */
-export function toHttpError(err: unknown): HttpError {
-  if (err instanceof HttpError) return err;
-  // A run stopped because its request was abandoned or drained: the abort's own reason is the reply.
-  if (err instanceof RunInterrupted) return err.reason instanceof HttpError ? err.reason : new HttpError(499, 'client_closed_request', err.message);
-  if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
-  if (err instanceof UnsupportedSamplingError) return new HttpError(422, 'unsupported_sampling', err.message);
-  if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });
-  if (err instanceof AdapterInvalidError) return new HttpError(422, 'adapter_invalid', err.message);
-  const e = err as { status?: number; type?: string; message?: string };
-  if (e?.type === 'entity.parse.failed') return new HttpError(400, 'invalid_json', 'request body is not valid JSON');
-  if (e?.type === 'entity.too.large') return new HttpError(413, 'payload_too_large', 'request body exceeds RAGGUARD_MAX_DOCUMENT_BYTES');
-  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500) {
-    return new HttpError(e.status, e.type?.replace(/\W+/g, '_') ?? 'bad_request', e.message ?? 'bad request');
-  }
-  return new HttpError(500, 'internal', 'internal error');
 }

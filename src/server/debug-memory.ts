@@ -5,14 +5,15 @@
  */
 import { totalmem } from 'node:os';
 import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
-import { DecoderModel } from '../generate/decoder-model.js';
+import { DecoderModel } from '../backends/ort/decoder-model.js';
 import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
 import type { ProfileReport } from '../guards/profile.js';
 import type { AdapterStats } from '../generate/adapters.js';
-import type { RagService } from '../rag.js';
-import { allocatorTuned } from '../runtime/malloc.js';
+import type { RagService } from '../service/rag.js';
+import { allocatorTuned, mallocStats } from '../runtime/malloc.js';
+import type { TrendReport } from '../guards/growth.js';
 import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
 
 export interface Component {
@@ -76,6 +77,25 @@ export interface MemorySnapshot {
    * measurement window; or why they are not accounted.
    */
   onnxruntime_host: { accounted: true; live_bytes: number; peak_bytes: number; allocations: number } | { accounted: false; reason: string };
+  /**
+   * Native memory by who holds it, as far as each can be read: glibc's allocator (mallinfo2: every
+   * malloc, its arenas), ONNX Runtime's accounted bytes, faiss's vectors, V8's heap and external memory,
+   * and what none of them explains (code, thread stacks, ONNX Runtime's own start-up, fragmentation),
+   * whose growth is what a leak outside every accountant looks like.
+   */
+  native: {
+    malloc: { arena_bytes: number; mmapped_bytes: number; in_use_bytes: number; free_bytes: number; arenas: number } | { unavailable: string };
+    onnxruntime_live_bytes: number | null;
+    faiss_index_bytes: number;
+    /** The store's documents as predicted (vectors exact; texts, postings and objects estimated): the growth the leak check expects. */
+    store_predicted_bytes: number;
+    v8_heap_total_bytes: number;
+    v8_external_bytes: number;
+    /** rss less the V8 heap, less what malloc has in use (which holds ONNX Runtime's, faiss's and V8's external buffers). */
+    unattributed_bytes: number;
+  };
+  /** The slow-leak check: resident memory over time less the store's predicted growth (guards/growth.ts). */
+  trend: TrendReport;
   growth: {
     window: number;
     samples: number;
@@ -179,6 +199,20 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     onnxruntime_host: ((c) => (c
       ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations() }
       : { accounted: false as const, reason: accountingUnavailable() }))(countingAllocator()),
+    native: ((m, p) => {
+      const ort = countingAllocator();
+      return {
+        malloc: m ? { arena_bytes: m.arenaBytes, mmapped_bytes: m.mmappedBytes, in_use_bytes: m.inUseBytes, free_bytes: m.freeBytes, arenas: m.arenas }
+          : { unavailable: 'not glibc (mallinfo2 needs glibc 2.33 or later)' },
+        onnxruntime_live_bytes: ort ? ort.live() : null,
+        faiss_index_bytes: store.indexBytes,
+        store_predicted_bytes: service.storeResidentBytes(),
+        v8_heap_total_bytes: p.heapTotal,
+        v8_external_bytes: p.external,
+        unattributed_bytes: Math.max(0, p.rss - p.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0)),
+      };
+    })(mallocStats(), processMemory()),
+    trend: service.trend.report(),
     growth: (({ window, samples, rssGrowthBytes, heapGrowthBytes, externalGrowthBytes, thresholdBytes, flagged }) => ({
       window, samples, rss_growth_bytes: rssGrowthBytes, heap_growth_bytes: heapGrowthBytes,
       external_growth_bytes: externalGrowthBytes, threshold_bytes: thresholdBytes, flagged,

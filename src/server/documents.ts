@@ -8,8 +8,8 @@
  */
 import { Router, type Request } from 'express';
 import { z } from 'zod';
-import { removeDocument, replaceDocument } from '../documents.js';
-import type { RagService } from '../rag.js';
+import { removeDocument, replaceDocument } from '../service/documents.js';
+import type { RagService } from '../service/rag.js';
 import type { StoredDocument } from '../retrieval/store.js';
 import { HttpError } from './errors.js';
 

@@ -18,12 +18,12 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Admission } from '../guards/admission.js';
-import { decoderRuntime, type RagService } from '../rag.js';
+import { decoderRuntime, type RagService } from '../service/rag.js';
 import { authorizer, corsHeaders } from './auth.js';
 import { sendJson, type HttpError } from './errors.js';
 import { errorState, routedOutcome, trackRequest, type Logger, type RequestDone } from './logging.js';
 import { pathOf, type Lifecycle } from './shutdown.js';
-import { nextTurn, noteArrival } from './turns.js';
+import { nextTurn, noteArrival } from '../runtime/turns.js';
 
 /** GET /healthz's body: liveness, the models' providers, the queue and the KV pool. */
 export function healthReport(service: RagService, admission: Admission): Record<string, unknown> {

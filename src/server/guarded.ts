@@ -5,60 +5,13 @@
  * /v1 routes use this; the reply's `guard` object is built the same way as /query's.
  */
 import type { Response } from 'express';
-import type { Admission } from '../guards/admission.js';
 import type { RequestShape } from '../guards/memory-model.js';
-import type { Decision } from '../guards/policy.js';
-import type { RagService } from '../rag.js';
-import { HttpError } from './errors.js';
+import type { RagService } from '../service/rag.js';
 import { requestSignal } from './shutdown.js';
 import type { SseStream } from './sse.js';
 
-export type Admitted = Exclude<Decision, { action: 'reject' }>;
-
-export interface GuardedRun<T> {
-  result: T;
-  /** Undefined when the guards are off (RAGGUARD_GUARDS=false). */
-  decision: Admitted | undefined;
-}
-
-export interface GuardOptions {
-  /** The prompt is the client's own (a completion, a chat without retrieval): it cannot be shortened by a reshape. */
-  fixedPrompt?: boolean;
-  /** Aborted while queued (for an admission slot or for workspace): the work is not started. */
-  signal?: AbortSignal;
-}
-
-/** The guard's decision for `shape` (413 when it can never fit), or undefined with the guards off. */
-export function decideOrReject(service: RagService, shape: RequestShape, opts: GuardOptions = {}): Admitted | undefined {
-  if (!service.cfg.guards) return undefined;
-  const decision = service.guard.decide(shape);
-  const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
-  if (decision.action === 'reject') {
-    throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`,
-      { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes });
-  }
-  if (opts.fixedPrompt && decision.reshaped.some((r) => r.field === 'prompt_tokens')) {
-    throw new HttpError(413, 'request_too_large',
-      `a prompt of ${shape.promptTokens} tokens with ${shape.maxNewTokens} new tokens can never fit the memory budget`,
-      { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes });
-  }
-  return decision;
-}
-
-/** Runs `work` on the decided shape inside an admission slot and a workspace reservation. */
-export async function runGuarded<T>(service: RagService, admission: Admission, decision: Admitted | undefined,
-  work: (shape: RequestShape | undefined) => Promise<T>, opts: GuardOptions = {}): Promise<T> {
-  return admission.run(async () => {
-    if (opts.signal?.aborted) throw opts.signal.reason instanceof Error ? opts.signal.reason : new Error('aborted');
-    if (!decision) return work(undefined);
-    const release = await service.guard.reserve(decision.prediction.reserveBytes, service.cfg.queueTimeoutMs, opts.signal);
-    try {
-      return await work(decision.shape);
-    } finally {
-      release();
-    }
-  }, opts.signal);
-}
+export { decideOrReject, generationShape, runGuarded, type Admitted, type GuardedRun, type GuardOptions } from '../service/guarded-run.js';
+import type { Admitted } from '../service/guarded-run.js';
 
 /**
  * What stops a request's work: its client leaving or a drain ending it (the request's signal), and for
@@ -83,9 +36,4 @@ export function guardReport(service: RagService, decision: Admitted | undefined,
       predicted_workspace_bytes: p.workspaceBytes, peak_stage: p.peakStage, predicted_stage_bytes: p.stages,
     },
   };
-}
-
-/** The shape of a generation without retrieval: only prefill and decode. */
-export function generationShape(promptTokens: number, maxNewTokens: number): RequestShape {
-  return { queryTokens: 0, topK: 0, rerankTopN: 0, pairTokens: 0, rerankBatch: 1, promptTokens, maxNewTokens };
 }

@@ -1,7 +1,7 @@
 /** Entry point: configuration, models, store (ingesting the sample corpus on first start), HTTP. JSON logs (pino) throughout. */
 import { ConfigError, loadConfig, type Config } from '../config/config.js';
 import { describeKvPool } from '../guards/budget.js';
-import { loadModels, RagService } from '../rag.js';
+import { loadModels, RagService } from '../service/rag.js';
 import { allocatorTuned } from '../runtime/malloc.js';
 import { lowerOtherThreads } from '../runtime/thread-priority.js';
 import { createApp } from './app.js';

@@ -16,8 +16,9 @@ import type { NextFunction, Request, Response } from 'express';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Sequence } from '../generate/sequence.js';
 import type { Admission } from '../guards/admission.js';
-import type { RagService } from '../rag.js';
+import type { RagService } from '../service/rag.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
+import { mallocStats } from '../runtime/malloc.js';
 
 export const PREFIX = 'ragguard:';
 
@@ -133,6 +134,36 @@ export class ServerMetrics {
           this.labels(pt.stage, shape, 'measured').set(pt.measured_bytes);
           this.labels(pt.stage, shape, 'predicted').set(f.scale * pt.analytic_bytes + f.offsetBytes);
         }
+      } });
+
+    // The leak checks' verdicts, for an alert rule: the slow one (a trend over time) and the per-window one.
+    new Gauge({ name: name('memory_leak_suspected'), help: 'Leak checks: 1 where memory keeps growing beyond the stored documents\' predicted bytes (check=trend: a slope over RAGGUARD_LEAK_HORIZON_MS; check=window: growth across the last RAGGUARD_LEAK_WINDOW requests).', labelNames: ['check'], registers: [r],
+      collect() {
+        this.labels('trend').set(service.trend.report().flagged ? 1 : 0);
+        this.labels('window').set(service.growth.report().flagged ? 1 : 0);
+      } });
+    new Gauge({ name: name('memory_growth_bytes_per_minute'), help: 'The slow-leak check\'s slopes: resident memory less expected growth (rss_adjusted), as it is (rss), the expected growth (expected) and V8 heap plus external (heap).', labelNames: ['kind'], registers: [r],
+      collect() {
+        const t = service.trend.report();
+        this.labels('rss_adjusted').set(t.rss_slope_bytes_per_min);
+        this.labels('rss').set(t.rss_raw_slope_bytes_per_min);
+        this.labels('expected').set(t.expected_slope_bytes_per_min);
+        this.labels('heap').set(t.heap_slope_bytes_per_min);
+      } });
+    new Gauge({ name: name('native_memory_bytes'), help: 'Native memory by holder: glibc malloc in use and free (mallinfo2), the store\'s predicted bytes.', labelNames: ['kind'], registers: [r],
+      collect() {
+        this.reset();
+        const m = mallocStats();
+        if (m) {
+          this.labels('malloc_in_use').set(m.inUseBytes);
+          this.labels('malloc_free').set(m.freeBytes);
+        }
+        this.labels('store_predicted').set(service.storeResidentBytes());
+      } });
+    new Gauge({ name: name('malloc_arenas'), help: 'glibc malloc arenas (one per contending thread up to arena_max; scripts/tuned.sh sets 1).', registers: [r],
+      collect() {
+        const m = mallocStats();
+        if (m) this.set(m.arenas);
       } });
 
     const queues = this.queues;

@@ -22,11 +22,11 @@ import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { ChatTemplate, type ChatMessage } from '../generate/chat-template.js';
-import type { Generation } from '../generate/generator.js';
+import type { Generation } from '../generate/generation.js';
 import type { AssembledPrompt, ContextChunk } from '../generate/prompt.js';
 import type { Admission } from '../guards/admission.js';
-import type { Citation, RagService } from '../rag.js';
-import { toHttpError } from './app.js';
+import type { Citation, RagService } from '../service/rag.js';
+import { toHttpError } from './errors.js';
 import { HttpError } from './errors.js';
 import { decideOrReject, generationShape, guardReport, runGuarded, workSignal, type Admitted } from './guarded.js';
 import { openapiDocument } from './openapi.js';
@@ -35,7 +35,7 @@ import { samplingOptions, schemasFor } from './validate.js';
 import { requestSignal } from './shutdown.js';
 import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
-import { checkQueryShape } from '../guards/request-shape.js';
+import { checkQueryShape } from '../service/request-shape.js';
 import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
 
 /** OpenAI's error `type` for a status. */

@@ -13,8 +13,8 @@
  */
 import type { Response } from 'express';
 import type { Admission } from '../guards/admission.js';
-import type { QueryInput, RagService } from '../rag.js';
-import { toHttpError } from './app.js';
+import type { QueryInput, RagService } from '../service/rag.js';
+import { toHttpError } from './errors.js';
 import { decideOrReject, guardReport, runGuarded, workSignal } from './guarded.js';
 import { SseStream } from './sse.js';
 

@@ -4,7 +4,7 @@
  * split, the KV blocks, and how many sequences fit at the prompt limit).
  */
 import type { Config } from '../config/config.js';
-import { decoderRuntime, type Models, type RagService, type StartPhase } from '../rag.js';
+import { decoderRuntime, type Models, type RagService, type StartPhase } from '../service/rag.js';
 import type { Logger } from './logging.js';
 
 const MiB = (b: number) => Math.round((b / 2 ** 20) * 10) / 10;

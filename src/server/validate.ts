@@ -1,8 +1,8 @@
 /** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
-import type { DocumentInput, QueryInput } from '../rag.js';
+import type { DocumentInput, QueryInput } from '../service/rag.js';
 import { bodySchemas, documentsSchema, parseBody } from './schemas.js';
-import type { SamplingOptions } from '../rag.js';
+import type { SamplingOptions } from '../service/rag.js';
 
 type Schemas = ReturnType<typeof bodySchemas>;
 const built = new WeakMap<Config, Schemas>();

@@ -12,10 +12,10 @@
  */
 import { existsSync } from 'node:fs';
 import path from 'node:path';
-import type { DecoderShape } from '../../generate/decoder-model.js';
+import type { DecoderShape } from '../../generate/decoder-shape.js';
 import type { AdapterHost } from '../../generate/adapters.js';
 import { loraSlots, type LoraSlot } from '../../generate/lora.js';
-import type { LoadBytes } from '../../guards/process-memory.js';
+import type { LoadBytes } from '../../runtime/load-bytes.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend } from './binding.js';
 import { cudaLoraPool, type CudaLoraPool } from './cuda-lora.js';

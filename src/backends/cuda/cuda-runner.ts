@@ -16,7 +16,7 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import type { AdapterHost } from '../../generate/adapters.js';
-import type { DecoderShape } from '../../generate/decoder-model.js';
+import type { DecoderShape } from '../../generate/decoder-shape.js';
 import { loraSlots, type LoraSlot } from '../../generate/lora.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink, TokenDecoder } from '../../generate/model-runner.js';
 import type { BlockCopy } from '../../generate/scheduler.js';

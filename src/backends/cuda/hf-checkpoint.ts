@@ -10,7 +10,7 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import type { DecoderShape } from '../../generate/decoder-model.js';
+import type { DecoderShape } from '../../generate/decoder-shape.js';
 import { readHeader, type SafetensorsDtype } from '../../runtime/safetensors.js';
 import { ropeInvFreq, ropeType, type RopeScaling } from './rope.js';
 

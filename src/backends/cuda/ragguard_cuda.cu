@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(
 
 // Prefill attention on the tensor cores (WMMA, fp16/bf16 in, fp32 accumulate). attention_kernel gives each
 // query token its own CTA, which re-reads the whole context for every token: a 2048-token prefill of
-// Qwen2-0.5B spent 54 of its 61 ms there (H200, session 11; 16 of 23 ms with this kernel). Here a CTA takes a tile of PF_TILE
+// Qwen2-0.5B spent 54 of its 61 ms there (H200, 2026-12-04; 16 of 23 ms with this kernel). Here a CTA takes a tile of PF_TILE
 // consecutive step tokens and one kv head: the keys and values of a PF_KEYS chunk are staged once for the
 // tile's rows of all G query heads that share the kv head. Per head (a warp each): S = Q K^T into shared
 // memory, an online softmax by two lanes a row (causal by position; the rows of another sequence or

@@ -19,13 +19,15 @@
  * steady decode step the host sends token ids, positions and the mask, and receives the logits, and
  * samples the next tokens on the host.
  */
+import { Engine, type EngineBlockManager } from '../../generate/engine.js';
 import { metered } from '../../runtime/run-meter.js';
-import type { DecoderModel, KvTensor } from '../../generate/decoder-model.js';
-import { KvCachePool, presentData, type GatherRow } from '../../generate/kv-pool.js';
+import type { DecoderModel, KvTensor } from './decoder-model.js';
+import { KvCachePool, type GatherRow } from './kv-pool.js';
+import { presentData } from './decoder-model.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
 import { plainGreedy, sampleNext } from '../../generate/sampler.js';
 import { Pacer } from '../../runtime/pacer.js';
-import type { BlockCopy } from '../../generate/scheduler.js';
+import type { BlockCopy, SchedulerLimits } from '../../generate/scheduler.js';
 import type { Sequence } from '../../generate/sequence.js';
 
 export interface OrtRunnerOptions {
@@ -356,4 +358,9 @@ export class OrtModelRunner implements ModelRunner {
     const V = this.model.shape.vocabSize;
     return sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds);
   }
+}
+
+/** An engine over an ONNX Runtime decoder: its runner made for the block pool the options describe. */
+export function ortEngine(model: DecoderModel, blocks: EngineBlockManager, opts: SchedulerLimits & OrtRunnerOptions): Engine {
+  return new Engine(new OrtModelRunner(model, opts), blocks, opts);
 }

@@ -1,0 +1,532 @@
+/**
+ * Builds a Llama/Qwen2-shaped decoder in onnxruntime-genai's layout from an exported model's weights,
+ * the way genai's model builder does: attention is ONNX Runtime's GroupQueryAttention (com.microsoft),
+ * which reads each row's K/V in place for its own length and writes the new tokens into the past
+ * buffer when the present output is that same buffer.
+ *
+ * Why: the Optimum export's attention concatenates past and new KV into a fresh present tensor,
+ * repeats the KV heads up to the query heads and masks a padded batch, every step; on the CPU that
+ * copying grows with batch x context and ate the gain of batching (a batch-8 decode step over 480
+ * tokens cost 7 times a batch-1 step). Here a decode step costs the weights once per batch plus each
+ * row's own attention.
+ *
+ *   inputs  input_ids [b, s], attention_mask [b, t] (1 for a row's tokens, left-aligned: row r holds
+ *           its first len_r positions), past_key_values.N.key|value [b, kv_heads, capacity, head_dim]
+ *   outputs logits [b, 1, vocab] (each row's last real position only: all a sampler needs),
+ *           greedy_ids [b, 1] int64 (float32 graphs: each row's argmax of its logits),
+ *           last_positions [b] int64 (that position: min(s, mask_sum) - 1),
+ *           present.N.key|value [b, kv_heads, max(t, capacity), head_dim]
+ * seqlens_k (= len_r - 1) and total_sequence_length (= t) come from the mask, as in genai's graphs;
+ * positions (for the rotary embedding) from seqlens_k inside the operator.
+ *
+ * Weights come from a WeightSource by their module names (model.layers.N.self_attn.q_proj.weight, ...):
+ * an exported graph's initializers (a '_fp16' suffix and a wrapper prefix are allowed), or a GGUF file
+ * (gguf-weights.ts). A source that holds block-quantized projections may hand them over as they are
+ * (`weights: 'nbits'`): they become ONNX Runtime's MatMulNBits (com.microsoft), which reads 4 or 8 bits
+ * a weight and a scale per block instead of 32 bits a weight.
+ */
+import { qmatmul4Layout, qmatmul8Layout } from '../qmatmul-layout.js';
+import { floatsToHalfs, halfsToFloats } from '../../../runtime/float16.js';
+import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_INT64, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../../../runtime/onnx-proto.js';
+import { LORA_INDEX, loraSlots } from '../../../generate/lora.js';
+import { rotaryFromConfig, type RotaryScaling } from './rope-scaling.js';
+
+/** The output holding each row's argmax of the last logits (float32 graphs built here). */
+export const GREEDY_IDS = 'greedy_ids';
+
+/**
+ * The output holding the position of each row whose hidden state went through the head: a graph with
+ * it takes right-padded prefill rows (each row's mask covering only its real tokens).
+ */
+export const LAST_POSITIONS = 'last_positions';
+
+export interface GqaSourceConfig {
+  model_type?: string;
+  vocab_size: number;
+  hidden_size: number;
+  intermediate_size: number;
+  num_hidden_layers: number;
+  num_attention_heads: number;
+  num_key_value_heads?: number;
+  head_dim?: number;
+  rms_norm_eps?: number;
+  rope_theta?: number;
+  /** transformers' rotary scaling (rope-scaling.ts reads it; what it cannot represent is refused). */
+  rope_scaling?: unknown;
+  rope_parameters?: unknown;
+  max_position_embeddings?: number;
+  tie_word_embeddings?: boolean;
+  bos_token_id?: number | null;
+  eos_token_id?: number | number[] | null;
+  pad_token_id?: number | null;
+}
+
+export type GqaDtype = 'float32' | 'float16';
+
+export interface GqaGraph {
+  nodes: NodeSpec[];
+  initializers: Initializer[];
+  inputs: ValueSpec[];
+  outputs: ValueSpec[];
+  /** onnxruntime-genai's genai_config.json for this graph. */
+  genaiConfig: Record<string, unknown>;
+}
+
+/**
+ * A projection's weight block-quantized along its input (K) dimension, in MatMulNBits' layout: w[n][k] =
+ * (q - zero_point) * scale + min for the block of k. `min` is not MatMulNBits' (it has no offset term):
+ * the graph adds sum_k-in-block(x) * min per block beside it (Q4_1 and Q4_K store w = q * d + m).
+ */
+export interface BlockWeight {
+  bits: 4 | 8;
+  blockSize: number;
+  /** Output rows and input width. */
+  n: number;
+  k: number;
+  /** [n, k / blockSize, blockSize * bits / 8], element 2i in the low nibble of byte i at 4 bits. */
+  data: Uint8Array;
+  /** [n, k / blockSize]. */
+  scales: Float32Array;
+  /** Packed as MatMulNBits takes them, [n, ceil(blocks * bits / 8)]; absent: 2^(bits - 1). */
+  zeroPoints?: Uint8Array;
+  /** [n, k / blockSize], added to every weight of the block. */
+  mins?: Float32Array;
+}
+
+/** Where the builder takes weights from, by Hugging Face module name. */
+export interface WeightSource {
+  /** float32 values in torch's layout ([out, in] for a projection), or undefined where the model lacks it. */
+  floats(name: string): Float32Array | undefined;
+  /** The weight block-quantized (losslessly, as stored), where the source stores it so. */
+  blocks?(name: string): BlockWeight | undefined;
+  /** Row count of a projection weight (its out dimension), without converting it. */
+  rows?(name: string): number | undefined;
+}
+
+/** Finds weights by module name, whatever prefix or '_fp16' suffix the export gave them. */
+class Weights implements WeightSource {
+  private readonly byName = new Map<string, Initializer>();
+
+  constructor(all: ReadonlyMap<string, Initializer>) {
+    for (const t of all.values()) {
+      const name = t.name.replace(/_fp16$/, '');
+      const at = name.search(/(^|\.)(model\.|lm_head\.)/);
+      this.byName.set(at < 0 ? name : name.slice(name[at] === '.' ? at + 1 : at), t);
+    }
+  }
+
+  get(name: string): Initializer | undefined {
+    return this.byName.get(name);
+  }
+
+  floats(name: string): Float32Array | undefined {
+    const t = this.get(name);
+    return t && Weights.floats(t);
+  }
+
+  /** float32 values of a float32 or float16 initializer. */
+  static floats(t: Initializer): Float32Array {
+    if (t.dataType === ONNX_FLOAT) return new Float32Array(new Uint8Array(t.data).buffer);
+    if (t.dataType === ONNX_FLOAT16) return halfsToFloats(new Uint16Array(new Uint8Array(t.data).buffer));
+    throw new Error(`weight ${t.name} has element type ${t.dataType}; float32 or float16 expected`);
+  }
+}
+
+function tensor(name: string, dtype: GqaDtype, dims: number[], values: Float32Array): Initializer {
+  const data = dtype === 'float32' ? new Uint8Array(values.buffer, values.byteOffset, values.byteLength) : new Uint8Array(floatsToHalfs(values).buffer);
+  return { name, dataType: dtype === 'float32' ? ONNX_FLOAT : ONNX_FLOAT16, dims, data };
+}
+
+/** Rows of `parts` ([out_i, in] each) stacked, then transposed to [in, sum out_i]: a MatMul's right operand. */
+function stackTransposed(parts: readonly Float32Array[], inDim: number): { values: Float32Array; outDim: number } {
+  const outDim = parts.reduce((s, p) => s + p.length / inDim, 0);
+  const values = new Float32Array(inDim * outDim);
+  let col = 0;
+  for (const p of parts) {
+    const rows = p.length / inDim;
+    for (let r = 0; r < rows; r++) {
+      for (let i = 0; i < inDim; i++) values[i * outDim + col + r] = p[r * inDim + i]!;
+    }
+    col += rows;
+  }
+  return { values, outDim };
+}
+
+/** Who runs a converted GGUF's block products: ONNX Runtime's MatMulNBits or ragguard's QMatMul8 and QMatMul4. */
+export type CpuKernels = 'ragguard' | 'onnxruntime';
+
+/** The opsets a graph built with `ops` imports (QMatMul8 and QMatMul4 are in domain 'ragguard'). */
+export function gqaOpsets(ops: CpuKernels | undefined): Record<string, number> {
+  return { '': 17, 'com.microsoft': 1, ...(ops === 'ragguard' ? { ragguard: 1 } : {}) };
+}
+
+/**
+ * Whether ragguard's kernels take these blocks: 8 bits at zero point 128 (QMatMul8) or 4 bits
+ * (QMatMul4, any zero points), blocks a power of two from 16 that divides K.
+ */
+function qmatmulTakes(b: BlockWeight): boolean {
+  const bits = b.bits === 8 ? !b.zeroPoints : b.bits === 4;
+  return bits && b.blockSize >= 16 && (b.blockSize & (b.blockSize - 1)) === 0 && b.k % b.blockSize === 0;
+}
+
+export interface GqaOptions {
+  dtype?: GqaDtype;
+  /**
+   * Give every projection a LoRA path, (x A[i]) B[i] with A and B graph inputs holding every adapter
+   * slot and i each row's entry in `lora_index` (lora.ts), default true. A run without an adapter feeds
+   * rank-0 tensors.
+   */
+  lora?: boolean;
+  /**
+   * 'nbits': projections the source stores block-quantized become MatMulNBits (float32 graphs only);
+   * 'dequant' (default): every weight a float MatMul's.
+   */
+  weights?: 'nbits' | 'dequant';
+  /**
+   * With 'nbits': which kernels run the block products. 'onnxruntime' (default): MatMulNBits.
+   * 'ragguard': ragguard's QMatMul8 (8 bits: Q8_0, Q5_0, Q6_K as stored here) and QMatMul4 (4 bits:
+   * Q4_0, Q4_1, Q4_K) in domain 'ragguard' (src/backends/ort/ragguard-ops.c): the same values and int8
+   * arithmetic, the weights 16 columns side by side; the graph then needs the ops library, which
+   * ort-direct.ts registers on every session it makes.
+   */
+  ops?: CpuKernels;
+  /**
+   * Rotary scaling, computed into the cos/sin tables: positions divided by `linearFactor`, each
+   * frequency i divided by `freqFactors[i]` (Llama 3's, as GGUF stores them in rope_freqs.weight).
+   */
+  rotary?: RotaryScaling;
+}
+
+/**
+ * MatMulNBits' accuracy level: 4 at every bit width, x quantized to int8 per block (of the weight's
+ * block size) as llama.cpp's CPU products do for its quantized types. At level 0 ONNX Runtime 1.30
+ * keeps x float32: for 8 bits it then has no kernel on this CPU and dequantizes the whole weight every
+ * run (457 ms for a 49152 x 576 head, against 7 ms at level 4); for 4 bits it runs 2-3.5 times slower
+ * than level 4 (measured on a 1536 x 576 product; Qwen2.5-Coder-0.5B's Q4_K down projections took 14.9
+ * ms of a 103 ms decode step of 8 rows at level 0, 6.9 ms at level 4). Level 4 is as close to llama.cpp
+ * as level 0 only with blocks that carry a min (Q4_1, Q4_K) centred on their own zero points: see
+ * centreZeroPoints in gguf-weights.ts.
+ */
+const NBITS_ACCURACY = 4;
+
+/** Whether block weights can share one MatMulNBits (stacked along N). */
+function sameBlockForm(a: BlockWeight, b: BlockWeight): boolean {
+  return a.bits === b.bits && a.blockSize === b.blockSize && a.k === b.k && !a.zeroPoints === !b.zeroPoints && !a.mins === !b.mins;
+}
+
+/** Block weights of one form stacked along N (fused q/k/v). */
+function stackBlocks(parts: readonly BlockWeight[]): BlockWeight {
+  if (parts.length === 1) return parts[0]!;
+  const cat = <A extends Uint8Array | Float32Array>(get: (p: BlockWeight) => A | undefined, make: (n: number) => A): A | undefined => {
+    const xs = parts.map(get);
+    if (xs.some((x) => x === undefined)) return undefined;
+    const out = make(xs.reduce((sum, x) => sum + x!.length, 0));
+    let at = 0;
+    for (const x of xs) {
+      out.set(x!, at);
+      at += x!.length;
+    }
+    return out;
+  };
+  const p0 = parts[0]!;
+  return {
+    bits: p0.bits, blockSize: p0.blockSize, k: p0.k, n: parts.reduce((sum, p) => sum + p.n, 0),
+    data: cat((p) => p.data, (n) => new Uint8Array(n))!,
+    scales: cat((p) => p.scales, (n) => new Float32Array(n))!,
+    zeroPoints: cat((p) => p.zeroPoints, (n) => new Uint8Array(n)),
+    mins: cat((p) => p.mins, (n) => new Float32Array(n)),
+  };
+}
+
+export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer> | WeightSource, opts: GqaOptions = {}): GqaGraph {
+  const dtype = opts.dtype ?? 'float32';
+  const lora = opts.lora ?? true;
+  const w: WeightSource = all instanceof Map ? new Weights(all) : all as WeightSource;
+  const nbits = opts.weights === 'nbits' && w.blocks !== undefined;
+  if (nbits && dtype !== 'float32') throw new Error('MatMulNBits weights are built into float32 graphs only');
+  const need = (name: string): Float32Array => {
+    const v = w.floats(name);
+    if (!v) throw new Error(`weight ${name} not found among the model's initializers`);
+    return v;
+  };
+  const H = cfg.hidden_size;
+  const nh = cfg.num_attention_heads;
+  const kvh = cfg.num_key_value_heads ?? nh;
+  const D = cfg.head_dim ?? H / nh;
+  if (lora && nh * D !== H) throw new Error(`LoRA paths need num_attention_heads x head_dim (${nh * D}) = hidden_size (${H}), as the projections here assume`);
+  const L = cfg.num_hidden_layers;
+  const V = cfg.vocab_size;
+  const maxPos = cfg.max_position_embeddings ?? 2048;
+  const eps = cfg.rms_norm_eps ?? 1e-6;
+  const elem = dtype === 'float32' ? ONNX_FLOAT : ONNX_FLOAT16;
+  const nodes: NodeSpec[] = [];
+  const inits: Initializer[] = [];
+  const add = (op: string, inputs: string[], outputs: string[], extra: Partial<NodeSpec> = {}) => nodes.push({ op, inputs, outputs, ...extra });
+  // The input width of each projection: the hidden size, or the MLP's intermediate size for down_proj.
+  const inDimOf = (p: string) => (p.endsWith('down_proj') ? cfg.intermediate_size : H);
+  /**
+   * The block product of `x` by `b` into `out` (plus the blocks' min term where they have one), with
+   * `bias` (an initializer's name) added inside the product where given: MatMulNBits, or with
+   * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits).
+   */
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
+    const blocks = b.k / b.blockSize;
+    // ragguard's kernels: the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts says why).
+    const ours = opts.ops === 'ragguard' && qmatmulTakes(b);
+    const product = b.mins ? `${out}_q` : out;
+    const attrs = { K: { int: b.k }, N: { int: b.n }, block_size: { int: b.blockSize } };
+    if (ours && b.bits === 8) {
+      const packed = qmatmul8Layout(b);
+      inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 4, 64], data: packed.q });
+      inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
+      add('QMatMul8', [x, `${name}.qweight`, `${name}.scales`, ...(bias ? [bias] : [])], [product], { domain: 'ragguard', attrs });
+    } else if (ours) {
+      const packed = qmatmul4Layout(b);
+      inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 8, 64], data: packed.q });
+      inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
+      inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [packed.groups, blocks, 16], data: packed.zeros });
+      add('QMatMul4', [x, `${name}.qweight`, `${name}.scales`, `${name}.zero_points`, ...(bias ? [bias] : [])], [product], { domain: 'ragguard', attrs });
+    } else {
+      nbitsNode(name, x, product, b, bias);
+    }
+    if (b.mins) minTerm(name, x, out, product, { ...b, mins: b.mins });
+  };
+  /** MatMulNBits of `x` by `b` into `out`, with `bias` (an initializer's name) inside where given. */
+  const nbitsNode = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
+    const blocks = b.k / b.blockSize;
+    inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [b.n, blocks, (b.blockSize * b.bits) / 8], data: b.data });
+    inits.push(tensor(`${name}.scales`, dtype, [b.n, blocks], b.scales));
+    const ins = [x, `${name}.qweight`, `${name}.scales`];
+    // 4 bits: zero points always given (the default 8 where the blocks have none): measured at accuracy
+    // level 4, a 4864 x 896 product took 0.25 ms at 1 row with them and 0.31 without (0.96 and 1.01 at 8).
+    // 8 bits: none where the blocks have the default 128 (Q8_0, and Q5_0 and Q6_K as gguf-weights.ts
+    // stores them): measured, the 8-bit kernel (accuracy level 4) ran a 4864 x 896 product 10-15 %
+    // faster without them, and packs no zero-point term.
+    if (b.bits === 4 || b.zeroPoints) {
+      const zpBytes = b.n * Math.ceil((blocks * b.bits) / 8);
+      inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [b.n, zpBytes / b.n], data: b.zeroPoints ?? new Uint8Array(zpBytes).fill(0x88) });
+      ins.push(`${name}.zero_points`);
+    }
+    // The bias is MatMulNBits' sixth input (after the zero points and g_idx, absent here): one node
+    // fewer per biased projection (qwen2's q/k/v) than a separate Add.
+    if (bias) ins.push(...new Array<string>(5 - ins.length).fill(''), bias);
+    const attrs = { K: { int: b.k }, N: { int: b.n }, bits: { int: b.bits }, block_size: { int: b.blockSize }, accuracy_level: { int: NBITS_ACCURACY } };
+    add('MatMulNBits', ins, [out], { domain: 'com.microsoft', attrs });
+  };
+  /**
+   * The blocks' min term beside their product `product`, into `out`: sum_k w[n][k] x[k] = sum_blocks
+   * (scale * sum (q - zp) x + min * sum_block x): the block sums of x, [.., blocks], times the mins
+   * transposed, [blocks, n].
+   */
+  const minTerm = (name: string, x: string, out: string, product: string, b: BlockWeight & { mins: Float32Array }) => {
+    const blocks = b.k / b.blockSize;
+    const minsT = new Float32Array(blocks * b.n);
+    for (let r = 0; r < b.n; r++) for (let j = 0; j < blocks; j++) minsT[j * b.n + r] = b.mins[r * blocks + j]!;
+    inits.push(tensor(`${name}.mins`, dtype, [blocks, b.n], minsT));
+    if (!inits.some((t) => t.name === `block_shape_${b.k}_${b.blockSize}`)) inits.push(int64s(`block_shape_${b.k}_${b.blockSize}`, [0n, 0n, BigInt(blocks), BigInt(b.blockSize)]));
+    add('Reshape', [x, `block_shape_${b.k}_${b.blockSize}`], [`${name}.x_blocks`]);
+    if (!inits.some((t) => t.name === 'last')) inits.push(int64s('last', [-1n]));
+    add('ReduceSum', [`${name}.x_blocks`, 'last'], [`${name}.x_block_sums`], { attrs: { keepdims: { int: 0 } } });
+    add('MatMul', [`${name}.x_block_sums`, `${name}.mins`], [`${out}_min`]);
+    add('Add', [product, `${out}_min`], [out]);
+  };
+  /**
+   * x times the parts' weights side by side: one MatMulNBits where they share a block form, else one
+   * node each and a Concat. `bias` (made on demand: an initializer's name) is added inside a single
+   * MatMulNBits, else by an Add after the product.
+   */
+  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string): void => {
+    const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
+    if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
+      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.());
+      return;
+    }
+    const product = bias ? `${out}_nobias` : out;
+    if (nbits && qs.some((q) => q !== undefined)) {
+      parts.forEach((p, i) => projection(`${name}.${i}`, x, `${product}.${i}`, [p]));
+      add('Concat', parts.map((_p, i) => `${product}.${i}`), [product], { attrs: { axis: { int: -1 } } });
+    } else {
+      const inDim = inDimOf(parts[0]!);
+      const { values, outDim } = stackTransposed(parts.map((p) => need(`${p}.weight`)), inDim);
+      inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
+      add('MatMul', [x, `${name}.weight`], [product]);
+    }
+    if (bias) add('Add', [product, bias()], [out]);
+  };
+  const linear = (name: string, x: string, out: string, parts: string[]) => {
+    const bs = parts.map((p) => w.floats(`${p}.bias`));
+    const hasBias = bs.some((b) => b !== undefined);
+    // The parts' biases side by side, as one initializer (made when the projection takes it, or after).
+    const biasInit = () => {
+      const rowsOf = parts.map((p) => w.rows?.(`${p}.weight`) ?? need(`${p}.weight`).length / inDimOf(p));
+      const bias = new Float32Array(rowsOf.reduce((a, b) => a + b, 0));
+      let at = 0;
+      parts.forEach((_p, i) => {
+        if (bs[i]) bias.set(bs[i], at);
+        at += rowsOf[i]!;
+      });
+      inits.push(tensor(`${name}.bias`, dtype, [bias.length], bias));
+      return `${name}.bias`;
+    };
+    projection(name, x, lora ? `${out}_base` : out, parts, hasBias ? biasInit : undefined);
+    loraPath(name, x, out);
+  };
+  /** The LoRA path of projection `name` on `x`, added to `${out}_base` into `out` (nothing without LoRA). */
+  const loraPath = (name: string, x: string, out: string) => {
+    if (lora) {
+      // The low-rank path: each row's entry of A and B ([b, in, r], [b, r, out], alive only for this
+      // projection), then [b, s, in] x [b, in, r] -> [b, s, r] x [b, r, out]; zeros at rank 0.
+      add('Gather', [`${name}.lora_A`, LORA_INDEX], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
+      add('Gather', [`${name}.lora_B`, LORA_INDEX], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
+      add('MatMul', [x, `${name}.lora_a_rows`], [`${name}.lora_xa`]);
+      add('MatMul', [`${name}.lora_xa`, `${name}.lora_b_rows`], [`${name}.lora_xab`]);
+      add('Add', [`${out}_base`, `${name}.lora_xab`], [out]);
+    }
+  };
+  const norm = (weight: string, x: string, out: string) => {
+    inits.push(tensor(weight, dtype, [H], need(weight)));
+    add('SimplifiedLayerNormalization', [x, weight], [out], { attrs: { axis: { int: -1 }, epsilon: { float: eps }, stash_type: { int: 1 } } });
+  };
+
+  // Sequence lengths from the mask, as genai's graphs take them.
+  inits.push(int64s('one', [1n], []), int64s('axis1', [1n]));
+  add('ReduceSum', ['attention_mask', 'axis1'], ['mask_sum'], { attrs: { keepdims: { int: 0 } } });
+  add('Sub', ['mask_sum', 'one'], ['seqlens_k_64']);
+  add('Cast', ['seqlens_k_64'], ['seqlens_k'], { attrs: { to: { int: ONNX_INT32 } } });
+  add('Shape', ['attention_mask'], ['mask_shape']);
+  add('Gather', ['mask_shape', 'one'], ['total_64'], { attrs: { axis: { int: 0 } } });
+  add('Cast', ['total_64'], ['total_sequence_length'], { attrs: { to: { int: ONNX_INT32 } } });
+
+  // Rotary tables: cos/sin of position x inverse frequency, [positions, head_dim / 2], float32 as torch computes them.
+  // The caller's rotary scaling (a GGUF's), else config.json's: never dropped silently.
+  const fromConfig = opts.rotary ? undefined : rotaryFromConfig(cfg, D);
+  const rotary = opts.rotary ?? fromConfig!.rotary;
+  const theta = fromConfig?.theta ?? cfg.rope_theta ?? 10000;
+  const linearFactor = rotary.linearFactor ?? 1;
+  const freqFactors = rotary.freqFactors;
+  if (freqFactors && freqFactors.length !== D / 2) throw new Error(`${freqFactors.length} rotary frequency factors for head_dim ${D}`);
+  const invFreq = Float32Array.from({ length: D / 2 }, (_, i) => 1 / theta ** ((2 * i) / D) / (freqFactors?.[i] ?? 1) / linearFactor);
+  const cos = new Float32Array(maxPos * (D / 2));
+  const sin = new Float32Array(maxPos * (D / 2));
+  for (let p = 0; p < maxPos; p++) {
+    for (let i = 0; i < D / 2; i++) {
+      const f = Math.fround(p * invFreq[i]!);
+      cos[p * (D / 2) + i] = Math.cos(f);
+      sin[p * (D / 2) + i] = Math.sin(f);
+    }
+  }
+  inits.push(tensor('cos_cache', dtype, [maxPos, D / 2], cos), tensor('sin_cache', dtype, [maxPos, D / 2], sin));
+
+  const embed = need('model.embed_tokens.weight');
+  inits.push(tensor('model.embed_tokens.weight', dtype, [V, H], embed));
+  add('Gather', ['model.embed_tokens.weight', 'input_ids'], ['h0'], { attrs: { axis: { int: 0 } } });
+  let h = 'h0';
+  for (let l = 0; l < L; l++) {
+    const p = `model.layers.${l}`;
+    norm(`${p}.input_layernorm.weight`, h, `${p}.attn_in`);
+    linear(`${p}.self_attn.qkv_proj`, `${p}.attn_in`, `${p}.qkv`, [`${p}.self_attn.q_proj`, `${p}.self_attn.k_proj`, `${p}.self_attn.v_proj`]);
+    add('GroupQueryAttention',
+      [`${p}.qkv`, '', '', `past_key_values.${l}.key`, `past_key_values.${l}.value`, 'seqlens_k', 'total_sequence_length', 'cos_cache', 'sin_cache'],
+      [`${p}.attn`, `present.${l}.key`, `present.${l}.value`],
+      { domain: 'com.microsoft', attrs: { num_heads: { int: nh }, kv_num_heads: { int: kvh }, do_rotary: { int: 1 }, rotary_interleaved: { int: 0 } } });
+    linear(`${p}.self_attn.o_proj`, `${p}.attn`, `${p}.attn_out`, [`${p}.self_attn.o_proj`]);
+    add('Add', [h, `${p}.attn_out`], [`${p}.h_attn`]);
+    norm(`${p}.post_attention_layernorm.weight`, `${p}.h_attn`, `${p}.mlp_in`);
+    const gateBlocks = nbits ? w.blocks!(`${p}.mlp.gate_proj.weight`) : undefined;
+    const upBlocks = nbits ? w.blocks!(`${p}.mlp.up_proj.weight`) : undefined;
+    const mlpBias = w.floats(`${p}.mlp.gate_proj.bias`) ?? w.floats(`${p}.mlp.up_proj.bias`);
+    if (gateBlocks && upBlocks && sameBlockForm(gateBlocks, upBlocks) && !mlpBias) {
+      // gate and up as one MatMulNBits (same input, same block form), split after: one product of
+      // 2 x intermediate columns instead of two, which ONNX Runtime spreads over its threads better.
+      const I = cfg.intermediate_size;
+      if (!inits.some((t) => t.name === `split_${I}_${I}`)) inits.push(int64s(`split_${I}_${I}`, [BigInt(I), BigInt(I)]));
+      nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.gate_up`, stackBlocks([gateBlocks, upBlocks]));
+      add('Split', [`${p}.gate_up`, `split_${I}_${I}`], lora ? [`${p}.gate_base`, `${p}.up_base`] : [`${p}.gate`, `${p}.up`], { attrs: { axis: { int: -1 } } });
+      loraPath(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`);
+      loraPath(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`);
+    } else {
+      linear(`${p}.mlp.gate_proj`, `${p}.mlp_in`, `${p}.gate`, [`${p}.mlp.gate_proj`]);
+      linear(`${p}.mlp.up_proj`, `${p}.mlp_in`, `${p}.up`, [`${p}.mlp.up_proj`]);
+    }
+    add('Sigmoid', [`${p}.gate`], [`${p}.gate_sig`]);
+    add('Mul', [`${p}.gate`, `${p}.gate_sig`], [`${p}.gate_silu`]);
+    add('Mul', [`${p}.gate_silu`, `${p}.up`], [`${p}.act`]);
+    linear(`${p}.mlp.down_proj`, `${p}.act`, `${p}.mlp_out`, [`${p}.mlp.down_proj`]);
+    add('Add', [`${p}.h_attn`, `${p}.mlp_out`], [`${p}.h`]);
+    h = `${p}.h`;
+  }
+  // Only each row's last real position goes through the head: a sampler needs nothing else, and a
+  // prompt's logits were most of a prefill's head cost (tokens x vocab x hidden). That position is
+  // min(s - 1, mask_sum - 1): s - 1 for a decode step and for any row whose mask covers all s new
+  // tokens, and len - 1 for a row of a batched prefill right-padded to s (past 0, mask over its len
+  // real tokens), whose last position is a pad. The positions are an output too (LAST_POSITIONS):
+  // DecoderModel batches padded prefills only on graphs that have it (an older graph sliced the last
+  // position, a pad for such a row).
+  add('Shape', ['input_ids'], ['ids_shape']);
+  add('Gather', ['ids_shape', 'one'], ['new_tokens'], { attrs: { axis: { int: 0 } } });
+  add('Sub', ['new_tokens', 'one'], ['new_last']);
+  add('Min', ['seqlens_k_64', 'new_last'], [LAST_POSITIONS]);
+  add('Unsqueeze', [LAST_POSITIONS, 'axis1'], ['last_index']);
+  add('GatherND', [h, 'last_index'], ['h_last_rows'], { attrs: { batch_dims: { int: 1 } } });
+  add('Unsqueeze', ['h_last_rows', 'axis1'], ['h_last']);
+  norm('model.norm.weight', 'h_last', 'h_normed');
+  // The head: lm_head, or the embedding where the model ties them.
+  const headName = (w.rows?.('lm_head.weight') ?? w.floats('lm_head.weight')) !== undefined ? 'lm_head' : 'model.embed_tokens';
+  const headBlocks = nbits ? w.blocks!(`${headName}.weight`) : undefined;
+  if (headBlocks) nbitsMatMul('lm_head', 'h_normed', 'logits', headBlocks);
+  else {
+    const headT = stackTransposed([headName === 'lm_head' ? need('lm_head.weight') : embed], H);
+    inits.push(tensor('lm_head.weight', dtype, [H, V], headT.values));
+    add('MatMul', ['h_normed', 'lm_head.weight'], ['logits']);
+  }
+  // Each row's greedy token, taken in the graph: the same first index of the largest logit as the
+  // sampler's argmax, on ONNX Runtime's threads instead of the event loop's, where a batch of 8 rows
+  // scanning 152k logits each took 4-5 ms of every decode step (up to 5 % of it). float32 only: a float16
+  // graph runs where the logits come back to the host as floats anyway.
+  if (dtype === 'float32') add('ArgMax', ['logits'], [GREEDY_IDS], { attrs: { axis: { int: -1 }, keepdims: { int: 0 } } });
+
+  const inputs: ValueSpec[] = [
+    { name: 'input_ids', elemType: 7, dims: ['batch_size', 'sequence_length'] },
+    { name: 'attention_mask', elemType: 7, dims: ['batch_size', 'total_sequence_length'] },
+  ];
+  const outputs: ValueSpec[] = [{ name: 'logits', elemType: elem, dims: ['batch_size', 1, V] }];
+  if (dtype === 'float32') outputs.push({ name: GREEDY_IDS, elemType: ONNX_INT64, dims: ['batch_size', 1] });
+  outputs.push({ name: LAST_POSITIONS, elemType: ONNX_INT64, dims: ['batch_size'] });
+  for (let l = 0; l < L; l++) {
+    for (const kv of ['key', 'value']) {
+      inputs.push({ name: `past_key_values.${l}.${kv}`, elemType: elem, dims: ['batch_size', kvh, 'past_sequence_length', D] });
+      outputs.push({ name: `present.${l}.${kv}`, elemType: elem, dims: ['batch_size', kvh, 'present_sequence_length', D] });
+    }
+  }
+  if (lora) {
+    const slots = loraSlots({ numLayers: L, hiddenSize: H, numHeads: nh, numKvHeads: kvh, headDim: D, intermediateSize: cfg.intermediate_size });
+    // [rows], or [1] where every row has the same entry: one A and B then broadcast over the batch.
+    inputs.push({ name: LORA_INDEX, elemType: 7, dims: ['lora_rows'] });
+    for (const s of slots) {
+      inputs.push({ name: s.a, elemType: elem, dims: ['lora_entries', s.inDim, `${s.a}.rank`] });
+      inputs.push({ name: s.b, elemType: elem, dims: ['lora_entries', `${s.b}.rank`, s.outDim] });
+    }
+  }
+  const genaiConfig = {
+    model: {
+      type: cfg.model_type ?? 'llama',
+      bos_token_id: cfg.bos_token_id ?? null,
+      eos_token_id: cfg.eos_token_id ?? null,
+      pad_token_id: cfg.pad_token_id ?? null,
+      context_length: maxPos,
+      vocab_size: V,
+      decoder: {
+        filename: 'model.onnx',
+        head_size: D,
+        hidden_size: H,
+        num_attention_heads: nh,
+        num_key_value_heads: kvh,
+        num_hidden_layers: L,
+        inputs: { input_ids: 'input_ids', attention_mask: 'attention_mask', past_key_names: 'past_key_values.%d.key', past_value_names: 'past_key_values.%d.value' },
+        outputs: { logits: 'logits', present_key_names: 'present.%d.key', present_value_names: 'present.%d.value' },
+      },
+    },
+    search: { past_present_share_buffer: true, max_length: maxPos },
+  };
+  return { nodes, initializers: inits, inputs, outputs, genaiConfig };
+}

@@ -1,0 +1,166 @@
+/**
+ * ragguard as a library: `createRagguard()` loads the models and the store and gives the service
+ * (ingest, query, generate, close) and an express router to mount under any path of an existing app.
+ * The server (server/main.ts) and the CLI (cli/main.ts) are users of the same pieces.
+ *
+ * Configuration is the server's own typed object (config/config.ts): defaults, then RAGGUARD_* style
+ * settings given as `env` (validated as the server validates its environment), then typed `config`
+ * fields over them. process.env is read only when passed in: an application embedding ragguard
+ * decides what configures it.
+ *
+ * Every call runs under the same admission queue and memory guard as the HTTP routes: a request that
+ * can never fit the budget is refused (HttpError 413), the rest wait for their slot and workspace.
+ */
+import type express from 'express';
+import { ConfigError, loadConfig, type Config } from './config/config.js';
+import type { ChatMessage } from './generate/chat-template.js';
+import type { FinishReason } from './generate/generation.js';
+import type { SamplingOptions } from './service/rag.js';
+import { Admission } from './guards/admission.js';
+import { HttpError } from './runtime/errors.js';
+import { decideOrReject, generationShape, runGuarded } from './service/guarded-run.js';
+import { RagService, type Citation, type DocumentInput, type IngestResult, type QueryResult } from './service/rag.js';
+import { createApp } from './server/app.js';
+import type { Logger } from './server/logging.js';
+
+export { ConfigError, HttpError, loadConfig, RagService };
+export type { ChatMessage, Citation, Config, DocumentInput, FinishReason, IngestResult, QueryResult, SamplingOptions };
+
+export interface RagguardOptions {
+  /** RAGGUARD_* settings by name, as the server reads them from its environment (validated the same way). */
+  env?: Readonly<Record<string, string | undefined>>;
+  /** Typed settings over the defaults and `env`. */
+  config?: Partial<Config>;
+}
+
+export interface QueryOptions {
+  query: string;
+  /** Defaults: RAGGUARD_TOP_K, RAGGUARD_RERANK_TOP_N, RAGGUARD_MAX_NEW_TOKENS; temperature 0 (greedy). */
+  topK?: number;
+  rerankTopN?: number;
+  maxNewTokens?: number;
+  temperature?: number;
+  seed?: number;
+  /** A LoRA adapter's name under RAGGUARD_ADAPTER_DIR. */
+  adapter?: string;
+  sampling?: SamplingOptions;
+  /** Stops the query at its next stage or engine step; it then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+export interface GenerateOptions {
+  /** A plain prompt (encoded as the decoder's tokenizer does) or a chat, rendered by the model's chat template. */
+  prompt?: string;
+  messages?: ChatMessage[];
+  maxNewTokens?: number;
+  temperature?: number;
+  seed?: number;
+  adapter?: string;
+  sampling?: SamplingOptions;
+  signal?: AbortSignal;
+}
+
+export interface GenerateResult {
+  text: string;
+  finishReason: FinishReason;
+  usage: { promptTokens: number; completionTokens: number };
+}
+
+export interface RouterOptions {
+  /** Where request lines go (pino); JSON on stdout by default. */
+  logger?: Logger;
+}
+
+/** Resolves the configuration as createRagguard does, without loading anything. */
+export function resolveConfig(opts: RagguardOptions = {}): Config {
+  return { ...loadConfig(opts.env ?? {}), ...opts.config };
+}
+
+export class Ragguard {
+  /** One queue for every way in (library calls and the routers mounted from this instance). */
+  private readonly admission: Admission;
+  private closed = false;
+
+  private constructor(readonly service: RagService) {
+    const { cfg } = service;
+    this.admission = new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
+  }
+
+  static async create(opts: RagguardOptions = {}): Promise<Ragguard> {
+    return new Ragguard(await RagService.start(resolveConfig(opts)));
+  }
+
+  get config(): Config {
+    return this.service.cfg;
+  }
+
+  /** Chunks, embeds and stores the documents; durable once it resolves (one snapshot for the batch). */
+  ingest(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
+    this.open();
+    return this.service.ingest(docs, signal);
+  }
+
+  /** Retrieves, reranks and answers, under the admission queue and the memory guard (it may be reshaped, as /query is). */
+  async query(o: QueryOptions): Promise<QueryResult> {
+    this.open();
+    const { cfg } = this.service;
+    const q = {
+      query: o.query, topK: o.topK ?? cfg.defaultTopK, rerankTopN: o.rerankTopN ?? cfg.defaultRerankTopN,
+      maxNewTokens: o.maxNewTokens ?? cfg.defaultMaxNewTokens, temperature: o.temperature ?? 0, seed: o.seed,
+      adapter: o.adapter, sampling: o.sampling,
+    };
+    const decision = decideOrReject(this.service, this.service.requestShape(q));
+    return runGuarded(this.service, this.admission, decision, (shape) => this.service.query(shape ? {
+      ...q, topK: shape.topK, maxNewTokens: shape.maxNewTokens, promptBudget: shape.promptTokens, rerankBatch: shape.rerankBatch,
+    } : q, o.signal), { signal: o.signal });
+  }
+
+  /** Generates without retrieval, under the same queue and guard (the prompt is the caller's: never shortened). */
+  async generate(o: GenerateOptions): Promise<GenerateResult> {
+    this.open();
+    const { service } = this;
+    const { decoder } = service.models;
+    if ((o.prompt === undefined) === (o.messages === undefined)) throw new HttpError(400, 'invalid_body', 'give either prompt or messages');
+    const ids = o.messages ? service.chatTemplate.encode(o.messages) : service.chatTemplate.encodeText(o.prompt!);
+    const maxNewTokens = o.maxNewTokens ?? service.cfg.defaultMaxNewTokens;
+    if (ids.length + maxNewTokens > decoder.shape.maxPositions) {
+      throw new HttpError(413, 'context_too_long', `the prompt's ${ids.length} tokens plus ${maxNewTokens} new tokens exceed the decoder's ${decoder.shape.maxPositions} positions`);
+    }
+    const decision = decideOrReject(service, generationShape(ids.length, maxNewTokens), { fixedPrompt: true });
+    const g = await runGuarded(service, this.admission, decision, async (shape) => {
+      const lease = o.adapter === undefined ? undefined : await service.adapters.acquire(o.adapter, o.signal);
+      try {
+        return await service.engine.generate(ids, {
+          ...o.sampling, maxNewTokens: shape?.maxNewTokens ?? maxNewTokens, temperature: o.temperature ?? 0, seed: o.seed, adapter: lease?.adapter,
+        }, { signal: o.signal });
+      } finally {
+        lease?.release();
+      }
+    }, { signal: o.signal });
+    return { text: g.text, finishReason: g.finishReason, usage: { promptTokens: ids.length, completionTokens: g.ids.length } };
+  }
+
+  /**
+   * The HTTP API (POST /query, /documents, the OpenAI routes, /healthz, /metrics, /debug/memory) as an
+   * express app to mount: `app.use('/rag', ragguard.router())`. Paths inside are the server's own.
+   */
+  router(opts: RouterOptions = {}): express.Express {
+    return createApp(this.service, { logger: opts.logger, admission: this.admission });
+  }
+
+  /** Waits for the writes begun so far and the requests in the engine, then stops the service's timers. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.service.close();
+  }
+
+  private open(): void {
+    if (this.closed) throw new HttpError(503, 'closed', 'this ragguard instance is closed');
+  }
+}
+
+/** Loads the models and the store (ingesting RAGGUARD_CORPUS_DIR into an empty index) and returns the service. */
+export function createRagguard(opts: RagguardOptions = {}): Promise<Ragguard> {
+  return Ragguard.create(opts);
+}

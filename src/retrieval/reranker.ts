@@ -1,0 +1,91 @@
+/**
+ * Cross-encoder reranker: scores (query, passage) pairs jointly ([CLS] q [SEP] p [SEP]) with one
+ * logit each, the layout of a bge-reranker / BertForSequenceClassification export.
+ */
+import path from 'node:path';
+import type { ExecutionProvider } from '../config/config.js';
+import type { EncoderDims } from '../runtime/encoder-session.js';
+import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
+import { EncoderSession } from '../runtime/encoder-session.js';
+import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
+import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
+
+interface EncoderConfig {
+  num_hidden_layers: number;
+  hidden_size: number;
+  num_attention_heads: number;
+  intermediate_size: number;
+  max_position_embeddings?: number;
+  pad_token_id?: number;
+}
+
+/** Pairs scored per model run. */
+export const RERANK_BATCH = 16;
+
+export class Reranker {
+  private constructor(
+    readonly tokenizer: TextTokenizer,
+    private readonly session: EncoderSession,
+    readonly files: ModelFiles,
+    /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
+    readonly maxTokens: number,
+    private readonly padId: number,
+    /** Dimensions for the memory model. */
+    readonly dims: EncoderDims,
+  ) {}
+
+  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}, maxTokens = 256): Promise<Reranker> {
+    const files = await modelFiles(dir);
+    const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
+    const tokenizer = await TextTokenizer.load(dir);
+    const session = await EncoderSession.create(files.onnx, ep, extras);
+    const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
+    return new Reranker(tokenizer, session, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
+  }
+
+  get provider(): ConcreteProvider {
+    return this.session.provider;
+  }
+
+  /** The pair as the model sees it: over-long pairs keep their head and their closing [SEP]. */
+  pairInput(query: string, passage: string): PairEncoding {
+    const e = this.tokenizer.encodePair(query, passage);
+    if (e.ids.length <= this.maxTokens) return e;
+    const n = this.maxTokens - 1;
+    return {
+      ids: [...e.ids.slice(0, n), e.ids[e.ids.length - 1]!],
+      typeIds: [...e.typeIds.slice(0, n), e.typeIds[e.typeIds.length - 1]!],
+    };
+  }
+
+  /**
+   * One relevance logit per passage, in the passages' order; the longest pair fed to the model; and
+   * each run's shape, [pairs, width] (a batch is padded to its own longest pair): the memory model sizes
+   * the rerank stage as it ran by its largest run. An abort of `signal` stops the runs not yet done,
+   * the one going included (RunInterrupted).
+   */
+  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+    const scores: number[] = [];
+    const runs: [number, number][] = [];
+    for (let s = 0; s < passages.length; s += batchSize) {
+      const pairs = passages.slice(s, s + batchSize).map((p) => this.pairInput(query, p));
+      runs.push([pairs.length, Math.max(...pairs.map((p) => p.ids.length))]);
+      scores.push(...(await this.scoreBatch(pairs, signal)));
+    }
+    return { scores, pairTokens: Math.max(0, ...runs.map(([, w]) => w)), runs };
+  }
+
+  /** One run over `pairs` dummy pairs of `tokens` tokens: the start-up profile's rerank stage. */
+  async profileRun(pairs: number, tokens: number): Promise<void> {
+    await this.session.dummyRun(pairs, tokens, this.padId);
+  }
+
+  private async scoreBatch(pairs: PairEncoding[], signal?: AbortSignal): Promise<number[]> {
+    const { session } = this;
+    const name = session.outputNames.includes('logits') ? 'logits' : session.outputNames[0]!;
+    const logits = (await session.run('rerank', name, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds), signal)).data;
+    const labels = logits.length / pairs.length;
+    const out = pairs.map((_, i) => logits[i * labels]!);
+    return out;
+  }
+}

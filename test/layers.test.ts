@@ -1,0 +1,73 @@
+/**
+ * The code's map holds: src/ is in layers, each importing only from its own layer or those below it,
+ * and no module imports itself through a circle of others. Read from the import statements of the
+ * sources (type-only imports included: a circle of types is still a circle to a reader).
+ *
+ *   config < runtime < generate < backends < retrieval < guards < service < server < cli < index.ts
+ *
+ * Within backends, ort and cuda are siblings: neither imports the other.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync, readdirSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+
+const SRC = path.resolve(import.meta.dirname, '..', 'src');
+const LAYERS = ['config', 'runtime', 'generate', 'backends', 'retrieval', 'guards', 'service', 'server', 'cli', 'index.ts'];
+
+function sources(dir: string): string[] {
+  return readdirSync(dir).flatMap((n) => {
+    const p = path.join(dir, n);
+    return statSync(p).isDirectory() ? sources(p) : n.endsWith('.ts') ? [p] : [];
+  });
+}
+
+/** Relative imports of each source file, resolved to source paths. */
+function importGraph(): Map<string, string[]> {
+  const graph = new Map<string, string[]>();
+  for (const file of sources(SRC)) {
+    const text = readFileSync(file, 'utf8');
+    const deps = [...text.matchAll(/(?:^|\n)\s*(?:import|export)\s[^;]*?from\s+'(\.{1,2}\/[^']+)'|import\(\s*'(\.{1,2}\/[^']+)'\s*\)/g)]
+      .map((m) => path.resolve(path.dirname(file), (m[1] ?? m[2])!).replace(/\.js$/, '.ts'));
+    graph.set(file, deps);
+  }
+  return graph;
+}
+
+const rel = (f: string) => path.relative(SRC, f);
+const layerOf = (f: string) => {
+  const top = rel(f).split(path.sep)[0]!;
+  const i = LAYERS.indexOf(top);
+  if (i < 0) throw new Error(`${rel(f)} is in no layer (add its folder to LAYERS in test/layers.test.ts, in its place)`);
+  return i;
+};
+
+test('every import goes to the same layer or one below it', () => {
+  const upward: string[] = [];
+  for (const [file, deps] of importGraph()) {
+    for (const d of deps) {
+      if (layerOf(d) > layerOf(file)) upward.push(`${rel(file)} -> ${rel(d)}`);
+      const [a, b] = [rel(file).split(path.sep), rel(d).split(path.sep)];
+      if (a[0] === 'backends' && b[0] === 'backends' && a[1] !== b[1]) upward.push(`${rel(file)} -> ${rel(d)} (sibling backends)`);
+    }
+  }
+  assert.deepEqual(upward, []);
+});
+
+test('no circle of imports', () => {
+  const graph = importGraph();
+  const state = new Map<string, 'open' | 'done'>();
+  const cycles: string[] = [];
+  const visit = (f: string, stack: string[]) => {
+    if (state.get(f) === 'done') return;
+    if (state.get(f) === 'open') {
+      cycles.push([...stack.slice(stack.indexOf(f)), f].map(rel).join(' -> '));
+      return;
+    }
+    state.set(f, 'open');
+    for (const d of graph.get(f) ?? []) visit(d, [...stack, f]);
+    state.set(f, 'done');
+  };
+  for (const f of graph.keys()) visit(f, []);
+  assert.deepEqual(cycles, []);
+});
