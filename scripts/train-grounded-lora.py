@@ -31,6 +31,9 @@ from transformers import AutoModelForCausalLM
 def save(model, args, examples, steps_total: int, updates_total: int, update: int, seconds: float) -> None:
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
+    card = os.path.join(args.out, "README.md")  # PEFT's model-card template: models/shipped-adapters/README.md says it all
+    if os.path.exists(card):
+        os.remove(card)
     # float16 halves the file; the registry widens F16 as it loads.
     path = os.path.join(args.out, "adapter_model.safetensors")
     tensors = {k: v.to(torch.float16).contiguous() for k, v in load_file(path).items()}
