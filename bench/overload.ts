@@ -108,7 +108,7 @@ try {
     let out = '';
     server.stdout.on('data', (c: Buffer) => {
       out += c.toString();
-      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(out);
+      const m = /ready on http:\/\/[^:]+:(\d+)/.exec(out);
       if (m) resolve(Number(m[1]));
     });
     server.on('exit', (code) => reject(new Error(`server exited (${code}) before listening:\n${serverLog}`)));

@@ -9,9 +9,9 @@
  * /query naming one; meanwhile a new document is ingested every BENCH_SOAK_INGEST_S (30) seconds.
  *
  * Every minute: the server's resident memory (/proc/<pid>/status VmRSS) and /debug/memory (components,
- * native memory by holder, the store's predicted bytes, the leak checks' verdicts). At the end: the slope
- * of resident memory after the first BENCH_SOAK_SKIP_MINUTES (5) minutes, as it is and less the store's
- * predicted growth (Theil-Sen over the per-minute readings; goal: under 1 MiB a minute), the components
+ * native memory by holder, the expected growth, the leak checks' verdicts). At the end: the slope
+ * of resident memory after the first BENCH_SOAK_SKIP_MINUTES (5) minutes, as it is and less the expected
+ * growth (the store's predicted bytes and the KV pool's blocks as first used) (Theil-Sen over the per-minute readings; goal: under 1 MiB a minute), the components
  * at start and end, the verdicts, and the requests by status. Bounded: every request has a timeout, the
  * run stops at its deadline. Last line: JSON.
  */
@@ -38,7 +38,8 @@ if (source) cpSync(source, indexDir, { recursive: true });
 
 const server = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/server/main.ts'], {
   cwd: ROOT,
-  env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_LOG_LEVEL: 'warn' },
+  // Info level: the server says where it listens in an info line.
+  env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir },
   stdio: ['ignore', 'pipe', 'pipe'],
 });
 let serverLog = '';
@@ -67,7 +68,7 @@ function rssOf(pid: number): number {
 
 interface Memory {
   components: { name: string; bytes: number }[];
-  native: Record<string, unknown> & { store_predicted_bytes: number };
+  native: Record<string, unknown> & { store_predicted_bytes: number; expected_growth_bytes: number };
   trend: { verdict: string; flagged: boolean; rss_slope_bytes_per_min: number };
   growth: { flagged: boolean };
   process: { rss: number; heap_used: number; external: number };
@@ -77,12 +78,16 @@ try {
   const started = performance.now();
   const port = await new Promise<number>((resolve, reject) => {
     let out = '';
-    server.stdout.on('data', (c: Buffer) => {
+    const look = (c: Buffer) => {
       out += c.toString();
-      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
-    server.on('exit', (code) => reject(new Error(`server exited (${code}) before listening:\n${serverLog}`)));
+      const m = /ready on http:\/\/[^:]+:(\d+)/.exec(out);
+      if (!m) return;
+      server.stdout.off('data', look);
+      server.stdout.resume(); // the request log from here on is not read
+      resolve(Number(m[1]));
+    };
+    server.stdout.on('data', look);
+    server.on('exit', (code) => reject(new Error(`server exited (${code}) before it was ready:\n${serverLog}`)));
   });
   const startS = (performance.now() - started) / 1000;
   console.log(`server pid ${server.pid} on port ${port} after ${startS.toFixed(1)} s; soak of ${MINUTES} min, ${CLIENTS} clients, an ingest every ${INGEST_S} s`);
@@ -127,14 +132,15 @@ try {
       statuses[`ingest ${r.status}`] = (statuses[`ingest ${r.status}`] ?? 0) + 1;
     }
   };
-  const minutes: { minute: number; rss_mib: number; adjusted_mib: number; store_predicted_mib: number; heap_mib: number; trend: string; requests: number }[] = [];
+  const minutes: { minute: number; rss_mib: number; adjusted_mib: number; expected_mib: number; store_predicted_mib: number; heap_mib: number; trend: string; requests: number }[] = [];
   const sampler = async () => {
     for (let m = 1; m <= MINUTES; m++) {
       await new Promise((r) => setTimeout(r, Math.max(0, t0 + m * 60_000 - performance.now())));
       const mem = await memory();
       const rss = rssOf(server.pid!);
       minutes.push({
-        minute: m, rss_mib: +(rss / MiB).toFixed(1), adjusted_mib: +((rss - mem.native.store_predicted_bytes) / MiB).toFixed(1),
+        minute: m, rss_mib: +(rss / MiB).toFixed(1), adjusted_mib: +((rss - mem.native.expected_growth_bytes) / MiB).toFixed(1),
+        expected_mib: +(mem.native.expected_growth_bytes / MiB).toFixed(1),
         store_predicted_mib: +(mem.native.store_predicted_bytes / MiB).toFixed(2), heap_mib: +(mem.process.heap_used / MiB).toFixed(1),
         trend: mem.trend.verdict, requests: n,
       });
@@ -153,6 +159,7 @@ try {
     requests: n, kinds, statuses, documents_ingested: ingested, adapters,
     slope_after_minute: SKIP,
     rss_slope_mib_per_min: slope('rss_mib'),
+    // Less the expected growth: the store's documents and the KV pool's blocks as first used (service/rag.ts expectedGrowthBytes).
     rss_less_predicted_slope_mib_per_min: slope('adjusted_mib'),
     heap_slope_mib_per_min: slope('heap_mib'),
     goal_mib_per_min: 1,

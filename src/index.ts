@@ -20,11 +20,13 @@ import { Admission } from './guards/admission.js';
 import { HttpError } from './runtime/errors.js';
 import { decideOrReject, generationShape, runGuarded } from './service/guarded-run.js';
 import { RagService, type Citation, type DocumentInput, type IngestResult, type QueryResult } from './service/rag.js';
+import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileDocument, type FileInput } from './retrieval/files/registry.js';
 import { createApp } from './server/app.js';
 import type { Logger } from './server/logging.js';
 
-export { ConfigError, HttpError, loadConfig, RagService };
-export type { ChatMessage, Citation, Config, DocumentInput, FinishReason, IngestResult, QueryResult, SamplingOptions };
+// A file (PDF, DOCX, HTML, Markdown, text) as a document for ingest: `rag.ingest([await fileDocument(f)])`.
+export { ConfigError, fileDocument, HttpError, loadConfig, RagService, UnreadableFileError, UnsupportedFileError };
+export type { ChatMessage, Citation, Config, DocumentInput, FileDocument, FileInput, FinishReason, IngestResult, QueryResult, SamplingOptions };
 
 export interface RagguardOptions {
   /** RAGGUARD_* settings by name, as the server reads them from its environment (validated the same way). */

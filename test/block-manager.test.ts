@@ -522,3 +522,18 @@ test('randomized cycles: no leak, refcounts match the tables, every sequence rea
   // the run exercised every path
   for (const [k, v] of Object.entries(counts)) assert.ok(v > 10, `${k} happened ${v} times`);
 });
+
+test('touched counts the blocks ever handed out: reuse of a freed block does not add, a cached one pushed aside does', () => {
+  const pool = new BlockPool(6, 4);
+  assert.equal(pool.touched, 0);
+  const a = pool.allocate();
+  const b = pool.allocate();
+  assert.equal(pool.touched, 2);
+  pool.release(b); // plain free (no hash): handed out again next
+  assert.equal(pool.allocate(), b);
+  assert.equal(pool.touched, 2);
+  pool.register(a, hashBlock(undefined, [1, 2, 3, 4]));
+  pool.release(a); // cached free: kept for its prefix, so a new block is taken instead
+  pool.allocate();
+  assert.equal(pool.touched, 3);
+});

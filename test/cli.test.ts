@@ -12,7 +12,8 @@ import { after, before, describe, test } from 'node:test';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
-import { htmlToText, markdownTitle } from '../src/cli/html-text.js';
+import { parseHtmlText } from '../src/retrieval/files/html.js';
+import { parseMarkdownText } from '../src/retrieval/files/markdown.js';
 import { ROOT, smallCorpus, tempDir, TEST_ENV, testConfig } from './helpers.js';
 
 const BIN = path.join(ROOT, 'bin', 'ragguard.js');
@@ -227,9 +228,10 @@ describe('ragguard serve', () => {
 
 describe('folder conversion', () => {
   test('HTML to text and titles', () => {
-    assert.deepEqual(htmlToText('<h2>A &lt;b&gt;</h2><p>x&#39;s &#x263A;<br>y</p>'), { title: 'A <b>', text: "A <b>\n\nx's \u263A\ny" });
-    assert.equal(markdownTitle('intro\n\n```\n# not a title\n```\n## Real one ##\n'), 'Real one');
-    assert.equal(markdownTitle('Setext title\n============\n'), 'Setext title');
-    assert.equal(markdownTitle('no heading at all'), undefined);
+    const html = parseHtmlText('<h2>A &lt;b&gt;</h2><p>x&#39;s &#x263A;<br>y</p>');
+    assert.deepEqual(html, { title: 'A <b>', metadata: {}, sections: [{ locator: 'section: A <b>', text: "A <b>\n\nx's \u263A\ny" }] });
+    assert.equal(parseMarkdownText('intro\n\n```\n# not a title\n```\n## Real one ##\n').title, 'Real one');
+    assert.equal(parseMarkdownText('Setext title\n============\n').title, 'Setext title');
+    assert.equal(parseMarkdownText('no heading at all').title, undefined);
   });
 });

@@ -57,7 +57,7 @@ export async function holdRuns(): Promise<() => void> {
   return release;
 }
 
-/** A spawned server, listening. */
+/** A spawned server, ready. */
 export interface Server {
   proc: ChildProcess;
   port: number;
@@ -67,7 +67,7 @@ export interface Server {
 }
 
 /**
- * The server as a process on the test models and a free port, resolved once it reports listening:
+ * The server as a process on the test models and a free port, resolved once it reports ready:
  * src/server/main.ts under node, or `npm start` (`npm`: as an operator starts it, signals included).
  */
 export async function startServer(env: Record<string, string>, npm = false): Promise<Server> {
@@ -81,11 +81,11 @@ export async function startServer(env: Record<string, string>, npm = false): Pro
   const exited = new Promise<number | null>((resolve) => proc.on('exit', (code) => resolve(code)));
   const port = await new Promise<number>((resolve, reject) => {
     const look = () => {
-      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(out);
+      const m = /ready on http:\/\/[^:]+:(\d+)/.exec(out);
       if (m) resolve(Number(m[1]));
     };
     proc.stdout!.on('data', look);
-    void exited.then((code) => reject(new Error(`server exited (${code}) before listening:\n${out}`)));
+    void exited.then((code) => reject(new Error(`server exited (${code}) before it was ready:\n${out}`)));
   });
   return { proc, port, log: () => out, exited };
 }

@@ -6,7 +6,7 @@
  * them (its next write persists its own copy).
  */
 import { loadConfig } from '../config/config.js';
-import { embedDocument, type EmbeddedDocument } from '../service/documents.js';
+import { documentInfo, embedDocument, type EmbeddedDocument } from '../service/documents.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { DocumentStore } from '../retrieval/store.js';
 import type { FolderDocument } from './folder.js';
@@ -33,7 +33,7 @@ export async function ingestDirect(documents: readonly FolderDocument[], progres
   await store.transact(() => {
     for (const e of embedded) {
       (store.remove(e.docId) ? replaced : created).push(e.file);
-      store.add({ docId: e.docId, title: e.title, bytes: e.bytes }, e.spans, e.vectors);
+      store.add(documentInfo(e), e.spans, e.vectors);
       chunks += e.spans.length;
     }
   });

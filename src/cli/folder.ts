@@ -1,19 +1,25 @@
 /**
- * A folder tree as documents: .txt, .md (.markdown) and .html (.htm) files, each one document. Its id is
- * its path under the folder (separators as '.', the extension dropped, other characters as '-'), so
- * that ingesting the same tree again replaces rather than duplicates. Its title is its first heading
- * (Markdown, HTML's <title> or first <h1..h6>), else its file name. HTML is stripped to text.
- * Everything else is skipped, with the reason.
+ * A folder tree as documents: the files the server reads (PDF, DOCX, HTML, Markdown, plain text:
+ * retrieval/files/registry.ts), each one document, read here with the same parsers (its sections under
+ * their page or heading references, its own title and metadata). Its id is its path under the folder
+ * (separators as '.', the extension dropped, other characters as '-'), so that ingesting the same tree
+ * again replaces rather than duplicates. Everything else, and a file that cannot be read, is skipped,
+ * with the reason.
  */
-import { lstat, readdir, readFile, stat } from 'node:fs/promises';
+import { readdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { htmlToText, markdownTitle } from './html-text.js';
+import type { Section } from '../retrieval/chunker.js';
+import { FILE_EXTENSIONS, fileDocument, isReadable, UnreadableFileError, UnsupportedFileError } from '../retrieval/files/registry.js';
 
 export interface FolderDocument {
   file: string;
+  /** Where it is on disk (the server is sent the file itself, to read as it reads any upload). */
+  fullPath: string;
   docId: string;
   title: string;
   text: string;
+  sections: Section[];
+  metadata: Record<string, string>;
 }
 
 export interface Skipped {
@@ -21,7 +27,6 @@ export interface Skipped {
   reason: string;
 }
 
-const KINDS: Record<string, 'txt' | 'md' | 'html'> = { '.txt': 'txt', '.md': 'md', '.markdown': 'md', '.html': 'html', '.htm': 'html' };
 const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export function docIdFor(rel: string): string | undefined {
@@ -58,26 +63,25 @@ export async function readFolder(root: string, maxBytes: number): Promise<{ docu
         continue;
       }
       if (!e.isFile() && !e.isSymbolicLink()) { skipped.push({ file: rel, reason: 'not a regular file' }); continue; }
-      const kind = KINDS[path.extname(e.name).toLowerCase()];
-      if (!kind) { skipped.push({ file: rel, reason: `unsupported type '${path.extname(e.name) || '(no extension)'}' (only .txt, .md, .html)` }); continue; }
-      const size = (await lstat(full)).size;
-      const raw = await readFile(full);
-      if (raw.includes(0)) { skipped.push({ file: rel, reason: 'binary content (NUL bytes)' }); continue; }
-      const source = raw.toString('utf8');
-      if (source.includes('\uFFFD')) { skipped.push({ file: rel, reason: 'not valid UTF-8' }); continue; }
-      const base = path.basename(e.name, path.extname(e.name));
-      let title: string | undefined;
-      let text = source;
-      if (kind === 'md') title = markdownTitle(source);
-      if (kind === 'html') ({ title, text } = htmlToText(source));
-      if (text.trim() === '') { skipped.push({ file: rel, reason: size === 0 ? 'empty file' : 'no text (empty after stripping markup)' }); continue; }
+      if (!isReadable(e.name)) { skipped.push({ file: rel, reason: `unsupported type '${path.extname(e.name) || '(no extension)'}' (only ${FILE_EXTENSIONS.join(', ')})` }); continue; }
+      let d;
+      try {
+        d = await fileDocument({ filename: e.name, bytes: await readFile(full) });
+      } catch (err) {
+        if (err instanceof UnreadableFileError || err instanceof UnsupportedFileError) {
+          skipped.push({ file: rel, reason: err.message.slice(err.filename.length + 2) });
+          continue;
+        }
+        throw err;
+      }
+      const { text } = d;
       if (Buffer.byteLength(text) > maxBytes) { skipped.push({ file: rel, reason: `text of ${Buffer.byteLength(text)} bytes exceeds RAGGUARD_MAX_DOCUMENT_BYTES (${maxBytes})` }); continue; }
       const docId = docIdFor(rel);
       if (!docId) { skipped.push({ file: rel, reason: 'no valid document id can be made from its path (too long?)' }); continue; }
       const clash = ids.get(docId);
       if (clash) { skipped.push({ file: rel, reason: `same document id '${docId}' as ${clash}` }); continue; }
       ids.set(docId, rel);
-      documents.push({ file: rel, docId, title: (title ?? base).slice(0, 512), text });
+      documents.push({ file: rel, fullPath: full, docId, title: d.title, text, sections: d.sections, metadata: d.metadata });
     }
   };
   await walk(root);

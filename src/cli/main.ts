@@ -16,6 +16,7 @@
  * Exit status: 0 done, 1 a request failed (or a file could not be ingested), 2 bad usage.
  */
 import { parseArgs } from 'node:util';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { ingestDirect } from './direct-ingest.js';
 import { readFolder, type Skipped } from './folder.js';
@@ -97,7 +98,9 @@ async function ingest(args: string[]): Promise<number> {
   const bar = new ProgressBar(documents.length);
   bar.update(0, `${documents.length} documents from ${folder} into ${url}`);
   for (const [i, d] of documents.entries()) {
-    const r = await call(`${url}/documents/${encodeURIComponent(d.docId)}`, 'PUT', key, { title: d.title, text: d.text });
+    // The file itself, read by the server as it reads any upload (its pages and sections kept).
+    const file = { content: (await readFile(d.fullPath)).toString('base64'), filename: path.basename(d.file) };
+    const r = await call(`${url}/documents/${encodeURIComponent(d.docId)}`, 'PUT', key, file);
     if (r.status === 200 || r.status === 201) {
       (r.status === 201 ? created : replaced).push(d.file);
       chunks += Number((r.body['document'] as { chunks?: number } | undefined)?.chunks ?? 0);

@@ -75,6 +75,8 @@ export interface Config {
   /** Cross-encoder rerank of the first stage's hits; off: they keep the first stage's order. */
   rerank: boolean;
   maxDocumentBytes: number;
+  /** Largest file upload (multipart, or base64 in JSON) to POST /documents or PUT /documents/:id, per request. */
+  maxUploadBytes: number;
   /** Paged KV cache: tokens per block, pool size, admission watermark, batching limits. */
   kvBlockSize: number;
   /** Explicit KV pool size; 0 = the budget's share (kvFraction of what weights and index leave). */
@@ -86,6 +88,8 @@ export interface Config {
   guards: boolean;
   /** Calibrate the memory model by a profile run at start-up. */
   profileRun: boolean;
+  /** Keep the profile run's calibration in indexDir/calibration.json and restore it while nothing it depends on changed. */
+  calibrationCache: boolean;
   /** What the profile run measures of a run on the host: ONNX Runtime's accounted bytes, or resident memory. */
   hostMeter: 'accounted' | 'resident';
   /** Reservations are predictions x (1 + headroom), the headroom at least this. */
@@ -127,7 +131,7 @@ export interface Config {
   intraOpThreads: number;
   /** Whether those threads spin while a run goes on ('runs') or always sleep when idle ('off'). */
   intraOpSpin: 'off' | 'runs';
-  /** One query through the server before it reports listening (server/warmup.ts). */
+  /** One query through the server before it reports ready (server/warmup.ts). */
   warmup: boolean;
 }
 
@@ -361,6 +365,11 @@ export const VARIABLES: readonly Variable[] = [
     apply: int(1024, 1 << 30, (c, v) => (c.maxDocumentBytes = v)),
   },
   {
+    name: 'RAGGUARD_MAX_UPLOAD_BYTES', default: '33554432',
+    doc: 'Largest request carrying files to POST /documents or PUT /documents/:id (a multipart upload, or JSON with base64 content), in bytes, held in memory while its files are read; the text taken from each file is still held to RAGGUARD_MAX_DOCUMENT_BYTES.',
+    apply: int(1024, 1 << 30, (c, v) => (c.maxUploadBytes = v)),
+  },
+  {
     name: 'RAGGUARD_KV_BLOCK_SIZE', default: '16', doc: 'Tokens per KV-cache block.',
     apply: int(1, 1024, (c, v) => (c.kvBlockSize = v)),
   },
@@ -393,6 +402,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_PROFILE_RUN', default: 'true',
     doc: 'At start-up, run each model at the largest allowed shapes, measure their peaks and calibrate the memory model (host memory; kept analytic on a GPU).',
     apply: bool((c, v) => (c.profileRun = v)),
+  },
+  {
+    name: 'RAGGUARD_CALIBRATION_CACHE', default: 'true',
+    doc: 'Keep the profile run\'s calibration in RAGGUARD_INDEX_DIR/calibration.json, keyed by everything it depends on (the models\' bytes, ragguard\'s code and native libraries, ONNX Runtime\'s version, CPU and GPUs, the settings that shape a run), and restore it at the next start while none of that changed: a restart skips the 30-140 s run. A changed input or a damaged file: the profile runs again (the log says why) and the file is rewritten. false: profile at every start.',
+    apply: bool((c, v) => (c.calibrationCache = v)),
   },
   {
     name: 'RAGGUARD_HOST_METER', default: 'accounted',
@@ -534,7 +548,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_WARMUP', default: 'true',
-    doc: 'Before reporting that it listens, the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
+    doc: 'Before it reports ready (GET /readyz 200), the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
     apply: bool((c, v) => (c.warmup = v)),
   },
 ];

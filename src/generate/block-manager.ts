@@ -66,6 +66,8 @@ export interface BlockManagerStats {
   utilization: number;
   /** Block-table capacity -> number of live tables with it. */
   tablesByBucket: Record<number, number>;
+  /** Blocks used at least once since start (block-pool.ts `touched`): a host pool's resident share. */
+  touchedBlocks: number;
 }
 
 interface SequenceBlocks {
@@ -275,6 +277,7 @@ export class BlockManager {
       allocatedSlots,
       utilization: allocatedSlots === 0 ? 1 : this.usedSlots / allocatedSlots,
       tablesByBucket: BlockTable.countByBucket([...this.seqs.values()].map((s) => s.table)),
+      touchedBlocks: this.pool.touched,
     };
   }
 

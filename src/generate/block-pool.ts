@@ -27,6 +27,12 @@ export class BlockPool {
   private head = NONE;
   private tail = NONE;
   private cachedFree = 0;
+  /**
+   * Blocks ever handed out (ids below it; plain free ones go out in id order). A host pool's pages are
+   * first written when their block is: resident memory grows with this until every block has been used
+   * once, which is the pool warming up, bounded by its size, not a leak (the leak check expects it).
+   */
+  private everUsed = 0;
 
   constructor(
     readonly numBlocks: number,
@@ -75,7 +81,13 @@ export class BlockPool {
       this.hashes[id] = undefined;
     }
     this.refCounts[id] = 1;
+    if (id >= this.everUsed) this.everUsed = id + 1;
     return id;
+  }
+
+  /** Blocks below this id have been handed out at least once (their memory has been written). */
+  get touched(): number {
+    return this.everUsed;
   }
 
   /** The block cached under `hash` without taking a reference (for admission checks). */

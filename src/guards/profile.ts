@@ -47,8 +47,24 @@ export type ProfileReport =
     source: 'profile'; calibration: Calibration; headroom: number; points: ProfilePoint[]; ms: number;
     /** Stages the meter did not see (their analytic figures stand), each with why. */
     analytic_stages?: Partial<Record<Stage, string>>;
+    /** Where the calibration cache was consulted (calibration-cache.ts): restored from it, or measured and why. */
+    cache?: CacheNote;
   }
   | { source: 'analytic'; reason: string };
+
+/** What the calibration cache did for this start: its file, whether the calibration came from it, and if not why. */
+export interface CacheNote {
+  file: string;
+  restored: boolean;
+  /** When the restored calibration was measured. */
+  written_at?: string;
+  /** Why the profile ran (no file, what changed since, a damaged file). */
+  why?: string;
+  /** The file was there but unreadable as a calibration: ignored (the log warns). */
+  damaged?: boolean;
+  /** Why the new calibration could not be stored (the next start profiles again). */
+  write_error?: string;
+}
 
 const REPEATS = 3;
 
@@ -151,24 +167,45 @@ export function headroom(points: readonly ProfilePoint[], calibration: Calibrati
   return Math.min(MAX_HEADROOM, worst);
 }
 
+/** The model runs of a profile at these limits: each shape once unmeasured, then REPEATS times, each after a warm-up run. */
+export function profileRunCount(limits: ProfileLimits): number {
+  return shapes(limits).length * (1 + 2 * REPEATS);
+}
+
+/**
+ * What a profile at these limits runs: each shape with the memory model's analytic bytes for it. Part of
+ * the calibration cache's key: it changes with the limits and with anything that changes the model's figures.
+ */
+export function profilePlan(model: MemoryModel, limits: ProfileLimits): { stage: Stage; shape: RunShape; analytic_bytes: number }[] {
+  return shapes(limits).map(({ stage, shape }) => ({ stage, shape, analytic_bytes: model.analytic(stage, shape) }));
+}
+
 function runShape(run: StageRunners, stage: Stage, [b, s, c]: RunShape): Promise<void> {
   return stage === 'embed' ? run.embed(b, s) : stage === 'rerank' ? run.rerank(b, s) : run.decoder(b, s, c);
 }
 
-export async function profileMemory(model: MemoryModel, run: StageRunners, limits: ProfileLimits, meter: PeakMeter): Promise<ProfileReport> {
+/** `onRun(done, of)` hears each model run as it ends (the start-up's progress). */
+export async function profileMemory(model: MemoryModel, run: StageRunners, limits: ProfileLimits, meter: PeakMeter,
+  onRun?: (done: number, of: number) => void): Promise<ProfileReport> {
   if (!meter.available) return { source: 'analytic', reason: meter.reason ?? 'no peak meter' };
   const t0 = performance.now();
   const points: ProfilePoint[] = [];
+  const of = profileRunCount(limits);
+  let done = 0;
+  const counted = async (stage: Stage, shape: RunShape) => {
+    await runShape(run, stage, shape);
+    onRun?.(++done, of);
+  };
   // A first pass unmeasured: the first runs after start-up (first use of each kernel and buffer size,
   // start-up's leftovers in the heap) scatter far more than later ones.
-  for (const { stage, shape } of shapes(limits)) await runShape(run, stage, shape);
+  for (const { stage, shape } of shapes(limits)) await counted(stage, shape);
   for (const { stage, shape: [b, s, c] } of shapes(limits)) {
     // Shorter by d tokens: fewer tokens fed, or for a decode step a shorter context.
     const at = (d: number): RunShape => (stage === 'decode' ? [b, s, c - d] : [b, s - d, c]);
     for (let k = 0; k < REPEATS; k++) {
       const shape = at(2 * k);
-      await runShape(run, stage, at(2 * k + 1));
-      const { bytes } = await measurePeak(meter, () => runShape(run, stage, shape));
+      await counted(stage, at(2 * k + 1));
+      const { bytes } = await measurePeak(meter, () => counted(stage, shape));
       points.push({ stage, shape, analytic_bytes: model.analytic(stage, shape), measured_bytes: bytes });
     }
   }

@@ -55,3 +55,20 @@ export function chunkText(text: string, countTokens: (word: string) => number, o
   }
   return chunks;
 }
+
+/** A stretch of a document under one reference: a PDF's page, the text under a heading. */
+export interface Section {
+  /** "page 3", "section: Install > Linux"; absent where the source has no pages or headings. */
+  locator?: string;
+  text: string;
+}
+
+export type LocatedSpan = ChunkSpan & { locator?: string };
+
+/**
+ * Chunks each section on its own, so that no chunk straddles two references and each carries the one
+ * it came from (a citation can then say where). Offsets are into the section's text.
+ */
+export function chunkSections(sections: readonly Section[], countTokens: (word: string) => number, opts: ChunkOptions): LocatedSpan[] {
+  return sections.flatMap((s) => chunkText(s.text, countTokens, opts).map((c) => (s.locator === undefined ? c : { ...c, locator: s.locator })));
+}

@@ -14,6 +14,8 @@ export interface StoredDocument {
   /** Ids of its chunks, in document order. */
   chunkIds: number[];
   bytes: number;
+  /** What the source file said of itself (author, subject, its file name...); absent for plain text. */
+  metadata?: Record<string, string>;
 }
 
 export interface StoredChunk {
@@ -23,6 +25,8 @@ export interface StoredChunk {
   ord: number;
   text: string;
   tokens: number;
+  /** Where in its document the chunk starts ("page 3", "section: Install > Linux"); absent when the source has no pages or headings. */
+  locator?: string;
 }
 
 export interface Hit {
@@ -48,9 +52,17 @@ interface SectionMeta {
 
 /** One document of a batch: its chunks and their unit embeddings (row-major, one row per chunk). */
 export interface NewDocument {
-  doc: { docId: string; title: string; bytes: number };
-  chunks: readonly { text: string; tokens: number }[];
+  doc: NewDocumentInfo;
+  chunks: readonly NewChunk[];
   vectors: Float32Array;
+}
+
+export type NewDocumentInfo = Omit<StoredDocument, 'chunkIds'>;
+export type NewChunk = Pick<StoredChunk, 'text' | 'tokens' | 'locator'>;
+
+/** A stored chunk; an absent locator stays absent (snapshots written before locators existed read the same). */
+function storedChunk(id: number, docId: string, ord: number, c: NewChunk): StoredChunk {
+  return { id, docId, ord, text: c.text, tokens: c.tokens, ...(c.locator === undefined ? {} : { locator: c.locator }) };
 }
 
 const SNAPSHOT = 'index.snapshot';
@@ -200,13 +212,13 @@ export class DocumentStore {
   }
 
   /** Adds a document's chunks and their unit embeddings (row-major, one row per chunk); in memory only. */
-  add(doc: { docId: string; title: string; bytes: number }, chunks: readonly { text: string; tokens: number }[], vectors: Float32Array): StoredDocument {
+  add(doc: NewDocumentInfo, chunks: readonly NewChunk[], vectors: Float32Array): StoredDocument {
     if (this.docs.has(doc.docId)) throw new Error(`document '${doc.docId}' exists`);
     if (vectors.length !== chunks.length * this.dimension) throw new Error('one embedding per chunk expected');
     const first = this.chunkList.length;
     const stored: StoredDocument = { ...doc, chunkIds: chunks.map((_, i) => first + i) };
     if (chunks.length > 0) this.index.add(Array.from(vectors));
-    chunks.forEach((c, ord) => this.chunkList.push({ id: first + ord, docId: doc.docId, ord, text: c.text, tokens: c.tokens }));
+    chunks.forEach((c, ord) => this.chunkList.push(storedChunk(first + ord, doc.docId, ord, c)));
     this.docs.set(doc.docId, stored);
     return stored;
   }
@@ -238,7 +250,7 @@ export class DocumentStore {
       if (vectors.length !== chunks.length * this.dimension) throw new Error('one embedding per chunk expected');
       const first = chunkList.length;
       const stored: StoredDocument = { ...doc, chunkIds: chunks.map((_, i) => first + i) };
-      chunks.forEach((c, ord) => chunkList.push({ id: first + ord, docId: doc.docId, ord, text: c.text, tokens: c.tokens }));
+      chunks.forEach((c, ord) => chunkList.push(storedChunk(first + ord, doc.docId, ord, c)));
       for (const v of vectors) rows.push(v);
       docs.set(doc.docId, stored);
       added.push(stored);

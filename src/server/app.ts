@@ -6,18 +6,19 @@ import express, { type NextFunction, type Request, type Response } from 'express
 import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
 import { Admission } from '../guards/admission.js';
 import { checkQueryShape } from '../service/request-shape.js';
-import { DuplicateDocumentError, type RagService } from '../service/rag.js';
+import type { RagService } from '../service/rag.js';
 import { frontDoor, healthReport, letIn } from './front-door.js';
 import { authenticate, cors } from './auth.js';
 import { memorySnapshot } from './debug-memory.js';
 import { documentsRouter } from './documents.js';
+import { multipartUpload, postDocuments, uploadJson } from './document-intake.js';
 import { createLogger, noteError, requestLogger, type Logger } from './logging.js';
 import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError, toHttpError } from './errors.js';
 import { Lifecycle, requestSignal } from './shutdown.js';
 import { nextTurn } from '../runtime/turns.js';
-import { parseDocuments, parseQuery } from './validate.js';
+import { parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
 
@@ -56,6 +57,9 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     if (shed) return replyError(res, shed);
     next();
   });
+  // Files as base64 in JSON, and multipart uploads, go to the document routes under their own limit (document-intake.ts).
+  app.post('/documents', uploadJson(cfg), multipartUpload(cfg));
+  app.put('/documents/:id', uploadJson(cfg));
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   // Also answered at the front door (front-door.ts); here for the paths it leaves to express ('/healthz/').
@@ -121,15 +125,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     });
   });
 
-  app.post('/documents', async (req, res) => {
-    const docs = parseDocuments(req.body);
-    try {
-      res.status(201).json({ documents: await service.ingest(docs, requestSignal(res)) });
-    } catch (e) {
-      if (e instanceof DuplicateDocumentError) throw new HttpError(409, 'document_exists', e.message, { doc_id: e.docId });
-      throw e;
-    }
-  });
+  app.post('/documents', (req, res) => postDocuments(service, req, res));
 
   app.use(documentsRouter(service));
   app.use(openaiRoutes(service, admission));

@@ -89,6 +89,8 @@ export interface MemorySnapshot {
     faiss_index_bytes: number;
     /** The store's documents as predicted (vectors exact; texts, postings and objects estimated): the growth the leak check expects. */
     store_predicted_bytes: number;
+    /** What the leak check subtracts: the store's predicted bytes, plus a host KV pool's blocks used at least once (their pages written). */
+    expected_growth_bytes: number;
     v8_heap_total_bytes: number;
     v8_external_bytes: number;
     /** rss less the V8 heap, less what malloc has in use (which holds ONNX Runtime's, faiss's and V8's external buffers). */
@@ -207,6 +209,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
         onnxruntime_live_bytes: ort ? ort.live() : null,
         faiss_index_bytes: store.indexBytes,
         store_predicted_bytes: service.storeResidentBytes(),
+        expected_growth_bytes: service.expectedGrowthBytes(),
         v8_heap_total_bytes: p.heapTotal,
         v8_external_bytes: p.external,
         unattributed_bytes: Math.max(0, p.rss - p.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0)),

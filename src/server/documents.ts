@@ -2,8 +2,10 @@
  * Document routes beside POST /documents (app.ts): list (paged), read, replace, remove.
  *
  *   GET    /documents?limit=&offset=   {documents: [{doc_id, title, bytes, chunks}], total, offset, limit, next_offset}
- *   GET    /documents/:id              the document with its chunks (id, position, tokens, text)
- *   PUT    /documents/:id {text, title?}  replace (re-chunk, re-embed): 200, or 201 when it is new
+ *   GET    /documents/:id              the document (its metadata too) with its chunks (id, position, tokens, locator, text)
+ *   PUT    /documents/:id {text, title?} | {content (base64), filename, content_type?, title?}
+ *                                     replace (re-chunk, re-embed): 200, or 201 when it is new; a file
+ *                                     that cannot be read is a 415/422 naming it (document-intake.ts)
  *   DELETE /documents/:id              200 {doc_id, deleted: true, chunks}; 404 when there is none
  */
 import { Router, type Request } from 'express';
@@ -11,7 +13,9 @@ import { z } from 'zod';
 import { removeDocument, replaceDocument } from '../service/documents.js';
 import type { RagService } from '../service/rag.js';
 import type { StoredDocument } from '../retrieval/store.js';
+import { readFileDocument, textBodyWithin } from './document-intake.js';
 import { HttpError } from './errors.js';
+import { fileFields, textOrFile } from './schemas.js';
 
 const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const MAX_PAGE = 1000;
@@ -22,10 +26,11 @@ const Page = z.object({
 }).strict();
 
 const Replacement = z.object({
-  text: z.string().refine((t) => t.trim() !== '', 'must be a non-empty string'),
+  text: z.string().refine((t) => t.trim() !== '', 'must be a non-empty string').optional(),
   title: z.string().max(512).optional(),
   doc_id: z.string().optional(),
-}).strict();
+  ...fileFields,
+}).strict().superRefine(textOrFile);
 
 function invalid(e: z.ZodError): HttpError {
   const problems = e.issues.map((i) => `${i.path.join('.') || 'body'}: ${i.message}`);
@@ -38,7 +43,7 @@ function docId(req: Request): string {
   return id;
 }
 
-const summary = (d: StoredDocument) => ({ doc_id: d.docId, title: d.title, bytes: d.bytes, chunks: d.chunkIds.length });
+const summary = (d: StoredDocument) => ({ doc_id: d.docId, title: d.title, bytes: d.bytes, chunks: d.chunkIds.length, ...(d.metadata ? { metadata: d.metadata } : {}) });
 
 const notFound = (id: string) => new HttpError(404, 'document_not_found', `no document '${id}'`, { doc_id: id });
 
@@ -63,7 +68,7 @@ export function documentsRouter(service: RagService): Router {
       ...summary(d),
       chunks: d.chunkIds.map((c) => {
         const ch = store.chunk(c);
-        return { chunk_id: ch.id, ord: ch.ord, tokens: ch.tokens, text: ch.text };
+        return { chunk_id: ch.id, ord: ch.ord, tokens: ch.tokens, ...(ch.locator === undefined ? {} : { locator: ch.locator }), text: ch.text };
       }),
     });
   });
@@ -75,7 +80,11 @@ export function documentsRouter(service: RagService): Router {
     if (b.data.doc_id !== undefined && b.data.doc_id !== id) {
       throw new HttpError(400, 'invalid_field', `doc_id '${b.data.doc_id}' differs from the path's '${id}'`);
     }
-    const { result, replaced } = await replaceDocument(service, { docId: id, title: b.data.title?.trim() || undefined, text: b.data.text });
+    const title = b.data.title?.trim() || undefined;
+    if (b.data.content === undefined) textBodyWithin(req, service.cfg.maxDocumentBytes);
+    const d = b.data.content === undefined ? { text: b.data.text!, title }
+      : await readFileDocument({ filename: b.data.filename!, contentType: b.data.content_type, bytes: Buffer.from(b.data.content, 'base64') }, service.cfg.maxDocumentBytes, id, title);
+    const { result, replaced } = await replaceDocument(service, { ...d, docId: id });
     res.status(replaced ? 200 : 201).json({ document: result, replaced });
   });
 

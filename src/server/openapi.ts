@@ -54,7 +54,23 @@ export function openapiDocument(s: Schemas): Record<string, unknown> {
     info: { title: 'ragguard', version: '0.1.0', description: 'Retrieval-augmented generation server with memory guards; OpenAI-compatible routes under /v1.' },
     paths: {
       '/query': post('Answer a question from the index, with citations', 'query', '{answer, citations, finish_reason, usage, retrieval, timings_ms, guard}', true),
-      '/documents': { post: { summary: 'Ingest documents', requestBody: body('documents'), responses: { 201: ok('{documents: [{doc_id, title, chunks}]}'), ...errors } } },
+      '/documents': {
+        post: {
+          summary: 'Ingest documents: texts, or files (PDF, DOCX, HTML, Markdown, text) as base64 JSON or a multipart upload',
+          requestBody: {
+            required: true,
+            content: {
+              ...body('documents').content,
+              'multipart/form-data': { schema: { type: 'object', description: 'One or more file parts (any field name); doc_id and title fields with one file.', properties: { doc_id: { type: 'string' }, title: { type: 'string' } }, additionalProperties: { type: 'string', format: 'binary' } } },
+            },
+          },
+          responses: {
+            201: ok('{documents: [{doc_id, title, chunks}]}'),
+            207: ok('some files could not be read: {documents, results: [{index, filename?, status, doc_id?, title?, chunks?, error?}]}'),
+            ...errors,
+          },
+        },
+      },
       '/v1/chat/completions': post('OpenAI chat completion (rag: grounded on the index)', 'chatCompletion', 'chat.completion', true),
       '/v1/completions': post('OpenAI text completion', 'completion', 'text_completion', true),
       '/v1/embeddings': post('OpenAI embeddings (the embedder)', 'embedding', '{object: list, data: [{embedding, index}], usage}'),

@@ -51,11 +51,31 @@ export function querySchema(cfg: Config) {
 
 const DOC_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+
+/** A file in JSON: its bytes as base64, its name (its extension picks the parser unless content_type does). */
+export const fileFields = {
+  content: z.string().transform((c) => c.replace(/\s+/g, '')).refine((c) => c.length > 0 && c.length % 4 !== 1 && BASE64.test(c), 'content must be base64')
+    .optional().describe('The file\'s bytes, base64 (instead of text): PDF, DOCX, HTML, Markdown or plain text.'),
+  filename: z.string().min(1).max(255).optional().describe('With content: the file\'s name; its extension picks the parser unless content_type names one.'),
+  content_type: z.string().min(1).max(255).optional().describe('With content: its MIME type (a charset parameter is honoured for text).'),
+};
+
+/** Exactly one of text and content; filename and content_type only with content, filename required with it. */
+export function textOrFile(d: { text?: string | undefined; content?: string | undefined; filename?: string | undefined; content_type?: string | undefined }, ctx: z.RefinementCtx): void {
+  if ((d.text === undefined) === (d.content === undefined)) ctx.addIssue({ code: 'custom', message: 'give either text or content (a base64 file with its filename)', path: [] });
+  if (d.content !== undefined && d.filename === undefined) ctx.addIssue({ code: 'custom', message: 'filename is required with content', path: ['filename'] });
+  if (d.content === undefined && (d.filename !== undefined || d.content_type !== undefined)) {
+    ctx.addIssue({ code: 'custom', message: 'filename and content_type go with content', path: [d.filename !== undefined ? 'filename' : 'content_type'] });
+  }
+}
+
 const documentSchema = z.strictObject({
   doc_id: z.string().regex(DOC_ID, `doc_id must match ${DOC_ID.source}`).optional(),
   title: z.string().max(512).optional(),
-  text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string'),
-});
+  text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string').optional(),
+  ...fileFields,
+}).superRefine(textOrFile);
 
 export const documentsSchema = z.union([
   documentSchema,

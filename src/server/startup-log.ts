@@ -78,11 +78,7 @@ export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: Start
     if (timer) clearInterval(timer);
     timer = undefined;
     const ms = Math.round(performance.now() - phaseStart);
-    if (current === 'profile') {
-      const p = service.profile;
-      log.info({ ms, calibration: p.source, ...(p.source === 'profile' ? { runs: p.points.length, headroom: p.headroom } : { reason: p.reason }) },
-        `profile run done in ${ms} ms (${p.source})`);
-    }
+    if (current === 'profile') logCalibration(log, service, ms);
     if (current === 'ingest') log.info({ ms, documents: service.store.documentCount, chunks: service.store.chunkCount }, `ingest done in ${ms} ms`);
   };
   return {
@@ -91,9 +87,13 @@ export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: Start
       current = p.phase;
       phaseStart = performance.now();
       if (p.phase === 'profile') {
-        log.info('profile run: measuring each model at the largest allowed shapes to calibrate the memory model');
-        // It reports nothing until it is done: a heartbeat says it is still going.
-        timer = setInterval(() => log.info({ elapsed_ms: Math.round(performance.now() - phaseStart) }, 'profile run: still measuring'), everyMs);
+        log.info(service.cfg.calibrationCache
+          ? 'calibrating the memory model: the cached calibration if nothing it depends on changed, else the profile run (each model at the largest allowed shapes)'
+          : 'profile run: measuring each model at the largest allowed shapes to calibrate the memory model');
+        timer = setInterval(() => {
+          const { done, of } = service.profileProgress ?? { done: 0, of: 0 };
+          log.info({ elapsed_ms: Math.round(performance.now() - phaseStart), done, of }, `profile run: still measuring (${done} of ${of} runs)`);
+        }, everyMs);
         timer.unref();
       }
       if (p.phase === 'ingest') {
@@ -111,4 +111,22 @@ export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: Start
       if (timer) clearInterval(timer);
     },
   };
+}
+
+/** How the memory model was calibrated: restored from the cache, measured (stored, and why the cache did not serve), or analytic. */
+function logCalibration(log: Logger, service: RagService, ms: number): void {
+  const p = service.profile;
+  if (p.source !== 'profile') {
+    log.info({ ms, calibration: p.source, reason: p.reason }, `profile run done in ${ms} ms (analytic: ${p.reason})`);
+    return;
+  }
+  const c = p.cache;
+  const fields = { ms, calibration: p.source, runs: p.points.length, headroom: p.headroom, ...(c ? { cache: c } : {}) };
+  if (c?.restored) {
+    log.info(fields, `calibration restored from ${c.file} (measured ${c.written_at}) in ${ms} ms: nothing it depends on changed`);
+    return;
+  }
+  if (c?.damaged) log.warn({ file: c.file, why: c.why }, `ignored a damaged calibration cache: ${c.why}`);
+  if (c?.write_error) log.warn({ file: c.file, error: c.write_error }, `could not store the calibration in ${c.file}: ${c.write_error} (the next start profiles again)`);
+  log.info(fields, `profile run done in ${ms} ms (${p.source}${c ? `; ${c.why}${c.write_error ? '' : `; stored in ${c.file}`}` : ''})`);
 }

@@ -1,6 +1,7 @@
 /** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
 import type { DocumentInput, QueryInput } from '../service/rag.js';
+import type { FileInput } from '../retrieval/files/registry.js';
 import { bodySchemas, documentsSchema, parseBody } from './schemas.js';
 import type { SamplingOptions } from '../service/rag.js';
 
@@ -49,12 +50,21 @@ export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: b
   };
 }
 
-/** `{doc_id?, title?, text}` or `{documents: [...]}`. */
-export function parseDocuments(body: unknown): DocumentInput[] {
+/** One document of a POST /documents body: a text, or a file to read (retrieval/files/). */
+export type DocumentItem =
+  | { text: DocumentInput }
+  | { file: FileInput; docId?: string | undefined; title?: string | undefined };
+
+/** `{doc_id?, title?, text}` or `{doc_id?, title?, content, filename, content_type?}`, or `{documents: [...]}` of them. */
+export function parseDocuments(body: unknown): DocumentItem[] {
   // The branch is chosen by the `documents` key, so that its errors are reported rather than a union's.
   const batch = typeof body === 'object' && body !== null && !Array.isArray(body) && 'documents' in body;
   const schema = batch ? documentsSchema.options[1] : documentsSchema.options[0];
   const b = parseBody(schema, body);
   const docs = 'documents' in b ? b.documents : [b];
-  return docs.map((d) => ({ text: d.text, docId: d.doc_id, title: d.title?.trim() || undefined }));
+  return docs.map((d) => {
+    const title = d.title?.trim() || undefined;
+    if (d.content !== undefined) return { file: { filename: d.filename!, contentType: d.content_type, bytes: Buffer.from(d.content, 'base64') }, docId: d.doc_id, title };
+    return { text: { text: d.text!, docId: d.doc_id, title } };
+  });
 }

@@ -1,5 +1,5 @@
 /**
- * One query through the whole server before it says it is listening (RAGGUARD_WARMUP): HTTP parsing,
+ * One query through the whole server before it says it is ready (RAGGUARD_WARMUP): HTTP parsing,
  * express, validation, tokenizers, retrieval, prompt assembly, the engine and the reply are each run
  * once, so that their code is compiled and their lazy state built before the first real client.
  *

@@ -6,7 +6,7 @@
  */
 import type { Config } from '../config/config.js';
 import type { IngestResult, RagService } from './rag.js';
-import { chunkText, type ChunkSpan } from '../retrieval/chunker.js';
+import { chunkSections, type LocatedSpan, type Section } from '../retrieval/chunker.js';
 import type { Embedder } from '../retrieval/embedder.js';
 import type { StoredDocument } from '../retrieval/store.js';
 
@@ -14,29 +14,41 @@ export interface EmbeddedDocument {
   docId: string;
   title: string;
   bytes: number;
-  spans: ChunkSpan[];
+  metadata?: Record<string, string>;
+  spans: LocatedSpan[];
   vectors: Float32Array;
 }
 
 /** Chunks and embeds one document the way ingest does ("title\nchunk" per chunk). */
 export async function embedDocument(embedder: Embedder, cfg: Pick<Config, 'chunkTokens' | 'chunkOverlapTokens'>,
-  d: { docId: string; title: string; text: string }): Promise<EmbeddedDocument> {
-  const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
+  d: DocumentText): Promise<EmbeddedDocument> {
+  const spans = chunkSections(d.sections ?? [{ text: d.text }], (w) => embedder.tokenizer.encode(w).length, {
     chunkTokens: cfg.chunkTokens,
     overlapTokens: cfg.chunkOverlapTokens,
   });
   const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-  return { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), spans, vectors };
+  return { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), ...(d.metadata ? { metadata: d.metadata } : {}), spans, vectors };
 }
 
+/** A document's text, in sections under their references when it came from a file (retrieval/files/). */
+export interface DocumentText {
+  docId: string;
+  title: string;
+  text: string;
+  sections?: readonly Section[];
+  metadata?: Record<string, string>;
+}
+
+/** What the store keeps of a document beside its chunks. */
+export const documentInfo = (e: EmbeddedDocument) => ({ docId: e.docId, title: e.title, bytes: e.bytes, ...(e.metadata ? { metadata: e.metadata } : {}) });
+
 /** Replaces the document `docId` (or creates it): says which. */
-export function replaceDocument(service: RagService, d: { docId: string; title?: string; text: string }): Promise<{ result: IngestResult; replaced: boolean }> {
+export function replaceDocument(service: RagService, d: Omit<DocumentText, 'title'> & { title?: string }): Promise<{ result: IngestResult; replaced: boolean }> {
   return service.writeExclusive(async () => {
-    const title = d.title ?? d.docId;
-    const e = await embedDocument(service.models.embedder, service.cfg, { docId: d.docId, title, text: d.text });
+    const e = await embedDocument(service.models.embedder, service.cfg, { ...d, title: d.title ?? d.docId });
     return service.store.transact(() => {
       const replaced = service.store.remove(d.docId) !== undefined;
-      service.store.add({ docId: e.docId, title: e.title, bytes: e.bytes }, e.spans, e.vectors);
+      service.store.add(documentInfo(e), e.spans, e.vectors);
       return { result: { doc_id: e.docId, title: e.title, chunks: e.spans.length }, replaced };
     });
   });

@@ -31,12 +31,14 @@ import { GpuSampler, nvmlReader } from '../guards/nvml.js';
 import { gpuPeakMeter, hostMeter } from '../guards/peak-meter.js';
 import { measureLoad, processMemory } from '../guards/process-memory.js';
 import { type LoadBytes } from '../runtime/load-bytes.js';
-import { profileMemory, type ProfileReport } from '../guards/profile.js';
+import { CALIBRATION_FILE, calibrationKey, profileWithCache } from '../guards/calibration-cache.js';
+import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } from '../guards/profile.js';
 import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
+import { mallocStats, trimMalloc } from '../runtime/malloc.js';
 import { installCountingAllocator } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
-import { chunkText } from '../retrieval/chunker.js';
+import { chunkSections, type Section } from '../retrieval/chunker.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { dedupe } from '../retrieval/prune.js';
 import { Retriever } from '../retrieval/retriever.js';
@@ -46,6 +48,10 @@ export interface DocumentInput {
   docId?: string;
   title?: string;
   text: string;
+  /** The text in sections under their references (a file's pages or headings): chunked per section when given. */
+  sections?: readonly Section[];
+  /** What the source file said of itself (retrieval/files/registry.ts). */
+  metadata?: Record<string, string>;
 }
 
 export interface IngestResult {
@@ -90,6 +96,8 @@ export interface Citation {
   /** First-stage score: cosine (dense), BM25 (lexical) or the reciprocal-rank fusion sum (hybrid). */
   retrieval_score: number;
   text: string;
+  /** Where in the document the chunk is: "page 3", "section: Install > Linux"; absent when the source has no pages or headings. */
+  locator?: string;
 }
 
 export interface QueryResult {
@@ -130,8 +138,11 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
   };
 }
 
-/** Loads the three models one after the other, so that each one's resident footprint is measured. */
-export async function loadModels(cfg: Config): Promise<Models> {
+/**
+ * Loads the three models one after the other, so that each one's resident footprint is measured;
+ * `onLoaded(done, of)` hears each one loaded (the start-up's progress).
+ */
+export async function loadModels(cfg: Config, onLoaded?: (done: number, of: number) => void): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
   applySessionSettings(cfg);
@@ -139,11 +150,14 @@ export async function loadModels(cfg: Config): Promise<Models> {
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();
   const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
+  onLoaded?.(1, 3);
   const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  onLoaded?.(2, 3);
   if (cfg.providers.decoder === 'cuda') {
     // The native backend: nothing is allocated until the budget has sized the KV pool (RagService); its
     // figures until then are the plan's.
     const decoder = await CudaDecoder.open(cfg.decoderPath, cudaDecoderLimits(cfg));
+    onLoaded?.(3, 3);
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
@@ -153,11 +167,14 @@ export async function loadModels(cfg: Config): Promise<Models> {
   const decoderDir = gguf ? await ggufDecoderDir(cfg.decoderPath, gguf)
     : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: (m) => console.log(m) });
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
+  onLoaded?.(3, 3);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 
 /** Predicted bytes of a chunk's lexical postings per token, and of its objects (chunk, ids, map entries). */
 const POSTING_BYTES = 24;
+/** Free bytes in glibc's arenas above which the leak check's sample trims them first (sampleMemory). */
+const TRIM_FREE_BYTES = 64 * 2 ** 20;
 const CHUNK_OBJECT_BYTES = 256;
 
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
@@ -193,6 +210,8 @@ export class RagService {
    * native accountant's, once its memory is allocated (graphs included).
    */
   loads: Models['loads'];
+  /** The profile run in progress (or the last one): model runs done of its total, for the start-up's progress. */
+  profileProgress: { done: number; of: number } | undefined;
   /** The ingest in progress (or the last one): documents chunked and embedded of the batch's, for progress logs. */
   ingestProgress: { done: number; of: number } | undefined;
   /** Ingestion mutates the index and rewrites the snapshot: one at a time. */
@@ -216,9 +235,6 @@ export class RagService {
     this.trend = new MemoryTrend({
       horizonMs: cfg.leakHorizonMs, warmupMs: cfg.leakWarmupMs, minSpanMs: cfg.leakMinSpanMs, slopeBytesPerMin: cfg.leakSlopeBytesPerMin,
     });
-    this.sampleMemory();
-    this.trendTimer = setInterval(() => this.sampleMemory(), cfg.leakSampleMs);
-    this.trendTimer.unref();
     this.gpu = new GpuSampler(nvmlReader(), cfg.gpuSampleMs);
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
@@ -249,6 +265,10 @@ export class RagService {
       const kv = blocks.stats();
       return { workspaceTotal: this.workspaceBytes, kvFreeBlocks: kv.freeBlocks, kvTotalBlocks: kv.totalBlocks };
     }, cfg.reshapeOrder, { minPromptTokens: cfg.minPromptTokens, minNewTokens: cfg.minNewTokens });
+    // The slow-leak check's samples, from now on (the engine and its pool exist: expectedGrowthBytes).
+    this.sampleMemory();
+    this.trendTimer = setInterval(() => this.sampleMemory(), cfg.leakSampleMs);
+    this.trendTimer.unref();
   }
 
   /** Bytes of the three models (host and device), as measured when they loaded. */
@@ -303,7 +323,7 @@ export class RagService {
 
   /**
    * What the store holds for its documents, predicted from their sizes: the vectors (exact), the chunk
-   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), the lexical index's postings
+   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), their locators (two a character at most), the lexical index's postings
    * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
    */
   storeResidentBytes(): number {
@@ -313,17 +333,35 @@ export class RagService {
       for (let i = 0; i < n; i++) {
         const c = this.store.chunk(i);
         // eslint-disable-next-line no-control-regex
-        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
+        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + (c.locator?.length ?? 0) * 2 + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
       }
       this.storeBytesMemo = { chunks: n, bytes };
     }
     return this.store.indexBytes + this.storeBytesMemo.bytes;
   }
 
-  /** One sample of the slow-leak check (the timer's; tests call it to sample at once). */
+  /**
+   * Growth the process is expected to show: the store's documents, and the KV pool's blocks as they are
+   * first used (a host pool's pages are written, and become resident, block by block: bounded by the
+   * pool, not a leak). A device pool adds nothing on the host.
+   */
+  expectedGrowthBytes(): number {
+    const hostPool = this.engine.runner.pool.location !== 'device';
+    const kv = hostPool ? this.blocks.stats().touchedBlocks * this.cfg.kvBlockSize * this.models.decoder.kvBytesPerToken : 0;
+    return this.storeResidentBytes() + kv;
+  }
+
+  /**
+   * One sample of the slow-leak check (the timer's; tests call it to sample at once). Before it, glibc's
+   * free heap pages go back to the OS once they pass TRIM_FREE_BYTES: a 10-minute soak grew the main
+   * arena's free bytes from 28 to 155 MB (freed request buffers under the 2 MiB mmap threshold that
+   * only a trim returns) while the bytes in use grew by 7 MB; resident memory then tracks what is live.
+   */
   sampleMemory(at = Date.now()): void {
+    const heap = mallocStats();
+    if (heap && heap.freeBytes > TRIM_FREE_BYTES) trimMalloc();
     const m = processMemory();
-    this.trend.record({ at, rss: m.rss, heapUsed: m.heapUsed, external: m.external, expectedBytes: this.storeResidentBytes() });
+    this.trend.record({ at, rss: m.rss, heapUsed: m.heapUsed, external: m.external, expectedBytes: this.expectedGrowthBytes() });
   }
 
   /** `onPhase` hears each start-up phase as it begins (the start-up log's progress). */
@@ -346,7 +384,8 @@ export class RagService {
   }
 
   /**
-   * Calibrates the memory model by the profile run at the largest shapes the configuration allows.
+   * Calibrates the memory model by the profile run at the largest shapes the configuration allows, or
+   * by the calibration a run under the same inputs stored (RAGGUARD_CALIBRATION_CACHE, calibration-cache.ts).
    * Call before serving: the measurement needs the process to itself.
    */
   async profileMemory(): Promise<ProfileReport> {
@@ -358,21 +397,24 @@ export class RagService {
     // All on the host: ONNX Runtime's accounted bytes (or the kernel's resident peak); all on the GPU:
     // NVML's sampled device memory.
     const meter = where.size > 1 ? undefined : where.has('host') ? hostMeter(this.cfg) : gpuPeakMeter(nvmlReader());
+    const limits: ProfileLimits = {
+      queryTokens: Math.min(embedder.maxTokens, this.cfg.maxQueryTokens + 2),
+      rerankPairs: Math.min(RERANK_BATCH, this.cfg.maxTopK),
+      pairTokens: reranker.maxTokens,
+      promptTokens,
+      contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
+      decodeRows: this.cfg.maxNumSeqs,
+    };
+    const cacheFile = this.cfg.calibrationCache && meter?.available ? path.join(this.cfg.indexDir, CALIBRATION_FILE) : undefined;
     this.profile = !meter
       ? { source: 'analytic', reason: 'models split between host and GPU: no single meter sees every run' }
-      : await profileMemory(this.guard.model, {
-        embed: (b, s) => embedder.profileRun(b, s),
-        rerank: (b, s) => reranker.profileRun(b, s),
-        // The CUDA decoder's runs add nothing to what start-up allocated (memory-model.ts `preallocated`).
-        decoder: (r, s, c) => (decoder instanceof DecoderModel ? decoder.profileRun(r, s, c) : Promise.resolve()),
-      }, {
-        queryTokens: Math.min(embedder.maxTokens, this.cfg.maxQueryTokens + 2),
-        rerankPairs: Math.min(RERANK_BATCH, this.cfg.maxTopK),
-        pairTokens: reranker.maxTokens,
-        promptTokens,
-        contextTokens: Math.min(decoder.shape.maxPositions, promptTokens + this.cfg.maxNewTokensLimit),
-        decodeRows: this.cfg.maxNumSeqs,
-      }, meter);
+      : await profileWithCache(cacheFile, () => calibrationKey(this.cfg, profilePlan(this.guard.model, limits), this.gpu.latest()),
+        () => profileMemory(this.guard.model, {
+          embed: (b, s) => embedder.profileRun(b, s),
+          rerank: (b, s) => reranker.profileRun(b, s),
+          // The CUDA decoder's runs add nothing to what start-up allocated (memory-model.ts `preallocated`).
+          decoder: (r, s, c) => (decoder instanceof DecoderModel ? decoder.profileRun(r, s, c) : Promise.resolve()),
+        }, limits, meter, (done, of) => (this.profileProgress = { done, of })));
     if (this.profile.source === 'profile') this.guard.model.calibrate(this.profile.calibration, Math.max(this.cfg.minHeadroom, this.profile.headroom));
     return this.profile;
   }
@@ -400,7 +442,7 @@ export class RagService {
     const { embedder } = this.models;
     const prepared = docs.map((d) => {
       const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
-      return { docId, title: d.title ?? docId, text: d.text };
+      return { docId, title: d.title ?? docId, text: d.text, sections: d.sections ?? [{ text: d.text }], metadata: d.metadata };
     });
     const seen = new Set<string>();
     for (const d of prepared) {
@@ -412,13 +454,13 @@ export class RagService {
     const progress = (this.ingestProgress = { done: 0, of: prepared.length });
     for (const d of prepared) {
       signal?.throwIfAborted(); // abandoned (or stopped by shutdown): nothing of the batch is kept
-      const spans = chunkText(d.text, (w) => embedder.tokenizer.encode(w).length, {
+      const spans = chunkSections(d.sections, (w) => embedder.tokenizer.encode(w).length, {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
       });
       // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text) }, chunks: spans, vectors });
+      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
       progress.done++;
     }
@@ -479,6 +521,7 @@ export class RagService {
         score,
         retrieval_score: hit.score,
         text: hit.chunk.text,
+        ...(hit.chunk.locator === undefined ? {} : { locator: hit.chunk.locator }),
       };
     });
     q.hooks?.onCitations?.(citations);

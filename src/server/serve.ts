@@ -1,0 +1,125 @@
+/**
+ * The server's start and stop: listen at once, then load, profile (or restore the cached calibration),
+ * ingest the sample corpus into an empty index, warm up, and become ready (service/startup.ts says
+ * why in that order, starting.ts what is answered meanwhile); on a signal, drain (shutdown.ts).
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Config } from '../config/config.js';
+import type { Models, RagService } from '../service/rag.js';
+import { Startup } from '../service/startup.js';
+import type { Logger } from './logging.js';
+import { Lifecycle } from './shutdown.js';
+import { AppHandoff, startingApp } from './starting.js';
+
+/**
+ * The service, its app and what they bring (ONNX Runtime, faiss, koffi, the model code): loaded once
+ * the port is open. Loading them took 2 s of a loaded 2-core machine, before which no probe was answered.
+ */
+const serviceModules = () => Promise.all([
+  import('../service/rag.js'), import('./app.js'), import('./startup-log.js'), import('./warmup.js'),
+  import('../guards/budget.js'), import('../runtime/thread-priority.js'),
+]);
+
+export interface ServeOptions {
+  logger: Logger;
+  /** How the models are loaded (loadModels unless given: a test hands in loaded ones, or holds the phase). */
+  loadModels?: (cfg: Config, onLoaded: (done: number, of: number) => void) => Promise<Models>;
+}
+
+export interface Serving {
+  server: http.Server;
+  port: number;
+  startup: Startup;
+  /** The service once the server is ready (warm-up done); rejects when the start failed. */
+  ready: Promise<RagService>;
+  /**
+   * Drains and closes (shutdown.ts); resolves with the exit code: 0 when nothing in flight was dropped.
+   * Stopped before it is ready: closes the port at once (the start's work in progress is dropped; an
+   * ingest under way keeps nothing, being atomic) and resolves 0: the caller exits.
+   */
+  stop(signal: string): Promise<number>;
+  lifecycle: Lifecycle;
+}
+
+/** Listens on cfg.host:cfg.port, resolved once listening; the start goes on behind `ready`. */
+export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
+  const log = opts.logger;
+  const startup = new Startup();
+  const lifecycle = new Lifecycle();
+  const handoff = new AppHandoff(startup, startingApp(cfg, startup, log));
+  const server = http.createServer(handoff.listener);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(cfg.port, cfg.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  log.info({ host: cfg.host, port, ms: startup.status()?.elapsed_ms },
+    `ragguard listening on http://${cfg.host}:${port}: starting (GET /readyz answers 200 once ready)`);
+
+  let service: RagService | undefined;
+  const ready = (async () => {
+    const [{ loadModels, RagService }, { createApp }, { logCapacity, logModels, startProgress }, { warmUp }, { describeKvPool }, { lowerOtherThreads }] =
+      await serviceModules();
+    const t0 = performance.now();
+    log.info({ embedder: cfg.embedderPath, reranker: cfg.rerankerPath, decoder: cfg.decoderPath }, 'loading models');
+    const models = await (opts.loadModels ?? loadModels)(cfg, startup.onModelLoaded);
+    logModels(log, cfg, models, performance.now() - t0);
+    const progress = startProgress(log);
+    let started: RagService;
+    try {
+      started = await RagService.start(cfg, models, (p, s) => {
+        startup.onPhase(p, s);
+        progress.onPhase(p, s);
+      });
+    } finally {
+      progress.stop();
+    }
+    logCapacity(log, started);
+    // After the models are loaded and profiled: their threads exist now (thread-priority.ts says why).
+    const lowered = lowerOtherThreads(cfg.workerThreadNice);
+    log.info({ nice: cfg.workerThreadNice, ...lowered }, lowered.skipped ?? `${lowered.threads} threads besides the event loop's at nice ${cfg.workerThreadNice}`);
+    log.info({ kv_pool_bytes: started.budget.kvPoolBytes }, describeKvPool(started.budget, cfg.maxNumSeqs));
+    startup.enter('warming');
+    handoff.serve(createApp(started, { logger: log, lifecycle }));
+    service = started;
+    // One query through every request path before the first client (warmup.ts says why).
+    if (cfg.warmup) {
+      const w = await warmUp(cfg.host, port, cfg.apiKey);
+      (w.status === 200 ? log.info.bind(log) : log.warn.bind(log))({ warmup_ms: w.ms, status: w.status, error: w.error }, 'warm-up query');
+    }
+    startup.finish();
+    log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), phases_ms: startup.durations(),
+      documents: started.store.documentCount, chunks: started.store.chunkCount },
+    `ragguard ready on http://${cfg.host}:${port}`);
+    return started;
+  })();
+
+  const stop = async (sig: string): Promise<number> => {
+    if (!service) {
+      log.info({ signal: sig, phase: startup.phase }, `${sig} while starting (${startup.describe()}): stopping without serving`);
+      server.close();
+      server.closeAllConnections();
+      return 0;
+    }
+    log.info({ signal: sig, in_flight: lifecycle.inFlight, grace_ms: cfg.shutdownGraceMs },
+      `${sig}: draining: no new requests (503 shutting_down, /readyz 503); requests in flight get RAGGUARD_SHUTDOWN_GRACE_MS`);
+    const report = await lifecycle.drain(cfg.shutdownGraceMs);
+    const code = report.dropped === 0 ? 0 : 3;
+    // Ingest is atomic (durable before its reply): one still writing settles here, kept whole or not at all.
+    await service.settled();
+    log.info({ ms: report.ms, in_flight: report.inFlight, finished: report.finished, dropped: report.dropped, refused: report.refused,
+      documents: service.store.documentCount, exit: code },
+    `drained in ${report.ms} ms: ${report.finished} of ${report.inFlight} in-flight requests finished, ` +
+      `${report.dropped} stopped at the grace deadline (answered 503 shutting_down), ${report.refused} new ones refused; ` +
+      `index: ${service.store.documentCount} documents durable; exit ${code}`);
+    server.close();
+    server.closeAllConnections();
+    service.gpu.stop();
+    return code;
+  };
+  return { server, port, startup, ready, stop, lifecycle };
+}
