@@ -57,8 +57,8 @@ describe('OpenAI routes through the official client', () => {
   test('GET /v1/models lists the decoder, the embedder and the LoRA adapters (parent: the decoder)', async () => {
     const models: { id: string; parent?: string | null }[] = [];
     for await (const m of client.models.list()) models.push(m as { id: string; parent?: string | null });
-    assert.deepEqual(models.map((m) => m.id), [MODEL, 'embedder', 'demo-qv-r4', 'demo-r8']);
-    assert.deepEqual(models.map((m) => m.parent), [null, null, MODEL, MODEL]);
+    assert.deepEqual(models.map((m) => m.id), [MODEL, 'embedder', 'reranker', 'demo-qv-r4', 'demo-r8']);
+    assert.deepEqual(models.map((m) => m.parent), [null, null, null, MODEL, MODEL]);
   });
 
   test('a LoRA adapter as the model: generated with it, deterministic, unloaded after', async () => {

@@ -9,10 +9,12 @@
  *   ragguard ingest <folder> --direct  the same straight into the index on disk (RAGGUARD_INDEX_DIR), for
  *                                      when no server runs on it (direct-ingest.ts): one snapshot write
  *   ragguard query "question" [opts]  asks a running server (POST /query): the answer and its citations
+ *   ragguard rerank --query Q doc...   scores documents against Q with a running server's reranker
+ *                                      (POST /v1/rerank): most relevant first, with their scores
  *
  * Options: --url URL (else RAGGUARD_URL, else http://$HOST:$PORT with the server's defaults),
  * --key KEY (else RAGGUARD_ADMIN_KEY for ingest, RAGGUARD_API_KEY for query), --json (the report or
- * reply as JSON on stdout), for query --top-k N, --rerank-top-n N, --max-tokens N.
+ * reply as JSON on stdout), for query --top-k N, --rerank-top-n N, --max-tokens N, for rerank --top-n N.
  * Exit status: 0 done, 1 a request failed (or a file could not be ingested), 2 bad usage.
  */
 import { parseArgs } from 'node:util';
@@ -26,7 +28,8 @@ const USAGE = `usage:
   ragguard serve
   ragguard ingest <folder> [--url URL] [--key KEY] [--json]
   ragguard ingest <folder> --direct [--json]      (into RAGGUARD_INDEX_DIR, no server running on it)
-  ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]`;
+  ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]
+  ragguard rerank --query "question" doc1 doc2 ... [--url URL] [--key KEY] [--top-n N] [--json]`;
 
 class UsageError extends Error {}
 
@@ -143,18 +146,37 @@ async function query(args: string[]): Promise<number> {
     top_k: int('top-k', values['top-k']), rerank_top_n: int('rerank-top-n', values['rerank-top-n']), max_new_tokens: int('max-tokens', values['max-tokens']),
   };
   const r = await call(`${baseUrl(values.url)}/query`, 'POST', values.key ?? process.env['RAGGUARD_API_KEY'], body);
+  return printReply('query', r, values.json, () => {
+    const citations = (r.body['citations'] as { doc_id: string; title: string; score: number }[] | undefined) ?? [];
+    return [String(r.body['answer']), '', ...citations.map((c, i) => `[${i + 1}] ${c.title} (${c.doc_id}, score ${c.score.toFixed(2)})`)];
+  });
+}
+
+/** A reply on stdout (its JSON with --json, else `lines`) and exit 0, or its error on stderr and exit 1. */
+function printReply(cmd: string, r: Reply, json: boolean | undefined, lines: () => string[]): number {
   if (r.status !== 200) {
-    process.stderr.write(`ragguard query: ${errorText(r)}\n`);
+    process.stderr.write(`ragguard ${cmd}: ${errorText(r)}\n`);
     return 1;
   }
-  if (values.json) {
-    process.stdout.write(`${JSON.stringify(r.body)}\n`);
-    return 0;
-  }
-  const citations = (r.body['citations'] as { doc_id: string; title: string; score: number }[] | undefined) ?? [];
-  const lines = [String(r.body['answer']), '', ...citations.map((c, i) => `[${i + 1}] ${c.title} (${c.doc_id}, score ${c.score.toFixed(2)})`)];
-  process.stdout.write(`${lines.join('\n')}\n`);
+  process.stdout.write(`${json ? JSON.stringify(r.body) : lines().join('\n')}\n`);
   return 0;
+}
+
+async function rerank(args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args, allowPositionals: true,
+    options: { url: { type: 'string' }, key: { type: 'string' }, json: { type: 'boolean' }, query: { type: 'string' }, 'top-n': { type: 'string' } },
+  });
+  if (values.query === undefined || values.query.trim() === '') throw new UsageError('rerank needs --query "question"');
+  if (positionals.length === 0) throw new UsageError('rerank takes one or more documents after --query');
+  const topN = values['top-n'];
+  if (topN !== undefined && !/^[1-9]\d*$/.test(topN)) throw new UsageError('--top-n takes a positive integer');
+  const body = { query: values.query, documents: positionals, ...(topN !== undefined ? { top_n: Number(topN) } : {}) };
+  const r = await call(`${baseUrl(values.url)}/v1/rerank`, 'POST', values.key ?? process.env['RAGGUARD_API_KEY'], body);
+  return printReply('rerank', r, values.json, () => {
+    const results = r.body['results'] as { index: number; relevance_score: number; document?: { text: string } }[];
+    return results.map((x) => `${x.relevance_score.toFixed(4)}  [${x.index + 1}] ${x.document?.text ?? positionals[x.index]}`);
+  });
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -168,6 +190,8 @@ async function main(argv: string[]): Promise<number> {
       return ingest(rest);
     case 'query':
       return query(rest);
+    case 'rerank':
+      return rerank(rest);
     case 'help':
     case '--help':
     case '-h':

@@ -10,7 +10,8 @@
  * invisible here, to the scheduler, the block manager and the guards.
  */
 import type { FinishReason, Generation } from './generation.js';
-import type { ModelRunner, KvPoolInfo, RunnerStep, StepSink } from './model-runner.js';
+import type { ModelRunner, KvPoolInfo, RunnerStep, SampleExtras, StepSink } from './model-runner.js';
+import type { TokenLogprobs } from './logprobs.js';
 import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
@@ -24,6 +25,8 @@ export interface BlockTableView {
 /** The block manager as the engine needs it: the scheduler's interface plus each sequence's table. */
 export interface EngineBlockManager extends KvBlockSpace {
   blockTable(seqId: number): BlockTableView;
+  /** The child shares every block of the parent (parallel samples: OpenAI's n); writes copy on write. */
+  fork(parentId: number, childId: number): void;
 }
 
 /**
@@ -50,6 +53,8 @@ interface Pending {
 export interface TokenEvent {
   tokenId: number | null;
   text: string;
+  /** The token's logprobs, where the request asked. */
+  logprobs?: TokenLogprobs;
 }
 
 export interface GenerateHooks {
@@ -89,10 +94,12 @@ export class Engine {
   private nextId = 0;
   private loop: Promise<void> | undefined;
   private readonly sink: StepSink = {
-    accept: (seq, fed, next) => this.advance(seq, fed, next),
+    accept: (seq, fed, next, extras) => this.advance(seq, fed, next, extras),
     finish: (seq, reason) => this.finishSeq(seq, reason),
   };
   private readonly blocksOf: RunnerStep['blocks'];
+  /** Forks adopted since the pool was last synced: their copy-on-write copies read blocks the runner may hold only on its side. */
+  private forked = false;
   /** Told of every sampled token and every request's end (metrics.ts); none by default. */
   observer: EngineObserver | undefined;
 
@@ -119,17 +126,47 @@ export class Engine {
   }
 
   generate(promptIds: readonly number[], params: SamplingParams, hooks: GenerateHooks = {}): Promise<Generation> {
+    return this.generateMany(promptIds, params, 1, { signal: hooks.signal, onToken: hooks.onToken && ((_, e) => hooks.onToken!(e)) }).then((g) => g[0]!);
+  }
+
+  /**
+   * `n` samples of one prompt (OpenAI's `n`): the prompt is prefilled once, as one sequence; at that
+   * prefill the others take their first tokens from the same logits and fork its blocks (shared by
+   * reference count, copied on write: block-manager.ts), then decode as sequences of their own. With a
+   * seed, sample i is seeded seed + i (sample 0 is what n = 1 gives). One failing fails them all.
+   */
+  generateMany(promptIds: readonly number[], params: SamplingParams, n: number,
+    hooks: { signal?: AbortSignal | undefined; onToken?: ((index: number, e: TokenEvent) => void) | undefined } = {}): Promise<Generation[]> {
     if (hooks.signal?.aborted) return Promise.reject(abortReason(hooks.signal));
+    if (!(Number.isInteger(n) && n >= 1)) return Promise.reject(new RangeError(`n must be a positive integer, got ${n}`));
+    if ((n > 1 || params.logprobs !== undefined) && !this.runner.hostSampling) {
+      return Promise.reject(new UnsupportedSamplingError(`this backend samples on the device: ${n > 1 ? 'n > 1' : 'logprobs'} is not supported`));
+    }
     const refused = this.runner.refuse?.(params);
     if (refused) return Promise.reject(new UnsupportedSamplingError(refused));
-    const seq = new Sequence(this.nextId++, promptIds, params, performance.now());
-    // Text as generated costs two small decodes per token: only where a stop sequence or a listener needs it
-    // (otherwise the whole output is decoded once at the end, to the same text).
-    if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.runner.tokenizer, params.stop);
-    const done = new Promise<Generation>((resolve, reject) => this.pending.set(seq, { resolve, reject, hooks }));
-    this.scheduler.add(seq);
+    // One failure stops the siblings: a request gets all its samples or an error. (A single sequence
+    // needs no such signal: without one of its own it stays one the runner cannot stop, as it was.)
+    const stop = n > 1 ? new AbortController() : undefined;
+    const signal = stop ? (hooks.signal ? AbortSignal.any([hooks.signal, stop.signal]) : stop.signal) : hooks.signal;
+    const seqs = Array.from({ length: n }, (_, i) => {
+      const p = params.seed === undefined || i === 0 ? params : { ...params, seed: params.seed + i };
+      const seq = new Sequence(this.nextId++, promptIds, p, performance.now());
+      // Text as generated costs two small decodes per token: only where a stop sequence or a listener needs it
+      // (otherwise the whole output is decoded once at the end, to the same text).
+      if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.runner.tokenizer, params.stop);
+      return seq;
+    });
+    const done = seqs.map((seq, i) => new Promise<Generation>((resolve, reject) => this.pending.set(seq, {
+      resolve, reject: (e) => { stop?.abort(e); reject(e); },
+      hooks: { signal, onToken: hooks.onToken && ((e) => hooks.onToken!(i, e)) },
+    })));
+    if (n > 1) seqs[0]!.forks = seqs.slice(1);
+    this.scheduler.add(seqs[0]!);
     this.loop ??= this.run();
-    return done;
+    const all = Promise.all(done);
+    // The siblings' rejections are the same failure: handled here, so none is left unhandled.
+    for (const d of done.slice(1)) d.catch(() => {});
+    return all;
   }
 
   /**
@@ -163,8 +200,10 @@ export class Engine {
       await this.runner.barrier();
       await this.dropAborted();
       if (!this.scheduler.hasWork) break;
-      // Admission may hit blocks the runner's side filled, preemption frees them: the pool first.
-      if (this.scheduler.mayMoveBlocks) {
+      // Admission may hit blocks the runner's side filled, preemption frees them, a fork's first write
+      // copies a block the prefill filled: the pool first.
+      if (this.scheduler.mayMoveBlocks || this.forked) {
+        this.forked = false;
         try {
           await this.runner.syncPool(this.blocksOf);
         } catch (e) {
@@ -245,24 +284,54 @@ export class Engine {
       await this.runner.syncPool(this.blocksOf);
     } catch (e) {
       for (const seq of this.runner.abandon()) if (!aborted.includes(seq)) this.settle(seq, e as Error);
-      for (const seq of aborted) this.settle(seq, abortReason(this.pending.get(seq)!.hooks.signal!));
+      this.settleAborted(aborted, false);
       return;
     }
-    for (const seq of aborted) this.settle(seq, abortReason(this.pending.get(seq)!.hooks.signal!), true);
+    this.settleAborted(aborted, true);
+  }
+
+  /** Settled with their signals' reasons; a fork still waiting was settled with the sequence it forks from. */
+  private settleAborted(seqs: readonly Sequence[], kvIntact: boolean): void {
+    for (const seq of seqs) {
+      const p = this.pending.get(seq);
+      if (p) this.settle(seq, abortReason(p.hooks.signal!), kvIntact);
+    }
   }
 
   /** After a run: the fed tokens are computed and `next` was sampled; says why the sequence ends, if it does. */
-  private advance(seq: Sequence, fed: number, next: number): FinishReason | undefined {
+  private advance(seq: Sequence, fed: number, next: number, extras?: SampleExtras): FinishReason | undefined {
     // A resumed (preempted) sequence has just recomputed every token it had; it samples on from there.
     seq.numComputed += fed;
+    if (seq.forks) {
+      seq.forks = undefined;
+      for (const f of extras?.forks ?? []) this.adopt(seq, f.seq, f.next, f.logprobs);
+    }
     this.observer?.token(seq, performance.now());
     if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
+    if (extras?.logprobs) seq.logprobs.push(extras.logprobs);
     const text = seq.text?.push(next) ?? '';
-    this.pending.get(seq)?.hooks.onToken?.({ tokenId: next, text });
+    this.pending.get(seq)?.hooks.onToken?.({ tokenId: next, text, logprobs: extras?.logprobs });
     if (seq.text?.stopped !== undefined) return 'stop';
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.runner.shape.maxPositions) return 'length';
     return undefined;
+  }
+
+  /**
+   * A fork joins the running batch right after its parent's prefill: the parent's blocks (the prompt's
+   * KV) shared, its first token sampled from the same logits. Before the parent takes its own first
+   * token's slot, so the fork's table is the prompt's alone.
+   */
+  private adopt(parent: Sequence, child: Sequence, next: number, logprobs: TokenLogprobs | undefined): void {
+    if (!this.pending.has(child)) return; // abandoned while it waited
+    this.blocks.fork(parent.id, child.id);
+    this.forked = true;
+    child.numComputed = parent.numComputed;
+    child.cachedPrefix = parent.cachedPrefix;
+    this.scheduler.adopt(child);
+    const reason = this.advance(child, 0, next, logprobs && { logprobs });
+    // Its blocks are its parent's too (the parent is still running): freeing them only drops a reference.
+    if (reason) this.finishSeq(child, reason);
   }
 
   private finishSeq(seq: Sequence, reason: FinishReason): void {
@@ -271,6 +340,10 @@ export class Engine {
   }
 
   private settle(seq: Sequence, error?: Error, aborted = false): void {
+    // Forks still waiting for this prefill share its fate when it fails before they were made.
+    const forks = seq.forks;
+    seq.forks = undefined;
+    for (const f of forks ?? []) if (this.pending.has(f)) this.settle(f, error ?? new Error('the sequence they fork from ended before its prefill'), aborted);
     // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
     this.scheduler.finish(seq, { failed: error !== undefined && !aborted });
     this.observer?.finished(seq, performance.now(), error !== undefined);
@@ -289,6 +362,7 @@ export class Engine {
       p.resolve({
         ids: seq.outputIds, text: seq.text?.text ?? this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
+        ...(seq.params.logprobs !== undefined ? { logprobs: seq.logprobs } : {}),
       });
     } catch (e) {
       p.reject(e instanceof Error ? e : new Error(String(e)));

@@ -1,3 +1,5 @@
+import type { TokenLogprobs } from './logprobs.js';
+
 /** What a generation request ends with, on every backend. */
 export type FinishReason = 'stop' | 'length';
 
@@ -7,4 +9,6 @@ export interface Generation {
   finishReason: FinishReason;
   /** Prompt tokens whose KV came from the prefix cache (the engine's; 0 for sequential generation). */
   cachedTokens?: number;
+  /** Each generated token's logprobs (ids' order), where the request asked (logprobs.ts). */
+  logprobs?: TokenLogprobs[];
 }

@@ -12,6 +12,7 @@ import type { DecoderShape } from './decoder-shape.js';
 import type { FinishReason } from './generation.js';
 import type { BlockCopy } from './scheduler.js';
 import type { SamplingParams, Sequence } from './sequence.js';
+import type { TokenLogprobs } from './logprobs.js';
 
 /** Text out of token ids (the decoder's tokenizer). */
 export interface TokenDecoder {
@@ -40,8 +41,16 @@ export interface StepSink {
    * `fed` tokens of `seq` are now computed and `next` was sampled after them; says why the sequence
    * ends, if it does (the runner then calls finish once the sequence's KV is where prefix hits read it).
    */
-  accept(seq: Sequence, fed: number, next: number): FinishReason | undefined;
+  accept(seq: Sequence, fed: number, next: number, extras?: SampleExtras): FinishReason | undefined;
   finish(seq: Sequence, reason: FinishReason): void;
+}
+
+/** What a runner that samples on the host reports with a token, where the request asked for it. */
+export interface SampleExtras {
+  /** The token's logprobs (params.logprobs). */
+  logprobs?: TokenLogprobs;
+  /** seq.forks' first tokens, sampled from the same logits (their prompt's KV is seq's). */
+  forks?: { seq: Sequence; next: number; logprobs?: TokenLogprobs }[];
 }
 
 export interface KvPoolInfo {
@@ -70,6 +79,11 @@ export interface ModelRunner {
   readonly eosIds: ReadonlySet<number>;
   readonly tokenizer: TokenDecoder;
   readonly pool: KvPoolInfo;
+  /**
+   * Whether the runner samples on the host and reports SampleExtras (logprobs, forks' first tokens);
+   * a runner that samples on the device does not, and such requests are refused up front.
+   */
+  readonly hostSampling?: boolean;
   /** Why this runner cannot generate as asked (a sampling feature it lacks), or undefined: refused up front, never approximated. */
   refuse?(params: SamplingParams): string | undefined;
   /**

@@ -57,6 +57,12 @@ export class Scheduler {
     this.waiting.push(seq);
   }
 
+  /** A sequence whose blocks the caller already made (a fork of a running one: engine.ts) joins the running batch. */
+  adopt(seq: Sequence): void {
+    seq.status = 'running';
+    this.running.push(seq);
+  }
+
   get hasWork(): boolean {
     return this.waiting.length > 0 || this.running.length > 0;
   }
@@ -114,6 +120,10 @@ export class Scheduler {
         continue;
       }
       if (status === 'later') break;
+      // Its forks (OpenAI's n) join the batch at its prefill: they count against max_num_seqs now
+      // (a group wider than the limit still runs, alone, rather than never).
+      const rows = 1 + (seq.forks?.length ?? 0);
+      if (this.running.length + rows > this.limits.maxNumSeqs && this.running.length > 0) break;
       const need = seq.length;
       // A prompt longer than the budget still runs, alone, rather than never.
       if (tokens + need > this.limits.maxNumBatchedTokens && tokens > 0) break;

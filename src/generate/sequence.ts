@@ -3,6 +3,7 @@ import { seededRandom, type SamplerSettings } from './sampler.js';
 import type { DecoderAdapter } from './lora-pool.js';
 import type { FinishReason } from './generation.js';
 import type { OutputText } from './output-text.js';
+import type { TokenLogprobs } from './logprobs.js';
 
 export type SequenceStatus = 'waiting' | 'running' | 'finished';
 
@@ -21,6 +22,8 @@ export interface SamplingParams extends SamplerSettings {
   adapter?: DecoderAdapter;
   /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks of decode throughput). */
   ignoreEos?: boolean;
+  /** Log-probabilities of each generated token and of this many most likely alternatives (0-20; logprobs.ts); absent: none computed. */
+  logprobs?: number;
 }
 
 export class Sequence {
@@ -37,6 +40,13 @@ export class Sequence {
   readonly random: () => number;
   /** The output as text, detokenized as generated (stop sequences, streaming): engine.ts sets it. */
   text: OutputText | undefined;
+  /** Each output token's logprobs, where params.logprobs asks (outputIds' order). */
+  readonly logprobs: TokenLogprobs[] = [];
+  /**
+   * Parallel samples of the same prompt (OpenAI's `n`) waiting for this sequence's prefill: each then
+   * takes its first token from the same logits and shares the prompt's blocks (engine.ts).
+   */
+  forks: Sequence[] | undefined;
 
   constructor(
     readonly id: number,

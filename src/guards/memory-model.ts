@@ -61,6 +61,11 @@ export interface RequestShape {
   rerankRuns?: readonly (readonly [number, number])[];
   promptTokens: number;
   maxNewTokens: number;
+  /**
+   * Samples of the prompt (OpenAI's n; 1 when absent): they share the prompt's full blocks (forked, the
+   * engine) and each decodes as a row of its own, with its own new tokens' KV.
+   */
+  samples?: number;
   /** Prompt tokens already in the prefix cache: prefill computes only the rest (as run; 0 when asked). */
   cachedTokens?: number;
 }
@@ -237,6 +242,7 @@ export class MemoryModel {
 
   predict(r: RequestShape): Prediction {
     const tokens = r.promptTokens + r.maxNewTokens;
+    const n = r.samples ?? 1;
     const cached = r.cachedTokens ?? 0;
     const stages: Record<Stage, number> = {
       embed: this.stageBytes('embed', [1, r.queryTokens, 0]),
@@ -244,10 +250,12 @@ export class MemoryModel {
         ? Math.max(...r.rerankRuns.map(([pairs, width]) => this.stageBytes('rerank', [pairs, width, 0])))
         : this.stageBytes('rerank', [Math.min(r.rerankBatch ?? this.rerankBatch, r.topK), r.pairTokens, 0]),
       prefill: this.stageBytes('prefill', [1, r.promptTokens - cached, cached]) + this.loraRows(1, r.promptTokens - cached),
-      decode: this.stageBytes('decode', [1, 1, tokens - 1]) + this.loraRows(1, 1) + this.replacedBuffer(1, tokens),
+      decode: this.stageBytes('decode', [n, 1, tokens - 1]) + this.loraRows(n, 1) + this.replacedBuffer(n, tokens),
     };
     const peakStage = (Object.keys(stages) as Stage[]).reduce((a, b) => (stages[b] > stages[a] ? b : a));
-    const kvBlocks = this.kvBlocks(tokens);
+    // The prompt's full blocks once; each sample its partly filled last prompt block (copied on write) onwards.
+    const shared = Math.floor(r.promptTokens / this.blockSize);
+    const kvBlocks = shared + n * (this.kvBlocks(tokens) - shared);
     const workspaceBytes = stages[peakStage];
     return {
       kvBlocks, kvBytes: kvBlocks * this.blockSize * this.kvBytesPerToken, workspaceBytes,

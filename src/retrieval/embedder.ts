@@ -25,6 +25,7 @@ import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
   hidden_size?: number;
+  vocab_size?: number;
   max_position_embeddings?: number;
   pad_token_id?: number;
 }
@@ -94,6 +95,8 @@ export class Embedder {
     readonly pooling: Pooling,
     readonly output: EmbedderOutput,
     private readonly padId: number,
+    /** Rows of the model's token embedding (config.json's vocab_size): token ids given as input must be below it. */
+    readonly vocabSize: number,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<Embedder> {
@@ -118,12 +121,13 @@ export class Embedder {
         throw new Error(`embedder ${dir}: output '${output.name}' is ${type}, expected float32`);
       }
       // The probe: dimension from what the graph really returns, and nothing non-finite.
-      const probe = new Embedder(tokenizer, session, files, 0, maxTokens, pooling, output, padId);
+      const vocabSize = cfg.vocab_size ?? tokenizer.vocabSize;
+      const probe = new Embedder(tokenizer, session, files, 0, maxTokens, pooling, output, padId, vocabSize);
       const dimension = await probe.probeDimension();
       if (!output.pooled && cfg.hidden_size !== undefined && dimension !== cfg.hidden_size) {
         throw new Error(`embedder ${dir}: output '${output.name}' has width ${dimension}, config.json's hidden_size is ${cfg.hidden_size}`);
       }
-      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId);
+      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize);
     } catch (e) {
       await session.release();
       throw e;
@@ -144,8 +148,15 @@ export class Embedder {
    * abandoned) stops the runs not yet done, the one going included (RunInterrupted).
    */
   async embed(texts: readonly string[], batchSize = 32, signal?: AbortSignal): Promise<Float32Array> {
-    const out = new Float32Array(texts.length * this.dimension);
-    const rows = texts.map((t) => this.inputIds(t));
+    return this.embedIds(texts.map((t) => this.inputIds(t)), batchSize, signal);
+  }
+
+  /**
+   * Embeddings of token-id rows fed to the model as they are (no special tokens added, as vLLM takes
+   * token ids): ids of this embedder's vocabulary, each row at most maxTokens long (the caller checks).
+   */
+  async embedIds(rows: readonly number[][], batchSize = 32, signal?: AbortSignal): Promise<Float32Array> {
+    const out = new Float32Array(rows.length * this.dimension);
     // Length-sorted batches waste little on padding.
     const order = rows.map((_, i) => i).sort((a, b) => rows[a]!.length - rows[b]!.length);
     for (let s = 0; s < order.length; s += batchSize) {

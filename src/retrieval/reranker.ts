@@ -19,6 +19,14 @@ interface EncoderConfig {
   pad_token_id?: number;
 }
 
+/**
+ * A logit as a relevance score in (0, 1): the sigmoid, as vLLM scores a one-label cross-encoder and as
+ * Cohere's and Jina's rerank APIs report relevance. The order is the logits' order.
+ */
+export function relevance(logit: number): number {
+  return 1 / (1 + Math.exp(-logit));
+}
+
 /** Pairs scored per model run. */
 export const RERANK_BATCH = 16;
 
@@ -64,13 +72,18 @@ export class Reranker {
    * the rerank stage as it ran by its largest run. An abort of `signal` stops the runs not yet done,
    * the one going included (RunInterrupted).
    */
-  async score(query: string, passages: readonly string[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+  score(query: string, passages: readonly string[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+    return this.scorePairs(passages.map((p) => [query, p] as const), batchSize, signal);
+  }
+
+  /** As score, for pairs of any queries (POST /v1/score). */
+  async scorePairs(pairs: readonly (readonly [string, string])[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     const scores: number[] = [];
     const runs: [number, number][] = [];
-    for (let s = 0; s < passages.length; s += batchSize) {
-      const pairs = passages.slice(s, s + batchSize).map((p) => this.pairInput(query, p));
-      runs.push([pairs.length, Math.max(...pairs.map((p) => p.ids.length))]);
-      scores.push(...(await this.scoreBatch(pairs, signal)));
+    for (let s = 0; s < pairs.length; s += batchSize) {
+      const batch = pairs.slice(s, s + batchSize).map(([q, p]) => this.pairInput(q, p));
+      runs.push([batch.length, Math.max(...batch.map((p) => p.ids.length))]);
+      scores.push(...(await this.scoreBatch(batch, signal)));
     }
     return { scores, pairTokens: Math.max(0, ...runs.map(([, w]) => w)), runs };
   }

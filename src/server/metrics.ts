@@ -45,6 +45,7 @@ export class ServerMetrics {
   private readonly reshapes: Counter<'field'>;
   private readonly predicted: Histogram;
   private readonly httpRequests: Counter<'method' | 'route' | 'status'>;
+  private readonly rerankPairs: Counter<'route'>;
   private readonly httpDuration: Histogram<'method' | 'route'>;
 
   constructor(service: RagService) {
@@ -180,6 +181,8 @@ export class ServerMetrics {
     this.httpRequests = new Counter({ name: name('http_requests_total'), help: 'HTTP requests by method, route and status.', labelNames: ['method', 'route', 'status'], registers: [r] });
     this.httpDuration = new Histogram({ name: name('http_request_duration_seconds'), help: 'HTTP request latency as the client sees it (retrieval included).', labelNames: ['method', 'route'], buckets: E2E_BUCKETS, registers: [r] });
 
+    this.rerankPairs = new Counter({ name: name('rerank_pairs_total'), help: 'Pairs scored by the reranker for /v1/rerank and /v1/score (rerank-routes.ts).', labelNames: ['route'], registers: [r] });
+
     engine.observer = {
       token: (seq, now) => {
         const last = this.lastToken.get(seq);
@@ -212,6 +215,11 @@ export class ServerMetrics {
   /** Counts an app's admission queue in `admission_queue_requests`. */
   addQueue(admission: Admission): void {
     this.queues.add(admission);
+  }
+
+  /** Counts pairs the reranker scored for a route. */
+  reranked(route: '/v1/rerank' | '/v1/score', pairs: number): void {
+    this.rerankPairs.labels(route).inc(pairs);
   }
 
   /** Counts a finished HTTP request (called by the request logger). */

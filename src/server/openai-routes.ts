@@ -7,7 +7,9 @@
  *   POST /v1/chat/completions   messages through the model's chat template (chat-template.ts); the
  *                               `rag` extension grounds the answer on the index and adds `citations`
  *   POST /v1/completions        a text prompt, continued
- *   POST /v1/embeddings         the embedder's vectors (float or base64, as the official client asks)
+ *   POST /v1/embeddings         the embedder's vectors (float or base64, as the official client asks), of
+ *                               texts or of token ids of the embedder's own vocabulary (as vLLM takes them)
+ *   POST /v1/rerank, /v1/score  the reranker (rerank-routes.ts)
  *   GET  /openapi.json          every route's body schema (openapi.ts)
  *
  * Every generation runs as /query's does: admission queue, memory guard (guarded.ts), the engine's
@@ -30,13 +32,16 @@ import { toHttpError } from './errors.js';
 import { HttpError } from './errors.js';
 import { decideOrReject, generationShape, guardReport, runGuarded, workSignal, type Admitted } from './guarded.js';
 import { openapiDocument } from './openapi.js';
-import { parseBody, type ChatCompletionBody, type CompletionBody } from './schemas.js';
-import { samplingOptions, schemasFor } from './validate.js';
+import { parseBody, type ChatCompletionBody, type CompletionBody, type EmbeddingBody } from './schemas.js';
+import { samplingOptions, schemasFor, searchFilter } from './validate.js';
 import { requestSignal } from './shutdown.js';
 import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
 import { checkQueryShape } from '../service/request-shape.js';
 import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
+import type { TokenLogprobs } from '../generate/logprobs.js';
+import { chatLogprobs, completionLogprobs } from './openai-logprobs.js';
+import { rerankRoutes } from './rerank-routes.js';
 
 /** OpenAI's error `type` for a status. */
 function errorType(status: number): string {
@@ -70,6 +75,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   const chat = ChatTemplate.forModel(decoder.tokenizer, decoder.bosId);
   const decoderId = path.basename(cfg.decoderPath);
   const embedderId = path.basename(cfg.embedderPath);
+  const rerankerId = path.basename(cfg.rerankerPath);
   const started = now();
   const maxPositions = decoder.shape.maxPositions;
 
@@ -111,8 +117,9 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     }
   };
 
-  const params = (b: ChatCompletionBody | CompletionBody, maxTokens: number): SamplingParams => ({
+  const params = (b: ChatCompletionBody | CompletionBody, maxTokens: number, logprobs: number | undefined): SamplingParams => ({
     ...samplingOptions(b, b.top_k), maxNewTokens: maxTokens, temperature: b.temperature ?? 1, seed: b.seed,
+    ...(logprobs !== undefined ? { logprobs } : {}), ...(b.ignore_eos ? { ignoreEos: true } : {}),
   });
 
   router.get('/openapi.json', (_req, res) => {
@@ -124,7 +131,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     res.json({
       object: 'list',
       data: [
-        ...[decoderId, embedderId].map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: id, parent: null })),
+        ...[decoderId, embedderId, rerankerId].map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: id, parent: null })),
         ...adapters.map((id) => ({ id, object: 'model', created: started, owned_by: 'ragguard', root: path.join(service.adapters.dir, id), parent: decoderId })),
       ],
     });
@@ -133,20 +140,24 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   router.post('/v1/embeddings', async (req, res) => {
     const b = parseBody(schemasFor(cfg).embedding, req.body);
     checkModel(b.model, embedderId);
-    const texts = typeof b.input === 'string' ? [b.input] : b.input;
+    if (b.dimensions !== undefined && b.dimensions !== embedder.dimension) {
+      throw new HttpError(400, 'unsupported_dimensions',
+        `the embedder '${embedderId}' gives ${embedder.dimension} dimensions and cannot give ${b.dimensions}`, { param: 'dimensions' });
+    }
+    const rows = embeddingRows(b.input);
+    const counts = rows.map((r) => r.length);
     // The embedder would cut a longer input at its limit: say so instead of embedding part of it.
-    const counts = texts.map((t) => embedder.inputIds(t).length);
-    const over = texts.findIndex((t) => embedder.tokenizer.encode(t, true).length > embedder.maxTokens);
+    const over = rows.findIndex((r) => r.length > embedder.maxTokens);
     if (over >= 0) {
       throw new HttpError(413, 'input_too_long', `input[${over}] has more than the embedder's ${embedder.maxTokens} tokens`, { param: 'input' });
     }
     const signal = requestSignal(res);
-    const vectors = await admission.run(() => embedder.embed(texts, undefined, signal), signal);
+    const vectors = await admission.run(() => embedder.embedIds(rows, undefined, signal), signal);
     const d = embedder.dimension;
     res.json({
       object: 'list',
       model: embedderId,
-      data: texts.map((_, i) => {
+      data: rows.map((_, i) => {
         const v = vectors.subarray(i * d, (i + 1) * d);
         const embedding = b.encoding_format === 'base64' ? Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString('base64') : Array.from(v);
         return { object: 'embedding', index: i, embedding };
@@ -154,6 +165,25 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       usage: { prompt_tokens: counts.reduce((a, n) => a + n, 0), total_tokens: counts.reduce((a, n) => a + n, 0) },
     });
   });
+
+  /**
+   * The model's input ids of each input: texts tokenized with special tokens (not yet cut at the limit,
+   * so that an over-long one is refused), token ids taken as they are once checked against the vocabulary.
+   */
+  const embeddingRows = (input: EmbeddingBody['input']): number[][] => {
+    if (typeof input === 'string') return [embedder.tokenizer.encode(input, true)];
+    if (input.length > 0 && typeof input[0] === 'number') input = [input as number[]];
+    return (input as (string | number[])[]).map((x, i) => {
+      if (typeof x === 'string') return embedder.tokenizer.encode(x, true);
+      const bad = x.findIndex((id) => id >= embedder.vocabSize);
+      if (bad >= 0) {
+        throw new HttpError(400, 'invalid_token_id',
+          `input[${i}][${bad}] is token id ${x[bad]}, outside the embedder's vocabulary of ${embedder.vocabSize} (token ids are the embedder's own, not cl100k's)`,
+          { param: 'input' });
+      }
+      return x;
+    });
+  };
 
   router.post('/v1/completions', async (req, res) => {
     const b = parseBody(schemasFor(cfg).completion, req.body);
@@ -166,11 +196,24 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const id = newId('cmpl');
     const created = now();
     const base = { id, object: 'text_completion', created, model: b.model };
-    await generateReply(res, ids, params(b, maxTokens), adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
-      chunk: (text) => ({ ...base, choices: [{ index: 0, text, logprobs: null, finish_reason: null }] }),
-      last: (reason) => ({ ...base, choices: [{ index: 0, text: '', logprobs: null, finish_reason: reason }] }),
+    const tok = decoder.tokenizer;
+    // Streamed, each choice's text_offset goes on from where its last chunk's ended.
+    const offsets: number[] = [];
+    const lp = (index: number, entries: readonly TokenLogprobs[] | undefined) => {
+      if (b.logprobs === undefined) return null;
+      const { logprobs, end } = completionLogprobs(entries ?? [], tok, offsets[index] ?? 0);
+      offsets[index] = end;
+      return logprobs;
+    };
+    await generateReply(res, ids, params(b, maxTokens, b.logprobs), b.n ?? 1, adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
+      chunk: (index, text, _first, entries) => ({ ...base, choices: [{ index, text, logprobs: lp(index, entries), finish_reason: null }] }),
+      last: (index, reason) => ({ ...base, choices: [{ index, text: '', logprobs: null, finish_reason: reason }] }),
       usageChunk: (u) => ({ ...base, choices: [], usage: u }),
-      reply: (g, u, guard) => ({ ...base, choices: [{ index: 0, text: g.text, logprobs: null, finish_reason: g.finishReason }], usage: u, ragguard: { guard } }),
+      reply: (gens, u, guard) => ({
+        ...base,
+        choices: gens.map((g, index) => ({ index, text: g.text, logprobs: lp(index, g.logprobs), finish_reason: g.finishReason })),
+        usage: u, ragguard: { guard },
+      }),
     });
   });
 
@@ -182,15 +225,16 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const id = newId('chatcmpl');
     const created = now();
     const base = { id, object: 'chat.completion.chunk', created, model: b.model };
+    const lp = (entries: readonly TokenLogprobs[] | undefined) => (b.logprobs ? chatLogprobs(entries ?? [], decoder.tokenizer) : null);
     const shapes = {
-      chunk: (content: string, first: boolean) => ({
-        ...base, choices: [{ index: 0, delta: first ? { role: 'assistant', content } : { content }, logprobs: null, finish_reason: null }],
+      chunk: (index: number, content: string, first: boolean, entries?: readonly TokenLogprobs[]) => ({
+        ...base, choices: [{ index, delta: first ? { role: 'assistant', content } : { content }, logprobs: lp(entries), finish_reason: null }],
       }),
-      last: (reason: string) => ({ ...base, choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: reason }] }),
+      last: (index: number, reason: string) => ({ ...base, choices: [{ index, delta: {}, logprobs: null, finish_reason: reason }] }),
       usageChunk: (u: Usage) => ({ ...base, choices: [], usage: u }),
-      reply: (g: Generation, u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => ({
+      reply: (gens: readonly Generation[], u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => ({
         ...base, object: 'chat.completion',
-        choices: [{ index: 0, message: { role: 'assistant', content: g.text, refusal: null }, logprobs: null, finish_reason: g.finishReason }],
+        choices: gens.map((g, index) => ({ index, message: { role: 'assistant', content: g.text, refusal: null }, logprobs: lp(g.logprobs), finish_reason: g.finishReason })),
         usage: u,
         ...(citations ? { citations } : {}),
         ragguard: { guard },
@@ -201,9 +245,12 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     if (!b.rag) {
       const ids = chat.encode(messages);
       checkContext(ids.length, maxTokens);
-      await generateReply(res, ids, params(b, maxTokens), adapter, stream, includeUsage, shapes);
+      await generateReply(res, ids, params(b, maxTokens, b.logprobs ? b.top_logprobs ?? 0 : undefined), b.n ?? 1, adapter, stream, includeUsage, shapes);
       return;
     }
+    // The grounded path answers once, without logprobs: asked for, they are refused rather than left out.
+    if ((b.n ?? 1) > 1) throw new HttpError(400, 'invalid_body', 'n > 1 is not supported with rag (one grounded answer per request)', { param: 'n' });
+    if (b.logprobs) throw new HttpError(400, 'invalid_body', 'logprobs are not supported with rag', { param: 'logprobs' });
     // Grounded: retrieve on the last user message; the ranked chunks go into a system message ahead
     // of the conversation, as many as the context budget holds (rank order, a chunk that does not fit
     // giving way to a smaller one).
@@ -216,6 +263,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
       temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
+      filter: searchFilter(b.rag.collection, b.rag.filter),
       // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
     };
@@ -235,9 +283,9 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         hooks: {
           signal,
           // The citations ride on the first chunk (a field OpenAI's clients ignore).
-          onCitations: (citations) => sse?.send({ ...shapes.chunk('', true), citations }),
+          onCitations: (citations) => sse?.send({ ...shapes.chunk(0, '', true), citations }),
           onToken: (t) => {
-            if (sse && t.text) sse.send(shapes.chunk(t.text, false));
+            if (sse && t.text) sse.send(shapes.chunk(0, t.text, false));
           },
         },
       }), { signal });
@@ -245,10 +293,10 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       const guard = guardReport(service, decision, r.shape);
       const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason };
       if (!sse) {
-        res.json(shapes.reply(g, u, guard, r.citations));
+        res.json(shapes.reply([g], u, guard, r.citations));
         return;
       }
-      sse.send(shapes.last(r.finish_reason));
+      sse.send(shapes.last(0, r.finish_reason));
       if (includeUsage) sse.send(shapes.usageChunk(u));
       sse.sendRaw('[DONE]');
     } catch (e) {
@@ -260,45 +308,56 @@ export function openaiRoutes(service: RagService, admission: Admission): express
   });
 
   interface ReplyShapes {
-    chunk(text: string, first: boolean): object;
-    last(reason: string): object;
+    /** Choice `index`'s next text, and the logprobs of the tokens it completes (where asked). */
+    chunk(index: number, text: string, first: boolean, logprobs?: readonly TokenLogprobs[]): object;
+    last(index: number, reason: string): object;
     usageChunk(u: Usage): object;
-    reply(g: Generation, u: Usage, guard: Record<string, unknown>): object;
+    reply(gens: readonly Generation[], u: Usage, guard: Record<string, unknown>): object;
   }
 
-  /** A generation without retrieval, guarded, as one reply or as a stream of chunks. */
-  async function generateReply(res: Response, ids: number[], p: SamplingParams, adapter: string | undefined, stream: boolean,
+  /**
+   * A generation without retrieval, guarded, as one reply or as a stream of chunks: `n` samples of the
+   * prompt (engine.generateMany), the prompt counted once in the usage (as OpenAI counts it). The guard
+   * predicts n decode rows and the KV of n samples' new tokens besides the one prompt (RequestShape.samples).
+   */
+  async function generateReply(res: Response, ids: number[], p: SamplingParams, n: number, adapter: string | undefined, stream: boolean,
     includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
-    const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens), { fixedPrompt: true });
+    const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens, n), { fixedPrompt: true });
     const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
     const sse = stream ? new SseStream(res) : undefined;
     const signal = workSignal(res, sse);
-    let first = true;
+    const first = new Array<boolean>(n).fill(true);
+    // A token's logprobs go out with the chunk that carries its text (some tokens make no text yet).
+    const held: TokenLogprobs[][] = Array.from({ length: n }, () => []);
+    const send = (index: number, text: string) => {
+      const lps = held[index]!.splice(0);
+      sse!.send(shapes.chunk(index, text, first[index]!, p.logprobs === undefined ? undefined : lps));
+      first[index] = false;
+    };
     try {
-      const g = await runGuarded(service, admission, decision, async () => {
+      const gens = await runGuarded(service, admission, decision, async () => {
         // The adapter loads for this generation (or shares a running one's slot) and is released after.
         const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter, signal);
         try {
-          return await service.engine.generate(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, {
+          return await service.engine.generateMany(ids, { ...p, maxNewTokens, adapter: lease?.adapter }, n, {
             signal,
-            onToken: (t) => {
-              if (sse && t.text) {
-                sse.send(shapes.chunk(t.text, first));
-                first = false;
-              }
-            },
+            onToken: sse && ((index, t) => {
+              if (t.logprobs) held[index]!.push(t.logprobs);
+              if (t.text) send(index, t.text);
+            }),
           });
         } finally {
           lease?.release();
         }
       }, { signal });
-      const u = usage(ids.length, g.ids.length);
+      const u = usage(ids.length, gens.reduce((a, g) => a + g.ids.length, 0));
       if (!sse) {
-        res.json(shapes.reply(g, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens), cachedTokens: g.cachedTokens ?? 0 })));
+        res.json(shapes.reply(gens, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens, n), cachedTokens: gens[0]!.cachedTokens ?? 0 })));
         return;
       }
-      if (first) sse.send(shapes.chunk('', true)); // an empty answer still announces the role
-      sse.send(shapes.last(g.finishReason));
+      // An empty answer still announces the role; logprobs of tokens that made no text go out here.
+      for (let i = 0; i < n; i++) if (first[i] || held[i]!.length > 0) send(i, '');
+      gens.forEach((g, i) => sse.send(shapes.last(i, g.finishReason)));
       if (includeUsage) sse.send(shapes.usageChunk(u));
       sse.sendRaw('[DONE]');
     } catch (e) {
@@ -308,6 +367,8 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       sse?.end();
     }
   }
+
+  router.use(rerankRoutes(service, admission));
 
   // OpenAI's clients read error.type (and param): added to our {code, message}.
   router.use((err: unknown, req: Request, res: Response, next: NextFunction) => {

@@ -7,6 +7,7 @@
 import { z } from 'zod';
 import type { Config } from '../config/config.js';
 import { HttpError } from './errors.js';
+import { MAX_TOP_LOGPROBS } from '../generate/logprobs.js';
 
 /** One problem of a request body: the field's path (dots and [i]), unknown_field or invalid_field, and why. */
 export interface FieldError {
@@ -34,6 +35,27 @@ function sampling(cfg: Config) {
   };
 }
 
+export const COLLECTION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+const FIELD = /^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/;
+
+export const collectionSchema = z.string().regex(COLLECTION, `collection must match ${COLLECTION.source}`)
+  .describe("The collection: documents live in one, and a query searches one ('default' when left out).");
+
+const metadataValue = z.union([z.string().max(1024), z.number().finite(), z.boolean()]);
+const fieldName = z.string().regex(FIELD, `a metadata field name must match ${FIELD.source}`);
+
+export const metadataSchema = z.record(fieldName, metadataValue)
+  .refine((m) => Object.keys(m).length <= 64, 'at most 64 metadata fields')
+  .describe('Metadata of the document: field names to strings, numbers or booleans.');
+
+/** A search filter: the collection, and metadata conditions (equality, or `in` a list) that every hit meets. */
+export const filterSchema = z.strictObject({
+  collection: collectionSchema.optional(),
+  metadata: z.record(fieldName, z.union([metadataValue, z.strictObject({ in: z.array(metadataValue).min(1).max(256) })]))
+    .refine((m) => Object.keys(m).length <= 32, 'at most 32 metadata conditions').optional()
+    .describe('field: value (equal) or field: {in: [values]} (one of them); every condition must hold. Applied inside the search: top_k stays full.'),
+}).describe('Which chunks may be retrieved.');
+
 const tokenTopK = z.number().int().min(-1).max(100000).optional().describe('Sample from the top_k most likely tokens; 0 or -1: all; 1: greedy.');
 
 export function querySchema(cfg: Config) {
@@ -44,6 +66,8 @@ export function querySchema(cfg: Config) {
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking.'),
     max_new_tokens: _maxTokens.default(cfg.defaultMaxNewTokens),
     adapter: z.string().optional().describe('A LoRA adapter under RAGGUARD_ADAPTER_DIR.'),
+    collection: collectionSchema.optional(),
+    filter: filterSchema.optional(),
     sample_top_k: tokenTopK.describe('The sampler\'s top-k (top_k here is retrieval\'s): 0 or -1 all tokens, 1 greedy.'),
     ...s,
   });
@@ -74,6 +98,8 @@ const documentSchema = z.strictObject({
   doc_id: z.string().regex(DOC_ID, `doc_id must match ${DOC_ID.source}`).optional(),
   title: z.string().max(512).optional(),
   text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string').optional(),
+  collection: collectionSchema.optional(),
+  metadata: metadataSchema.optional(),
   ...fileFields,
 }).superRefine(textOrFile);
 
@@ -99,6 +125,8 @@ function ragExtension(cfg: Config) {
   return z.strictObject({
     top_k: z.number().int().min(1).max(cfg.maxTopK).default(cfg.defaultTopK).describe('Hits retrieved from the index.'),
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking, placed in the prompt.'),
+    collection: collectionSchema.optional(),
+    filter: filterSchema.optional(),
   }).describe('ragguard extension: ground the answer on the index; the reply carries `citations`.');
 }
 
@@ -108,8 +136,10 @@ function openaiCommon(cfg: Config) {
     model: z.string().min(1).describe('A model id from GET /v1/models.'),
     max_tokens: _maxTokens.optional(),
     top_k: tokenTopK,
-    n: z.literal(1).optional().describe('One choice per request.'),
+    n: z.number().int().min(1).max(cfg.maxN).optional()
+      .describe('Samples of the prompt (RAGGUARD_MAX_N at most): the prompt is prefilled once and its KV shared; with a seed, sample i is seeded seed + i.'),
     user: z.string().optional().describe('Accepted, not used.'),
+    ignore_eos: z.boolean().optional().describe('Generate max_tokens tokens past any end-of-sequence token (vLLM\'s and llama.cpp\'s extension; benchmarks).'),
     stream_options: z.strictObject({ include_usage: z.boolean().optional() }).optional()
       .describe('include_usage: a last chunk with the usage (and no choices) before [DONE].'),
     ...s,
@@ -121,23 +151,57 @@ export function chatCompletionSchema(cfg: Config) {
     messages: z.array(message).min(1),
     max_completion_tokens: z.number().int().min(1).max(cfg.maxNewTokensLimit).optional().describe('The same as max_tokens (OpenAI\'s newer name).'),
     rag: ragExtension(cfg).optional(),
+    logprobs: z.boolean().optional().describe('Each output token\'s logprob: the log-softmax of the model\'s raw logits (before penalties and temperature, as vLLM\'s default).'),
+    top_logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).optional().describe('The most likely alternatives at each position (needs logprobs: true).'),
     ...openaiCommon(cfg),
-  });
+  }).refine((b) => b.top_logprobs === undefined || b.logprobs === true, { message: 'top_logprobs needs logprobs: true', path: ['top_logprobs'] });
 }
 
 export function completionSchema(cfg: Config) {
   return z.strictObject({
     prompt: z.union([z.string(), z.array(z.string()).length(1)]).describe('A text (or a list of one).'),
+    logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).optional()
+      .describe('Each output token\'s logprob and this many most likely alternatives (log-softmax of the raw logits).'),
     ...openaiCommon(cfg),
   });
 }
 
+const tokenIds = z.array(z.number().int().min(0)).min(1);
+
 export const embeddingSchema = z.strictObject({
   model: z.string().min(1),
-  input: z.union([z.string(), z.array(z.string()).min(1).max(2048)]),
+  input: z.union([z.string(), z.array(z.string()).min(1).max(2048), tokenIds, z.array(tokenIds).min(1).max(2048)])
+    .describe('Texts, or token ids of the embedder\'s own vocabulary (as vLLM takes them: fed as they are, no special tokens added; ' +
+      'not the cl100k ids that LangChain\'s OpenAIEmbeddings sends by default: set check_embedding_ctx_length=False there to send text).'),
+  dimensions: z.number().int().min(1).optional().describe('Accepted only where it is the embedder\'s own dimension (it cannot shorten its vectors).'),
   encoding_format: z.enum(['float', 'base64']).optional(),
   user: z.string().optional().describe('Accepted, not used.'),
 });
+
+/** Documents per /v1/rerank or pairs per /v1/score request. */
+export const MAX_RERANK_DOCUMENTS = 1000;
+
+const rerankText = z.string().min(1);
+
+export const rerankSchema = z.strictObject({
+  model: z.string().min(1).optional().describe('The reranker\'s id (GET /v1/models); absent: the reranker (as vLLM defaults it).'),
+  query: rerankText,
+  documents: z.union([z.array(rerankText).min(1).max(MAX_RERANK_DOCUMENTS), z.array(z.strictObject({ text: rerankText })).min(1).max(MAX_RERANK_DOCUMENTS)])
+    .describe('Texts, or {text} objects (Jina\'s and Cohere\'s forms).'),
+  top_n: z.number().int().min(1).optional().describe('Only the top_n most relevant (default: all), most relevant first.'),
+  return_documents: z.boolean().optional().describe('Each result carries its document\'s {text} (default true).'),
+});
+
+const scoreTexts = z.union([rerankText, z.array(rerankText).min(1).max(MAX_RERANK_DOCUMENTS)]);
+
+export const scoreSchema = z.strictObject({
+  model: z.string().min(1).optional().describe('The reranker\'s id (GET /v1/models); absent: the reranker.'),
+  text_1: scoreTexts.describe('A text (paired with each of text_2), or a list: one (paired with each of text_2) or as many as text_2 (paired in order).'),
+  text_2: scoreTexts,
+});
+
+export type RerankBody = z.output<typeof rerankSchema>;
+export type ScoreBody = z.output<typeof scoreSchema>;
 
 /** Every route's body schema, built for this configuration (openapi.ts documents them). */
 export function bodySchemas(cfg: Config) {
@@ -147,6 +211,8 @@ export function bodySchemas(cfg: Config) {
     chatCompletion: chatCompletionSchema(cfg),
     completion: completionSchema(cfg),
     embedding: embeddingSchema,
+    rerank: rerankSchema,
+    score: scoreSchema,
   };
 }
 

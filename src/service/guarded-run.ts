@@ -58,6 +58,7 @@ export async function runGuarded<T>(service: RagService, admission: Admission, d
 }
 
 /** The shape of a generation without retrieval: only prefill and decode. */
-export function generationShape(promptTokens: number, maxNewTokens: number): RequestShape {
-  return { queryTokens: 0, topK: 0, rerankTopN: 0, pairTokens: 0, rerankBatch: 1, promptTokens, maxNewTokens };
+export function generationShape(promptTokens: number, maxNewTokens: number, samples = 1): RequestShape {
+  // samples: forks of the prompt (OpenAI's n), each a decode row with its own new tokens' KV.
+  return { queryTokens: 0, topK: 0, rerankTopN: 0, pairTokens: 0, rerankBatch: 1, promptTokens, maxNewTokens, ...(samples > 1 ? { samples } : {}) };
 }

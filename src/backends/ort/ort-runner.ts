@@ -24,7 +24,8 @@ import { metered } from '../../runtime/run-meter.js';
 import type { DecoderModel, KvTensor } from './decoder-model.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { presentData } from './decoder-model.js';
-import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../../generate/model-runner.js';
+import type { KvPoolInfo, ModelRunner, RunnerStep, SampleExtras, StepSink } from '../../generate/model-runner.js';
+import { tokenLogprobs } from '../../generate/logprobs.js';
 import { plainGreedy, sampleNext } from '../../generate/sampler.js';
 import { Pacer } from '../../runtime/pacer.js';
 import type { BlockCopy, SchedulerLimits } from '../../generate/scheduler.js';
@@ -80,6 +81,7 @@ interface Carry {
 
 export class OrtModelRunner implements ModelRunner {
   readonly kv: KvCachePool;
+  readonly hostSampling = true;
   get stats(): OrtRunnerStats {
     return { ...this.counts, paced: this.pacer.yields };
   }
@@ -272,7 +274,7 @@ export class OrtModelRunner implements ModelRunner {
       if (this.lazy) await this.store(present, width, rows.map((r) => r.blocks), lengths, past);
       this.outputs.push(...present);
     }
-    const finished = group.map((seq, r) => sink.accept(seq, counts[r]!, this.sample(seq, logits, greedyIds, r)));
+    const finished = group.map((seq, r) => sink.accept(seq, counts[r]!, ...this.sample(seq, logits, greedyIds, r)));
     if (finished.some((f) => f !== undefined)) {
       await this.writeBack(step.blocks); // their blocks go to the prefix cache: their KV first
       group.forEach((seq, r) => finished[r] && sink.finish(seq, finished[r]));
@@ -309,7 +311,7 @@ export class OrtModelRunner implements ModelRunner {
     const finished: ReturnType<StepSink['accept']>[] = [];
     for (let r = 0; r < seqs.length; r++) {
       await this.pacer.pace();
-      finished.push(sink.accept(seqs[r]!, 1, this.sample(seqs[r]!, logits, greedyIds, r)));
+      finished.push(sink.accept(seqs[r]!, 1, ...this.sample(seqs[r]!, logits, greedyIds, r)));
     }
     this.carry = { seqs, lengths: seqs.map((q) => q.numComputed), width, present, synced };
     if (finished.some((f) => f !== undefined)) {
@@ -352,11 +354,20 @@ export class OrtModelRunner implements ModelRunner {
     return { logits: out.lastLogits, greedyIds: out.greedyIds, present: out.present, width: out.width };
   }
 
-  /** The next token of row `row` of a run's last logits (the graph's greedy id where that is the answer). */
-  private sample(seq: Sequence, logits: Float32Array, greedyIds: readonly number[] | undefined, row: number): number {
-    if (greedyIds && plainGreedy(seq.params)) return greedyIds[row]!;
+  /**
+   * The next token of row `row` of a run's last logits (the graph's greedy id where that is the answer),
+   * with its logprobs and the first tokens of the sequence's forks where asked (SampleExtras).
+   */
+  private sample(seq: Sequence, logits: Float32Array, greedyIds: readonly number[] | undefined, row: number): [number, SampleExtras?] {
     const V = this.model.shape.vocabSize;
-    return sampleNext(logits.subarray(row * V, (row + 1) * V), seq.params, seq.random, seq.promptIds, seq.outputIds);
+    const l = logits.subarray(row * V, (row + 1) * V);
+    const pick = (q: Sequence) => (greedyIds && plainGreedy(q.params) ? greedyIds[row]! : sampleNext(l, q.params, q.random, q.promptIds, q.outputIds));
+    const lp = (q: Sequence, next: number) => (q.params.logprobs === undefined ? undefined : tokenLogprobs(l, next, q.params.logprobs));
+    const next = pick(seq);
+    if (seq.params.logprobs === undefined && !seq.forks) return [next];
+    const extras: SampleExtras = { logprobs: lp(seq, next) };
+    if (seq.forks) extras.forks = seq.forks.map((f) => { const n = pick(f); return { seq: f, next: n, logprobs: lp(f, n) }; });
+    return [next, extras];
   }
 }
 
