@@ -23,6 +23,7 @@ import { chargeTokens, checkTokenBudget, KeyLimits, limitKeys } from './rate-lim
 import { tenantOf } from './tenant.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
+import { StructuredOutputs } from './structured.js';
 
 /**
  * `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM);
@@ -36,6 +37,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   // One queue per process where the library shares its own (index.ts) with the apps it mounts.
   const admission = opts.admission ?? new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
   metrics.addQueue(admission);
+  const outputs = new StructuredOutputs(service.engine.runner);
+  outputs.warm();
   const app = express();
   app.disable('x-powered-by');
   const onDone = (m: string, route: string, status: number, s: number) => metrics.httpRequest(m, route, status, s);
@@ -82,6 +85,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     const signal = requestSignal(res);
     const q = parseQuery(req.body, cfg, tenantOf(res));
     checkTokenBudget(res);
+    // response_format: the answer generated under its grammar (json_object or a schema).
+    if (q.responseFormat) q.sampling = { ...q.sampling, grammar: await outputs.forFormat(q.responseFormat) };
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
@@ -133,7 +138,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.post('/documents', (req, res) => postDocuments(service, req, res));
 
   app.use(documentsRouter(service));
-  app.use(openaiRoutes(service, admission));
+  app.use(openaiRoutes(service, admission, outputs));
 
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 

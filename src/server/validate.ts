@@ -5,7 +5,7 @@ import type { Metadata, SearchFilter } from '../retrieval/retrieval-store.js';
 import type { FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
 import { collectionFor, OPEN_TENANT, type Tenant } from './tenant.js';
-import { bodySchemas, documentsSchema, parseBody, type filterSchema } from './schemas.js';
+import { bodySchemas, documentsSchema, parseBody, type filterSchema, type QueryBody } from './schemas.js';
 import type { z } from 'zod';
 import type { SamplingOptions } from '../service/rag.js';
 
@@ -40,7 +40,7 @@ export function samplingOptions(b: {
 }
 
 /** A /query body as the service takes it; `tenant` decides the collection searched (tenant.ts). */
-export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TENANT): QueryInput & { stream: boolean } {
+export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TENANT): QueryInput & { stream: boolean; responseFormat?: QueryBody['response_format'] } {
   const b = parseBody(schemasFor(cfg).query, body);
   return {
     query: b.query,
@@ -54,6 +54,7 @@ export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TEN
     ...(tenant.cacheSalt === undefined ? {} : { cacheSalt: tenant.cacheSalt }),
     sampling: samplingOptions(b, b.sample_top_k),
     stream: b.stream ?? false,
+    responseFormat: b.response_format,
   };
 }
 
