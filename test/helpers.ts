@@ -97,3 +97,16 @@ export function faiss(s: { store: RetrievalStore }): FaissStore {
   if (!(s.store instanceof FaissStore)) throw new Error(`the service's store is ${s.store.kind}, not faiss`);
   return s.store;
 }
+
+/** Server-sent events of a body, as [event name or undefined, data] pairs (data lines joined). */
+export function sseEvents(text: string): [string | undefined, string][] {
+  return text.split('\n\n').filter((b) => b.trim() !== '').map((block) => {
+    let event: string | undefined;
+    let data = '';
+    for (const line of block.split('\n')) {
+      if (line.startsWith('event: ')) event = line.slice(7);
+      else if (line.startsWith('data: ')) data += line.slice(6);
+    }
+    return [event, data];
+  });
+}

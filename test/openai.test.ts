@@ -12,7 +12,7 @@ import type { Config } from '../src/config/config.js';
 import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
 
 const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas', 'syslog'];
 let cfg: Config;
@@ -38,16 +38,7 @@ after(async () => {
 
 /** Server-sent events of a response, as [event name or undefined, data] pairs. */
 async function readEvents(res: Response): Promise<[string | undefined, string][]> {
-  const text = await res.text();
-  return text.split('\n\n').filter((b) => b.trim() !== '').map((block) => {
-    let event: string | undefined;
-    let data = '';
-    for (const line of block.split('\n')) {
-      if (line.startsWith('event: ')) event = line.slice(7);
-      else if (line.startsWith('data: ')) data += line.slice(6);
-    }
-    return [event, data];
-  });
+  return sseEvents(await res.text());
 }
 
 const post = (path: string, body: unknown, signal?: AbortSignal) =>

@@ -20,7 +20,7 @@ import { createApp } from '../src/server/app.js';
 import { KeyLimits, TokenBucket } from '../src/server/rate-limits.js';
 import { keyTenant } from '../src/server/tenant.js';
 import { loadModels, RagService } from '../src/service/rag.js';
-import { smallCorpus, tempDir, testConfig, TEST_ENV } from './helpers.js';
+import { smallCorpus, sseEvents, tempDir, testConfig, TEST_ENV } from './helpers.js';
 
 const KEY_A = 'tenant-a-key-000001';
 const KEY_B = 'tenant-b-key-000002';
@@ -101,13 +101,7 @@ async function call(key: string | undefined, method: string, route: string, body
 
 /** The data of each server-sent event, parsed where it is JSON. */
 function events(text: string): { event: string | undefined; data: unknown }[] {
-  return text.split('\n\n').filter((b) => b.trim() !== '').map((block) => {
-    let event: string | undefined;
-    let data = '';
-    for (const line of block.split('\n')) {
-      if (line.startsWith('event: ')) event = line.slice(7);
-      else if (line.startsWith('data: ')) data += line.slice(6);
-    }
+  return sseEvents(text).map(([event, data]) => {
     try {
       return { event, data: JSON.parse(data) as unknown };
     } catch {
