@@ -1,6 +1,7 @@
 /**
  * Document routes beside POST /documents (app.ts): list (paged), read, replace, remove; each in one
- * collection (`?collection=`, 'default' when left out), on whichever store RAGGUARD_STORE names.
+ * collection (`?collection=`; when left out, the key's default: 'default' for a key of every collection),
+ * one the key may use (tenant.ts), on whichever store RAGGUARD_STORE names.
  *
  *   GET    /documents?collection=&limit=&offset=   {documents: [{doc_id, collection, title, bytes, metadata, chunks}], total, offset, limit, next_offset}
  *   GET    /documents/:id?collection=              the document (its metadata too) with its chunks (id, position, tokens, locator, text)
