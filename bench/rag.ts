@@ -29,12 +29,14 @@ import { loadConfig } from '../src/config/config.js';
 import { RagService, readCorpus } from '../src/service/rag.js';
 import { dedupe } from '../src/retrieval/prune.js';
 import { Retriever } from '../src/retrieval/retriever.js';
-import type { Hit } from '../src/retrieval/store.js';
+import { FaissStore } from '../src/retrieval/faiss-store.js';
+import type { Hit } from '../src/retrieval/retrieval-store.js';
 import { createApp } from '../src/server/app.js';
 import { isCorrect, isUnreadable, words } from './answers.js';
 import { Bm25 } from './bm25.js';
 import { parseQuestions, type Question } from './questions.js';
 
+const ALL = { collection: 'default' };
 const ROOT = path.resolve(import.meta.dirname, '..');
 const K = 5;
 const GOAL_R5 = 0.97;
@@ -65,11 +67,13 @@ async function main(): Promise<void> {
   if (keptIndex) await mkdir(keptIndex, { recursive: true });
   const indexDir = keptIndex ?? await mkdtemp(path.join(tmpdir(), 'ragguard-bench-rag-'));
   try {
-    const cfg = loadConfig({ ...process.env, RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_CORPUS_DIR: 'data/corpus' });
+    // The embedded store: its chunk table is read whole below (bench:retrieval compares the stores).
+    const cfg = loadConfig({ ...process.env, RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_CORPUS_DIR: 'data/corpus', RAGGUARD_STORE: 'faiss' });
     let t = performance.now();
     const service = await RagService.start(cfg);
     const startS = (performance.now() - t) / 1000;
-    const { store, models } = service;
+    const { models } = service;
+    const store = service.store as FaissStore;
     const { embedder, reranker } = models;
     const missing = questions.filter((q) => !store.has(q.doc_id));
     if (missing.length) throw new Error(`questions name unknown documents: ${missing.map((q) => `${q.id}:${q.doc_id}`).join(', ')}`);
@@ -80,13 +84,12 @@ async function main(): Promise<void> {
     const hybrid = new Retriever(store, { ...cfg, retrieval: 'hybrid' });
     const chunkDoc: string[] = [];
     const texts: string[] = [];
-    for (let id = 0; id < store.chunkCount; id++) {
-      const c = store.chunk(id);
+    for (const c of store.allChunks()) {
       chunkDoc.push(c.docId);
-      texts.push(`${store.document(c.docId)!.title}\n${c.text}`);
+      texts.push(`${c.title}\n${c.text}`);
     }
     const baseline = new Bm25(texts, { k1: cfg.bm25K1, b: cfg.bm25B });
-    const titled = (h: Hit) => `${store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
+    const titled = (h: Hit) => `${h.chunk.title}\n${h.chunk.text}`;
     const docsOf = (hits: readonly Hit[]) => hits.map((h) => h.chunk.docId);
 
     const ranks: Record<Method, Map<string, number>> = Object.fromEntries(METHODS.map((m) => [m, new Map()])) as Record<Method, Map<string, number>>;
@@ -95,10 +98,10 @@ async function main(): Promise<void> {
     t = performance.now();
     for (const q of questions) {
       const qv = await embedder.embed([q.question]);
-      ranks.dense.set(q.id, rankOf(docsOf(dense.search(qv, q.question, cfg.defaultTopK).hits), q.doc_id));
-      ranks.bm25.set(q.id, rankOf(docsOf(lexical.search(qv, q.question, cfg.defaultTopK).hits), q.doc_id));
+      ranks.dense.set(q.id, rankOf(docsOf((await dense.search(qv, q.question, cfg.defaultTopK, ALL)).hits), q.doc_id));
+      ranks.bm25.set(q.id, rankOf(docsOf((await lexical.search(qv, q.question, cfg.defaultTopK, ALL)).hits), q.doc_id));
       ranks.bm25_baseline.set(q.id, rankOf(baseline.search(q.question, cfg.defaultTopK).map((h) => chunkDoc[h.index]!), q.doc_id));
-      const fused = hybrid.search(qv, q.question, cfg.defaultTopK).hits;
+      const fused = (await hybrid.search(qv, q.question, cfg.defaultTopK, ALL)).hits;
       const fusedRank = rankOf(docsOf(fused), q.doc_id);
       ranks.fused.set(q.id, fusedRank);
       const unique = dedupe(fused, cfg.dedupeJaccard);

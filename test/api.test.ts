@@ -11,7 +11,7 @@ import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { cp, mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
+import { faiss, ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas', 'rights-management', 'ipv6', 'syslog'];
 let cfg: Config;
@@ -165,7 +165,7 @@ describe('documents', () => {
 
   test('POST /documents ingests, and the new text is retrievable', async () => {
     const res = await request(app).post('/documents').send({ doc_id: 'zorblax', title: 'The zorblaxd daemon', text: fact }).expect(201);
-    assert.deepEqual(res.body.documents, [{ doc_id: 'zorblax', title: 'The zorblaxd daemon', chunks: 1 }]);
+    assert.deepEqual(res.body.documents, [{ doc_id: 'zorblax', title: 'The zorblaxd daemon', chunks: 1, collection: 'default' }]);
     const q = await request(app).post('/query').send({ query: 'Which port does zorblaxd listen on?', max_new_tokens: 8 }).expect(200);
     assert.equal(q.body.citations[0].doc_id, 'zorblax');
   });
@@ -183,19 +183,19 @@ describe('documents', () => {
   });
 
   test('an existing doc_id is a 409, and nothing of the batch is ingested', async () => {
-    const before = service.store.documentCount;
+    const before = faiss(service).documentCount;
     const res = await request(app).post('/documents').send({ documents: [{ doc_id: 'fresh', text: 'x y z' }, { doc_id: 'zorblax', text: fact }] });
     assertError(res, 409, 'document_exists');
-    assert.equal(service.store.documentCount, before);
-    assert.equal(service.store.has('fresh'), false);
+    assert.equal(faiss(service).documentCount, before);
+    assert.equal(faiss(service).has('fresh'), false);
   });
 
   test('ingest progress counts documents embedded while the batch is not yet visible', async () => {
     const seen: { done: number; visible: number }[] = [];
     const embed = models.embedder.embed.bind(models.embedder);
-    const before = service.store.documentCount;
+    const before = faiss(service).documentCount;
     models.embedder.embed = async (texts) => {
-      seen.push({ done: service.ingestProgress?.done ?? -1, visible: service.store.documentCount });
+      seen.push({ done: service.ingestProgress?.done ?? -1, visible: faiss(service).documentCount });
       return embed(texts);
     };
     try {
@@ -205,13 +205,13 @@ describe('documents', () => {
     }
     assert.deepEqual(seen, [{ done: 0, visible: before }, { done: 1, visible: before }]);
     assert.deepEqual(service.ingestProgress, { done: 2, of: 2 });
-    assert.equal(service.store.documentCount, before + 2);
+    assert.equal(faiss(service).documentCount, before + 2);
   });
 
   test('the index survives a restart, without re-ingesting the corpus', async () => {
     const restarted = await RagService.start(cfg, models);
-    assert.equal(restarted.store.documentCount, service.store.documentCount);
-    assert.equal(restarted.store.chunkCount, service.store.chunkCount);
+    assert.equal(faiss(restarted).documentCount, faiss(service).documentCount);
+    assert.equal(faiss(restarted).chunkCount, faiss(service).chunkCount);
     const q = await request(createApp(restarted)).post('/query').send({ query: 'zorblaxd journal log file', max_new_tokens: 4 }).expect(200);
     assert.equal(q.body.citations[0].doc_id, 'zorblax');
   });

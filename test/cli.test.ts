@@ -14,7 +14,7 @@ import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { parseHtmlText } from '../src/retrieval/files/html.js';
 import { parseMarkdownText } from '../src/retrieval/files/markdown.js';
-import { ROOT, smallCorpus, tempDir, TEST_ENV, testConfig } from './helpers.js';
+import { ROOT, smallCorpus, tempDir, TEST_ENV, testConfig, faiss } from './helpers.js';
 
 const BIN = path.join(ROOT, 'bin', 'ragguard.js');
 const ADMIN = 'admin-key-for-cli-tests';
@@ -101,12 +101,12 @@ describe('ragguard ingest', () => {
     // The progress bar, on stderr.
     assert.match(r.stderr, /\[#{30}\] 3\/3 100%/);
 
-    const docs = Object.fromEntries([...service.store.documents(0, 100)].map((d) => [d.docId, d]));
+    const docs = Object.fromEntries([...faiss(service).documents(0, 100)].map((d) => [d.docId, d]));
     assert.deepEqual(Object.keys(docs).sort(), ['guide.deep.fog-signals', 'guide.tides', 'readme']);
     assert.equal(docs['readme']!.title, 'Lighthouse keeping');
     assert.equal(docs['guide.tides']!.title, 'Tide tables');
     assert.equal(docs['guide.deep.fog-signals']!.title, 'fog-signals');
-    const tides = service.store.chunk(docs['guide.tides']!.chunkIds[0]!).text;
+    const tides = faiss(service).chunk(docs['guide.tides']!.chunkIds[0]!).text;
     assert.match(tides, /Spring tides at the harbour rise 4 metres & flood the quay\./);
     assert.ok(!/never indexed|color:red|hidden comment|</.test(tides), tides);
   });
@@ -117,7 +117,7 @@ describe('ragguard ingest', () => {
     assert.match(r.stdout, /ingested 3 of 3 documents .*: 0 new, 3 replaced/);
     assert.match(r.stdout, /skipped \(7\):\n/);
     assert.match(r.stdout, /photo\.png: unsupported type/);
-    assert.equal(service.store.documentCount, 3);
+    assert.equal(faiss(service).documentCount, 3);
   });
 
   test('a server with an admin key: none sent is a failure (exit 1) and nothing goes in; the key from the environment works', async () => {
@@ -146,10 +146,10 @@ describe('ragguard ingest --direct', () => {
     const again = await ragguard(['ingest', tree, '--direct', '--json'], { RAGGUARD_INDEX_DIR: dir });
     assert.equal((JSON.parse(again.stdout) as { replaced: number }).replaced, 3);
     const s = await RagService.start(testConfig({ RAGGUARD_INDEX_DIR: dir, RAGGUARD_CORPUS_DIR: '', RAGGUARD_PROFILE_RUN: 'false' }), models);
-    assert.deepEqual(s.store.documents(0, 10).map((d) => d.docId).sort(), ['guide.deep.fog-signals', 'guide.tides', 'readme']);
-    assert.equal(s.store.chunkCount, report.chunks);
+    assert.deepEqual(faiss(s).documents(0, 10).map((d) => d.docId).sort(), ['guide.deep.fog-signals', 'guide.tides', 'readme']);
+    assert.equal(faiss(s).chunkCount, report.chunks);
     const v = await models.embedder.embed(['spring tides flood the quay']);
-    assert.equal(s.store.search(v, 1)[0]!.chunk.docId, 'guide.tides');
+    assert.equal(faiss(s).search(v, 1)[0]!.chunk.docId, 'guide.tides');
     assert.equal((await ragguard(['ingest', tree, '--direct', '--url', url])).code, 2);
   });
 });

@@ -10,7 +10,7 @@ import type { Config } from '../src/config/config.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { faiss, smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const DOCS = ['apt-cache', 'quotas', 'rights-management', 'syslog'];
 let cfg: Config;
@@ -31,22 +31,22 @@ before(async () => {
 /** The doc ids of the search hits for `q` (the index as queries see it). */
 async function searchDocs(s: RagService, q: string, k = 50): Promise<string[]> {
   const v = await s.models.embedder.embed([q]);
-  return s.store.search(v, k).map((h) => h.chunk.docId);
+  return faiss(s).search(v, k).map((h) => h.chunk.docId);
 }
 
-/** Every chunk id is its faiss label and every document's chunks are its own. */
+/** Every document's chunks are its own, in order, and every chunk belongs to a document. */
 function assertConsistent(s: RagService): void {
   let n = 0;
-  for (const d of s.store.documents(0, 1 << 30)) {
+  for (const d of faiss(s).documents(0, 1 << 30)) {
     for (const [ord, id] of d.chunkIds.entries()) {
-      const c = s.store.chunk(id);
+      const c = faiss(s).chunk(id);
       assert.equal(c.id, id);
       assert.equal(c.docId, d.docId);
       assert.equal(c.ord, ord);
       n++;
     }
   }
-  assert.equal(n, s.store.chunkCount);
+  assert.equal(n, faiss(s).chunkCount);
 }
 
 describe('documents', () => {
@@ -73,7 +73,7 @@ describe('documents', () => {
   test('GET /documents/:id gives its chunks; an unknown id is 404', async () => {
     const res = await request(app).get('/documents/quotas').expect(200);
     assert.equal(res.body.doc_id, 'quotas');
-    assert.equal(res.body.chunks.length, service.store.stored('quotas')!.chunkIds.length);
+    assert.equal(res.body.chunks.length, faiss(service).document('quotas')!.chunkIds.length);
     assert.ok(res.body.chunks.every((c: { text: string; ord: number }, i: number) => c.text.length > 0 && c.ord === i));
     const none = await request(app).get('/documents/nope').expect(404);
     assert.equal(none.body.error.code, 'document_not_found');
@@ -82,36 +82,36 @@ describe('documents', () => {
 
   test('PUT creates (201), then replaces (200): re-chunked and re-embedded, the old text gone from the index', async () => {
     const created = await request(app).put('/documents/vehicle').send({ title: 'Vehicle', text: SUBMARINE }).expect(201);
-    assert.deepEqual(created.body, { document: { doc_id: 'vehicle', title: 'Vehicle', chunks: 1 }, replaced: false });
+    assert.deepEqual(created.body, { document: { doc_id: 'vehicle', title: 'Vehicle', chunks: 1, collection: 'default' }, replaced: false });
     assert.equal((await searchDocs(service, 'yellow submarine Mariana trench', 1))[0], 'vehicle');
-    const chunksBefore = service.store.chunkCount;
+    const chunksBefore = faiss(service).chunkCount;
     const long = Array.from({ length: 30 }, () => BALLOON).join(' ');
     const replaced = await request(app).put('/documents/vehicle').send({ title: 'Balloon', text: long }).expect(200);
     assert.equal(replaced.body.replaced, true);
     assert.ok(replaced.body.document.chunks > 1, 're-chunked');
-    assert.equal(service.store.chunkCount, chunksBefore - 1 + replaced.body.document.chunks);
+    assert.equal(faiss(service).chunkCount, chunksBefore - 1 + replaced.body.document.chunks);
     const got = await request(app).get('/documents/vehicle').expect(200);
     assert.equal(got.body.title, 'Balloon');
     assert.ok(got.body.chunks.every((c: { text: string }) => !c.text.includes('submarine')));
     assert.equal((await searchDocs(service, 'red hot-air balloon over the Sahara', 1))[0], 'vehicle');
     // The submarine's vector is gone: no hit carries its text.
     const v = await service.models.embedder.embed(['yellow submarine Mariana trench']);
-    assert.ok(service.store.search(v, service.store.chunkCount).every((h) => !h.chunk.text.includes('submarine')));
+    assert.ok(faiss(service).search(v, faiss(service).chunkCount).every((h) => !h.chunk.text.includes('submarine')));
     assertConsistent(service);
     const errs = await request(app).put('/documents/vehicle').send({ text: '  ', extra: 1 }).expect(400);
     assert.equal(errs.body.error.problems.length, 2);
     await request(app).put('/documents/vehicle').send({ doc_id: 'other', text: 'x' }).expect(400);
   });
 
-  test('DELETE removes a document from the store and the index; chunks after it keep their labels consistent', async () => {
-    const total = service.store.chunkCount;
-    const gone = service.store.stored('apt-cache')!.chunkIds.length;
+  test('DELETE removes a document from the store and the index; the chunks left keep their ids', async () => {
+    const total = faiss(service).chunkCount;
+    const gone = faiss(service).document('apt-cache')!.chunkIds.length;
     const res = await request(app).delete('/documents/apt-cache').expect(200);
-    assert.deepEqual(res.body, { doc_id: 'apt-cache', deleted: true, chunks: gone });
-    assert.equal(service.store.chunkCount, total - gone);
+    assert.deepEqual(res.body, { doc_id: 'apt-cache', collection: 'default', deleted: true, chunks: gone });
+    assert.equal(faiss(service).chunkCount, total - gone);
     assert.ok(!(await searchDocs(service, 'apt-cache search package names')).includes('apt-cache'));
     assertConsistent(service);
-    // Retrieval over the renumbered chunks still finds the right documents.
+    // Retrieval over the compacted index still finds the right documents.
     assert.equal((await searchDocs(service, 'disk quota limits for users', 1))[0], 'quotas');
     assert.equal((await request(app).delete('/documents/apt-cache').expect(404)).body.error.code, 'document_not_found');
     await request(app).get('/documents/apt-cache').expect(404);
@@ -122,13 +122,13 @@ describe('documents', () => {
   test('a query that found chunks before their document was removed still resolves their titles', async () => {
     await request(app).put('/documents/transient').send({ title: 'Transient', text: 'A short-lived note about glacier ice cores.' }).expect(201);
     const v = await service.models.embedder.embed(['glacier ice cores']);
-    const hit = service.store.search(v, 1)[0]!;
+    const hit = faiss(service).search(v, 1)[0]!;
     assert.equal(hit.chunk.docId, 'transient');
     await request(app).delete('/documents/transient').expect(200);
-    // What the query in flight looks up next (rag.ts: the title for its reranker pairs and citations).
-    assert.equal(service.store.document('transient')?.title, 'Transient');
-    assert.equal(service.store.stored('transient'), undefined);
-    assert.equal(service.store.has('transient'), false);
+    // A hit carries its document's title (rag.ts: reranker pairs and citations), so a query in flight needs no lookup.
+    assert.equal(hit.chunk.title, 'Transient');
+    assert.equal(faiss(service).document('transient'), undefined);
+    assert.equal(faiss(service).has('transient'), false);
   });
 
   test('a query after the writes answers from the current documents', async () => {
@@ -142,7 +142,7 @@ describe('documents', () => {
     const app2 = createApp(restarted, { logger: createLogger('silent') });
     assert.deepEqual((await request(app2).get('/documents').query({ limit: 1000 }).expect(200)).body, list);
     assert.deepEqual((await request(app2).get('/documents/vehicle').expect(200)).body, (await request(app).get('/documents/vehicle').expect(200)).body);
-    assert.equal(restarted.store.chunkCount, service.store.chunkCount);
+    assert.equal(faiss(restarted).chunkCount, faiss(service).chunkCount);
     assertConsistent(restarted);
     assert.deepEqual(await searchDocs(restarted, 'red balloon', 5), await searchDocs(service, 'red balloon', 5));
   });
@@ -150,12 +150,12 @@ describe('documents', () => {
   test('a write that cannot be persisted leaves the store as it was', async () => {
     const s = await RagService.start(testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, DOCS), RAGGUARD_PROFILE_RUN: 'false' }), models);
     const a = createApp(s, { logger: createLogger('silent') });
-    const before = { docs: s.store.documents(0, 100), chunks: s.store.chunkCount, hits: await searchDocs(s, 'system log messages', 10) };
-    s.store.persist = () => Promise.reject(new Error('disk full'));
+    const before = { docs: faiss(s).documents(0, 100), chunks: faiss(s).chunkCount, hits: await searchDocs(s, 'system log messages', 10) };
+    faiss(s).persist = () => Promise.reject(new Error('disk full'));
     await request(a).delete('/documents/syslog').expect(500);
     await request(a).put('/documents/quotas').send({ text: SUBMARINE }).expect(500);
-    assert.deepEqual(s.store.documents(0, 100), before.docs);
-    assert.equal(s.store.chunkCount, before.chunks);
+    assert.deepEqual(faiss(s).documents(0, 100), before.docs);
+    assert.equal(faiss(s).chunkCount, before.chunks);
     assert.deepEqual(await searchDocs(s, 'system log messages', 10), before.hits);
     assertConsistent(s);
   });

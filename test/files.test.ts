@@ -15,7 +15,7 @@ import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { makeDocx, makePdf } from './file-fixtures.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { smallCorpus, tempDir, testConfig, faiss } from './helpers.js';
 
 let service: RagService;
 let server: Server;
@@ -97,18 +97,18 @@ describe('ingest of files', () => {
     assert.match(torn.message, /^torn-manual\.pdf: not a readable PDF/);
     assert.deepEqual((r.body['documents'] as { title: string }[]).map((d) => d.title), ['Skerry Point harbour manual', 'Greenhouse handbook', 'Observatory guide']);
 
-    const byTitle = new Map(service.store.documents(0, 100).map((d) => [d.title, d]));
+    const byTitle = new Map(faiss(service).documents(0, 100).map((d) => [d.title, d]));
     assert.deepEqual(byTitle.get('Skerry Point harbour manual')!.metadata,
       { pages: '2', author: 'Harbour Board', subject: 'Operations', filename: 'harbour.pdf', kind: 'pdf', content_type: 'application/pdf' });
     assert.equal(byTitle.get('Greenhouse handbook')!.metadata!['author'], 'Mira Holt');
     assert.equal(byTitle.get('Observatory guide')!.metadata!['author'], 'Night Desk');
     assert.equal(byTitle.get('Observatory guide')!.metadata!['language'], 'en');
     // Each chunk is of one page or section, and says which.
-    const locators = (title: string) => byTitle.get(title)!.chunkIds.map((id) => service.store.chunk(id).locator);
+    const locators = (title: string) => byTitle.get(title)!.chunkIds.map((id) => faiss(service).chunk(id).locator);
     assert.deepEqual(locators('Skerry Point harbour manual'), ['page 1', 'page 2']);
     assert.deepEqual(locators('Greenhouse handbook'), ['section: Watering', 'section: Pollination']);
     assert.deepEqual(locators('Observatory guide'), ['section: Telescopes', 'section: Telescopes > Calibration', 'section: Telescopes > Domes']);
-    for (const id of byTitle.get('Observatory guide')!.chunkIds) assert.doesNotMatch(service.store.chunk(id).text, /never indexed|</);
+    for (const id of byTitle.get('Observatory guide')!.chunkIds) assert.doesNotMatch(faiss(service).chunk(id).text, /never indexed|</);
   });
 
   test('a Markdown file as base64 JSON: front matter title and metadata, one section per heading', async () => {
@@ -140,7 +140,7 @@ describe('ingest of files', () => {
   }
 
   test('a type no parser reads: 415 naming the file; a damaged PDF alone: 422 naming it; nothing goes in', async () => {
-    const before = service.store.documentCount;
+    const before = faiss(service).documentCount;
     const png = new FormData();
     // A name beyond ASCII comes back as it was sent (UTF-8, not busboy's latin1 default).
     png.append('file', file(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), 'image/png'), 'schéma.png');
@@ -163,7 +163,7 @@ describe('ingest of files', () => {
     const fake = await post('/documents', { content: Buffer.from('plain words').toString('base64'), filename: 'notes.docx' });
     assert.equal(fake.status, 422);
     assert.match((fake.body['error'] as { message: string }).message, /^notes\.docx: not a Word document/);
-    assert.equal(service.store.documentCount, before);
+    assert.equal(faiss(service).documentCount, before);
   });
 
   test('malformed bodies are 400s: content without filename, not base64, doc_id with several files', async () => {
@@ -180,8 +180,8 @@ describe('ingest of files', () => {
 
   test('the locator survives a restart (it is in the snapshot)', async () => {
     const reopened = await RagService.start(service.cfg, service.models);
-    const d = reopened.store.documents(0, 100).find((x) => x.title === 'Skerry Point harbour manual')!;
-    assert.deepEqual(d.chunkIds.map((id) => reopened.store.chunk(id).locator), ['page 1', 'page 2']);
+    const d = faiss(reopened).documents(0, 100).find((x) => x.title === 'Skerry Point harbour manual')!;
+    assert.deepEqual(d.chunkIds.map((id) => faiss(reopened).chunk(id).locator), ['page 1', 'page 2']);
     assert.equal(d.metadata!['author'], 'Harbour Board');
   });
 
@@ -214,7 +214,7 @@ describe('ingest of files', () => {
     } as RequestInit & { duplex: 'half' });
     assert.equal(streamed.status, 413);
     assert.equal(((await streamed.json()) as { error: { code: string } }).error.code, 'payload_too_large');
-    assert.equal(service.store.documents(0, 100).some((d) => d.metadata?.['filename'] === 'big.txt'), false);
+    assert.equal(faiss(service).documents(0, 100).some((d) => d.metadata?.['filename'] === 'big.txt'), false);
   });
 
   test('PUT /documents/:id replaces a document with a file, its locators with it', async () => {

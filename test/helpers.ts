@@ -1,4 +1,6 @@
 /** Shared test fixtures: configuration on a temporary index, a small slice of the shipped corpus. */
+import { FaissStore } from '../src/retrieval/faiss-store.js';
+import type { RetrievalStore } from '../src/retrieval/retrieval-store.js';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { copyFile, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -88,4 +90,10 @@ export async function startServer(env: Record<string, string>, npm = false): Pro
     void exited.then((code) => reject(new Error(`server exited (${code}) before it was ready:\n${out}`)));
   });
   return { proc, port, log: () => out, exited };
+}
+
+/** The service's store as the embedded one (what TEST_ENV's services open), for tests that read it directly. */
+export function faiss(s: { store: RetrievalStore }): FaissStore {
+  if (!(s.store instanceof FaissStore)) throw new Error(`the service's store is ${s.store.kind}, not faiss`);
+  return s.store;
 }

@@ -7,30 +7,20 @@ import assert from 'node:assert/strict';
 import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
-import { LexicalIndex, lexicalTerms, type ChunkSource } from '../src/retrieval/lexical.js';
+import { LexicalIndex, lexicalTerms, type LexicalEntry } from '../src/retrieval/lexical.js';
 import { reciprocalRankFusion } from '../src/retrieval/fusion.js';
 import { CORPUS } from './helpers.js';
 
-/** A store-like source: each paragraph of a few corpus documents is a chunk. */
-async function source(docs: number): Promise<ChunkSource & { add(docId: string, title: string, text: string): void }> {
-  const chunks: { docId: string; text: string }[] = [];
-  const titles = new Map<string, string>();
-  const src = {
-    get chunkCount() { return chunks.length; },
-    chunk: (id: number) => chunks[id]!,
-    document: (docId: string) => ({ title: titles.get(docId)! }),
-    add(docId: string, title: string, text: string) {
-      titles.set(docId, title);
-      chunks.push({ docId, text });
-    },
-  };
+/** Chunks as BM25 sees them ("title\ntext", id = position): each paragraph of a few corpus documents. */
+async function source(docs: number): Promise<LexicalEntry[]> {
+  const out: LexicalEntry[] = [];
   const names = (await readdir(CORPUS)).filter((n) => n.endsWith('.txt')).sort().slice(0, docs);
   for (const n of names) {
     const raw = await readFile(path.join(CORPUS, n), 'utf8');
     const [title, ...paras] = raw.split('\n\n');
-    for (const p of paras) if (p.trim()) src.add(n, title!, p);
+    for (const p of paras) if (p.trim()) out.push({ id: out.length, text: `${title}\n${p}` });
   }
-  return src;
+  return out;
 }
 
 const QUERIES = ['How do I cancel a job queued with at?', 'apt pinning priority of a package', 'the the the', 'kernel module blacklist', 'zzzz qqqq'];
@@ -56,9 +46,9 @@ function reference(texts: readonly string[], query: string, k1: number, b: numbe
 test('BM25 scores and order equal the formula', async () => {
   const src = await source(6);
   const lex = new LexicalIndex({ k1: 1.2, b: 0.75 });
-  lex.sync(src);
-  assert.equal(lex.size, src.chunkCount);
-  const texts = Array.from({ length: src.chunkCount }, (_, id) => `${src.document(src.chunk(id).docId)!.title}\n${src.chunk(id).text}`);
+  lex.add(src);
+  assert.equal(lex.size, src.length);
+  const texts = src.map((e) => e.text);
   for (const q of QUERIES) {
     const want = reference(texts, q, 1.2, 0.75).slice(0, 10);
     const got = lex.search(q, 10);
@@ -68,30 +58,34 @@ test('BM25 scores and order equal the formula', async () => {
   assert.deepEqual(lex.search('the the the', 5), [], 'stopwords only: nothing matches');
 });
 
-test('the index follows the store: appended chunks are found, a shrunken store rebuilds it', async () => {
+test('added chunks are found, removed ones are not, and the scores are those of the chunks left', async () => {
   const src = await source(2);
   const lex = new LexicalIndex({ k1: 1.2, b: 0.75 });
-  lex.sync(src);
+  lex.add(src);
   assert.deepEqual(lex.search('xylophonic quasar', 3), []);
-  src.add('extra', 'Extra', 'a xylophonic quasar sings');
-  lex.sync(src);
-  assert.equal(lex.search('xylophonic quasar', 3)[0]?.chunkId, src.chunkCount - 1);
-  const smaller = await source(1);
-  lex.sync(smaller);
-  assert.equal(lex.size, smaller.chunkCount);
+  const extra = { id: src.length, text: 'Extra\na xylophonic quasar sings' };
+  lex.add([extra]);
+  assert.equal(lex.search('xylophonic quasar', 3)[0]?.chunkId, extra.id);
+  lex.remove([extra.id, 0]);
+  assert.equal(lex.size, src.length - 1);
   assert.deepEqual(lex.search('xylophonic quasar', 3), []);
-  // Rolled back and grown again to the same size with other texts: rebuilt, not trusted by count.
-  const other = await source(1);
-  const n = other.chunkCount;
-  lex.sync(other);
-  const again = await source(1);
-  again.add('late', 'Late', 'a xylophonic quasar again');
-  const regrown = await source(1);
-  regrown.add('other', 'Other', 'nothing to see');
-  lex.sync(again);
-  assert.equal(lex.search('xylophonic quasar', 3)[0]?.chunkId, n);
-  lex.sync(regrown);
-  assert.deepEqual(lex.search('xylophonic quasar', 3), [], 'same count, other text: rebuilt');
+  const left = src.slice(1);
+  const q = QUERIES[0]!;
+  const want = reference(left.map((e) => e.text), q, 1.2, 0.75).slice(0, 5);
+  const got = lex.search(q, 5);
+  assert.deepEqual(got.map((h) => h.chunkId), want.map((h) => left[h.index]!.id));
+  got.forEach((h, i) => assert.ok(Math.abs(h.score - want[i]!.score) < 1e-9, `${h.score} vs ${want[i]!.score}`));
+});
+
+test('a filter applies before the cut: k hits when k pass', async () => {
+  const src = await source(6);
+  const lex = new LexicalIndex({ k1: 1.2, b: 0.75 });
+  lex.add(src);
+  const q = 'package file system user';
+  const all = lex.search(q, 1000);
+  const odd = lex.search(q, 5, (id) => id % 2 === 1);
+  assert.equal(odd.length, 5);
+  assert.deepEqual(odd, all.filter((h) => h.chunkId % 2 === 1).slice(0, 5));
 });
 
 test('reciprocal-rank fusion: weights, ranks, absent items, deterministic ties', () => {

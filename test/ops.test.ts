@@ -11,7 +11,7 @@ import type { Express } from 'express';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { smallCorpus, tempDir, testConfig, faiss } from './helpers.js';
 
 const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas'];
 const API = 'api-key-0123456789';
@@ -124,7 +124,7 @@ describe('request ids and logs', () => {
   test('a server error is one line at level error, with the stack', async () => {
     // A store whose search throws: the route fails inside, as a bug would.
     const broken = await serviceWith({});
-    broken.store.search = () => { throw new Error('search exploded'); };
+    faiss(broken).search = () => { throw new Error('search exploded'); };
     const app2 = createApp(broken, { logger: createLogger('info', sink) });
     const res = await request(app2).post('/query').send({ query: 'anything at all', max_new_tokens: 2 }).expect(500);
     assert.deepEqual(res.body, { error: { code: 'internal', message: 'internal error' } });

@@ -1,9 +1,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { dedupe, jaccard, prune } from '../src/retrieval/prune.js';
-import type { Hit } from '../src/retrieval/store.js';
+import type { Hit } from '../src/retrieval/retrieval-store.js';
 
-const hit = (id: number, score: number, text: string): Hit => ({ chunk: { id, docId: `d${id}`, ord: 0, text, tokens: 1 }, score });
+const hit = (id: number, score: number, text: string): Hit => ({ chunk: { id, collection: 'default', docId: `d${id}`, title: `D${id}`, ord: 0, text, tokens: 1 }, score });
 
 test('prune drops hits far below the best', () => {
   const hits = [hit(0, 0.9, 'a'), hit(1, 0.7, 'b'), hit(2, 0.61, 'c'), hit(3, 0.59, 'd'), hit(4, 0.2, 'e')];

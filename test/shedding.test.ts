@@ -17,7 +17,7 @@ import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { Lifecycle } from '../src/server/shutdown.js';
-import { holdRuns, smallCorpus, tempDir, testConfig, turn } from './helpers.js';
+import { holdRuns, smallCorpus, tempDir, testConfig, turn, faiss } from './helpers.js';
 
 
 interface Reply {
@@ -97,8 +97,9 @@ function send(id: string, method: string, route: string, body?: string, headers:
 const health = async () => JSON.parse((await send(`h${Math.random()}`, 'GET', '/healthz')).body) as { queue: { running: number; waiting: number } };
 
 test('start-up leaves the BM25 index level with the corpus it ingested: the first query does not build it', () => {
-  assert.ok(service.store.chunkCount > 0);
-  assert.equal(service.retriever.lexical.size, service.store.chunkCount);
+  assert.ok(faiss(service).chunkCount > 0);
+  assert.ok(faiss(service).lexicalReady, 'built at start-up');
+  assert.equal(faiss(service).lexicalIndex().size, faiss(service).chunkCount);
 });
 
 test('a full server answers a query 503 queue_full in the turn it arrives, without parsing, tokenizing or embedding it; the queries let in still get their answers', async () => {

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { normalize } from '../src/retrieval/embedder.js';
 import { CorruptSnapshotError, encodeSnapshot, temporaryPath } from '../src/retrieval/snapshot.js';
-import { DocumentStore, type NewDocument } from '../src/retrieval/store.js';
+import { FaissStore as DocumentStore, type NewDocument } from '../src/retrieval/faiss-store.js';
 import { tempDir } from './helpers.js';
 
 const D = 8;

@@ -11,7 +11,7 @@ import type { Config } from '../src/config/config.js';
 import { loadModels, type Models } from '../src/service/rag.js';
 import { createLogger } from '../src/server/logging.js';
 import { serve, type Serving } from '../src/server/serve.js';
-import { holdRuns, smallCorpus, tempDir, testConfig } from './helpers.js';
+import { holdRuns, smallCorpus, tempDir, testConfig, faiss } from './helpers.js';
 
 /**
  * A loader that hands over `models` only when the test opens it, saying one model is loaded meanwhile;
@@ -110,7 +110,7 @@ describe('a server that is still starting', () => {
     assert.deepEqual(ingesting['progress'], { done: 0, of: 3, unit: 'documents' });
 
     const service = await serving.ready;
-    assert.equal(service.store.documentCount, 3);
+    assert.equal(faiss(service).documentCount, 3);
     assert.deepEqual((await request(base).get('/readyz').expect(200)).body, { status: 'ready' });
     const answered = await request(base).post('/query').send({ query: 'sticky bit', max_new_tokens: 2 }).expect(200);
     assert.equal(typeof answered.body.answer, 'string');

@@ -2,13 +2,14 @@
  * `ragguard ingest --direct`: documents straight into the index on disk (RAGGUARD_INDEX_DIR), with no
  * server: the embedder alone is loaded, each document chunked and embedded as the server would, and
  * the snapshot written once, through the store's own transaction (all of the folder or nothing).
- * Only while no server runs on that index: a running server neither sees the new documents nor keeps
- * them (its next write persists its own copy).
+ * With the embedded store, only while no server runs on that index: a running server neither sees the
+ * new documents nor keeps them (its next write persists its own copy). With RAGGUARD_STORE=postgres://...
+ * the batch is one transaction that running servers see at once.
  */
 import { loadConfig } from '../config/config.js';
 import { documentInfo, embedDocument, type EmbeddedDocument } from '../service/documents.js';
 import { Embedder } from '../retrieval/embedder.js';
-import { DocumentStore } from '../retrieval/store.js';
+import { openStore } from '../retrieval/open-store.js';
 import type { FolderDocument } from './folder.js';
 
 export interface DirectResult {
@@ -21,7 +22,7 @@ export interface DirectResult {
 export async function ingestDirect(documents: readonly FolderDocument[], progress: (done: number, label: string) => void): Promise<DirectResult> {
   const cfg = loadConfig();
   const embedder = await Embedder.load(cfg.embedderPath, cfg.providers.embedder, { webgpuBufferCache: cfg.webgpuBufferCache });
-  const store = await DocumentStore.open(cfg.indexDir, embedder.dimension);
+  const store = await openStore(cfg, embedder.dimension);
   const embedded: (EmbeddedDocument & { file: string })[] = [];
   for (const [i, d] of documents.entries()) {
     embedded.push({ ...(await embedDocument(embedder, cfg, d)), file: d.file });
@@ -30,12 +31,14 @@ export async function ingestDirect(documents: readonly FolderDocument[], progres
   const created: string[] = [];
   const replaced: string[] = [];
   let chunks = 0;
-  await store.transact(() => {
-    for (const e of embedded) {
-      (store.remove(e.docId) ? replaced : created).push(e.file);
-      store.add(documentInfo(e), e.spans, e.vectors);
-      chunks += e.spans.length;
-    }
-  });
+  try {
+    const written = await store.replaceBatch(embedded.map((e) => ({ doc: documentInfo(e), chunks: e.spans, vectors: e.vectors })));
+    written.forEach((w, i) => {
+      (w.replaced ? replaced : created).push(embedded[i]!.file);
+      chunks += w.document.chunkIds.length;
+    });
+  } finally {
+    await store.close();
+  }
   return { created, replaced, chunks, indexDir: cfg.indexDir };
 }

@@ -47,6 +47,10 @@ export interface Config {
   webgpuBufferCache: WebGpuBufferCache | undefined;
   /** Where the index snapshot lives; created when missing. */
   indexDir: string;
+  /** The retrieval store: 'faiss' (in process, snapshot in indexDir) or a PostgreSQL URL (pgvector, shared by replicas). */
+  store: string;
+  /** pgvector's hnsw.ef_search on the Postgres store. */
+  pgEfSearch: number;
   /** Corpus ingested when the index is empty at start-up ('' = none). */
   corpusDir: string;
   chunkTokens: number;
@@ -289,6 +293,20 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_INDEX_DIR', default: 'data/index',
     doc: 'Directory of the persisted index snapshot (created when missing).',
     apply: str((c, v) => (c.indexDir = rel(v))),
+  },
+  {
+    name: 'RAGGUARD_STORE', default: 'faiss',
+    doc: "Retrieval store: faiss (embedded: faiss + BM25 in this process, snapshot in RAGGUARD_INDEX_DIR) or a PostgreSQL URL (postgres://user:password@host:port/db, pgvector 0.8+): documents, chunks, an HNSW index and BM25 in the database, shared by every replica pointed at it. The schema is created when missing; the vector extension must exist or the role may create it.",
+    apply: (c, raw) => {
+      const v = raw.trim();
+      if (v !== 'faiss' && !/^postgres(ql)?:\/\/./.test(v)) throw new Error("must be 'faiss' or a postgres:// URL");
+      c.store = v;
+    },
+  },
+  {
+    name: 'RAGGUARD_PG_EF_SEARCH', default: '100',
+    doc: "pgvector's hnsw.ef_search on the Postgres store: candidates per HNSW scan (higher: better recall, slower); filtered scans continue past it (hnsw.iterative_scan).",
+    apply: int(10, 1000, (c, v) => (c.pgEfSearch = v)),
   },
   {
     name: 'RAGGUARD_CORPUS_DIR', default: 'data/corpus',

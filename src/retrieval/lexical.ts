@@ -6,10 +6,12 @@
  * here so that scores are BM25's sums), and it takes a chunk's length as its number of distinct terms
  * (kept: both normalise long chunks; bench:rag measures both against the baseline).
  *
- * The index is derived state: it is rebuilt from the store's chunk texts when the service starts and
- * follows the store by chunk id (chunks are append-only), so the snapshot needs nothing more.
+ * The index is derived state: the embedded store (faiss-store.ts) builds it from its chunk texts and keeps
+ * it level with every write by chunk id, so the snapshot needs nothing more. postgres-store.ts computes
+ * the same scores in SQL (the same terms, the same lengths), so both stores rank alike.
  */
 import MiniSearch from 'minisearch';
+import type { Bm25Params } from './retrieval-store.js';
 
 /** English function words that carry no topic (the same list as the benchmark's baseline BM25). */
 export const STOPWORDS: ReadonlySet<string> = new Set([
@@ -24,10 +26,7 @@ export function lexicalTerms(text: string): string[] {
   return text.toLowerCase().split(/[^a-z0-9]+/).filter((t) => t !== '' && !STOPWORDS.has(t));
 }
 
-export interface Bm25Params {
-  k1: number;
-  b: number;
-}
+export type { Bm25Params } from './retrieval-store.js';
 
 export interface LexicalHit {
   /** The store's chunk id. */
@@ -35,64 +34,47 @@ export interface LexicalHit {
   score: number;
 }
 
-interface Entry {
+/** A chunk as BM25 sees it: "title\ntext". */
+export interface LexicalEntry {
   id: number;
   text: string;
 }
 
-/** What the index reads chunks from: the document store satisfies it. */
-export interface ChunkSource {
-  readonly chunkCount: number;
-  chunk(id: number): { docId: string; text: string };
-  document(docId: string): { title: string } | undefined;
-}
-
 export class LexicalIndex {
-  private index: MiniSearch<Entry>;
-  private count = 0;
-  /** Text of the last chunk indexed: a cheap check that the store's ids still mean the same chunks. */
-  private lastText = '';
+  private readonly index: MiniSearch<LexicalEntry>;
 
   constructor(readonly params: Bm25Params) {
     this.index = this.fresh();
   }
 
-  /** Chunks indexed (ids 0 .. size-1). */
+  /** Chunks indexed. */
   get size(): number {
-    return this.count;
+    return this.index.documentCount;
+  }
+
+  add(entries: readonly LexicalEntry[]): void {
+    if (entries.length > 0) this.index.addAll(entries);
+  }
+
+  /** Forgets the chunks (MiniSearch's discard: the statistics follow at once, the postings are vacuumed later). */
+  remove(ids: readonly number[]): void {
+    for (const id of ids) this.index.discard(id);
   }
 
   /**
-   * Brings the index level with the store: appends the chunks it has not seen; rebuilds when the store
-   * is no longer what the index was built from (fewer chunks, or another text at the last indexed id: an
-   * ingest rolled back, perhaps followed by others).
+   * The k best chunks by BM25 that `accept` lets through, best first (ties: lower id first); chunks
+   * sharing no term are left out. The filter applies before the cut, so k stay when k match.
    */
-  sync(store: ChunkSource): void {
-    if (this.count > 0 && (store.chunkCount < this.count || store.chunk(this.count - 1).text !== this.lastText)) {
-      this.index = this.fresh();
-      this.count = 0;
-    }
-    if (store.chunkCount === this.count) return;
-    const entries: Entry[] = [];
-    for (let id = this.count; id < store.chunkCount; id++) {
-      const c = store.chunk(id);
-      entries.push({ id, text: `${store.document(c.docId)?.title ?? ''}\n${c.text}` });
-    }
-    this.index.addAll(entries);
-    this.count = store.chunkCount;
-    this.lastText = store.chunk(this.count - 1).text;
-  }
-
-  /** The k best chunks by BM25, best first (ties: lower id first); chunks sharing no term are left out. */
-  search(query: string, k: number): LexicalHit[] {
-    if (k <= 0 || this.count === 0) return [];
-    const hits = this.index.search(query).map((r) => ({ chunkId: r.id as number, score: r.score / Math.max(1, r.queryTerms.length) }));
+  search(query: string, k: number, accept?: (chunkId: number) => boolean): LexicalHit[] {
+    if (k <= 0 || this.index.documentCount === 0) return [];
+    const results = this.index.search(query, accept ? { filter: (r) => accept(r.id as number) } : undefined);
+    const hits = results.map((r) => ({ chunkId: r.id as number, score: r.score / Math.max(1, r.queryTerms.length) }));
     hits.sort((x, y) => y.score - x.score || x.chunkId - y.chunkId);
     return hits.slice(0, k);
   }
 
-  private fresh(): MiniSearch<Entry> {
-    return new MiniSearch<Entry>({
+  private fresh(): MiniSearch<LexicalEntry> {
+    return new MiniSearch<LexicalEntry>({
       fields: ['text'],
       idField: 'id',
       tokenize: lexicalTerms,

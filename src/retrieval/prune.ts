@@ -6,7 +6,7 @@
  * word 3-shingle sets overlap at or above the Jaccard threshold are one hit, and the better-scored
  * copy stays. Overlapping neighbours from chunking share far less than that and both stay.
  */
-import type { Hit } from './store.js';
+import type { Hit } from './retrieval-store.js';
 
 export function prune(hits: readonly Hit[], margin: number): Hit[] {
   if (hits.length === 0) return [];

@@ -9,11 +9,10 @@
  */
 import type { Config } from '../config/config.js';
 import { reciprocalRankFusion } from './fusion.js';
-import { LexicalIndex } from './lexical.js';
 import { prune } from './prune.js';
-import type { DocumentStore, Hit } from './store.js';
+import type { Hit, RetrievalStore, SearchFilter } from './retrieval-store.js';
 
-export type RetrieverConfig = Pick<Config, 'retrieval' | 'rrfK' | 'rrfDenseWeight' | 'rrfLexicalWeight' | 'retrievalDepth' | 'bm25K1' | 'bm25B' | 'pruneMargin'>;
+export type RetrieverConfig = Pick<Config, 'retrieval' | 'rrfK' | 'rrfDenseWeight' | 'rrfLexicalWeight' | 'retrievalDepth' | 'pruneMargin'>;
 
 export interface Retrieved {
   /** The first stage's hits, best first, at most top_k. */
@@ -22,63 +21,41 @@ export interface Retrieved {
   pruned: Hit[];
 }
 
+const noTurn = () => Promise.resolve();
+
 export class Retriever {
-  readonly lexical: LexicalIndex;
-
   constructor(
-    private readonly store: DocumentStore,
+    private readonly store: RetrievalStore,
     private readonly cfg: RetrieverConfig,
-  ) {
-    this.lexical = new LexicalIndex({ k1: cfg.bm25K1, b: cfg.bm25B });
-    if (cfg.retrieval !== 'dense') this.lexical.sync(store);
-  }
+  ) {}
 
-  search(queryVector: Float32Array, query: string, topK: number): Retrieved {
-    const parts = this.parts(queryVector, query, topK);
-    let r = parts.next();
-    while (!r.done) r = parts.next();
-    return r.value;
+  search(queryVector: Float32Array, query: string, topK: number, filter: SearchFilter): Promise<Retrieved> {
+    return this.searchPaced(queryVector, query, topK, filter, noTurn);
   }
 
   /**
    * search() with `between` awaited between its parts (the lexical search; the dense search and the
    * fusion): in a burst each is several milliseconds of a contended main thread, and the server gives
-   * the event loop a turn there (runtime/turns.ts) rather than hold a probe behind both.
+   * the event loop a turn there (runtime/turns.ts) rather than hold a probe behind both. Both sides search
+   * inside the filter (the store applies it), so each brings its full depth.
    */
-  async searchPaced(queryVector: Float32Array, query: string, topK: number, between: () => Promise<void>): Promise<Retrieved> {
-    const parts = this.parts(queryVector, query, topK);
-    let r = parts.next();
-    while (!r.done) {
-      await between();
-      r = parts.next();
-    }
-    return r.value;
-  }
-
-  /** The search, yielding where a caller may give the event loop a turn. */
-  private *parts(queryVector: Float32Array, query: string, topK: number): Generator<void, Retrieved> {
+  async searchPaced(queryVector: Float32Array, query: string, topK: number, filter: SearchFilter, between: () => Promise<void>): Promise<Retrieved> {
     const { cfg, store } = this;
     if (cfg.retrieval === 'dense') {
-      const hits = store.search(queryVector, topK);
+      await between();
+      const hits = await store.searchDense(queryVector, topK, filter);
       return { hits, pruned: prune(hits, cfg.pruneMargin) };
     }
     const depth = Math.max(topK, cfg.retrievalDepth);
-    const lexicalHits = (): Hit[] => {
-      // The store may have grown (or been rolled back) since the last query: the index follows it.
-      this.lexical.sync(store);
-      return this.lexical.search(query, depth).map((h) => ({ chunk: store.chunk(h.chunkId), score: h.score }));
-    };
-    let lexical = lexicalHits();
+    await between();
+    const lexical = await store.searchLexical(query, depth, filter);
     if (cfg.retrieval === 'lexical') {
       const hits = lexical.slice(0, topK);
       return { hits, pruned: hits };
     }
-    yield;
-    // A removal during the yield renumbers the chunks after the removed ones (as new objects), and the
-    // fusion matches the two sides by chunk id: the lexical side is searched again on the store as the
-    // dense side sees it (rare, and about a millisecond).
-    if (lexical.some((h) => h.chunk.id >= store.chunkCount || store.chunk(h.chunk.id) !== h.chunk)) lexical = lexicalHits();
-    const dense = store.search(queryVector, depth);
+    await between();
+    // Chunk ids are stable in both stores, so the two sides match by id even across a write between them.
+    const dense = await store.searchDense(queryVector, depth, filter);
     const fused = reciprocalRankFusion([
       { items: dense, weight: cfg.rrfDenseWeight },
       { items: lexical, weight: cfg.rrfLexicalWeight },

@@ -63,8 +63,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.use(express.json({ limit: cfg.maxDocumentBytes }));
 
   // Also answered at the front door (front-door.ts); here for the paths it leaves to express ('/healthz/').
-  app.get('/healthz', (_req, res) => {
-    res.json(healthReport(service, admission));
+  app.get('/healthz', async (_req, res) => {
+    res.json(await healthReport(service, admission));
   });
 
   app.get('/metrics', metricsHandler(metrics));

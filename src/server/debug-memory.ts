@@ -149,7 +149,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     decoderComponent(service),
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },
-    { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: `${store.chunkCount} vectors x ${store.dimension} float32` },
+    { name: 'faiss_index', bytes: store.indexBytes, how: 'exact', detail: store.indexDetail },
     {
       name: 'adapter_slots', bytes: adapters.slots.bytes, how: 'exact',
       detail: `${adapters.slots.max_loras} LoRA adapters x rank ${adapters.slots.max_rank} per module, allocated at start-up; ${adapters.loaded.length} loaded now`,

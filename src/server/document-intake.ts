@@ -163,7 +163,11 @@ export async function postDocuments(service: RagService, req: Request, res: Resp
     // A file's parse holds the event loop (a long PDF: a while): one file per turn (turns.ts).
     await nextTurn();
     try {
-      read.push(await readFileDocument(item.file, cfg.maxDocumentBytes, item.docId, item.title));
+      const d = await readFileDocument(item.file, cfg.maxDocumentBytes, item.docId, item.title);
+      read.push({
+        ...d, ...(item.collection === undefined ? {} : { collection: item.collection }),
+        ...(item.metadata === undefined ? {} : { metadata: { ...d.metadata, ...item.metadata } }),
+      });
     } catch (e) {
       if (!(e instanceof HttpError)) throw e;
       read.push(e);

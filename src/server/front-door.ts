@@ -25,13 +25,18 @@ import { errorState, routedOutcome, trackRequest, type Logger, type RequestDone 
 import { pathOf, type Lifecycle } from './shutdown.js';
 import { nextTurn, noteArrival } from '../runtime/turns.js';
 
-/** GET /healthz's body: liveness, the models' providers, the queue and the KV pool. */
-export function healthReport(service: RagService, admission: Admission): Record<string, unknown> {
+/**
+ * GET /healthz's body: liveness, the store's counts, the models' providers, the queue and the KV pool. A
+ * store that does not answer (Postgres down) is said, not a failed probe: the process itself is alive.
+ */
+export async function healthReport(service: RagService, admission: Admission): Promise<Record<string, unknown>> {
   const { embedder, reranker, decoder } = service.models;
+  const counts = await service.store.counts().then((c) => ({ documents: c.documents, chunks: c.chunks }),
+    (e: Error) => ({ documents: null, chunks: null, store_error: e.message }));
   return {
     status: 'ok',
-    documents: service.store.documentCount,
-    chunks: service.store.chunkCount,
+    ...counts,
+    store: service.store.kind,
     providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
     // How the decoder takes its KV cache and how its runs reach its runtime (decoder-model.ts, backends/cuda).
     decoder: decoderRuntime(decoder),
@@ -82,7 +87,8 @@ export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerR
     const path = pathOf(req);
     if (path === '/healthz' && (req.method === 'GET' || req.method === 'HEAD')) {
       // A probe: open to all, answered while draining too (shutdown.ts).
-      return reply(req, res, path, '/healthz', 200, healthReport(d.service, d.admission), {});
+      void healthReport(d.service, d.admission).then((body) => reply(req, res, path, '/healthz', 200, body, {}));
+      return;
     }
     if (path !== '/query' || req.method !== 'POST') return express();
     // Refusals before shedding are express's to give, in its order (auth.ts, shutdown.ts).

@@ -33,7 +33,7 @@ import { HttpError } from './errors.js';
 import { decideOrReject, generationShape, guardReport, runGuarded, workSignal, type Admitted } from './guarded.js';
 import { openapiDocument } from './openapi.js';
 import { parseBody, type ChatCompletionBody, type CompletionBody, type EmbeddingBody } from './schemas.js';
-import { samplingOptions, schemasFor } from './validate.js';
+import { samplingOptions, schemasFor, searchFilter } from './validate.js';
 import { requestSignal } from './shutdown.js';
 import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
@@ -263,6 +263,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
       temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
+      filter: searchFilter(b.rag.collection, b.rag.filter),
       // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
     };

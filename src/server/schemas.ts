@@ -35,6 +35,27 @@ function sampling(cfg: Config) {
   };
 }
 
+export const COLLECTION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+const FIELD = /^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/;
+
+export const collectionSchema = z.string().regex(COLLECTION, `collection must match ${COLLECTION.source}`)
+  .describe("The collection: documents live in one, and a query searches one ('default' when left out).");
+
+const metadataValue = z.union([z.string().max(1024), z.number().finite(), z.boolean()]);
+const fieldName = z.string().regex(FIELD, `a metadata field name must match ${FIELD.source}`);
+
+export const metadataSchema = z.record(fieldName, metadataValue)
+  .refine((m) => Object.keys(m).length <= 64, 'at most 64 metadata fields')
+  .describe('Metadata of the document: field names to strings, numbers or booleans.');
+
+/** A search filter: the collection, and metadata conditions (equality, or `in` a list) that every hit meets. */
+export const filterSchema = z.strictObject({
+  collection: collectionSchema.optional(),
+  metadata: z.record(fieldName, z.union([metadataValue, z.strictObject({ in: z.array(metadataValue).min(1).max(256) })]))
+    .refine((m) => Object.keys(m).length <= 32, 'at most 32 metadata conditions').optional()
+    .describe('field: value (equal) or field: {in: [values]} (one of them); every condition must hold. Applied inside the search: top_k stays full.'),
+}).describe('Which chunks may be retrieved.');
+
 const tokenTopK = z.number().int().min(-1).max(100000).optional().describe('Sample from the top_k most likely tokens; 0 or -1: all; 1: greedy.');
 
 export function querySchema(cfg: Config) {
@@ -45,6 +66,8 @@ export function querySchema(cfg: Config) {
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking.'),
     max_new_tokens: _maxTokens.default(cfg.defaultMaxNewTokens),
     adapter: z.string().optional().describe('A LoRA adapter under RAGGUARD_ADAPTER_DIR.'),
+    collection: collectionSchema.optional(),
+    filter: filterSchema.optional(),
     sample_top_k: tokenTopK.describe('The sampler\'s top-k (top_k here is retrieval\'s): 0 or -1 all tokens, 1 greedy.'),
     ...s,
   });
@@ -75,6 +98,8 @@ const documentSchema = z.strictObject({
   doc_id: z.string().regex(DOC_ID, `doc_id must match ${DOC_ID.source}`).optional(),
   title: z.string().max(512).optional(),
   text: z.string().refine((t) => t.trim() !== '', 'text must be a non-empty string').optional(),
+  collection: collectionSchema.optional(),
+  metadata: metadataSchema.optional(),
   ...fileFields,
 }).superRefine(textOrFile);
 
@@ -100,6 +125,8 @@ function ragExtension(cfg: Config) {
   return z.strictObject({
     top_k: z.number().int().min(1).max(cfg.maxTopK).default(cfg.defaultTopK).describe('Hits retrieved from the index.'),
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking, placed in the prompt.'),
+    collection: collectionSchema.optional(),
+    filter: filterSchema.optional(),
   }).describe('ragguard extension: ground the answer on the index; the reply carries `citations`.');
 }
 

@@ -3,6 +3,7 @@
  * ingest the sample corpus into an empty index, warm up, and become ready (service/startup.ts says
  * why in that order, starting.ts what is answered meanwhile); on a signal, drain (shutdown.ts).
  */
+import { storeLabel } from '../retrieval/open-store.js';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Config } from '../config/config.js';
@@ -92,8 +93,9 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
       (w.status === 200 ? log.info.bind(log) : log.warn.bind(log))({ warmup_ms: w.ms, status: w.status, error: w.error }, 'warm-up query');
     }
     startup.finish();
+    const counts = await started.store.counts();
     log.info({ host: cfg.host, port, start_ms: Math.round(performance.now() - t0), phases_ms: startup.durations(),
-      documents: started.store.documentCount, chunks: started.store.chunkCount },
+      documents: counts.documents, chunks: counts.chunks, store: storeLabel(cfg.store) },
     `ragguard ready on http://${cfg.host}:${port}`);
     return started;
   })();
@@ -111,11 +113,13 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
     const code = report.dropped === 0 ? 0 : 3;
     // Ingest is atomic (durable before its reply): one still writing settles here, kept whole or not at all.
     await service.settled();
+    const { documents } = await service.store.counts().catch(() => ({ documents: NaN }));
+    await service.store.close().catch(() => undefined);
     log.info({ ms: report.ms, in_flight: report.inFlight, finished: report.finished, dropped: report.dropped, refused: report.refused,
-      documents: service.store.documentCount, exit: code },
+      documents, exit: code },
     `drained in ${report.ms} ms: ${report.finished} of ${report.inFlight} in-flight requests finished, ` +
       `${report.dropped} stopped at the grace deadline (answered 503 shutting_down), ${report.refused} new ones refused; ` +
-      `index: ${service.store.documentCount} documents durable; exit ${code}`);
+      `index: ${documents} documents durable; exit ${code}`);
     server.close();
     server.closeAllConnections();
     service.gpu.stop();

@@ -3,6 +3,7 @@
  * profile run and the first ingest, then the capacity summary as vLLM logs it (the budget and its
  * split, the KV blocks, and how many sequences fit at the prompt limit).
  */
+import type { StoreCounts } from '../retrieval/retrieval-store.js';
 import type { Config } from '../config/config.js';
 import { decoderRuntime, type Models, type RagService, type StartPhase } from '../service/rag.js';
 import type { Logger } from './logging.js';
@@ -22,7 +23,7 @@ export function logModels(log: Logger, cfg: Config, models: Models, ms: number):
 }
 
 /** The capacity figures: budget split, KV blocks, sequences that fit. */
-export function capacity(service: RagService) {
+export function capacity(service: RagService, counts: StoreCounts) {
   const { cfg, engine, budget } = service;
   const pool = engine.pool;
   const maxPositions = service.models.decoder.shape.maxPositions;
@@ -48,13 +49,13 @@ export function capacity(service: RagService) {
     prompt_and_new_tokens_limit: fullLimit,
     max_num_seqs: cfg.maxNumSeqs,
     guards: cfg.guards,
-    documents: service.store.documentCount,
-    chunks: service.store.chunkCount,
+    documents: counts.documents,
+    chunks: counts.chunks,
   };
 }
 
-export function logCapacity(log: Logger, service: RagService): void {
-  const c = capacity(service);
+export async function logCapacity(log: Logger, service: RagService): Promise<void> {
+  const c = capacity(service, await service.store.counts());
   log.info({ capacity: c },
     `memory budget ${MiB(c.budget_bytes)} MiB (${c.budget_source}): weights ${MiB(c.weights_bytes)} MiB, adapter slots ${MiB(c.adapter_slot_bytes)} MiB, ` +
     `index ${MiB(c.index_bytes)} MiB, KV pool ${MiB(c.kv_pool_bytes)} MiB, workspace ${MiB(c.workspace_bytes)} MiB`);
@@ -79,7 +80,9 @@ export function startProgress(log: Logger, everyMs = 2000): { onPhase: (p: Start
     timer = undefined;
     const ms = Math.round(performance.now() - phaseStart);
     if (current === 'profile') logCalibration(log, service, ms);
-    if (current === 'ingest') log.info({ ms, documents: service.store.documentCount, chunks: service.store.chunkCount }, `ingest done in ${ms} ms`);
+    if (current === 'ingest') {
+      void service.store.counts().then(({ documents, chunks }) => log.info({ ms, documents, chunks }, `ingest done in ${ms} ms`));
+    }
   };
   return {
     onPhase: (p, service) => {

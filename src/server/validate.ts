@@ -1,8 +1,11 @@
 /** Request body validation through the zod schemas (schemas.ts): typed inputs out, every problem at once in a 400. */
 import type { Config } from '../config/config.js';
 import type { DocumentInput, QueryInput } from '../service/rag.js';
+import { DEFAULT_COLLECTION, type Metadata, type SearchFilter } from '../retrieval/retrieval-store.js';
 import type { FileInput } from '../retrieval/files/registry.js';
-import { bodySchemas, documentsSchema, parseBody } from './schemas.js';
+import { HttpError } from './errors.js';
+import { bodySchemas, documentsSchema, parseBody, type filterSchema } from './schemas.js';
+import type { z } from 'zod';
 import type { SamplingOptions } from '../service/rag.js';
 
 type Schemas = ReturnType<typeof bodySchemas>;
@@ -45,15 +48,28 @@ export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: b
     temperature: b.temperature ?? 0,
     seed: b.seed,
     adapter: b.adapter,
+    filter: searchFilter(b.collection, b.filter),
     sampling: samplingOptions(b, b.sample_top_k),
     stream: b.stream ?? false,
   };
 }
 
-/** One document of a POST /documents body: a text, or a file to read (retrieval/files/). */
+/** `collection` and `filter` of a body as one search filter (a collection named twice must agree). */
+export function searchFilter(collection: string | undefined, filter: z.output<typeof filterSchema> | undefined): SearchFilter {
+  if (collection !== undefined && filter?.collection !== undefined && collection !== filter.collection) {
+    throw new HttpError(400, 'invalid_body', `collection '${collection}' differs from filter.collection '${filter.collection}'`, { param: 'filter.collection' });
+  }
+  const metadata = filter?.metadata;
+  return {
+    collection: collection ?? filter?.collection ?? DEFAULT_COLLECTION,
+    ...(metadata && Object.keys(metadata).length > 0 ? { metadata } : {}),
+  };
+}
+
+/** One document of a POST /documents body: a text, or a file to read (retrieval/files/), in a collection. */
 export type DocumentItem =
   | { text: DocumentInput }
-  | { file: FileInput; docId?: string | undefined; title?: string | undefined };
+  | { file: FileInput; docId?: string | undefined; title?: string | undefined; collection?: string | undefined; metadata?: Metadata | undefined };
 
 /** `{doc_id?, title?, text}` or `{doc_id?, title?, content, filename, content_type?}`, or `{documents: [...]}` of them. */
 export function parseDocuments(body: unknown): DocumentItem[] {
@@ -64,7 +80,9 @@ export function parseDocuments(body: unknown): DocumentItem[] {
   const docs = 'documents' in b ? b.documents : [b];
   return docs.map((d) => {
     const title = d.title?.trim() || undefined;
-    if (d.content !== undefined) return { file: { filename: d.filename!, contentType: d.content_type, bytes: Buffer.from(d.content, 'base64') }, docId: d.doc_id, title };
-    return { text: { text: d.text!, docId: d.doc_id, title } };
+    if (d.content !== undefined) {
+      return { file: { filename: d.filename!, contentType: d.content_type, bytes: Buffer.from(d.content, 'base64') }, docId: d.doc_id, title, collection: d.collection, metadata: d.metadata };
+    }
+    return { text: { text: d.text!, docId: d.doc_id, title, collection: d.collection, metadata: d.metadata } };
   });
 }

@@ -1,20 +1,19 @@
 /**
  * Document writes beyond ingest: replace one document (re-chunk, re-embed) or remove it. Each runs as
- * the index's one writer (after any ingest in flight) and persists through the store's snapshot, as
- * ingest does; the embedding happens first, so a failure there leaves the store untouched, and a
- * failed write puts the store back (DocumentStore.transact).
+ * the index's one writer in this process (after any ingest in flight) and is one atomic write of the
+ * store, as ingest is; the embedding happens first, so a failure there leaves the store untouched.
  */
 import type { Config } from '../config/config.js';
 import type { IngestResult, RagService } from './rag.js';
 import { chunkSections, type LocatedSpan, type Section } from '../retrieval/chunker.js';
 import type { Embedder } from '../retrieval/embedder.js';
-import type { StoredDocument } from '../retrieval/store.js';
+import { DEFAULT_COLLECTION, type Metadata, type StoredDocument } from '../retrieval/retrieval-store.js';
 
 export interface EmbeddedDocument {
   docId: string;
   title: string;
   bytes: number;
-  metadata?: Record<string, string>;
+  metadata?: Metadata;
   spans: LocatedSpan[];
   vectors: Float32Array;
 }
@@ -36,28 +35,23 @@ export interface DocumentText {
   title: string;
   text: string;
   sections?: readonly Section[];
-  metadata?: Record<string, string>;
+  metadata?: Metadata;
 }
 
 /** What the store keeps of a document beside its chunks. */
 export const documentInfo = (e: EmbeddedDocument) => ({ docId: e.docId, title: e.title, bytes: e.bytes, ...(e.metadata ? { metadata: e.metadata } : {}) });
 
-/** Replaces the document `docId` (or creates it): says which. */
-export function replaceDocument(service: RagService, d: Omit<DocumentText, 'title'> & { title?: string }): Promise<{ result: IngestResult; replaced: boolean }> {
+/** Replaces the document `docId` of the collection (or creates it): says which. */
+export function replaceDocument(service: RagService, d: Omit<DocumentText, 'title'> & { title?: string; collection?: string }): Promise<{ result: IngestResult; replaced: boolean }> {
   return service.writeExclusive(async () => {
+    const collection = d.collection ?? DEFAULT_COLLECTION;
     const e = await embedDocument(service.models.embedder, service.cfg, { ...d, title: d.title ?? d.docId });
-    return service.store.transact(() => {
-      const replaced = service.store.remove(d.docId) !== undefined;
-      service.store.add(documentInfo(e), e.spans, e.vectors);
-      return { result: { doc_id: e.docId, title: e.title, chunks: e.spans.length }, replaced };
-    });
+    const [w] = await service.store.replaceBatch([{ doc: { ...documentInfo(e), collection }, chunks: e.spans, vectors: e.vectors }]);
+    return { result: { doc_id: e.docId, title: e.title, chunks: e.spans.length, collection }, replaced: w!.replaced };
   });
 }
 
-/** Removes the document `docId`; undefined when there is none. */
-export function removeDocument(service: RagService, docId: string): Promise<StoredDocument | undefined> {
-  return service.writeExclusive(async () => {
-    if (!service.store.stored(docId)) return undefined;
-    return service.store.transact(() => service.store.remove(docId));
-  });
+/** Removes the document `docId` of the collection; undefined when there is none. */
+export function removeDocument(service: RagService, docId: string, collection = DEFAULT_COLLECTION): Promise<StoredDocument | undefined> {
+  return service.writeExclusive(() => service.store.remove(collection, docId));
 }

@@ -42,22 +42,29 @@ import { chunkSections, type Section } from '../retrieval/chunker.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { dedupe } from '../retrieval/prune.js';
 import { Retriever } from '../retrieval/retriever.js';
-import { DocumentStore, type Hit, type NewDocument } from '../retrieval/store.js';
+import { openStore } from '../retrieval/open-store.js';
+import { FaissStore } from '../retrieval/faiss-store.js';
+import {
+  DEFAULT_COLLECTION, DocumentExistsError, type Hit, type Metadata, type NewDocument, type RetrievalStore, type SearchFilter,
+} from '../retrieval/retrieval-store.js';
 
 export interface DocumentInput {
   docId?: string;
   title?: string;
   text: string;
+  /** The collection it belongs to ('default' when left out). */
+  collection?: string;
   /** The text in sections under their references (a file's pages or headings): chunked per section when given. */
   sections?: readonly Section[];
-  /** What the source file said of itself (retrieval/files/registry.ts). */
-  metadata?: Record<string, string>;
+  /** The caller's, or what the source file said of itself (retrieval/files/registry.ts). */
+  metadata?: Metadata;
 }
 
 export interface IngestResult {
   doc_id: string;
   title: string;
   chunks: number;
+  collection: string;
 }
 
 /** The sampler's per-request fields beyond temperature and seed (sequence.ts). */
@@ -81,6 +88,8 @@ export interface QueryInput {
   rerankBatch?: number;
   /** LoRA adapter to generate with (a name under RAGGUARD_ADAPTER_DIR). */
   adapter?: string;
+  /** The collection searched and the metadata conditions its chunks must meet (default: the 'default' collection). */
+  filter?: SearchFilter;
   sampling?: SamplingOptions;
   hooks?: QueryHooks;
   /** Builds the prompt from the ranked chunks instead of the RAG template (a chat's messages: openai-routes.ts). */
@@ -89,6 +98,7 @@ export interface QueryInput {
 
 export interface Citation {
   doc_id: string;
+  collection: string;
   title: string;
   chunk_id: number;
   /** Cross-encoder logit (higher is more relevant); with RAGGUARD_RERANK=false, the first-stage score. */
@@ -220,7 +230,7 @@ export class RagService {
   constructor(
     readonly cfg: Config,
     readonly models: Models,
-    readonly store: DocumentStore,
+    readonly store: RetrievalStore,
   ) {
     this.template = templateFromConfig(models.decoder.tokenizer.config);
     this.promptBosId = tokenizerAddsBos(models.decoder.tokenizer.config, models.decoder.bosId) ? models.decoder.bosId : undefined;
@@ -319,6 +329,7 @@ export class RagService {
     await this.engine.idle();
     this.gpu.stop();
     clearInterval(this.trendTimer);
+    await this.store.close();
   }
 
   /**
@@ -327,11 +338,12 @@ export class RagService {
    * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
    */
   storeResidentBytes(): number {
+    // The Postgres store keeps its documents in the database: nothing of them here.
+    if (!(this.store instanceof FaissStore)) return this.store.indexBytes;
     const n = this.store.chunkCount;
     if (n !== this.storeBytesMemo.chunks) {
       let bytes = 0;
-      for (let i = 0; i < n; i++) {
-        const c = this.store.chunk(i);
+      for (const c of this.store.allChunks()) {
         // eslint-disable-next-line no-control-regex
         bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + (c.locator?.length ?? 0) * 2 + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
       }
@@ -367,18 +379,23 @@ export class RagService {
   /** `onPhase` hears each start-up phase as it begins (the start-up log's progress). */
   static async start(cfg: Config, models?: Models, onPhase?: (phase: StartPhase, service: RagService) => void): Promise<RagService> {
     const m = models ?? (await loadModels(cfg));
-    const store = await DocumentStore.open(cfg.indexDir, m.embedder.dimension);
+    const store = await openStore(cfg, m.embedder.dimension);
     const service = new RagService(cfg, m, store);
     if (cfg.profileRun) onPhase?.({ phase: 'profile' }, service);
     if (cfg.profileRun) await service.profileMemory();
-    if (store.documentCount === 0 && cfg.corpusDir) {
+    if ((await store.counts()).documents === 0 && cfg.corpusDir) {
       const docs = await readCorpus(cfg.corpusDir);
       onPhase?.({ phase: 'ingest', documents: docs.length }, service);
-      await service.ingest(docs);
-      // BM25 over the corpus now, not in the first query's turn of the event loop (2864 chunks: most
-      // of a second, during which a first burst's probes and 503s waited).
-      if (cfg.retrieval !== 'dense') service.retriever.lexical.sync(store);
+      try {
+        await service.ingest(docs);
+      } catch (e) {
+        // Replicas starting together on one Postgres: one of them ingested the corpus first.
+        if (!(e instanceof DocumentExistsError) || store.kind === 'faiss') throw e;
+      }
     }
+    // BM25 over the corpus now, not in the first query's turn of the event loop (2864 chunks: most
+    // of a second, during which a first burst's probes and 503s waited).
+    if (store instanceof FaissStore && cfg.retrieval !== 'dense') store.lexicalIndex();
     onPhase?.({ phase: 'ready' }, service);
     return service;
   }
@@ -442,12 +459,14 @@ export class RagService {
     const { embedder } = this.models;
     const prepared = docs.map((d) => {
       const docId = d.docId ?? `doc-${createHash('sha256').update(d.text).digest('hex').slice(0, 16)}`;
-      return { docId, title: d.title ?? docId, text: d.text, sections: d.sections ?? [{ text: d.text }], metadata: d.metadata };
+      return { docId, title: d.title ?? docId, text: d.text, sections: d.sections ?? [{ text: d.text }], metadata: d.metadata, collection: d.collection ?? DEFAULT_COLLECTION };
     });
     const seen = new Set<string>();
+    // Before any embedding: a duplicate fails fast (the store checks again as it commits).
     for (const d of prepared) {
-      if (this.store.has(d.docId) || seen.has(d.docId)) throw new DuplicateDocumentError(d.docId);
-      seen.add(d.docId);
+      const k = `${d.collection}\u0000${d.docId}`;
+      if (seen.has(k) || (await this.store.get(d.collection, d.docId))) throw new DocumentExistsError(d.docId, d.collection);
+      seen.add(k);
     }
     const results: IngestResult[] = [];
     const batch: NewDocument[] = [];
@@ -460,13 +479,13 @@ export class RagService {
       });
       // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
       const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
-      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
-      results.push({ doc_id: d.docId, title: d.title, chunks: spans.length });
+      batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), collection: d.collection, ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
+      results.push({ doc_id: d.docId, title: d.title, chunks: spans.length, collection: d.collection });
       progress.done++;
     }
     signal?.throwIfAborted();
     // Atomic: queries, /healthz and later snapshots see the batch only once its own snapshot is durable.
-    await this.store.addDurably(batch);
+    await this.store.addBatch(batch);
     return results;
   }
 
@@ -485,13 +504,13 @@ export class RagService {
 
     t = performance.now();
     // A turn between the lexical and the dense search as well (retriever.ts).
-    const { hits, pruned } = await this.retriever.searchPaced(qv, q.query, q.topK, nextTurn);
+    const { hits, pruned } = await this.retriever.searchPaced(qv, q.query, q.topK, q.filter ?? { collection: DEFAULT_COLLECTION }, nextTurn);
     const unique = dedupe(pruned, this.cfg.dedupeJaccard);
     const searchMs = ms(t);
 
     signal?.throwIfAborted();
     t = performance.now();
-    const titled = (h: Hit) => `${this.store.document(h.chunk.docId)!.title}\n${h.chunk.text}`;
+    const titled = (h: Hit) => `${h.chunk.title}\n${h.chunk.text}`;
     // Rerank off: the first stage's order and scores stand, and no pair is scored.
     const { scores, pairTokens, runs: rerankRuns } = this.cfg.rerank
       ? await reranker.score(q.query, unique.map(titled), q.rerankBatch, signal)
@@ -507,7 +526,7 @@ export class RagService {
     signal?.throwIfAborted();
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? this.cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
-    const chunks = ranked.map((r) => ({ title: this.store.document(r.hit.chunk.docId)!.title, text: r.hit.chunk.text }));
+    const chunks = ranked.map((r) => ({ title: r.hit.chunk.title, text: r.hit.chunk.text }));
     // A turn of the event loop between two encodings of a long prompt (turns.ts).
     const prompt = q.promptFor ? await q.promptFor(chunks, budget, nextTurn)
       : this.chat ? await chatContextPrompt(this.chat, this.template, [{ role: 'user', content: q.query }], chunks, budget, nextTurn)
@@ -516,7 +535,8 @@ export class RagService {
       const { hit, score } = ranked[i]!;
       return {
         doc_id: hit.chunk.docId,
-        title: this.store.document(hit.chunk.docId)!.title,
+        collection: hit.chunk.collection,
+        title: hit.chunk.title,
         chunk_id: hit.chunk.id,
         score,
         retrieval_score: hit.score,
@@ -559,11 +579,8 @@ export class RagService {
 
 export type StartPhase = { phase: 'profile' } | { phase: 'ingest'; documents: number } | { phase: 'ready' };
 
-export class DuplicateDocumentError extends Error {
-  constructor(readonly docId: string) {
-    super(`document '${docId}' already exists`);
-  }
-}
+/** A document of that id exists in that collection (the store's error, under the service's older name). */
+export { DocumentExistsError as DuplicateDocumentError };
 
 /** *.txt files of a directory as documents: id = file name, title = first line, text = the rest. */
 export async function readCorpus(dir: string): Promise<DocumentInput[]> {

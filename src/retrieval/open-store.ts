@@ -1,0 +1,23 @@
+/** Opens the retrieval store RAGGUARD_STORE names: faiss in this process, or PostgreSQL. */
+import type { Config } from '../config/config.js';
+import { FaissStore } from './faiss-store.js';
+import { PostgresStore } from './postgres-store.js';
+import type { RetrievalStore } from './retrieval-store.js';
+
+export function openStore(cfg: Pick<Config, 'store' | 'indexDir' | 'bm25K1' | 'bm25B' | 'pgEfSearch'>, dimension: number): Promise<RetrievalStore> {
+  const bm25 = { k1: cfg.bm25K1, b: cfg.bm25B };
+  if (cfg.store === 'faiss') return FaissStore.open(cfg.indexDir, dimension, bm25);
+  return PostgresStore.open(cfg.store, dimension, { bm25, efSearch: cfg.pgEfSearch });
+}
+
+/** The store's URL without its password, for logs. */
+export function storeLabel(store: string): string {
+  if (store === 'faiss') return 'faiss';
+  try {
+    const u = new URL(store);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return 'postgres';
+  }
+}
