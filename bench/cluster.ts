@@ -109,7 +109,7 @@ const question = (name: string) => `Which TCP port does the ${name} daemon liste
 interface Usage { prompt: number; cached: number; asks: number; failed: number }
 
 async function ask(base: string, name: string, usage: Usage): Promise<void> {
-  const r = await call(base, 'POST', '/query', { query: question(name), max_tokens: NEW_TOKENS });
+  const r = await call(base, 'POST', '/query', { query: question(name), max_new_tokens: NEW_TOKENS });
   usage.asks++;
   const run = r?.status === 200 ? r.body?.guard?.as_run : undefined;
   if (!run) { usage.failed++; return; }
