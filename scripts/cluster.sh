@@ -70,6 +70,18 @@ start_replica() {
   echo $! >"$rd/pid"
 }
 
+# wait_routed: until the router's health checks have every replica fully UP (not "UP 1/2", a transition).
+wait_routed() {
+  local states
+  for _ in $(seq 1 300); do
+    states="$(curl -s "http://127.0.0.1:$STATS_PORT/stats;csv" | awk -F, '$1 == "replicas" && $2 != "BACKEND" { print $18 }' || true)"
+    [[ -n "$states" ]] && ! grep -qv '^UP$' <<<"$states" && return 0
+    sleep 0.2
+  done
+  log "the router does not see every replica UP: $(tr '\n' ' ' <<<"$states")"
+  return 1
+}
+
 haproxy_cfg() {
   local balance
   if [[ "$POLICY" == prefix ]]; then
@@ -151,6 +163,7 @@ case "$cmd" in
     haproxy_cfg >"$DIR/haproxy.cfg"
     haproxy -q -c -f "$DIR/haproxy.cfg" >/dev/null || die "haproxy rejects $DIR/haproxy.cfg"
     haproxy -D -f "$DIR/haproxy.cfg" || die "haproxy did not start"
+    wait_routed || die "the router's health checks fail"
     log "$REPLICAS replicas on $(sed 's/\/\/.*@/\/\/…@/' "$DIR/store"), HAProxy ($POLICY) on 127.0.0.1:$ROUTER_PORT, stats on 127.0.0.1:$STATS_PORT/stats"
     trap - EXIT
     echo "http://127.0.0.1:$ROUTER_PORT"
@@ -167,6 +180,7 @@ case "$cmd" in
       for _ in $(seq 1 40); do kill -0 "$old" 2>/dev/null || break; sleep 0.25; done
     fi
     haproxy -D -f "$DIR/haproxy.cfg" || die "haproxy did not start"
+    wait_routed || die "the router's health checks fail"
     log "HAProxy ($POLICY) on 127.0.0.1:$ROUTER_PORT"
     echo "http://127.0.0.1:$ROUTER_PORT"
     ;;
