@@ -29,7 +29,9 @@ const NEW = Number(process.env.BENCH_GPU_NEW ?? 64);
 const PROMPT = Number(process.env.BENCH_GPU_PROMPT ?? 24);
 const LEVELS = (process.env.BENCH_GPU_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const MODES = process.env.BENCH_GPU_TORCH_MODES ?? 'eager,compiled';
-const BANDWIDTH = 4.3e12; // measured copy bandwidth of the H200 (bytes read + written per second)
+const BANDWIDTH = 4.3e12;
+/** BENCH_GPU_WEIGHTS=fp8: the checkpoints' matrices as FP8 made at load (RAGGUARD_CUDA_WEIGHTS=fp8). */
+const WEIGHTS = process.env.BENCH_GPU_WEIGHTS === 'fp8' ? 'fp8' as const : undefined; // measured copy bandwidth of the H200 (bytes read + written per second)
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -102,7 +104,7 @@ process.on('exit', (code) => {
 async function benchModel(dir: string): Promise<Record<string, unknown>> {
   const maxSeqs = Math.max(...LEVELS);
   console.error(`bench:gpu: loading ${dir}`);
-  const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs });
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs, weights: WEIGHTS });
   const prompts = randomPrompts(REQUESTS, PROMPT, runner.shape.vocabSize, 11);
   const ours: Record<number, { tokens_per_s: number; ttft_ms_p50: number; outputs: number[][] }> = {};
   let breakdown: Record<string, unknown> | undefined;
@@ -166,7 +168,7 @@ function perStepMs(profile: StepProfile | null): Record<string, number> | null {
 async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const nvml = nvmlReader();
   const before = usedBytes(nvml.read());
-  const runner = await CudaModelRunner.load(dir, { numBlocks: 2048, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs: 64 });
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 2048, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs: 64, weights: WEIGHTS });
   const nvmlDelta = usedBytes(nvml.read()) - before;
   const prompts = randomPrompts(64, 128, runner.shape.vocabSize, 5);
   const perToken = kvBytesPerToken(runner.checkpoint.config, runner.dtype);
@@ -178,7 +180,9 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   // untied embedding table is not read (one row of it is): it is left out.
   const avgContext = 128 + n / 2;
   const { hiddenSize, vocabSize } = runner.shape;
-  const unreadEmbedding = runner.checkpoint.config.tieEmbeddings ? 0 : (vocabSize - 1) * hiddenSize * 2;
+  const embedSegment = runner.checkpoint.quant?.segments.find((s) => s.kind === 0);
+  const embedBytes = embedSegment ? embedSegment.packedBytes : vocabSize * hiddenSize * 2;
+  const unreadEmbedding = runner.checkpoint.config.tieEmbeddings ? 0 : (embedBytes * (vocabSize - 1)) / vocabSize;
   const bytesPerStep = runner.plan.weights - unreadEmbedding + avgContext * perToken;
   const stepS = b1.seconds / n; // includes the prefill: a slight under-estimate of the bandwidth
   const breakdown = await stepBreakdown(runner, one, prompts[2]!, stepS * 1000);
@@ -188,7 +192,7 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const memory = runner.memory();
   runner.close();
   return {
-    model: path.basename(dir), dtype: runner.dtype, weights_bytes: runner.plan.weights,
+    model: path.basename(dir), dtype: runner.dtype, weights: WEIGHTS ?? 'model', weights_bytes: runner.plan.weights,
     batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, fraction_of_4_3TBps: Number((bytesPerStep / stepS / BANDWIDTH).toFixed(3)),
       // As the H200 figures of 2026-12-03 (4bccb38) counted it (the whole embedding table too), for comparison.
       fraction_counting_embedding: Number(((bytesPerStep + unreadEmbedding) / stepS / BANDWIDTH).toFixed(3)) },

@@ -13,7 +13,7 @@ if [[ -z $nvcc ]]; then
   echo "[cuda] skipped: no nvcc (CUDA toolkit) on this machine; the CUDA backend (RAGGUARD_DECODER_EP=cuda) is unavailable here"
   exit 0
 fi
-if [[ -f $out && $out -nt $src && $out -nt "$0" ]]; then
+if [[ -f $out && $out -nt $src && $out -nt "$0" && $out -nt src/backends/cuda/quant_kernels.cuh ]]; then
   echo "[cuda] $out is up to date"
   exit 0
 fi

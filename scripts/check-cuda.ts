@@ -2,8 +2,10 @@
  * The CUDA backend checked against torch/transformers on the same weights (run on the GPU host through
  * scripts/gpu/run-cuda.sh; the checkpoints and references come from scripts/gpu/hf_models.py):
  *
- *   node --import tsx scripts/check-cuda.ts DIR [DIR ...]
+ *   node --import tsx scripts/check-cuda.ts DIR[=FILE.gguf] [...]
  *
+ * DIR=FILE.gguf checks a GGUF file holding DIR's weights (llama.cpp's convert_hf_to_gguf.py of DIR,
+ * scripts/gpu/run-issue29.sh) against DIR's torch references: the GGUF path on the device, end to end.
  * For each checkpoint: the prompt's last-position logits against torch's (max |diff| relative to the
  * largest logit, argmax equal), and greedy ids through the engine, the block manager and the scheduler:
  * each prompt alone, all in one mixed batch, a prompt after another that shares its first 64 tokens (a
@@ -49,16 +51,17 @@ function compare(ours: number[], c: Case, nearTie?: number): 'equal' | 'near_tie
   return ours.length === c.greedy_ids.length ? 'equal' : 'differ';
 }
 
-async function checkModel(dir: string): Promise<Record<string, unknown>> {
+async function checkModel(arg: string): Promise<Record<string, unknown>> {
+  const [dir, weights] = arg.split('=') as [string, string | undefined];
   const ref = JSON.parse(readFileSync(path.join(dir, 'reference.json'), 'utf8')) as Reference;
   const nvml = nvmlReader();
   const before = usedBytes(nvml.read());
   const numBlocks = 512;
-  const runner = await CudaModelRunner.load(dir, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 1024, maxSeqs: 16, ...(hasLoraReference(dir) ? LORA_SLOTS : {}) });
+  const runner = await CudaModelRunner.load(weights ?? dir, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 1024, maxSeqs: 16, ...(hasLoraReference(dir) ? LORA_SLOTS : {}) });
   const nvmlAfter = usedBytes(nvml.read());
   const V = runner.shape.vocabSize;
   const torchLogits = new Float32Array(readFileSync(path.join(dir, 'logits.f32')).buffer.slice(0));
-  const out: Record<string, unknown> = { model: path.basename(dir), dtype: runner.dtype, accountant: runner.memory(), nvml_used_delta: nvmlAfter - before };
+  const out: Record<string, unknown> = { model: path.basename(weights ?? dir), dtype: runner.dtype, accountant: runner.memory(), nvml_used_delta: nvmlAfter - before };
   const failures: string[] = [];
   const greedy: SamplingParams = { maxNewTokens: ref.max_new_tokens, temperature: 0, ignoreEos: true };
   const engineWith = (blocks: number, maxNumSeqs = 16) => {

@@ -55,9 +55,9 @@ describe('selecting the CUDA backend', () => {
     await assert.rejects(loadModels(cfg), (e: Error) => e instanceof CudaUnavailableError && /unavailable: .+RAGGUARD_DECODER_EP=cpu/s.test(e.message));
   });
 
-  test('an ONNX export or a GGUF file given to the CUDA backend is refused by name, not run as something else', async () => {
+  test('an ONNX export given to the CUDA backend is refused by name, not run as something else; a GGUF file is read (test/cuda-gguf.test.ts), a missing one named', async () => {
     await assert.rejects(CudaDecoder.open(path.join(ROOT, 'models/decoder'), { blockSize: 16, maxBatchedTokens: 64, maxSeqs: 2 }, native), CheckpointError);
-    await assert.rejects(CudaDecoder.open('/x/model.gguf', { blockSize: 16, maxBatchedTokens: 64, maxSeqs: 2 }, native), /not GGUF/);
+    await assert.rejects(CudaDecoder.open('/x/model.gguf', { blockSize: 16, maxBatchedTokens: 64, maxSeqs: 2 }, native), /\/x\/model\.gguf: no such GGUF file/);
   });
 });
 

@@ -7,7 +7,7 @@
  * Also the tiny Qwen2-shaped checkpoint the CUDA tests load.
  */
 import type { CudaBackend, EngineHandle, NativeConfig, NativeMemory } from '../src/backends/cuda/binding.js';
-import { parseConfig } from '../src/backends/cuda/hf-checkpoint.js';
+import { parseConfig, type CudaModelConfig } from '../src/backends/cuda/hf-checkpoint.js';
 import { planDevice, SEQ_ARRAYS } from '../src/backends/cuda/step-pack.js';
 import { argmax } from '../src/generate/sampler.js';
 
@@ -70,7 +70,11 @@ export function applyPenaltyEntries(logits: Float32Array, p: { repetition: numbe
 
 export interface SlotWrite { layer: number; projection: number; entry: number; a: Float32Array | null; b: Float32Array | null }
 
+export interface QuantUpload { kind: number; layer: number; row0: number; type: number; rows: number; cols: number; offset: number; bytes: number; data: boolean }
+
 export interface StandIn extends CudaBackend {
+  /** Every quantized segment uploaded (a GGUF decoder's matrices), its packed size. */
+  readonly uploads: QuantUpload[];
   /** Each step's token and sequence counts and its sequences' LoRA entries. */
   readonly steps: { T: number; S: number; lora: number[] }[];
   /** Every LoRA slot write (copies of A and B). */
@@ -81,18 +85,20 @@ export interface StandIn extends CudaBackend {
   created: NativeConfig | undefined;
 }
 
-export function standInCuda(config: Record<string, unknown>, opts: { omitLoraFromPlan?: boolean } = {}): StandIn {
-  const parsed = parseConfig(config as Parameters<typeof parseConfig>[0]);
+/** `config`: a config.json's object, or a config already parsed (a GGUF file's: gguf-checkpoint.ts planGguf). */
+export function standInCuda(config: Record<string, unknown> | CudaModelConfig, opts: { omitLoraFromPlan?: boolean } = {}): StandIn {
+  const parsed = 'numLayers' in config ? config as CudaModelConfig : parseConfig(config as Parameters<typeof parseConfig>[0]);
   const vocab = parsed.vocabSize;
   const planOf = (cfg: NativeConfig) => planDevice(parsed, cfg.dtype === 1 ? 'bfloat16' : 'float16', {
     numBlocks: cfg.num_blocks, blockSize: cfg.block_size, maxBatchedTokens: cfg.max_batched_tokens, maxSeqs: cfg.max_seqs,
     maxBlocksPerSeq: cfg.max_blocks_per_seq, cublasWorkspaceBytes: cfg.cublas_workspace_bytes,
     maxLoras: cfg.max_loras, maxLoraRank: cfg.max_lora_rank,
-  });
+  }, cfg.quantized ? { bytes: cfg.quant_bytes, tileBytes: cfg.quant_tile_bytes } : undefined);
   const engines = new Map<EngineHandle, NativeConfig>();
   const s: StandIn = {
     steps: [],
     writes: [],
+    uploads: [],
     live: 0,
     created: undefined,
     deviceCount: () => 1,
@@ -133,6 +139,10 @@ export function standInCuda(config: Record<string, unknown>, opts: { omitLoraFro
     })),
     copyBlocks: () => {},
     loraWrite: (_h, layer, projection, entry, a, b) => void s.writes.push({ layer, projection, entry, a: a && a.slice(), b: b && b.slice() }),
+    quantUpload: (_h, kind, layer, row0, type, rows, cols, offset, packed, bytes) => {
+      if (packed && packed.length !== bytes) throw new Error('packed length differs from bytes');
+      s.uploads.push({ kind, layer, row0, type, rows, cols, offset, bytes, data: packed !== null });
+    },
     memory: (h): NativeMemory => {
       const cfg = engines.get(h);
       if (!cfg) throw new Error('no such engine');

@@ -114,7 +114,7 @@ describe('ingest of files', () => {
   test('a Markdown file as base64 JSON: front matter title and metadata, one section per heading', async () => {
     const r = await post('/documents', { doc_id: 'bakery', content: Buffer.from(MARKDOWN).toString('base64'), filename: 'bakery.md' });
     assert.equal(r.status, 201, JSON.stringify(r.body));
-    assert.deepEqual(r.body['documents'], [{ doc_id: 'bakery', title: 'Bakery notes', chunks: 3 }]);
+    assert.deepEqual(r.body['documents'], [{ doc_id: 'bakery', title: 'Bakery notes', chunks: 3, collection: 'default' }]);
     const doc = await (await fetch(`${url}/documents/bakery`)).json() as { metadata: Record<string, string>; chunks: { locator: string; text: string }[] };
     assert.deepEqual(doc.metadata, { author: 'Ines Faro', tags: 'bread, starters', filename: 'bakery.md', kind: 'markdown' });
     assert.deepEqual(doc.chunks.map((c) => c.locator), ['section: Bakery', 'section: Bakery > Sourdough', 'section: Bakery > Rye']);

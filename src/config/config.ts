@@ -28,6 +28,8 @@ export interface Config {
   decoderPath: string;
   /** A .gguf decoder's weights in the converted graph, and where conversions are cached. */
   ggufWeights: 'nbits' | 'dequant';
+  /** The CUDA decoder's matrices: as the checkpoint holds them, or FP8 made at load. */
+  cudaWeights: 'model' | 'fp8';
   /** Who runs a converted GGUF's block products on the CPU: ragguard's QMatMul8 and QMatMul4, or ONNX Runtime's MatMulNBits. */
   cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */
@@ -232,6 +234,11 @@ export const VARIABLES: readonly Variable[] = [
     apply: oneOf(['nbits', 'dequant'] as const, (c, v) => (c.ggufWeights = v)),
   },
   {
+    name: 'RAGGUARD_CUDA_WEIGHTS', default: 'model',
+    doc: "The CUDA decoder's matrices (RAGGUARD_DECODER_EP=cuda): model (as the checkpoint holds them: float16/bfloat16, or a GGUF file's own block types, kept quantized on the device) or fp8 (a float16/bfloat16 checkpoint's matrices as FP8 E4M3 with a float16 scale per 32 weights, made on the device at load: half the bytes a decode step reads; norms and biases stay as they are). Checkpoints already quantized (quantization_config) are refused by name.",
+    apply: oneOf(['model', 'fp8'] as const, (c, v) => (c.cudaWeights = v)),
+  },
+  {
     name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',
     doc: "Who runs a .gguf RAGGUARD_DECODER's block products (RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8 for Q8_0, Q5_0 and Q6_K, QMatMul4 for Q4_0, Q4_1 and Q4_K: src/backends/ort/ragguard-ops.c, built by npm run setup; the same int8 arithmetic as MatMulNBits at accuracy level 4, the weights 16 columns side by side, AVX512-VNNI; on Qwen2.5-Coder-0.5B a decode step of 8 rows 75 -> 37 ms here) or onnxruntime (ONNX Runtime's MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built, the CPU has no AVX512-VNNI (the ops' plain C path is many times slower) or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
     apply: oneOf(['ragguard', 'onnxruntime'] as const, (c, v) => (c.cpuKernels = v)),
@@ -268,7 +275,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
-    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
+    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint or a GGUF file as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
     apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
   },
   {
@@ -282,7 +289,7 @@ export const VARIABLES: readonly Variable[] = [
   ...(['embedder', 'reranker', 'decoder'] as const).map((role): Variable => ({
     name: `RAGGUARD_${role.toUpperCase()}_EP`, default: '',
     doc: role === 'decoder'
-      ? "Where the decoder runs ('' = RAGGUARD_EXECUTION_PROVIDER): cpu or webgpu (ONNX Runtime: an ONNX export or a GGUF file), cuda (the native CUDA backend: a Hugging Face checkpoint directory, config.json + safetensors + tokenizer.json), auto (ONNX Runtime's first provider that loads)."
+      ? "Where the decoder runs ('' = RAGGUARD_EXECUTION_PROVIDER): cpu or webgpu (ONNX Runtime: an ONNX export or a GGUF file), cuda (the native CUDA backend: a Hugging Face checkpoint directory, config.json + safetensors + tokenizer.json, or a GGUF file of llama or qwen2, its weights kept quantized on the device), auto (ONNX Runtime's first provider that loads)."
       : `ONNX Runtime execution provider of the ${role} alone ('' = RAGGUARD_EXECUTION_PROVIDER; where that is cuda, auto): cpu, webgpu, cuda (ONNX Runtime's CUDA provider, where installed) or auto.`,
     apply: (c, raw) => {
       if (raw === '') return;

@@ -79,7 +79,7 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
     } finally {
       progress.stop();
     }
-    logCapacity(log, started);
+    await logCapacity(log, started);
     // After the models are loaded and profiled: their threads exist now (thread-priority.ts says why).
     const lowered = lowerOtherThreads(cfg.workerThreadNice);
     log.info({ nice: cfg.workerThreadNice, ...lowered }, lowered.skipped ?? `${lowered.threads} threads besides the event loop's at nice ${cfg.workerThreadNice}`);

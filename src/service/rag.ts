@@ -144,7 +144,7 @@ export interface Models {
 export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
   return {
     blockSize: cfg.kvBlockSize, maxBatchedTokens: cfg.maxNumBatchedTokens, maxSeqs: cfg.maxNumSeqs,
-    maxLoras: cfg.adapterDir ? cfg.maxLoras : 0, maxLoraRank: cfg.maxLoraRank,
+    maxLoras: cfg.adapterDir ? cfg.maxLoras : 0, maxLoraRank: cfg.maxLoraRank, weights: cfg.cudaWeights,
   };
 }
 

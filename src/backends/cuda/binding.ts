@@ -19,6 +19,12 @@ export interface NativeConfig {
   cublas_workspace_bytes: number; device: number; graph_max_batch: number;
   /** LoRA slots: adapters resident at once (0: none) and rank per module. */
   max_loras: number; max_lora_rank: number;
+  /**
+   * A GGUF decoder (1) or FP8 weights made at load (2): the embedding, head and projections stay quantized
+   * (rg_quant_upload), in `quant_bytes` at the end of the weights; `quant_tile_bytes` of workspace
+   * dequantize the larger products.
+   */
+  quantized: number; quant_bytes: number; quant_tile_bytes: number;
 }
 
 /** rg_memory: the accountant's device figures and the device's own free/total. */
@@ -61,6 +67,12 @@ export interface CudaBackend {
    * them), or zeros where both are null. `projection` is the slot's index in a layer (LORA_PROJECTIONS).
    */
   loraWrite(h: EngineHandle, layer: number, projection: number, entry: number, a: Float32Array | null, b: Float32Array | null): void;
+  /**
+   * Uploads output rows [row0, row0 + rows) of a GGUF decoder's quantized matrix `kind` (gguf-blocks.ts's
+   * planes of ggml type `type`, `bytes` long) at byte `offset` of the quantized area; `packed` null
+   * registers an FP8 matrix that loadTensor then fills.
+   */
+  quantUpload(h: EngineHandle, kind: number, layer: number, row0: number, type: number, rows: number, cols: number, offset: number, packed: Uint8Array | null, bytes: number): void;
 }
 
 /** Milliseconds by phase over `steps` profiled steps (rg_profile_read's order). */
@@ -87,6 +99,7 @@ function bind(file: string): CudaBackend {
     num_blocks: 'int32_t', block_size: 'int32_t', max_batched_tokens: 'int32_t', max_seqs: 'int32_t', max_blocks_per_seq: 'int32_t',
     cublas_workspace_bytes: 'int64_t', device: 'int32_t', graph_max_batch: 'int32_t',
     max_loras: 'int32_t', max_lora_rank: 'int32_t',
+    quantized: 'int32_t', quant_bytes: 'int64_t', quant_tile_bytes: 'int64_t',
   });
   koffi.struct('rg_memory', {
     weights: 'int64_t', kv_pool: 'int64_t', workspace: 'int64_t', cublas_workspace: 'int64_t', graphs: 'int64_t', host_pinned: 'int64_t',
@@ -109,6 +122,7 @@ function bind(file: string): CudaBackend {
   const graphTime = lib.func('int rg_graph_time(void *h, int32_t batch, int32_t reps, _Out_ float *ms)');
   const setGemvRows = lib.func('int rg_set_gemv_rows(void *h, int32_t rows)');
   const loraWrite = lib.func('int rg_lora_write(void *h, int layer, int projection, int entry, const float *a, const float *b)');
+  const quantUpload = lib.func('int rg_quant_upload(void *h, int kind, int layer, int row0, int type, int rows, int cols, int64_t offset, const uint8_t *data, int64_t nbytes)');
   const check = (rc: unknown, what: string): number => {
     const n = Number(rc);
     if (n < 0) throw new Error(`CUDA backend: ${what}: ${String(lastError())}`);
@@ -165,6 +179,9 @@ function bind(file: string): CudaBackend {
     setGemvRows: (h, rows) => void check(setGemvRows(h, rows), 'rg_set_gemv_rows'),
     loraWrite(h, layer, projection, entry, a, b) {
       check(loraWrite(h, layer, projection, entry, a, b), `writing LoRA entry ${entry}`);
+    },
+    quantUpload(h, kind, layer, row0, type, rows, cols, offset, packed, bytes) {
+      check(quantUpload(h, kind, layer, row0, type, rows, cols, offset, packed, bytes), `uploading quantized weight kind ${kind} of layer ${layer}`);
     },
   };
 }

@@ -1,7 +1,7 @@
 /**
  * The native CUDA decoder as the server holds it (RAGGUARD_DECODER_EP=cuda, or RAGGUARD_EXECUTION_PROVIDER=cuda):
- * a Hugging Face checkpoint opened at start-up (config, safetensors headers, tokenizer: no device memory
- * yet), whose device figures the budget reads before anything is allocated, and whose runner is created
+ * a Hugging Face checkpoint or a GGUF file (kept quantized on the device: gguf-checkpoint.ts) opened at
+ * start-up (config, safetensors headers or GGUF metadata, tokenizer: no device memory yet), whose device figures the budget reads before anything is allocated, and whose runner is created
  * once the budget has sized the KV pool. So the guard predicts from the same figures the native side
  * allocates by (step-pack.ts planDevice, checked against rg_plan at creation).
  *
@@ -20,6 +20,8 @@ import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend } from './binding.js';
 import { cudaLoraPool, type CudaLoraPool } from './cuda-lora.js';
 import { CudaModelRunner, CudaUnavailableError, type CudaRunnerOptions } from './cuda-runner.js';
+import { withFp8 } from './fp8-weights.js';
+import { openGguf } from './gguf-checkpoint.js';
 import { CheckpointError, openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { kvBytesPerToken, planDevice } from './step-pack.js';
 
@@ -32,6 +34,8 @@ export interface CudaDecoderLimits {
   device?: number;
   /** Device LoRA slots: adapters resident at once (0: none, adapters refused) and rank per module. */
   maxLoras?: number;
+  /** RAGGUARD_CUDA_WEIGHTS: the checkpoint's own matrices (model) or FP8 made at load. */
+  weights?: 'model' | 'fp8';
   maxLoraRank?: number;
 }
 
@@ -57,23 +61,27 @@ export class CudaDecoder implements AdapterHost {
   }
 
   /**
-   * Opens the checkpoint and its tokenizer; allocates nothing. Refuses, naming why: no CUDA library or
-   * GPU here, a directory that is not a Hugging Face checkpoint (an ONNX export or a GGUF file: the ONNX
-   * Runtime providers run those), a checkpoint without a tokenizer (the server needs text).
+   * Opens the checkpoint (or GGUF file) and its tokenizer; allocates nothing. Refuses, naming why: no CUDA
+   * library or GPU here, a directory that is not a Hugging Face checkpoint (an ONNX export: the ONNX
+   * Runtime providers run those), a checkpoint without a tokenizer (the server needs text), a GGUF file of
+   * an architecture, type or tokenizer the backend does not run.
    */
   static async open(dir: string, limits: CudaDecoderLimits, native: CudaBackend | null = cudaBackend()): Promise<CudaDecoder> {
     if (!native) {
       throw new CudaUnavailableError(`RAGGUARD_DECODER_EP=cuda: the CUDA backend is unavailable: ${cudaUnavailable()}; ` +
         'run the decoder on ONNX Runtime instead (RAGGUARD_DECODER_EP=cpu or webgpu)');
     }
-    if (dir.endsWith('.gguf')) {
-      throw new CheckpointError(`${dir}: the CUDA backend reads Hugging Face checkpoints (config.json + *.safetensors), not GGUF files; ` +
-        'run a GGUF decoder with RAGGUARD_DECODER_EP=cpu');
+    if (dir.toLowerCase().endsWith('.gguf')) {
+      if (!existsSync(dir)) throw new CheckpointError(`${dir}: no such GGUF file`);
+      const { checkpoint, tokenizer } = await openGguf(dir);
+      if (limits.weights === 'fp8') withFp8(checkpoint); // refuses, naming why
+      return new CudaDecoder(dir, checkpoint, tokenizer, limits, native);
     }
     if (existsSync(path.join(dir, 'onnx', 'model.onnx')) || existsSync(path.join(dir, 'genai_config.json'))) {
       throw new CheckpointError(`${dir}: an ONNX export; the CUDA backend reads Hugging Face checkpoints (config.json + *.safetensors)`);
     }
-    const checkpoint = await openCheckpoint(dir);
+    const opened = await openCheckpoint(dir);
+    const checkpoint = limits.weights === 'fp8' ? withFp8(opened) : opened;
     if (!existsSync(path.join(dir, 'tokenizer.json'))) {
       throw new CheckpointError(`${dir}: no tokenizer.json: the server needs the checkpoint's tokenizer (tokenizer.json, tokenizer_config.json)`);
     }
@@ -112,7 +120,7 @@ export class CudaDecoder implements AdapterHost {
    * The decode graphs' bytes are known only once captured (`loadBytes` then counts them).
    */
   staticBytes(numBlocks = 0): number {
-    const plan = planDevice(this.checkpoint.config, this.dtype, CudaModelRunner.limitsFor(this.checkpoint, this.options(numBlocks, this.pendingPool)));
+    const plan = planDevice(this.checkpoint.config, this.dtype, CudaModelRunner.limitsFor(this.checkpoint, this.options(numBlocks, this.pendingPool)), this.checkpoint.quant);
     return plan.total - plan.kvPool - plan.lora + plan.hostPinned;
   }
 

@@ -24,6 +24,8 @@ import type { SamplingParams, Sequence } from '../../generate/sequence.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend, type EngineHandle, type NativeConfig, type NativeMemory, type StepProfile } from './binding.js';
 import { CudaLoraPool } from './cuda-lora.js';
+import { withFp8 } from './fp8-weights.js';
+import { openGguf, packSegment } from './gguf-checkpoint.js';
 import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
 import { PenaltyTally } from '../../generate/penalty-tally.js';
 import { graphBuckets, kvBytesPerToken, packStep, planDevice, type DeviceLimits, type DevicePlan, type DeviceSampling, type StepItem } from './step-pack.js';
@@ -36,6 +38,8 @@ export interface CudaRunnerOptions {
   maxSeqs: number;
   /** Model dtype on the device; default: the checkpoint's own when it is float16 or bfloat16, else float16. */
   dtype?: ModelDtype;
+  /** The matrices as the checkpoint holds them (model, the default) or as FP8 made at load (RAGGUARD_CUDA_WEIGHTS=fp8). */
+  weights?: 'model' | 'fp8';
   /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
@@ -70,6 +74,8 @@ const SRC_DTYPE = { F32: 0, F16: 1, BF16: 2 } as const;
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
 /** The library's default (and largest) step size for its GEMV kernel (ragguard_cuda.cu GEMV_MAX_ROWS). */
 export const CUDA_GEMV_MAX_ROWS = 4;
+/** The same for a GGUF decoder's quantized GEMV (ragguard_cuda.cu QGEMV_MAX_ROWS). */
+export const CUDA_QGEMV_MAX_ROWS = 8;
 
 /** The device sampling of a sequence's next token (plain fields of SamplingParams). */
 export function deviceSampling(params: SamplingParams, step: number): DeviceSampling {
@@ -112,7 +118,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       numKvHeads: c.numKvHeads, headDim: c.headDim, vocabSize: c.vocabSize, maxPositions: c.maxPositions, kvDtype: 'float16',
     };
     this.eosIds = new Set(c.eosIds);
-    this.plan = planDevice(c, dtype, limits);
+    this.plan = planDevice(c, dtype, limits, checkpoint.quant);
     this.buckets = buckets;
     this.tokensOut = new Int32Array(limits.maxSeqs);
     const loras = limits.maxLoras ?? 0;
@@ -125,11 +131,15 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
   }
 
   /**
-   * Opens a Hugging Face checkpoint, allocates the device memory, uploads the weights once, captures the
-   * decode graphs. `native` is the bound library (tests on the CPU hand in a stand-in).
+   * Opens a Hugging Face checkpoint or a GGUF file, allocates the device memory, uploads the weights once,
+   * captures the decode graphs. `native` is the bound library (tests on the CPU hand in a stand-in).
    */
   static async load(dir: string, opts: CudaRunnerOptions, native: CudaBackend | null = cudaBackend()): Promise<CudaModelRunner> {
     if (!native) throw new CudaUnavailableError(`the CUDA backend is unavailable: ${cudaUnavailable()}`);
+    if (dir.toLowerCase().endsWith('.gguf')) {
+      const { checkpoint, tokenizer } = await openGguf(dir);
+      return CudaModelRunner.create(native, checkpoint, tokenizer, opts);
+    }
     const ckpt = await openCheckpoint(dir);
     const tokenizer = existsSync(path.join(dir, 'tokenizer.json')) ? await TextTokenizer.load(dir) : NO_TEXT;
     return CudaModelRunner.create(native, ckpt, tokenizer, opts);
@@ -158,7 +168,8 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
    * Allocates the device memory for an opened checkpoint, uploads its weights (read from the files here,
    * synchronously: start-up only) and captures the decode graphs.
    */
-  static create(native: CudaBackend, ckpt: Checkpoint, tokenizer: TokenDecoder, opts: CudaRunnerOptions): CudaModelRunner {
+  static create(native: CudaBackend, opened: Checkpoint, tokenizer: TokenDecoder, opts: CudaRunnerOptions): CudaModelRunner {
+    const ckpt = opts.weights === 'fp8' && opened.quant?.mode !== 'fp8' ? withFp8(opened) : opened;
     const c = ckpt.config;
     const dtype = CudaModelRunner.dtypeFor(ckpt, opts.dtype);
     const limits = CudaModelRunner.limitsFor(ckpt, opts);
@@ -170,17 +181,25 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       max_batched_tokens: limits.maxBatchedTokens, max_seqs: limits.maxSeqs, max_blocks_per_seq: limits.maxBlocksPerSeq,
       cublas_workspace_bytes: limits.cublasWorkspaceBytes, device: opts.device ?? 0, graph_max_batch: graphMax,
       max_loras: limits.maxLoras ?? 0, max_lora_rank: limits.maxLoraRank ?? 0,
+      quantized: ckpt.quant ? (ckpt.quant.mode === 'fp8' ? 2 : 1) : 0, quant_bytes: ckpt.quant?.bytes ?? 0, quant_tile_bytes: ckpt.quant?.tileBytes ?? 0,
     };
     // The accountant's figures and the native allocator's must be the same numbers.
     const nativePlan = native.plan(cfg);
-    const plan = planDevice(c, dtype, limits);
+    const plan = planDevice(c, dtype, limits, ckpt.quant);
     const mine = [plan.weights, plan.kvPool, plan.workspace, plan.cublasWorkspace, plan.hostPinned, plan.lora];
     if (mine.some((v, i) => v !== nativePlan[i])) throw new Error(`device plan mismatch: ${mine.join(',')} vs native ${nativePlan.join(',')}`);
     if (opts.loraPool && (opts.loraPool.bound || opts.loraPool.bytes !== plan.lora)) throw new Error('the LoRA pool handed in is bound already or sized for other slots');
     const h = native.create(cfg);
     try {
       native.setRope(h, ckpt.invFreq);
+      // FP8: each fused matrix's place first; the checkpoint's tensors are quantized into it as they load.
+      for (const s of ckpt.quant?.mode === 'fp8' ? ckpt.quant.segments : []) native.quantUpload(h, s.kind, s.layer, 0, s.deviceType, s.rows, s.cols, s.offset, null, s.packedBytes);
       for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
+      // A GGUF decoder's matrices: read, re-laid out and uploaded one at a time (the host holds one tensor).
+      for (const s of ckpt.quant?.mode === 'gguf' ? ckpt.quant.segments : []) {
+        const p = packSegment(s);
+        native.quantUpload(h, s.kind, s.layer, s.row0, p.type, s.rows, s.cols, s.offset, p.bytes, p.bytes.length);
+      }
       native.loadDone(h);
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
       const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets, opts.loraPool);
@@ -303,7 +322,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       const value = await work();
       return { value, profile: profileRead.call(this.native, this.handle) };
     } finally {
-      if (gemvRows !== undefined) setGemvRows?.call(this.native, this.handle, CUDA_GEMV_MAX_ROWS);
+      if (gemvRows !== undefined) setGemvRows?.call(this.native, this.handle, this.checkpoint.quant ? CUDA_QGEMV_MAX_ROWS : CUDA_GEMV_MAX_ROWS);
       profile.call(this.native, this.handle, false);
     }
   }

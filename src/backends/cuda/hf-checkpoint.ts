@@ -12,6 +12,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { DecoderShape } from '../../generate/decoder-shape.js';
 import { readHeader, type SafetensorsDtype } from '../../runtime/safetensors.js';
+import type { DeviceQuantType } from './gguf-blocks.js';
 import { ropeInvFreq, ropeType, type RopeScaling } from './rope.js';
 
 /** The weight kinds of the native ABI (ragguard_cuda.cu, enum W_*). */
@@ -77,6 +78,7 @@ interface RawConfig {
   dtype?: string;
   bos_token_id?: number | null;
   eos_token_id?: number | number[] | null;
+  quantization_config?: { quant_method?: string; format?: string } | null;
 }
 
 function positiveInt(v: unknown, field: string): number {
@@ -89,6 +91,11 @@ export function parseConfig(raw: RawConfig): CudaModelConfig {
   const type = raw.model_type;
   if (type !== 'llama' && type !== 'qwen2') {
     throw new CheckpointError(`model_type '${String(type)}' is not supported by the CUDA backend (llama and qwen2 are)`);
+  }
+  if (raw.quantization_config) {
+    const q = raw.quantization_config;
+    throw new CheckpointError(`quantization_config (${q.quant_method ?? 'unknown method'}${q.format ? `, ${q.format}` : ''}): quantized checkpoints are not read by the CUDA backend; ` +
+      'serve the float16/bfloat16 checkpoint (RAGGUARD_CUDA_WEIGHTS=fp8 makes FP8 weights from it at load) or a GGUF file');
   }
   if ((raw.hidden_act ?? 'silu') !== 'silu') throw new CheckpointError(`hidden_act '${raw.hidden_act}' (the CUDA backend runs silu)`);
   if (raw.mlp_bias) throw new CheckpointError('mlp_bias: MLP biases are not supported by the CUDA backend');
@@ -195,13 +202,49 @@ function requiredTensors(c: CudaModelConfig): string[] {
   return names;
 }
 
+/** One matrix (or a part of a fused one) of a GGUF decoder, kept quantized on the device (gguf-checkpoint.ts). */
+export interface QuantSegment {
+  name: string;
+  kind: WeightKindId;
+  /** -1 for the embedding and the head. */
+  layer: number;
+  /** Its first output row in the fused weight (k after q in q|k|v, up after gate in gate|up). */
+  row0: number;
+  rows: number;
+  cols: number;
+  ggmlType: number;
+  deviceType: DeviceQuantType;
+  file: string;
+  fileOffset: number;
+  fileBytes: number;
+  /** llama's q and k: rows to put back in rotate-half order (gguf-blocks.ts llamaUnpermutation). */
+  unpermuteHeadDim?: number;
+  /** Byte offset in the device's quantized area (256-aligned) and packed size. */
+  offset: number;
+  packedBytes: number;
+}
+
+export interface QuantWeights {
+  /** gguf: a GGUF file's blocks, packed on the host; fp8: E4M3 made on the device from the checkpoint's tensors. */
+  mode: 'gguf' | 'fp8';
+  segments: QuantSegment[];
+  /** The quantized area's bytes (rg_config.quant_bytes). */
+  bytes: number;
+  /** The dequantization scratch of the larger products (rg_config.quant_tile_bytes). */
+  tileBytes: number;
+}
+
 export interface Checkpoint {
+  /** The checkpoint's directory, or the GGUF file. */
   dir: string;
   config: CudaModelConfig;
+  /** Dense loads (every weight of a Hugging Face checkpoint; a GGUF decoder's norms and biases). */
   loads: TensorLoad[];
   /** Bytes of the tensors on disk. */
   fileBytes: number;
   invFreq: Float32Array;
+  /** A GGUF decoder's quantized matrices. */
+  quant?: QuantWeights;
 }
 
 /** Reads config.json and the safetensors headers (one file or shards) and plans every tensor's load. */

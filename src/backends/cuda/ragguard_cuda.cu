@@ -19,11 +19,16 @@
 // for long sequences), SiLU x mul, last-token gather, penalties, sampling; with LoRA slots, a shrink
 // kernel per projection whose expand runs inside the next of these kernels.
 //
+// GGUF decoders (rg_config.quantized): the projections, the embedding and the head stay quantized on the
+// device as quant_kernels.cuh describes, dequantized inside the products; norms and biases are loaded as
+// the dense path loads them.
+//
 // The C ABI (extern "C", rg_*) is what src/backends/cuda/binding.ts binds through koffi. Errors: a
 // negative return and rg_last_error() for the message.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cublas_v2.h>
 #include <mma.h>
 #include <algorithm>
@@ -152,6 +157,8 @@ constexpr int kLoraSeqArray = 8;
 size_t step_words(int T, int S, int W, int P) {
   return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W + 2 * (size_t)P;
 }
+
+#include "quant_kernels.cuh"
 
 // ---------------------------------------------------------------------------------------------------
 // Kernels
@@ -1049,6 +1056,10 @@ struct rg_config {
   int32_t graph_max_batch;  // decode steps of up to this many rows replay CUDA graphs (0: none)
   int32_t max_loras;        // adapters resident at once in the LoRA slots (0: no slots)
   int32_t max_lora_rank;    // rank per module of a slot
+  int32_t quantized;        // 1: a GGUF decoder (embedding, head and projections uploaded by rg_quant_upload);
+                            // 2: FP8 weights made at load from a float16/bfloat16 checkpoint (rg_load_tensor)
+  int64_t quant_bytes;      // the quantized matrices' packed bytes (gguf-blocks.ts planeOffsets, summed)
+  int64_t quant_tile_bytes; // the dequantization scratch of the larger products
 };
 
 struct rg_memory {
@@ -1089,6 +1100,16 @@ struct Engine {
   void* final_norm = nullptr;
   struct Layer { void *in_norm, *qkv, *qkv_b, *o, *post_norm, *gate_up, *down; };
   std::vector<Layer> layers;
+  // A GGUF decoder's quantized matrices: segments of output rows (q, k and v are three segments of the
+  // fused q|k|v, each of its own type), carved from the end of the weights' allocation.
+  struct QSeg { int type, row0, rows, cols; QPlanes p; };
+  std::vector<std::vector<QSeg>> qmats;  // by qmat_index(kind, layer)
+  char* qarea = nullptr;
+  size_t qused = 0;
+  void* qtile = nullptr;
+  bool quantized() const { return cfg.quantized != 0; }
+  bool qready = false;  // every quantized matrix uploaded whole (rg_load_done checked)
+  size_t qmat_index(int kind, int layer) const { return (size_t)kind * (cfg.num_layers + 1) + (layer + 1); }
   float* inv_freq = nullptr;
   // KV pool: one allocation [layer][k|v][block][kv_head][slot][head_dim].
   char* kv = nullptr;
@@ -1176,6 +1197,14 @@ size_t weight_elems(const rg_config& c, int kind) {
   return 0;
 }
 
+// The weights a GGUF decoder keeps quantized (rg_quant_upload): not allocated dense.
+bool quant_kind(int kind) { return kind == W_EMBED || kind == W_LM_HEAD || kind == W_QKV || kind == W_O || kind == W_GATE_UP || kind == W_DOWN; }
+
+// Dense bytes of a weight kind in this engine's allocation (0 for a GGUF decoder's quantized matrices).
+size_t dense_bytes(const rg_config& c, int kind) {
+  return c.quantized && quant_kind(kind) ? 0 : align256(weight_elems(c, kind) * 2);
+}
+
 // A LoRA slot's dimensions (lora.ts loraSlots): input width, rank capacity (fused modules x rank), output width.
 void lora_dims(const rg_config& c, int p, int& in, int& cap, int& out) {
   const int q = c.num_heads * c.head_dim, kvw = c.num_kv_heads * c.head_dim, R = c.max_lora_rank;
@@ -1245,6 +1274,69 @@ int gemm(Engine& e, const void* X, const void* W, void* Y, int rows, int n, int 
   CUBLAS_TRY(cublasGemmEx(e.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, W, t, k, X, t, k, &beta, Y, ytype, n,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return 0;
+}
+
+// A quantized matrix's output rows n and width k (weight_elems' factors).
+void qmat_dims(const rg_config& c, int kind, int& n, int& k) {
+  const int q = c.num_heads * c.head_dim, kvw = c.num_kv_heads * c.head_dim;
+  switch (kind) {
+    case W_EMBED: case W_LM_HEAD: n = c.vocab; k = c.hidden; break;
+    case W_QKV: n = q + 2 * kvw; k = c.hidden; break;
+    case W_O: n = c.hidden; k = q; break;
+    case W_GATE_UP: n = 2 * c.intermediate; k = c.hidden; break;
+    default: n = c.hidden; k = c.intermediate; break;
+  }
+}
+
+template <typename T, int R, int TY>
+void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, bool f32, int ldy, int rows, int k) {
+  const int grid = (sg.rows + QGEMV_WARPS - 1) / QGEMV_WARPS;
+  qgemv_kernel<T, R, TY><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
+}
+
+// Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
+// (each writes its columns of Y). Up to e.gemv_rows rows through qgemv_kernel, which reads the quantized
+// bytes once; more through tiles dequantized into e.qtile and cuBLAS (tensor cores), a tile's rows at most
+// quant_tile_bytes of half values.
+template <typename T>
+int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
+  const std::vector<Engine::QSeg>& segs = e.qmats[e.qmat_index(kind, layer)];
+  const bool f32 = ytype == CUDA_R_32F;
+  const size_t ysz = f32 ? 4 : 2;
+  const float alpha = 1.f, beta = 0.f;
+  const cudaDataType_t t = cuda_type(e.cfg);
+  const size_t tile_rows = std::max<size_t>(1, (size_t)e.cfg.quant_tile_bytes / ((size_t)k * 2));
+  for (const Engine::QSeg& sg : segs) {
+    if (sg.cols != k) return fail("a quantized matrix has the wrong width for its product");
+    char* y = static_cast<char*>(Y) + (size_t)sg.row0 * ysz;
+    int bad = 0;
+    if (rows <= e.gemv_rows && rows <= QGEMV_MAX_ROWS) {
+      QTYPE_DISPATCH(sg.type, bad = 1,
+        if (rows == 1) launch_qgemv<T, 1, TY>(e, sg, X, y, f32, n, rows, k);
+        else if (rows == 2) launch_qgemv<T, 2, TY>(e, sg, X, y, f32, n, rows, k);
+        else if (rows <= 4) launch_qgemv<T, 4, TY>(e, sg, X, y, f32, n, rows, k);
+        else launch_qgemv<T, 8, TY>(e, sg, X, y, f32, n, rows, k))
+      if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+      continue;
+    }
+    for (int r0 = 0; r0 < sg.rows; r0 += (int)tile_rows) {
+      const int nr = std::min<int>((int)tile_rows, sg.rows - r0);
+      const size_t units = (size_t)nr * k / 32, u0 = (size_t)r0 * k / 32;
+      const unsigned grid = (unsigned)((units + 255) / 256);
+      QTYPE_DISPATCH(sg.type, bad = 1, qdequant_kernel<T, TY><<<grid, 256, 0, e.stream>>>(sg.p, u0, units, (T*)e.qtile))
+      if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+      CUBLAS_TRY(cublasGemmEx(e.blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, rows, k, &alpha, e.qtile, t, k, X, t, k, &beta,
+                              y + (size_t)r0 * ysz, ytype, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+  return 0;
+}
+
+// A projection: the dense weight W through gemm, or the GGUF decoder's quantized matrix (kind, layer).
+int project(Engine& e, int kind, int layer, const void* W, const void* X, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
+  if (!e.quantized()) return gemm(e, X, W, Y, rows, n, k, ytype);
+  return e.cfg.dtype == 1 ? qproject<__nv_bfloat16>(e, kind, layer, X, Y, rows, n, k, ytype)
+                          : qproject<__half>(e, kind, layer, X, Y, rows, n, k, ytype);
 }
 
 // Context splits for a decode of `rows` sequences: enough CTAs to fill the GPU's multiprocessors.
@@ -1317,7 +1409,14 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
   cudaStream_t st = e.stream;
   const int nthr = 256;
   e.mark(-1);
-  embed_kernel<T><<<tokens, nthr, 0, st>>>(v, (const T*)e.embed, (T*)e.resid, H);
+  if (e.quantized()) {
+    const Engine::QSeg& sg = e.qmats[e.qmat_index(W_EMBED, -1)].front();
+    int bad = 0;
+    QTYPE_DISPATCH(sg.type, bad = 1, qembed_kernel<T, TY><<<tokens, 128, 0, st>>>(v, sg.p, (T*)e.resid, H))
+    if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+  } else {
+    embed_kernel<T><<<tokens, nthr, 0, st>>>(v, (const T*)e.embed, (T*)e.resid, H);
+  }
   e.mark(P_EMBED);
   const int G = nh / nkv;
   // A thread per rotated pair where it fits (the loop's steps are each a round trip to memory), and as
@@ -1335,7 +1434,7 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     // The previous layer's down projection gets its LoRA delta here, as the residual takes it.
     add_rmsnorm<T>(e, tokens, -1, e.resid, l == 0 ? nullptr : e.delta, L.in_norm, e.normed, lora_expand(e, l - 1, L_DOWN));
     e.mark(P_NORM);
-    if (gemm(e, e.normed, L.qkv, e.qkvbuf, tokens, qw, H, t)) return -1;
+    if (project(e, W_QKV, l, L.qkv, e.normed, e.qkvbuf, tokens, qw, H, t)) return -1;
     if (e.lora_on) lora_shrink<T>(e, l, L_QKV, -1, e.normed, H, tokens);
     e.mark(P_QKV_GEMM);
     qkv_rope_cache_kernel<T><<<tokens, rope_threads, 0, st>>>(v, (T*)e.qkvbuf, (const T*)L.qkv_b, e.inv_freq, (T*)e.kplane(l),
@@ -1350,19 +1449,19 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
     }
     if (splits > 1) attn_combine_kernel<T><<<dim3(tokens, nh), 64, 0, st>>>(v, e.part_acc, e.part_ml, (T*)e.attn, nh, hd, splits);
     e.mark(P_ATTENTION);
-    if (gemm(e, e.attn, L.o, e.delta, tokens, H, nh * hd, t)) return -1;
+    if (project(e, W_O, l, L.o, e.attn, e.delta, tokens, H, nh * hd, t)) return -1;
     if (e.lora_on) lora_shrink<T>(e, l, L_O, -1, e.attn, nh * hd, tokens);
     e.mark(P_O_GEMM);
     add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, L.post_norm, e.normed, lora_expand(e, l, L_O));
     e.mark(P_NORM);
-    if (gemm(e, e.normed, L.gate_up, e.gu, tokens, 2 * I, H, t)) return -1;
+    if (project(e, W_GATE_UP, l, L.gate_up, e.normed, e.gu, tokens, 2 * I, H, t)) return -1;
     // gate and up are one GEMM here, two slots in lora.ts: one shrink for both, expanded by SiLU x mul.
     if (e.lora_on) lora_shrink<T>(e, l, L_GATE, L_UP, e.normed, H, tokens);
     e.mark(P_GATE_UP_GEMM);
     silu_mul_kernel<T><<<dim3(silu_ctas, tokens), nthr, 0, st>>>(v, (const T*)e.gu, (T*)e.act, I, lora_expand(e, l, L_GATE, L_UP, false),
                                                               lora_expand(e, l, L_UP, L_GATE, true));
     e.mark(P_SILU);
-    if (gemm(e, e.act, L.down, e.delta, tokens, H, I, t)) return -1;
+    if (project(e, W_DOWN, l, L.down, e.act, e.delta, tokens, H, I, t)) return -1;
     if (e.lora_on) lora_shrink<T>(e, l, L_DOWN, -1, e.act, I, tokens);
     e.mark(P_DOWN_GEMM);
   }
@@ -1370,7 +1469,7 @@ int forward(Engine& e, int tokens, int seqs, int splits) {
   add_rmsnorm<T>(e, tokens, -1, e.resid, e.delta, e.final_norm, e.normed, lora_expand(e, c.num_layers - 1, L_DOWN));
   gather_last_kernel<T><<<seqs, nthr, 0, st>>>(v, (const T*)e.normed, (T*)e.last, H);
   e.mark(P_NORM);
-  if (gemm(e, e.last, e.lm_head, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
+  if (project(e, c.tie_embeddings ? W_EMBED : W_LM_HEAD, -1, e.lm_head, e.last, e.logits, seqs, c.vocab, H, CUDA_R_32F)) return -1;
   e.mark(P_HEAD_GEMM);
   penalty_kernel<<<seqs, 256, 0, st>>>(v, e.logits, c.vocab);
   sample_kernel<<<seqs, SAMPLE_THREADS, 0, st>>>(v, e.logits, c.vocab, e.d_tokens);
@@ -1404,6 +1503,47 @@ int attn_smem_opt_in(Engine& e) {
     e.prefill_smem = pf;
   }
   return 0;
+}
+
+
+// RAGGUARD_CUDA_WEIGHTS=fp8: `count` elements of a checkpoint tensor (whole rows of the fused weight `kind`,
+// from element `dst_offset` on) read from the file through the staging buffers and quantized on the device
+// into the FP8 segment rg_quant_upload registered for (kind, layer).
+int load_fp8(Engine& e, int kind, int layer, int64_t dst_offset, const char* path, int64_t file_offset, int64_t count, int src_dtype) {
+  const rg_config& c = e.cfg;
+  int n, k;
+  qmat_dims(c, kind, n, k);
+  if (kind == W_LM_HEAD && c.tie_embeddings) return fail("lm_head is tied to the embeddings");
+  const int l = kind == W_EMBED || kind == W_LM_HEAD ? -1 : layer;
+  if (l >= c.num_layers || (l < 0 && kind != W_EMBED && kind != W_LM_HEAD)) return fail("layer out of range");
+  const std::vector<Engine::QSeg>& segs = e.qmats[e.qmat_index(kind, l)];
+  if (segs.size() != 1 || segs[0].type != QT_FP8 || segs[0].rows != n) return fail("no FP8 segment registered for this weight");
+  if (dst_offset < 0 || dst_offset % k || count % 32 || (size_t)(dst_offset + count) > (size_t)n * k) return fail("tensor does not fit its FP8 weight in whole rows");
+  const size_t src_elt = src_dtype == 0 ? 4 : 2;
+  const size_t chunk = 64ull << 20;  // a multiple of 32 elements of every source type
+  if (!e.stage_h && cudaMallocHost(&e.stage_h, chunk) != cudaSuccess) { e.stage_h = nullptr; return fail("staging allocation failed"); }
+  if (!e.stage_d && cudaMalloc(&e.stage_d, chunk) != cudaSuccess) { e.stage_d = nullptr; return fail("staging allocation failed"); }
+  const int fd = open(path, O_RDONLY);
+  if (fd < 0) return fail(std::string("cannot open ") + path);
+  const size_t bytes = (size_t)count * src_elt;
+  int rc = 0;
+  for (size_t done = 0; done < bytes && rc == 0;) {
+    const size_t nb = bytes - done < chunk ? bytes - done : chunk;
+    size_t got = 0;
+    while (got < nb) {
+      const ssize_t r = pread(fd, static_cast<char*>(e.stage_h) + got, nb - got, file_offset + done + got);
+      if (r <= 0) { rc = fail(std::string("short read from ") + path); break; }
+      got += (size_t)r;
+    }
+    if (rc) break;
+    if (cudaMemcpy(e.stage_d, e.stage_h, nb, cudaMemcpyHostToDevice) != cudaSuccess) { rc = fail("weight upload failed"); break; }
+    const size_t units = nb / src_elt / 32, u0 = ((size_t)dst_offset + done / src_elt) / 32;
+    fp8_pack_kernel<<<(unsigned)((units + 255) / 256), 256>>>(e.stage_d, src_dtype, segs[0].p, u0, units);
+    if (cudaDeviceSynchronize() != cudaSuccess) rc = fail("FP8 quantization failed");
+    done += nb;
+  }
+  close(fd);
+  return rc;
 }
 
 }  // namespace
@@ -1445,6 +1585,9 @@ void* rg_create(const rg_config* cfg) {
   if (c.num_heads / c.num_kv_heads > MAX_G) return bail("more than 16 query heads per kv head");
   if (c.head_dim > MAX_HD || c.head_dim % 2) return bail("head_dim must be even and at most 256");
   if (c.max_loras < 0 || (c.max_loras > 0 && (c.max_lora_rank < 1 || c.max_lora_rank > 256))) return bail("max_loras must be >= 0 and max_lora_rank 1..256");
+  if (c.quantized && (c.hidden % 32 || c.intermediate % 32 || (c.num_heads * c.head_dim) % 32 || c.quant_bytes < 0 || c.quant_tile_bytes < (int64_t)64 * c.intermediate * 2))
+    return bail("a GGUF decoder needs hidden, intermediate and q widths that are multiples of 32 and a dequantization tile of at least 64 rows");
+  e->gemv_rows = c.quantized ? QGEMV_MAX_ROWS : GEMV_MAX_ROWS;
   if (cudaSetDevice(c.device) != cudaSuccess) return bail("cudaSetDevice failed: no CUDA device?");
   cudaDeviceGetAttribute(&e->sms, cudaDevAttrMultiProcessorCount, c.device);
   if (cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking) != cudaSuccess) return bail("stream create failed");
@@ -1460,7 +1603,12 @@ void* rg_create(const rg_config* cfg) {
   if (cudaMalloc(&e->wbase, e->wbytes) != cudaSuccess) return bail("weights allocation failed (" + std::to_string(e->wbytes) + " bytes)");
   {
     char* p = e->wbase;
-    auto take = [&](int kind) { void* r = p; p += align256(weight_elems(c, kind) * 2); return r; };
+    auto take = [&](int kind) -> void* {
+      if (c.quantized && quant_kind(kind)) return nullptr;
+      void* r = p;
+      p += dense_bytes(c, kind);
+      return r;
+    };
     e->embed = take(W_EMBED);
     e->lm_head = c.tie_embeddings ? e->embed : take(W_LM_HEAD);
     e->final_norm = take(W_FINAL_NORM);
@@ -1473,6 +1621,10 @@ void* rg_create(const rg_config* cfg) {
       L.post_norm = take(W_POST_NORM);
       L.gate_up = take(W_GATE_UP);
       L.down = take(W_DOWN);
+    }
+    if (c.quantized) {
+      e->qarea = p;
+      e->qmats.resize((size_t)(W_DOWN + 1) * (c.num_layers + 1));
     }
   }
   if (cudaMalloc(&e->inv_freq, c.head_dim / 2 * sizeof(float)) != cudaSuccess) return bail("rotary table allocation failed");
@@ -1504,6 +1656,7 @@ void* rg_create(const rg_config* cfg) {
     e->d_tokens = (int*)take(Sm * 4);
     e->d_pairs = (int*)take(2 * (size_t)c.num_blocks * 4);
     if (c.max_loras > 0) e->lora_t = (float*)take(Tm * 3 * c.max_lora_rank * 4);
+    if (c.quantized) e->qtile = take((size_t)c.quant_tile_bytes);
   }
   // LoRA slots, zeroed: entry 0 stays zeros (the base model's rows), the others until an adapter loads.
   e->lora_bytes = (size_t)plan[5];
@@ -1535,14 +1688,13 @@ void* rg_create(const rg_config* cfg) {
 int rg_plan(const rg_config* cp, int64_t* out) {
   const rg_config& c = *cp;
   size_t w = 0;
-  w += align256(weight_elems(c, W_EMBED) * 2);
-  if (!c.tie_embeddings) w += align256(weight_elems(c, W_LM_HEAD) * 2);
-  w += align256(weight_elems(c, W_FINAL_NORM) * 2);
-  size_t per = align256(weight_elems(c, W_INPUT_NORM) * 2) + align256(weight_elems(c, W_QKV) * 2) +
-               (c.qkv_bias ? align256(weight_elems(c, W_QKV_BIAS) * 2) : 0) + align256(weight_elems(c, W_O) * 2) +
-               align256(weight_elems(c, W_POST_NORM) * 2) + align256(weight_elems(c, W_GATE_UP) * 2) +
-               align256(weight_elems(c, W_DOWN) * 2);
+  w += dense_bytes(c, W_EMBED);
+  if (!c.tie_embeddings) w += dense_bytes(c, W_LM_HEAD);
+  w += dense_bytes(c, W_FINAL_NORM);
+  size_t per = dense_bytes(c, W_INPUT_NORM) + dense_bytes(c, W_QKV) + (c.qkv_bias ? dense_bytes(c, W_QKV_BIAS) : 0) +
+               dense_bytes(c, W_O) + dense_bytes(c, W_POST_NORM) + dense_bytes(c, W_GATE_UP) + dense_bytes(c, W_DOWN);
   w += per * c.num_layers;
+  if (c.quantized) w += align256((size_t)c.quant_bytes);
   const size_t kv = (size_t)c.num_layers * 2 * c.num_blocks * c.num_kv_heads * c.block_size * c.head_dim * 2;
   const size_t Tm = c.max_batched_tokens, Sm = c.max_seqs;
   const size_t qw = (size_t)(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
@@ -1553,7 +1705,8 @@ int rg_plan(const rg_config* cp, int64_t* out) {
               align256(Tm * c.intermediate * 2) + align256(Sm * c.hidden * 2) + align256(Sm * c.vocab * 4) +
               align256(Sm * c.num_heads * splits * c.head_dim * 4) + align256(Sm * c.num_heads * splits * 2 * 4) +
               align256(Sm * 4) + align256(2 * (size_t)c.num_blocks * 4) +
-              (c.max_loras > 0 ? align256(Tm * 3 * (size_t)c.max_lora_rank * 4) : 0);
+              (c.max_loras > 0 ? align256(Tm * 3 * (size_t)c.max_lora_rank * 4) : 0) +
+              (c.quantized ? align256((size_t)c.quant_tile_bytes) : 0);
   out[0] = (int64_t)w;
   out[1] = (int64_t)kv;
   out[2] = (int64_t)ws;
@@ -1609,6 +1762,7 @@ int rg_load_tensor(void* h, int kind, int layer, int64_t dst_offset, const char*
       base = ptrs[kind];
     }
   }
+  if (c.quantized == 2 && quant_kind(kind)) return load_fp8(*e, kind, layer, dst_offset, path, file_offset, count, src_dtype);
   if (!base) return fail("this model has no such weight (kind " + std::to_string(kind) + ")");
   if (kind == W_LM_HEAD && c.tie_embeddings) return fail("lm_head is tied to the embeddings");
   if (dst_offset < 0 || (size_t)(dst_offset + count) > weight_elems(c, kind)) return fail("tensor does not fit its weight");
@@ -1655,6 +1809,24 @@ int rg_load_tensor(void* h, int kind, int layer, int64_t dst_offset, const char*
 int rg_load_done(void* h) {
   auto* e = static_cast<Engine*>(h);
   CUDA_TRY(cudaDeviceSynchronize());
+  if (e->quantized()) {
+    const rg_config& c = e->cfg;
+    // Every quantized matrix whole (its segments' rows add up; they cannot overlap: rg_quant_upload),
+    // the embedding in one segment (the gather indexes its rows directly).
+    for (int kind : {W_EMBED, W_LM_HEAD, W_QKV, W_O, W_GATE_UP, W_DOWN}) {
+      if (kind == W_LM_HEAD && c.tie_embeddings) continue;
+      const bool wide = kind == W_EMBED || kind == W_LM_HEAD;
+      for (int l = wide ? -1 : 0; l < (wide ? 0 : c.num_layers); ++l) {
+        int n, k;
+        qmat_dims(c, kind, n, k);
+        int got = 0;
+        for (const auto& sg : e->qmats[e->qmat_index(kind, l)]) got += sg.rows;
+        if (got != n) return fail("quantized weight kind " + std::to_string(kind) + " of layer " + std::to_string(l) + ": " + std::to_string(got) + " of " + std::to_string(n) + " rows uploaded");
+      }
+    }
+    if (e->qmats[e->qmat_index(W_EMBED, -1)].size() != 1) return fail("the quantized embedding must be one segment");
+    e->qready = true;
+  }
   cudaFreeHost(e->stage_h);
   cudaFree(e->stage_d);
   e->stage_h = nullptr;
@@ -1667,6 +1839,7 @@ int rg_load_done(void* h) {
 // `bucket` padding rows (no cache writes). Returns the graphs' device bytes (cudaMemGetInfo delta).
 int rg_capture_graphs(void* h, const int32_t* buckets, int n) {
   auto* e = static_cast<Engine*>(h);
+  if (e->quantized() && !e->qready) return fail("the quantized weights are not all uploaded (rg_load_done)");
   size_t free0 = 0, total = 0;
   CUDA_TRY(cudaStreamSynchronize(e->stream));
   CUDA_TRY(cudaMemGetInfo(&free0, &total));
@@ -1722,6 +1895,7 @@ int rg_capture_graphs(void* h, const int32_t* buckets, int n) {
 // `logits_out` is not null. Synchronous: returns once the ids are on the host.
 int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, float* logits_out) {
   auto* e = static_cast<Engine*>(h);
+  if (e->quantized() && !e->qready) return fail("the quantized weights are not all uploaded (rg_load_done)");
   const int T = words[0], S = words[1], W = words[2], P = words[3];
   if (P < 0 || P > max_penalty_entries(e->cfg)) return fail("more penalty entries than the step's staging holds");
   if ((size_t)nwords != step_words(T, S, W, P)) return fail("packed step has the wrong size");
@@ -1785,11 +1959,12 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   return 0;
 }
 
-// Steps of at most `rows` rows (0..4) multiply through the GEMV kernel instead of cuBLAS; 0: cuBLAS
+// Steps of at most `rows` rows (0..4; a GGUF decoder's quantized products 0..8) multiply through the GEMV kernel instead of cuBLAS; 0: cuBLAS
 // always. Applies to steps launched directly and to graphs captured afterwards (bench:gpu compares the two).
 int rg_set_gemv_rows(void* h, int32_t rows) {
   auto* e = static_cast<Engine*>(h);
-  if (rows < 0 || rows > GEMV_MAX_ROWS) return fail("gemv rows must be 0.." + std::to_string(GEMV_MAX_ROWS));
+  const int most = e->quantized() ? QGEMV_MAX_ROWS : GEMV_MAX_ROWS;
+  if (rows < 0 || rows > most) return fail("gemv rows must be 0.." + std::to_string(most));
   e->gemv_rows = rows;
   return 0;
 }
@@ -1895,6 +2070,46 @@ int rg_lora_write(void* h, int layer, int projection, int entry, const float* a,
   CUDA_TRY(cudaMemcpyAsync(da, host.data(), na * 2, cudaMemcpyHostToDevice, e->lora_stream));
   CUDA_TRY(cudaMemcpyAsync(db, host.data() + na, nb * 2, cudaMemcpyHostToDevice, e->lora_stream));
   CUDA_TRY(cudaStreamSynchronize(e->lora_stream));  // `host` is freed on return
+  return 0;
+}
+
+// Uploads one segment of a GGUF decoder's quantized matrix: output rows [row0, row0 + rows) of weight
+// `kind` (W_EMBED, W_LM_HEAD, W_QKV, W_O, W_GATE_UP, W_DOWN; layer -1 for the first two), `cols` wide, of
+// unit type `type` (a ggml type id), packed as gguf-blocks.ts packMatrix lays it out (`nbytes` must be the
+// layout's size), at byte `offset` (256-aligned) of the quantized area that rg_config.quant_bytes sized.
+int rg_quant_upload(void* h, int kind, int layer, int row0, int type, int rows, int cols, int64_t offset,
+                    const uint8_t* data, int64_t nbytes) {
+  auto* e = static_cast<Engine*>(h);
+  const rg_config& c = e->cfg;
+  if (!e->quantized()) return fail("rg_quant_upload: this engine holds dense weights (rg_config.quantized 0)");
+  if (!quant_kind(kind)) return fail("weight kind " + std::to_string(kind) + " is not a quantized matrix");
+  const bool wide = kind == W_EMBED || kind == W_LM_HEAD;
+  if (wide ? layer != -1 : (layer < 0 || layer >= c.num_layers)) return fail("layer out of range for weight kind " + std::to_string(kind));
+  if (kind == W_LM_HEAD && c.tie_embeddings) return fail("lm_head is tied to the embeddings");
+  if (qlayout(type).q == 0) return fail("unknown quantized type " + std::to_string(type));
+  int n, k;
+  qmat_dims(c, kind, n, k);
+  if (cols != k || row0 < 0 || rows <= 0 || row0 + rows > n) return fail("quantized segment does not fit its weight");
+  if (cols % ((type == QT_Q4_K || type == QT_Q6_K) ? 256 : 32)) return fail("quantized rows are not whole blocks");
+  if (offset < 0 || offset % 256) return fail("quantized segment offset must be 256-aligned");
+  QPlanes p;
+  const size_t bytes = qplanes(type, rows, cols, reinterpret_cast<const uint8_t*>(e->qarea) + offset, &p);
+  if ((int64_t)bytes != nbytes) return fail("packed segment is " + std::to_string(nbytes) + " bytes, its layout " + std::to_string(bytes));
+  if ((size_t)offset + bytes > (size_t)c.quant_bytes) return fail("quantized segment runs past quant_bytes");
+  std::vector<Engine::QSeg>& segs = e->qmats[e->qmat_index(kind, layer)];
+  for (const auto& sg : segs) {
+    if (row0 < sg.row0 + sg.rows && sg.row0 < row0 + rows) return fail("quantized segment overlaps one uploaded before");
+  }
+  if (data) {
+    CUDA_TRY(cudaMemcpy(e->qarea + offset, data, bytes, cudaMemcpyHostToDevice));
+  } else {
+    // An FP8 matrix's place, filled by rg_load_tensor as the checkpoint's tensors arrive.
+    if (type != QT_FP8) return fail("only an FP8 segment is registered without data");
+    CUDA_TRY(cudaMemset(e->qarea + offset, 0, bytes));
+  }
+  segs.push_back(Engine::QSeg{type, row0, rows, cols, p});
+  e->qused += bytes;
+  e->qready = false;
   return 0;
 }
 

@@ -194,14 +194,26 @@ export function kvBytesPerToken(c: CudaModelConfig, dtype: ModelDtype): number {
   return 2 * c.numLayers * c.numKvHeads * c.headDim * dtypeBytes(dtype);
 }
 
+/**
+ * A GGUF decoder's quantized matrices on the device (gguf-checkpoint.ts): their packed bytes (each
+ * segment 256-aligned) and the scratch that larger products dequantize tiles into.
+ */
+export interface QuantPlan {
+  bytes: number;
+  tileBytes: number;
+}
+
+/** The weight kinds a GGUF decoder keeps quantized (ragguard_cuda.cu quant_kind): not allocated dense. */
+export const QUANT_KINDS: readonly WeightKindId[] = [WeightKind.embed, WeightKind.lmHead, WeightKind.qkv, WeightKind.o, WeightKind.gateUp, WeightKind.down];
+
 /** What the native side allocates for a model and limits (rg_plan), byte for byte. */
-export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimits): DevicePlan {
+export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimits, quant?: QuantPlan): DevicePlan {
   const e = dtypeBytes(dtype);
-  const w = (k: WeightKindId) => align256(weightElems(c, k) * e);
+  const w = (k: WeightKindId) => (quant && QUANT_KINDS.includes(k) ? 0 : align256(weightElems(c, k) * e));
   let weights = w(WeightKind.embed) + (c.tieEmbeddings ? 0 : w(WeightKind.lmHead)) + w(WeightKind.finalNorm);
   const per = w(WeightKind.inputNorm) + w(WeightKind.qkv) + (c.qkvBias ? w(WeightKind.qkvBias) : 0) + w(WeightKind.o) +
     w(WeightKind.postNorm) + w(WeightKind.gateUp) + w(WeightKind.down);
-  weights += per * c.numLayers;
+  weights += per * c.numLayers + (quant ? align256(quant.bytes) : 0);
   const kvPool = l.numBlocks * l.blockSize * kvBytesPerToken(c, dtype);
   const Tm = l.maxBatchedTokens, Sm = l.maxSeqs;
   const loras = l.maxLoras ?? 0, rank = l.maxLoraRank ?? 0;
@@ -212,7 +224,9 @@ export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimit
     align256(Sm * c.hiddenSize * 2) + align256(Sm * c.vocabSize * 4) + align256(Sm * c.numHeads * MAX_SPLITS * c.headDim * 4) +
     align256(Sm * c.numHeads * MAX_SPLITS * 2 * 4) + align256(Sm * 4) + align256(2 * l.numBlocks * 4) +
     // The LoRA shrink's output [tokens, capacity] in float32, capacity at most 3 x rank (fused q|k|v).
-    (loras > 0 ? align256(Tm * 3 * rank * 4) : 0);
+    (loras > 0 ? align256(Tm * 3 * rank * 4) : 0) +
+    // A GGUF decoder's dequantization tile.
+    (quant ? align256(quant.tileBytes) : 0);
   const hostPinned = (words + Sm) * 4;
   const rope = (c.headDim / 2) * 4;
   const lora = loraSlotBytes(c, dtype, loras, rank);

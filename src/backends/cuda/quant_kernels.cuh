@@ -1,0 +1,277 @@
+// GGUF weights kept quantized on the device (included by ragguard_cuda.cu, inside its anonymous
+// namespace, after the element helpers and StepView).
+//
+// A matrix [n, k] is stored as gguf-blocks.ts lays it out: units of 32 consecutive weights of a row in
+// aligned planes (Q: the quantized bits, S: a unit's scales, H: a K-quant super-block's d and dmin), each
+// plane 256-byte aligned. unit32<TYPE> turns one unit back into 32 floats exactly as gguf.ts dequantizes
+// the block (its CPU reference is gguf-blocks.ts dequantUnits, held to gguf.ts by the tests).
+//
+// Products:
+//   decode-sized steps (rows <= QGEMV_MAX_ROWS): qgemv_kernel, a warp per output row streaming its units
+//     once (the bytes a decode step reads are the quantized bytes), every row of X against each unit;
+//   larger steps (prefill, wide batches): the matrix is dequantized tile by tile into half/bfloat16 rows
+//     (a bounded scratch, small enough to stay in L2 between the write and cuBLAS's read) and each tile
+//     multiplied by cuBLAS on the tensor cores.
+// The embedding gathers and dequantizes only the rows of the step's tokens.
+
+// ggml type ids (ggml.h), the device types of gguf-blocks.ts; QT_FP8 (not a ggml type): RAGGUARD_CUDA_WEIGHTS=fp8's
+// E4M3 weights of a float16/bfloat16 checkpoint, made on the device at load (fp8_pack_kernel).
+enum { QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14, QT_BF16 = 30, QT_FP8 = 1000 };
+
+struct QLayout { int q, s, h; };
+// Bytes of a unit in the Q and S planes, and of a super-block (8 units) in the H plane; {0,0,0}: unknown.
+__host__ __device__ constexpr QLayout qlayout(int t) {
+  return t == QT_F16 || t == QT_BF16 ? QLayout{64, 0, 0}
+       : t == QT_Q8_0 ? QLayout{32, 2, 0}
+       : t == QT_Q4_0 ? QLayout{16, 2, 0}
+       : t == QT_Q4_1 ? QLayout{16, 4, 0}
+       : t == QT_Q5_0 ? QLayout{20, 2, 0}
+       : t == QT_Q4_K ? QLayout{16, 2, 4}
+       : t == QT_Q6_K ? QLayout{24, 2, 2}
+       : t == QT_FP8 ? QLayout{32, 2, 0}
+       : QLayout{0, 0, 0};
+}
+
+struct QPlanes { const uint8_t* q; const uint8_t* s; const uint8_t* h; };
+
+inline size_t qalign256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Plane offsets of a [rows, cols] matrix from its base and its packed bytes (gguf-blocks.ts planeOffsets).
+inline size_t qplanes(int type, size_t rows, size_t cols, const uint8_t* base, QPlanes* p) {
+  const QLayout l = qlayout(type);
+  const size_t units = rows * cols / 32;
+  const size_t s = qalign256(units * l.q);
+  const size_t h = s + qalign256(units * l.s);
+  if (p) *p = QPlanes{base, base + s, base + h};
+  return h + qalign256(units / 8 * l.h);
+}
+
+__device__ __forceinline__ float qhalf(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+
+// The 4-bit element i (0..31) of a unit whose 16 bytes are in `b` (low nibbles 0..15, high 16..31).
+__device__ __forceinline__ int qnib(const uint8_t* b, int i) { return i < 16 ? b[i] & 15 : b[i - 16] >> 4; }
+
+template <int TY> __device__ __forceinline__ void unit32(const QPlanes& p, size_t u, float (&w)[32]);
+
+template <> __device__ __forceinline__ void unit32<QT_F16>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 64);
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    const uint4 v = __ldg(q + g);
+    const __half* h = reinterpret_cast<const __half*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[8 * g + i] = __half2float(h[i]);
+  }
+}
+template <> __device__ __forceinline__ void unit32<QT_BF16>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 64);
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    const uint4 v = __ldg(q + g);
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[8 * g + i] = __bfloat162float(h[i]);
+  }
+}
+template <> __device__ __forceinline__ void unit32<QT_Q8_0>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.s + 2 * u);
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    const uint4 v = __ldg(q + g);
+    const int8_t* b = reinterpret_cast<const int8_t*>(&v);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[16 * g + i] = d * (float)b[i];
+  }
+}
+template <> __device__ __forceinline__ void unit32<QT_Q4_0>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.s + 2 * u);
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)(qnib(b, i) - 8);
+}
+template <> __device__ __forceinline__ void unit32<QT_Q4_1>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.s + 4 * u), m = qhalf(p.s + 4 * u + 2);
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) w[i] = fmaf(d, (float)qnib(b, i), m);
+}
+template <> __device__ __forceinline__ void unit32<QT_Q5_0>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.s + 2 * u);
+  // 20 bytes a unit: 4-byte aligned, read as five words (16 nibble bytes, then qh).
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(p.q + u * 20);
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) words[i] = __ldg(q + i);
+  const uint32_t qh = __ldg(q + 4);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(words);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)((qnib(b, i) | (((qh >> i) & 1) << 4)) - 16);
+}
+template <> __device__ __forceinline__ void unit32<QT_Q4_K>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const size_t sb = u >> 3;
+  const float d = qhalf(p.h + 4 * sb), dmin = qhalf(p.h + 4 * sb + 2);
+  // d x a 6-bit scale is exact in float: the element is one rounding of scale q - min, as gguf.ts's.
+  const float scale = d * (float)p.s[2 * u], mn = dmin * (float)p.s[2 * u + 1];
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) w[i] = fmaf(scale, (float)qnib(b, i), -mn);
+}
+template <> __device__ __forceinline__ void unit32<QT_Q6_K>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.h + 2 * (u >> 3));
+  const float s0 = d * (float)(int8_t)p.s[2 * u], s1 = d * (float)(int8_t)p.s[2 * u + 1];
+  // 24 bytes a unit: 8-byte aligned (16 nibble bytes, then 8 bytes of 2-bit highs).
+  const uint2* q = reinterpret_cast<const uint2*>(p.q + u * 24);
+  uint2 parts[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) parts[i] = __ldg(q + i);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(parts);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int hi = (b[16 + (i & 7)] >> (2 * (i >> 3))) & 3;
+    w[i] = (i < 16 ? s0 : s1) * (float)((qnib(b, i) | (hi << 4)) - 32);
+  }
+}
+
+// FP8: 32 E4M3 bytes and a float16 scale a unit (per-block scales of 32 weights: a row's outliers cost only
+// their own block's resolution).
+template <> __device__ __forceinline__ void unit32<QT_FP8>(const QPlanes& p, size_t u, float (&w)[32]) {
+  const float d = qhalf(p.s + 2 * u);
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    const uint4 v = __ldg(q + g);
+    const __nv_fp8_e4m3* b = reinterpret_cast<const __nv_fp8_e4m3*>(&v);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[16 * g + i] = d * (float)b[i];
+  }
+}
+
+// Quantizes `units` units of 32 source values (src_dtype 0 f32, 1 f16, 2 bf16) into FP8 units from unit
+// `u_begin` on: scale = the block's largest |value| / 448 (E4M3's largest), rounded up to float16 so that
+// no value saturates, each value rounded to the nearest E4M3.
+__global__ void fp8_pack_kernel(const void* __restrict__ src, int src_dtype, QPlanes P, size_t u_begin, size_t units) {
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= units) return;
+  float x[32];
+#pragma unroll
+  for (int k = 0; k < 32; ++k) {
+    const size_t e = i * 32 + k;
+    x[k] = src_dtype == 0 ? reinterpret_cast<const float*>(src)[e]
+         : src_dtype == 1 ? __half2float(reinterpret_cast<const __half*>(src)[e])
+                          : __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[e]);
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(x[k]));
+  const __half hs = __float2half_ru(amax / 448.f);
+  const float s = __half2float(hs);
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  const size_t u = u_begin + i;
+  *reinterpret_cast<__half*>(const_cast<uint8_t*>(P.s) + 2 * u) = hs;
+  uint4 out[2];
+  __nv_fp8_e4m3* q = reinterpret_cast<__nv_fp8_e4m3*>(out);
+#pragma unroll
+  for (int k = 0; k < 32; ++k) q[k] = __nv_fp8_e4m3(x[k] * inv);
+  uint4* dst = reinterpret_cast<uint4*>(const_cast<uint8_t*>(P.q) + u * 32);
+  dst[0] = out[0];
+  dst[1] = out[1];
+}
+
+constexpr int QGEMV_MAX_ROWS = 8;
+constexpr int QGEMV_WARPS = 4;
+
+// Y[r, row0 + j] = X[r, :] . W[j, :] for the `rows` (<= R) rows of a decode step: a warp per output row j
+// of this segment, its lanes over the row's units; Y's rows are `ldy` apart (a segment writes its columns
+// of a fused output: q|k|v, gate|up). float output (the head's logits) or the model's type.
+template <typename T, int R, int TY>
+__global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_kernel(const T* __restrict__ X, QPlanes W, void* __restrict__ Y,
+                                                               bool y_f32, int ldy, int rows, int n, int k) {
+  const int lane = threadIdx.x & 31;
+  const int j = blockIdx.x * QGEMV_WARPS + (threadIdx.x >> 5);
+  if (j >= n) return;
+  const int upr = k / 32;
+  const size_t u0 = (size_t)j * upr;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int c = lane; c < upr; c += 32) {
+    float w[32];
+    unit32<TY>(W, u0 + c, w);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows) break;
+      const T* x = X + (size_t)r * k + (size_t)c * 32;
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        float xf[8];
+        load8(x + 8 * g, xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = fmaf(w[8 * g + e], xf[e], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;
+    const float sum = warp_sum(acc[r]);
+    if (lane == 0) {
+      if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + j] = sum;
+      else static_cast<T*>(Y)[(size_t)r * ldy + j] = from_f<T>(sum);
+    }
+  }
+}
+
+// Stores 32 floats as the model's type, four 16-byte stores (dst 16-byte aligned).
+template <typename T> __device__ __forceinline__ void store32(T* dst, const float (&w)[32]) {
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    uint4 v;
+    T* h = reinterpret_cast<T*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = from_f<T>(w[8 * g + i]);
+    reinterpret_cast<uint4*>(dst)[g] = v;
+  }
+}
+
+// `units` units from unit `u_begin` on, dequantized into out (row-major, the segment's rows in order).
+template <typename T, int TY>
+__global__ void qdequant_kernel(QPlanes W, size_t u_begin, size_t units, T* __restrict__ out) {
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= units) return;
+  float w[32];
+  unit32<TY>(W, u_begin + i, w);
+  store32(out + i * 32, w);
+}
+
+// The step's tokens' rows of a quantized embedding, dequantized into out [T, hidden].
+template <typename T, int TY>
+__global__ void qembed_kernel(StepView v, QPlanes E, T* __restrict__ out, int hidden) {
+  const int t = blockIdx.x;
+  if (t >= v.T()) return;
+  const int upr = hidden / 32;
+  const size_t row = (size_t)v.token_ids()[t] * upr;
+  for (int c = threadIdx.x; c < upr; c += blockDim.x) {
+    float w[32];
+    unit32<TY>(E, row + c, w);
+    store32(out + (size_t)t * hidden + (size_t)c * 32, w);
+  }
+}
+
+// Calls body with TY bound to the unit type `ty` as a constant; an unknown type runs `bad`.
+#define QTYPE_DISPATCH(ty, bad, ...)                                         \
+  switch (ty) {                                                              \
+    case QT_F16: { constexpr int TY = QT_F16; __VA_ARGS__; } break;          \
+    case QT_BF16: { constexpr int TY = QT_BF16; __VA_ARGS__; } break;        \
+    case QT_Q8_0: { constexpr int TY = QT_Q8_0; __VA_ARGS__; } break;        \
+    case QT_Q4_0: { constexpr int TY = QT_Q4_0; __VA_ARGS__; } break;        \
+    case QT_Q4_1: { constexpr int TY = QT_Q4_1; __VA_ARGS__; } break;        \
+    case QT_Q5_0: { constexpr int TY = QT_Q5_0; __VA_ARGS__; } break;        \
+    case QT_Q4_K: { constexpr int TY = QT_Q4_K; __VA_ARGS__; } break;        \
+    case QT_Q6_K: { constexpr int TY = QT_Q6_K; __VA_ARGS__; } break;        \
+    case QT_FP8: { constexpr int TY = QT_FP8; __VA_ARGS__; } break;          \
+    default: bad;                                                            \
+  }
