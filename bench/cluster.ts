@@ -21,7 +21,7 @@
  * cluster is stopped at the end whatever happens. Last line: JSON.
  */
 import { execFile } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { copyFileSync, readFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -242,6 +242,12 @@ try {
   failure = (e as Error).message;
   log(`failed: ${failure}`);
 } finally {
+  // The replicas' logs outlive the cluster: where a reply was not what it should be, they say why.
+  const logs = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-cluster-logs-'));
+  for (let i = 1; i <= REPLICAS; i++) {
+    try { copyFileSync(path.join(dir, `replica-${i}`, 'log'), path.join(logs, `replica-${i}.log`)); } catch { /* never started */ }
+  }
+  result['logs'] = logs;
   await cluster('stop').catch((e: Error) => log(`stop: ${e.message}`));
 }
 result['loadavg_1m'] = +(readFileSync('/proc/loadavg', 'utf8').split(' ')[0] ?? 0);
