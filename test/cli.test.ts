@@ -213,7 +213,8 @@ describe('ragguard serve', () => {
           const line = JSON.parse(buf.slice(0, nl)) as Record<string, unknown>;
           buf = buf.slice(nl + 1);
           logs.push(line);
-          if (typeof line['port'] === 'number') resolve(`http://127.0.0.1:${line['port']}`);
+          // The server listens at once and says so; this waits for the line that says it is ready.
+          if (typeof line['port'] === 'number' && /^ragguard ready on /.test(String(line['msg']))) resolve(`http://127.0.0.1:${line['port']}`);
         }
       });
       child.on('close', (code) => reject(new Error(`serve exited with ${code}: ${buf}`)));

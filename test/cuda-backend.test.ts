@@ -14,13 +14,15 @@ import { cudaBackend, cudaUnavailable } from '../src/backends/cuda/binding.js';
 import { CudaModelRunner, CudaUnavailableError, deviceSampling } from '../src/backends/cuda/cuda-runner.js';
 import { CheckpointError, openCheckpoint, parseConfig, placeTensor, WeightKind, weightElems } from '../src/backends/cuda/hf-checkpoint.js';
 import { ropeInvFreq, UnsupportedRopeError } from '../src/backends/cuda/rope.js';
-import { bucketFor, graphBuckets, kvBytesPerToken, maxPenaltyEntries, packStep, planDevice, stepWords } from '../src/backends/cuda/step-pack.js';
+import { bucketFor, graphBuckets, kvBytesPerToken, maskWords, maxPenaltyEntries, packStep, planDevice, stepWords } from '../src/backends/cuda/step-pack.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import type { KvPoolInfo, ModelRunner, RunnerStep, StepSink } from '../src/generate/model-runner.js';
 import type { Sequence } from '../src/generate/sequence.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { sampleNext, type SamplerSettings } from '../src/generate/sampler.js';
+import { compileSchema, validates } from '../src/generate/structured/json-schema.js';
+import { TokenGrammar, TokenVocabulary } from '../src/generate/structured/token-mask.js';
 import { standInCuda, standInLogits, TINY, tinyTensors } from './cuda-standin.js';
 
 const tiny = TINY;
@@ -50,7 +52,8 @@ describe('packed steps', () => {
     assert.deepEqual([f[4 + 4 * T + 6 * S], f[4 + 4 * T + 6 * S + 1]], [0, 0.5]);
     assert.ok(Math.abs(f[4 + 4 * T + 7 * S + 1]! - 0.9) < 1e-7);
     assert.deepEqual(seq(8), [0, 0]); // no adapter: the base model
-    assert.deepEqual([...words.subarray(4 + 4 * T + 14 * S)], [5, 0, 2, 9]); // tables padded to W
+    assert.deepEqual(seq(14), [0, 0]); // no token mask
+    assert.deepEqual([...words.subarray(4 + 4 * T + 15 * S)], [5, 0, 2, 9]); // tables padded to W
     assert.equal(words[3], 0); // no penalty entries
     assert.deepEqual([9, 10, 11, 12, 13].map(seq), [[0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]);
   });
@@ -72,9 +75,25 @@ describe('packed steps', () => {
     assert.deepEqual(f(11), [0.5, 0, 0]);
     assert.deepEqual(seq(12), [0, 0, 3]); // where each row's entries start
     assert.deepEqual(seq(13), [3, 0, 1]); // and how many
-    const tail = 4 + 4 * T + 14 * S + S * W;
+    const tail = 4 + 4 * T + 15 * S + S * W;
     assert.deepEqual([...words.subarray(tail, tail + P)], [7, 3, 9, 6]);
     assert.deepEqual([...words.subarray(tail + P)], [2, 0, 1, 1]);
+  });
+
+  test('token masks follow the penalty entries, each masked row pointing at its own (1-based; 0: none)', () => {
+    const plain = { temperature: 0, topK: 0, topP: 1, seed: 1, step: 0 };
+    const m1 = Uint32Array.of(0b1010, 0xffffffff), m2 = Uint32Array.of(1, 0x80000000);
+    const words = packStep([
+      { tokens: [7], start: 0, blocks: [5], sampling: { ...plain, penalties: { repetition: 1.5, presence: 0, frequency: 0, tokens: [7], counts: [1] } }, mask: m1 },
+      { tokens: [4], start: 0, blocks: [2], sampling: plain },
+      { tokens: [6], start: 0, blocks: [1], sampling: plain, mask: m2 },
+    ], 16);
+    const T = 3, S = 3, W = 1, P = 1;
+    assert.equal(words.length, stepWords(T, S, W, P, 4));
+    assert.deepEqual([...words.subarray(4 + 4 * T + 14 * S, 4 + 4 * T + 15 * S)], [1, 0, 2]);
+    const masks = 4 + 4 * T + 15 * S + S * W + 2 * P;
+    assert.deepEqual([...new Uint32Array(words.buffer, masks * 4, 4)], [0b1010, 0xffffffff, 1, 0x80000000]);
+    assert.throws(() => packStep([{ tokens: [1], start: 0, blocks: [0], sampling: plain, mask: m1 }, { tokens: [1], start: 0, blocks: [0], sampling: plain, mask: Uint32Array.of(1) }], 16), /different widths/);
   });
 
   test('a block table too short for the positions is refused', () => {
@@ -116,7 +135,7 @@ describe('device accountant', () => {
     assert.equal(maxPenaltyEntries(4, 1, 16, 32), 4 * 16); // positions bound
     assert.equal(maxPenaltyEntries(4, 4, 16, 32), 4 * 32); // vocabulary bound
     const p = planDevice(c, 'float16', limits);
-    assert.equal(p.hostPinned, (stepWords(32, 4, 1, 4 * 16) + 4) * 4, 'the pinned staging: the largest step, penalties included, and the sampled ids');
+    assert.equal(p.hostPinned, (stepWords(32, 4, 1, 4 * 16, 4 * maskWords(32)) + 4) * 4, 'the pinned staging: the largest step, penalties and token masks included, and the sampled ids');
     // The largest packed step fits it: every row with a penalty list of its whole table's positions.
     const full = packStep(Array.from({ length: 4 }, (_, r) => ({
       tokens: [r], start: 15, blocks: [r],
@@ -322,6 +341,28 @@ describe('the CUDA runner over a stand-in native library', () => {
     const g = await engine.generate(long, { maxNewTokens: 2, temperature: 0, ignoreEos: true });
     assert.deepEqual(g.ids, [20, 21]);
     assert.deepEqual(steps.slice(0, 3).map(({ T, S }) => ({ T, S })), [{ T: 8, S: 1 }, { T: 8, S: 1 }, { T: 3, S: 1 }]);
+    runner.close();
+  });
+
+  test('constrained rows take their token masks to the device sampler, beside free rows in the same steps', async () => {
+    const runner = await CudaModelRunner.load(dir, { numBlocks: 64, blockSize: 4, maxBatchedTokens: 16, maxSeqs: 4 }, fake);
+    // A 32-token vocabulary of JSON's characters, every one the schema needs (id 2: EOS, as TINY says).
+    const texts = ['a', 'b', undefined, '{', '}', '"', 'k', ':', '1', '2', ',', ' ', '[', ']', 'x', 'y', '3', '"k"', '0', 'z', 'true', 'n', 'u', 'l', '-', '.', 'e', 'f', 'r', 's', 't', 'o'];
+    const vocab = new TokenVocabulary(32, texts, [2]);
+    const schema = { type: 'object', properties: { k: { type: 'integer' }, ok: { type: 'boolean' } }, required: ['k'], additionalProperties: false };
+    const grammar = new TokenGrammar(compileSchema(schema), vocab);
+    steps.length = 0;
+    const blocks = new BlockManager({ numBlocks: 64, blockSize: 4, watermark: 0.01, enablePrefixCaching: false });
+    const engine = new Engine(runner, blocks, { numBlocks: 64, blockSize: 4, maxNumSeqs: 4, maxNumBatchedTokens: 16 });
+    const [constrained, free] = await Promise.all([
+      engine.generate([3, 4], { maxNewTokens: 64, temperature: 0, grammar }),
+      engine.generate([5], { maxNewTokens: 6, temperature: 0, ignoreEos: true }),
+    ]);
+    assert.equal(constrained.finishReason, 'stop', constrained.text);
+    assert.ok(validates(JSON.parse(constrained.text), schema), constrained.text);
+    // The free row answers as the stand-in's model does, unmasked.
+    assert.deepEqual(free.ids, [6, 7, 8, 9, 10, 11]);
+    assert.ok(steps.some((s) => s.S === 2), 'a constrained and a free row in one step');
     runner.close();
   });
 

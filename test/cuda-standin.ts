@@ -127,12 +127,17 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
       const f32 = (k: number) => new Float32Array(words.buffer, words.byteOffset + (4 + 4 * T + k * S) * 4, S);
       const last = seq(1), lora = seq(8), rep = f32(9), presence = f32(10), frequency = f32(11), penStart = seq(12), penCount = seq(13);
       const penTokens = 4 + 4 * T + SEQ_ARRAYS * S + S * W;
+      const maskAt = seq(14), masks = penTokens + 2 * P, mw = Math.ceil(vocab / 32);
       s.steps.push({ T, S, lora: [...lora] });
       for (let r = 0; r < S; r++) {
         const logits = standInLogits(ids[last[r]!]!, lora[r]!, vocab);
         const from = penTokens + penStart[r]!, to = from + penCount[r]!;
         applyPenaltyEntries(logits, { repetition: rep[r]!, presence: presence[r]!, frequency: frequency[r]! },
           words.subarray(from, to), words.subarray(from + P, to + P));
+        if (maskAt[r]! > 0) {
+          const m = words.subarray(masks + (maskAt[r]! - 1) * mw, masks + maskAt[r]! * mw);
+          for (let t = 0; t < vocab; t++) if (((m[t >>> 5]! >>> (t & 31)) & 1) === 0) logits[t] = -Infinity;
+        }
         tokensOut[r] = argmax(logits);
       }
       resolve();

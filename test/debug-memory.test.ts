@@ -23,7 +23,7 @@ test('the snapshot accounts for every component, the KV pool and the process', a
   const res = await request(app).get('/debug/memory').expect(200);
   const m = res.body;
   const names = m.components.map((c: { name: string }) => c.name);
-  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index', 'adapter_slots']);
+  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index', 'adapter_slots', 'token_masks']);
   const byName = Object.fromEntries(m.components.map((c: { name: string; bytes: number }) => [c.name, c.bytes]));
   assert.ok(byName.decoder > 0, 'decoder load was measured');
   assert.equal(byName.kv_pool, m.kv.pool_bytes);

@@ -14,11 +14,23 @@
 import { Template } from '@huggingface/jinja';
 import type { TextTokenizer } from '../runtime/tokenizer.js';
 
-export type ChatRole = 'system' | 'developer' | 'user' | 'assistant';
+export type ChatRole = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
 export interface ChatMessage {
   role: ChatRole;
   content: string;
+  /** An assistant's calls; arguments as objects, as transformers' templates read them. */
+  tool_calls?: readonly { id: string; type: 'function'; function: { name: string; arguments: unknown } }[];
+  /** A tool message: the call it answers. */
+  tool_call_id?: string;
+}
+
+/** What a render adds beyond the messages. */
+export interface RenderExtras {
+  /** OpenAI's tools, handed to a template that writes them (tool-calls.ts). */
+  tools?: readonly object[];
+  /** Text after the generation prompt (a forced tool call's opening). */
+  suffix?: string;
 }
 
 /**
@@ -94,18 +106,20 @@ export class ChatTemplate {
   }
 
   /** The rendered text (without a BOS the tokenizer would add). */
-  render(messages: readonly ChatMessage[], addGenerationPrompt = true): string {
+  render(messages: readonly ChatMessage[], addGenerationPrompt = true, extras: RenderExtras = {}): string {
     return this.compiled.render({
-      messages: messages.map((m) => ({ role: m.role, content: m.content })),
+      messages: messages.map((m) => ({ role: m.role, content: m.content, ...(m.tool_calls ? { tool_calls: m.tool_calls } : {}),
+        ...(m.tool_call_id !== undefined ? { tool_call_id: m.tool_call_id } : {}) })),
       bos_token: this.bosToken,
       eos_token: this.eosToken,
       add_generation_prompt: addGenerationPrompt,
-    });
+      ...(extras.tools ? { tools: extras.tools } : {}),
+    }) + (extras.suffix ?? '');
   }
 
   /** Prompt ids: the rendered text encoded, BOS first where the tokenizer adds one and the template did not write it. */
-  encode(messages: readonly ChatMessage[], addGenerationPrompt = true): number[] {
-    const ids = this.tokenizer.encode(this.render(messages, addGenerationPrompt));
+  encode(messages: readonly ChatMessage[], addGenerationPrompt = true, extras: RenderExtras = {}): number[] {
+    const ids = this.tokenizer.encode(this.render(messages, addGenerationPrompt, extras));
     return this.withBos(ids);
   }
 

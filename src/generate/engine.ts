@@ -10,7 +10,7 @@
  * invisible here, to the scheduler, the block manager and the guards.
  */
 import type { FinishReason, Generation } from './generation.js';
-import type { ModelRunner, KvPoolInfo, RunnerStep, SampleExtras, StepSink } from './model-runner.js';
+import type { ModelRunner, KvPoolInfo, RunnerStep, SampleExtras, StepSink, TokenDecoder } from './model-runner.js';
 import type { TokenLogprobs } from './logprobs.js';
 import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -153,7 +153,7 @@ export class Engine {
       const seq = new Sequence(this.nextId++, promptIds, p, performance.now());
       // Text as generated costs two small decodes per token: only where a stop sequence or a listener needs it
       // (otherwise the whole output is decoded once at the end, to the same text).
-      if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.runner.tokenizer, params.stop);
+      if (params.stop?.length || hooks.onToken) seq.text = new OutputText(this.decoderOf(seq), params.stop);
       return seq;
     });
     const done = seqs.map((seq, i) => new Promise<Generation>((resolve, reject) => this.pending.set(seq, {
@@ -310,11 +310,20 @@ export class Engine {
     if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
     if (extras?.logprobs) seq.logprobs.push(extras.logprobs);
+    seq.guide?.accept(next);
     const text = seq.text?.push(next) ?? '';
     this.pending.get(seq)?.hooks.onToken?.({ tokenId: next, text, logprobs: extras?.logprobs });
-    if (seq.text?.stopped !== undefined) return 'stop';
+    if (seq.text?.stopped !== undefined || seq.guide?.done) return 'stop';
     if (seq.outputIds.length >= seq.params.maxNewTokens || seq.length >= this.runner.shape.maxPositions) return 'length';
     return undefined;
+  }
+
+  /**
+   * A constrained sequence's text is its tokens' texts as the grammar read them: a tokenizer's decoder
+   * may clean up spaces (" ," to ",") and so change the JSON the grammar checked.
+   */
+  private decoderOf(seq: Sequence): TokenDecoder {
+    return seq.guide?.grammar.vocab ?? this.runner.tokenizer;
   }
 
   /**
@@ -360,7 +369,7 @@ export class Engine {
       const tail = seq.text?.finish() ?? '';
       if (tail) p.hooks.onToken?.({ tokenId: null, text: tail });
       p.resolve({
-        ids: seq.outputIds, text: seq.text?.text ?? this.runner.tokenizer.decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
+        ids: seq.outputIds, text: seq.text?.text ?? this.decoderOf(seq).decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
         ...(seq.params.logprobs !== undefined ? { logprobs: seq.logprobs } : {}),
       });

@@ -1,4 +1,5 @@
 /** Next-token choice: greedy at temperature 0, else softmax sampling from a seeded generator. */
+import { maskLogits, type TokenMask } from './structured/token-mask.js';
 
 /** mulberry32: small, fast, seedable; Math.random cannot be replayed. */
 export function seededRandom(seed: number): () => number {
@@ -130,8 +131,9 @@ export function applyPenalties(logits: Float32Array, s: SamplerSettings, promptI
  * seeded stream replays the same way, preempted or not).
  */
 export function sampleNext(logits: Float32Array, s: SamplerSettings, random: () => number,
-  promptIds: readonly number[], outputIds: readonly number[]): number {
-  const l = applyPenalties(logits, s, promptIds, outputIds);
+  promptIds: readonly number[], outputIds: readonly number[], allowed?: TokenMask): number {
+  // A constrained row's mask comes first, as vLLM's logits processors: penalties and the cuts act on what may come.
+  const l = applyPenalties(allowed ? maskLogits(logits, allowed) : logits, s, promptIds, outputIds);
   if (greedy(s)) return argmax(l);
   const topK = s.topK && s.topK > 0 ? Math.min(s.topK, l.length) : l.length;
   const topP = s.topP ?? 1;

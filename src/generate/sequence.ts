@@ -3,6 +3,7 @@ import { seededRandom, type SamplerSettings } from './sampler.js';
 import type { DecoderAdapter } from './lora-pool.js';
 import type { FinishReason } from './generation.js';
 import type { OutputText } from './output-text.js';
+import type { TokenGrammar, TokenGuide } from './structured/token-mask.js';
 import type { TokenLogprobs } from './logprobs.js';
 
 export type SequenceStatus = 'waiting' | 'running' | 'finished';
@@ -22,6 +23,8 @@ export interface SamplingParams extends SamplerSettings {
   adapter?: DecoderAdapter;
   /** Generate exactly maxNewTokens, past any end-of-sequence token (benchmarks of decode throughput). */
   ignoreEos?: boolean;
+  /** Constrained decoding: every token drawn from those the grammar allows next (structured/token-mask.ts). */
+  grammar?: TokenGrammar;
   /** Log-probabilities of each generated token and of this many most likely alternatives (0-20; logprobs.ts); absent: none computed. */
   logprobs?: number;
 }
@@ -40,6 +43,8 @@ export class Sequence {
   readonly random: () => number;
   /** The output as text, detokenized as generated (stop sequences, streaming): engine.ts sets it. */
   text: OutputText | undefined;
+  /** Where the output stands in params.grammar (survives preemption, as the output does). */
+  readonly guide: TokenGuide | undefined;
   /** Each output token's logprobs, where params.logprobs asks (outputIds' order). */
   readonly logprobs: TokenLogprobs[] = [];
   /**
@@ -58,6 +63,7 @@ export class Sequence {
     // Without a seed, a request's own (as OpenAI and vLLM do): a fixed default would give every
     // unseeded request at the same temperature the same "sample".
     this.random = seededRandom(params.seed ?? Math.floor(Math.random() * 2 ** 32));
+    this.guide = params.grammar?.start();
   }
 
   /** The adapter's key: the KV depends on it, so prefix-cache entries are per adapter (block-manager.ts). */

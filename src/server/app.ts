@@ -21,6 +21,7 @@ import { nextTurn } from '../runtime/turns.js';
 import { parseQuery } from './validate.js';
 import { streamQuery } from './query-stream.js';
 import { openaiRoutes } from './openai-routes.js';
+import { StructuredOutputs } from './structured.js';
 
 /**
  * `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM);
@@ -34,6 +35,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   // One queue per process where the library shares its own (index.ts) with the apps it mounts.
   const admission = opts.admission ?? new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
   metrics.addQueue(admission);
+  const outputs = new StructuredOutputs(service.engine.runner);
+  outputs.warm();
   const app = express();
   app.disable('x-powered-by');
   const onDone = (m: string, route: string, status: number, s: number) => metrics.httpRequest(m, route, status, s);
@@ -79,6 +82,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     // step. Asked for after the turn: a burst's intake does not make its controller (shutdown.ts).
     const signal = requestSignal(res);
     const q = parseQuery(req.body, cfg);
+    // response_format: the answer generated under its grammar (json_object or a schema).
+    if (q.responseFormat) q.sampling = { ...q.sampling, grammar: await outputs.forFormat(q.responseFormat) };
     checkQueryShape(q, service);
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
@@ -128,7 +133,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.post('/documents', (req, res) => postDocuments(service, req, res));
 
   app.use(documentsRouter(service));
-  app.use(openaiRoutes(service, admission));
+  app.use(openaiRoutes(service, admission, outputs));
 
   app.use((req, _res, next) => next(new HttpError(404, 'not_found', `no route ${req.method} ${req.path}`)));
 

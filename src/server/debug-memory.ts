@@ -3,6 +3,7 @@
  * load, or exact from the structure's size), the KV pool and its block tables, adapters, the queue,
  * the GPU as NVML reads it (or why there is no reading), the process's counters, and the leak check.
  */
+import { tokenMaskMemory } from '../generate/structured/token-mask.js';
 import { totalmem } from 'node:os';
 import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
 import { DecoderModel } from '../backends/ort/decoder-model.js';
@@ -135,6 +136,15 @@ function decoderComponent(service: RagService): Component {
   return { name: 'decoder', bytes: loads.decoder.bytes, how: 'measured', detail: `${loaded}${onnx}` };
 }
 
+/** Constrained decoding's host memory: cached token masks (at most 32 MiB) and the tokenizer's sorted texts. */
+function tokenMasksComponent(): Component {
+  const m = tokenMaskMemory();
+  return {
+    name: 'token_masks', bytes: m.maskCacheBytes + m.vocabularyBytes, how: 'exact',
+    detail: `${m.masks} cached masks (${m.maskCacheBytes} bytes) and the vocabulary's arrays (${m.vocabularyBytes} bytes); its ${m.vocabularyChars} characters of token texts are JS strings, not counted`,
+  };
+}
+
 export function memorySnapshot(service: RagService, admission: Admission, gpu: GpuReading): MemorySnapshot {
   const { models, store, engine, blocks, cfg } = service;
   const kv = blocks.stats();
@@ -154,6 +164,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       name: 'adapter_slots', bytes: adapters.slots.bytes, how: 'exact',
       detail: `${adapters.slots.max_loras} LoRA adapters x rank ${adapters.slots.max_rank} per module, allocated at start-up; ${adapters.loaded.length} loaded now`,
     },
+    tokenMasksComponent(),
   ];
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
   return {

@@ -39,6 +39,7 @@ import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
 import { checkQueryShape } from '../service/request-shape.js';
 import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
+import { planChat, replyMessage, StructuredOutputs, ToolDeltas } from './structured.js';
 import type { TokenLogprobs } from '../generate/logprobs.js';
 import { chatLogprobs, completionLogprobs } from './openai-logprobs.js';
 import { rerankRoutes } from './rerank-routes.js';
@@ -65,10 +66,7 @@ const now = () => Math.floor(Date.now() / 1000);
 type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number };
 const usage = (prompt: number, completion: number): Usage => ({ prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion });
 
-/** A message's text: a string, or its text parts joined. */
-const messageText = (c: string | { text: string }[]) => (typeof c === 'string' ? c : c.map((p) => p.text).join(''));
-
-export function openaiRoutes(service: RagService, admission: Admission): express.Router {
+export function openaiRoutes(service: RagService, admission: Admission, outputs = new StructuredOutputs(service.engine.runner)): express.Router {
   const { cfg } = service;
   const { decoder, embedder } = service.models;
   const router = express.Router();
@@ -119,7 +117,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
 
   const params = (b: ChatCompletionBody | CompletionBody, maxTokens: number, logprobs: number | undefined): SamplingParams => ({
     ...samplingOptions(b, b.top_k), maxNewTokens: maxTokens, temperature: b.temperature ?? 1, seed: b.seed,
-    ...(logprobs !== undefined ? { logprobs } : {}),
+    ...(logprobs !== undefined ? { logprobs } : {}), ...(b.ignore_eos ? { ignoreEos: true } : {}),
   });
 
   router.get('/openapi.json', (_req, res) => {
@@ -193,6 +191,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const ids = chat.encodeText(text);
     if (ids.length === 0) throw new HttpError(400, 'invalid_body', 'prompt is empty (and this tokenizer adds no BOS)', { param: 'prompt' });
     checkContext(ids.length, maxTokens);
+    const grammar = await outputs.forFormat(b.response_format);
     const id = newId('cmpl');
     const created = now();
     const base = { id, object: 'text_completion', created, model: b.model };
@@ -205,7 +204,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       offsets[index] = end;
       return logprobs;
     };
-    await generateReply(res, ids, params(b, maxTokens, b.logprobs), b.n ?? 1, adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
+    await generateReply(res, ids, { ...params(b, maxTokens, b.logprobs), grammar }, b.n ?? 1, adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
       chunk: (index, text, _first, entries) => ({ ...base, choices: [{ index, text, logprobs: lp(index, entries), finish_reason: null }] }),
       last: (index, reason) => ({ ...base, choices: [{ index, text: '', logprobs: null, finish_reason: reason }] }),
       usageChunk: (u) => ({ ...base, choices: [], usage: u }),
@@ -221,20 +220,30 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const b = parseBody(schemasFor(cfg).chatCompletion, req.body);
     const adapter = await generationModel(b.model);
     const maxTokens = b.max_completion_tokens ?? b.max_tokens ?? cfg.defaultMaxNewTokens;
-    const messages: ChatMessage[] = b.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
+    const plan = await planChat(b, chat, outputs);
+    const messages: ChatMessage[] = plan.messages;
     const id = newId('chatcmpl');
     const created = now();
     const base = { id, object: 'chat.completion.chunk', created, model: b.model };
     const lp = (entries: readonly TokenLogprobs[] | undefined) => (b.logprobs ? chatLogprobs(entries ?? [], decoder.tokenizer) : null);
+    // Tools asked for: each choice's text is read for calls, given as OpenAI's tool_calls deltas.
+    const toolDeltas = plan.tools ? Array.from({ length: b.n ?? 1 }, () => new ToolDeltas(plan.tools!)) : undefined;
+    const delta = (index: number, d: Record<string, unknown>, first: boolean) => ({
+      ...base, choices: [{ index, delta: first ? { role: 'assistant', ...d } : d, logprobs: null, finish_reason: null }],
+    });
     const shapes = {
       chunk: (index: number, content: string, first: boolean, entries?: readonly TokenLogprobs[]) => ({
         ...base, choices: [{ index, delta: first ? { role: 'assistant', content } : { content }, logprobs: lp(entries), finish_reason: null }],
       }),
-      last: (index: number, reason: string) => ({ ...base, choices: [{ index, delta: {}, logprobs: null, finish_reason: reason }] }),
+      ...(toolDeltas ? { chunks: (index: number, text: string | null, first: boolean) => toolDeltas[index]!.deltas(text).map((d, i) => delta(index, d, first && i === 0)) } : {}),
+      last: (index: number, reason: string) => ({ ...base, choices: [{ index, delta: {}, logprobs: null, finish_reason: toolDeltas?.[index]!.finishReason(reason) ?? reason }] }),
       usageChunk: (u: Usage) => ({ ...base, choices: [], usage: u }),
       reply: (gens: readonly Generation[], u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => ({
         ...base, object: 'chat.completion',
-        choices: gens.map((g, index) => ({ index, message: { role: 'assistant', content: g.text, refusal: null }, logprobs: lp(g.logprobs), finish_reason: g.finishReason })),
+        choices: gens.map((g, index) => {
+          const { message, finishReason } = replyMessage(g.text, g.finishReason, plan.tools);
+          return { index, message, logprobs: lp(g.logprobs), finish_reason: finishReason };
+        }),
         usage: u,
         ...(citations ? { citations } : {}),
         ragguard: { guard },
@@ -243,9 +252,9 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const stream = b.stream ?? false;
     const includeUsage = b.stream_options?.include_usage ?? false;
     if (!b.rag) {
-      const ids = chat.encode(messages);
+      const ids = chat.encode(messages, true, plan.extras);
       checkContext(ids.length, maxTokens);
-      await generateReply(res, ids, params(b, maxTokens, b.logprobs ? b.top_logprobs ?? 0 : undefined), b.n ?? 1, adapter, stream, includeUsage, shapes);
+      await generateReply(res, ids, { ...params(b, maxTokens, b.logprobs ? b.top_logprobs ?? 0 : undefined), grammar: plan.grammar }, b.n ?? 1, adapter, stream, includeUsage, shapes);
       return;
     }
     // The grounded path answers once, without logprobs: asked for, they are refused rather than left out.
@@ -262,7 +271,7 @@ export function openaiRoutes(service: RagService, admission: Admission): express
       chatContextPrompt(chat, service.template, messages, chunks, budget, between);
     const q = {
       query: question, topK: b.rag.top_k, rerankTopN: b.rag.rerank_top_n, maxNewTokens: maxTokens,
-      temperature: b.temperature ?? 1, seed: b.seed, sampling: samplingOptions(b, b.top_k), promptFor, adapter,
+      temperature: b.temperature ?? 1, seed: b.seed, sampling: { ...samplingOptions(b, b.top_k), grammar: plan.grammar }, promptFor, adapter,
       filter: searchFilter(b.rag.collection, b.rag.filter),
       // The conversation, plus up to RAGGUARD_PROMPT_BUDGET tokens of context.
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
@@ -313,6 +322,8 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     last(index: number, reason: string): object;
     usageChunk(u: Usage): object;
     reply(gens: readonly Generation[], u: Usage, guard: Record<string, unknown>): object;
+    /** Choice `index`'s chunks for generated text (null: its end) where they are not one content chunk each (tool calls). */
+    chunks?(index: number, text: string | null, first: boolean): object[];
   }
 
   /**
@@ -329,7 +340,15 @@ export function openaiRoutes(service: RagService, admission: Admission): express
     const first = new Array<boolean>(n).fill(true);
     // A token's logprobs go out with the chunk that carries its text (some tokens make no text yet).
     const held: TokenLogprobs[][] = Array.from({ length: n }, () => []);
-    const send = (index: number, text: string) => {
+    const send = (index: number, text: string | null) => {
+      if (shapes.chunks) {
+        for (const c of shapes.chunks(index, text, first[index]!)) {
+          sse!.send(c);
+          first[index] = false;
+        }
+        return;
+      }
+      if (text === null) return;
       const lps = held[index]!.splice(0);
       sse!.send(shapes.chunk(index, text, first[index]!, p.logprobs === undefined ? undefined : lps));
       first[index] = false;
@@ -356,7 +375,12 @@ export function openaiRoutes(service: RagService, admission: Admission): express
         return;
       }
       // An empty answer still announces the role; logprobs of tokens that made no text go out here.
-      for (let i = 0; i < n; i++) if (first[i] || held[i]!.length > 0) send(i, '');
+      for (let i = 0; i < n; i++) send(i, null);
+      for (let i = 0; i < n; i++) {
+        if (!first[i] && held[i]!.length === 0) continue;
+        sse.send(shapes.chunk(i, '', first[i]!, p.logprobs === undefined ? undefined : held[i]!.splice(0)));
+        first[i] = false;
+      }
       gens.forEach((g, i) => sse.send(shapes.last(i, g.finishReason)));
       if (includeUsage) sse.send(shapes.usageChunk(u));
       sse.sendRaw('[DONE]');

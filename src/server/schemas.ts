@@ -19,6 +19,23 @@ export interface FieldError {
 const stop = z.union([z.string().min(1).max(256), z.array(z.string().min(1).max(256)).max(8)])
   .describe('Generation ends before the first of these texts (finish_reason "stop"); the text is not part of the output.');
 
+const jsonSchemaObject = z.record(z.string(), z.unknown());
+
+/** OpenAI's response_format: enforced by constrained decoding (a schema outside the supported subset is refused, naming the keyword). */
+export const responseFormat = z.union([
+  z.strictObject({ type: z.literal('text') }),
+  z.strictObject({ type: z.literal('json_object') }),
+  z.strictObject({
+    type: z.literal('json_schema'),
+    json_schema: z.strictObject({
+      name: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'json_schema.name must be 1-64 letters, digits, _ or -'),
+      description: z.string().optional(),
+      schema: jsonSchemaObject.optional().describe('Objects, arrays, strings, numbers, integers, booleans, null, enum, const, required, additionalProperties, anyOf.'),
+      strict: z.boolean().nullable().optional().describe('Accepted; the schema is always enforced.'),
+    }),
+  }),
+]).describe('text, json_object (any JSON object) or json_schema: the output is generated to parse (and validate).');
+
 /** Sampling fields shared by /query and the /v1 routes (the token top-k's name differs: see each route). */
 function sampling(cfg: Config) {
   return {
@@ -31,6 +48,7 @@ function sampling(cfg: Config) {
     presence_penalty: z.number().min(-2).max(2).optional().describe('OpenAI\'s: subtracted from the logit of every token already generated.'),
     frequency_penalty: z.number().min(-2).max(2).optional().describe('OpenAI\'s: subtracted once per occurrence in the output so far.'),
     stream: z.boolean().optional().describe('Server-sent events instead of one JSON reply.'),
+    response_format: responseFormat.optional(),
     _maxTokens: z.number().int().min(1).max(cfg.maxNewTokensLimit).describe('New tokens at most (RAGGUARD_MAX_NEW_TOKENS_LIMIT).'),
   };
 }
@@ -114,11 +132,46 @@ const messageContent = z.union([
     .describe('Text parts only: they are joined.'),
 ]);
 
-const message = z.strictObject({
-  role: z.enum(['system', 'developer', 'user', 'assistant']),
-  content: messageContent,
-  name: z.string().optional().describe('Accepted, not used.'),
+const toolCall = z.strictObject({
+  id: z.string(),
+  type: z.literal('function'),
+  function: z.strictObject({ name: z.string(), arguments: z.string() }),
 });
+
+const message = z.union([
+  z.strictObject({
+    role: z.enum(['system', 'developer', 'user']),
+    content: messageContent,
+    name: z.string().optional().describe('Accepted, not used.'),
+  }),
+  z.strictObject({
+    role: z.literal('assistant'),
+    content: messageContent.nullable().optional(),
+    name: z.string().optional().describe('Accepted, not used.'),
+    tool_calls: z.array(toolCall).optional().describe('Calls the assistant made (rendered back through the chat template).'),
+    refusal: z.string().nullable().optional(),
+  }),
+  z.strictObject({
+    role: z.literal('tool'),
+    content: messageContent,
+    tool_call_id: z.string().describe('The id of the call this answers.'),
+  }),
+]);
+
+const tool = z.strictObject({
+  type: z.literal('function'),
+  function: z.strictObject({
+    name: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'a function name must be 1-64 letters, digits, _ or -'),
+    description: z.string().optional(),
+    parameters: jsonSchemaObject.optional().describe('A JSON Schema (the subset response_format takes, enforced when the call is forced).'),
+    strict: z.boolean().nullable().optional(),
+  }),
+});
+
+const toolChoice = z.union([
+  z.enum(['none', 'auto', 'required']),
+  z.strictObject({ type: z.literal('function'), function: z.strictObject({ name: z.string() }) }),
+]).describe('auto (the default with tools), none, required or a named function: the last two are generated under the call\'s schema.');
 
 /** The grounding extension of /v1/chat/completions: retrieve on the last user message, answer from the hits. */
 function ragExtension(cfg: Config) {
@@ -139,6 +192,7 @@ function openaiCommon(cfg: Config) {
     n: z.number().int().min(1).max(cfg.maxN).optional()
       .describe('Samples of the prompt (RAGGUARD_MAX_N at most): the prompt is prefilled once and its KV shared; with a seed, sample i is seeded seed + i.'),
     user: z.string().optional().describe('Accepted, not used.'),
+    ignore_eos: z.boolean().optional().describe('Generate max_tokens tokens past any end-of-sequence token (vLLM\'s and llama.cpp\'s extension; benchmarks).'),
     stream_options: z.strictObject({ include_usage: z.boolean().optional() }).optional()
       .describe('include_usage: a last chunk with the usage (and no choices) before [DONE].'),
     ...s,
@@ -150,6 +204,9 @@ export function chatCompletionSchema(cfg: Config) {
     messages: z.array(message).min(1),
     max_completion_tokens: z.number().int().min(1).max(cfg.maxNewTokensLimit).optional().describe('The same as max_tokens (OpenAI\'s newer name).'),
     rag: ragExtension(cfg).optional(),
+    tools: z.array(tool).min(1).max(128).optional(),
+    tool_choice: toolChoice.optional(),
+    parallel_tool_calls: z.boolean().optional().describe('Accepted: auto may call several; a forced call is one.'),
     logprobs: z.boolean().optional().describe('Each output token\'s logprob: the log-softmax of the model\'s raw logits (before penalties and temperature, as vLLM\'s default).'),
     top_logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).optional().describe('The most likely alternatives at each position (needs logprobs: true).'),
     ...openaiCommon(cfg),

@@ -4,7 +4,7 @@ import type { DocumentInput, QueryInput } from '../service/rag.js';
 import { DEFAULT_COLLECTION, type Metadata, type SearchFilter } from '../retrieval/retrieval-store.js';
 import type { FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
-import { bodySchemas, documentsSchema, parseBody, type filterSchema } from './schemas.js';
+import { bodySchemas, documentsSchema, parseBody, type filterSchema, type QueryBody } from './schemas.js';
 import type { z } from 'zod';
 import type { SamplingOptions } from '../service/rag.js';
 
@@ -38,7 +38,7 @@ export function samplingOptions(b: {
   return o;
 }
 
-export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: boolean } {
+export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: boolean; responseFormat?: QueryBody['response_format'] } {
   const b = parseBody(schemasFor(cfg).query, body);
   return {
     query: b.query,
@@ -51,6 +51,7 @@ export function parseQuery(body: unknown, cfg: Config): QueryInput & { stream: b
     filter: searchFilter(b.collection, b.filter),
     sampling: samplingOptions(b, b.sample_top_k),
     stream: b.stream ?? false,
+    responseFormat: b.response_format,
   };
 }
 

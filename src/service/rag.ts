@@ -68,7 +68,7 @@ export interface IngestResult {
 }
 
 /** The sampler's per-request fields beyond temperature and seed (sequence.ts). */
-export type SamplingOptions = Partial<Pick<SamplingParams, 'topP' | 'topK' | 'repetitionPenalty' | 'presencePenalty' | 'frequencyPenalty' | 'stop'>>;
+export type SamplingOptions = Partial<Pick<SamplingParams, 'topP' | 'topK' | 'repetitionPenalty' | 'presencePenalty' | 'frequencyPenalty' | 'stop' | 'grammar'>>;
 
 /** Streaming and cancellation: citations once the prompt is assembled, each token as generated, an abort signal. */
 export interface QueryHooks extends GenerateHooks {

@@ -340,7 +340,9 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       if (tally) this.tallies.set(seq, tally);
     }
     if (tally) sampling.penalties = tally.list(seq.outputIds);
-    return { tokens, start, blocks: step.blocks(seq), sampling, lora: seq.params.adapter?.entry ?? 0 };
+    // A constrained row: the grammar's mask goes with the step, applied on the device before sampling.
+    const mask = seq.guide?.mask();
+    return { tokens, start, blocks: step.blocks(seq), sampling, lora: seq.params.adapter?.entry ?? 0, ...(mask ? { mask } : {}) };
   }
 
   private async run(items: readonly StepItem[]): Promise<Int32Array> {

@@ -120,8 +120,10 @@ template <typename T> __device__ __forceinline__ uint4 load8_raw(const T* p) { r
 //   temperature[S] top_p[S] (float32 bit patterns)
 //   lora[S] (the sequence's entry in the LoRA slots; 0: the base model)
 //   repetition[S] presence[S] frequency[S] (float32) pen_start[S] pen_count[S]
+//   mask_at[S] (constrained decoding: k > 0 samples among the tokens set in the (k-1)-th mask; 0: any)
 //   block_tables[S * W]
 //   pen_tokens[P] pen_counts[P] (a row's distinct penalized tokens and their counts in its output)
+//   masks[R * mask_words] (R: the rows with mask_at > 0; bit t % 32 of word t / 32 allows token t)
 // Padding rows of a graph bucket have slot -1, seq_len 0, lora 0 and no penalty entries.
 struct StepView {
   const int* base;
@@ -146,18 +148,23 @@ struct StepView {
   __device__ __forceinline__ const float* frequency() const { return reinterpret_cast<const float*>(seq_arr(11)); }
   __device__ __forceinline__ const int* pen_start() const { return seq_arr(12); }
   __device__ __forceinline__ const int* pen_count() const { return seq_arr(13); }
-  __device__ __forceinline__ const int* block_tables() const { return seq_arr(14); }
+  __device__ __forceinline__ const int* mask_at() const { return seq_arr(14); }
+  __device__ __forceinline__ const int* block_tables() const { return seq_arr(15); }
   __device__ __forceinline__ int P() const { return base[3]; }
   __device__ __forceinline__ const int* pen_tokens() const { return block_tables() + (size_t)S() * W(); }
   __device__ __forceinline__ const int* pen_counts() const { return pen_tokens() + P(); }
+  __device__ __forceinline__ const unsigned* masks() const { return reinterpret_cast<const unsigned*>(pen_counts() + P()); }
 };
-constexpr int kSeqArrays = 14;
+constexpr int kSeqArrays = 15;
 constexpr int kLoraSeqArray = 8;
+constexpr int kMaskSeqArray = 14;
 
-size_t step_words(int T, int S, int W, int P) {
-  return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W + 2 * (size_t)P;
+// Words of a step's packed input; `masks` the token masks' words in all.
+size_t step_words(int T, int S, int W, int P, size_t masks = 0) {
+  return 4 + 4 * (size_t)T + (size_t)kSeqArrays * S + (size_t)S * W + 2 * (size_t)P + masks;
 }
 
+__host__ __device__ inline size_t mask_words(int vocab) { return ((size_t)vocab + 31) / 32; }
 #include "quant_kernels.cuh"
 
 // ---------------------------------------------------------------------------------------------------
@@ -867,7 +874,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
   __shared__ int best_i[32];
   const int s = blockIdx.x;
   if (s >= v.S()) return;
-  const float* x = logits + (size_t)s * vocab;
+  const float* xs = logits + (size_t)s * vocab;
+  // A constrained row's tokens outside its mask are -inf (never drawn, never the argmax).
+  const int ma = v.mask_at()[s];
+  const unsigned* mk = ma > 0 ? v.masks() + (size_t)(ma - 1) * mask_words(vocab) : nullptr;
+  auto x_at = [&](int i) -> float { return (mk && !((__ldg(mk + (i >> 5)) >> (i & 31)) & 1u)) ? -INFINITY : xs[i]; };
   const float temp = v.temperature()[s];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   auto argmax_of = [&](auto score) -> int {
@@ -900,16 +911,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
     return best_i[0];
   };
   if (!(temp > 0.f)) {
-    const int tok = argmax_of([&](int i) { return x[i]; });
+    const int tok = argmax_of([&](int i) { return x_at(i); });
     if (threadIdx.x == 0) out_tokens[s] = tok;
     return;
   }
   const float invt = 1.f / temp;
   float mx = -INFINITY, mn = INFINITY;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float y = x[i] * invt;
+    const float y = x_at(i) * invt;
     mx = fmaxf(mx, y);
-    mn = fminf(mn, y);
+    if (y > -INFINITY) mn = fminf(mn, y);
   }
   mx = block_max(mx, red);
   mn = -block_max(-mn, red);
@@ -921,7 +932,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
     for (int it = 0; it < 32; ++it) {
       const float mid = 0.5f * (lo + hi);
       float c = 0.f;
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += (x[i] * invt >= mid) ? 1.f : 0.f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += (x_at(i) * invt >= mid) ? 1.f : 0.f;
       c = block_sum(c, red);
       if (c >= (float)k) lo = mid; else hi = mid;
     }
@@ -931,7 +942,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
   if (p > 0.f && p < 1.f) {
     float z = 0.f;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float y = x[i] * invt;
+      const float y = x_at(i) * invt;
       if (y >= thr) z += __expf(y - mx);
     }
     z = block_sum(z, red);
@@ -941,7 +952,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
       const float mid = 0.5f * (lo + hi);
       float mass = 0.f;
       for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float y = x[i] * invt;
+        const float y = x_at(i) * invt;
         if (y >= mid) mass += __expf(y - mx);
       }
       mass = block_sum(mass, red);
@@ -952,7 +963,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(StepView v, cons
   const uint64_t seed = ((uint64_t)(uint32_t)v.seed_hi()[s] << 32) | (uint32_t)v.seed_lo()[s];
   const int step = v.sample_step()[s];
   const int tok = argmax_of([&](int i) {
-    const float y = x[i] * invt;
+    const float y = x_at(i) * invt;
     return y >= thr ? y + gumbel(seed, step, i) : -INFINITY;
   });
   if (threadIdx.x == 0) out_tokens[s] = tok;
@@ -1640,7 +1651,7 @@ void* rg_create(const rg_config* cfg) {
     e->max_splits = 16;
     char* p = e->ws;
     auto take = [&](size_t bytes) { void* r = p; p += align256(bytes); return r; };
-    e->step_cap_words = step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, max_penalty_entries(c));
+    e->step_cap_words = step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, max_penalty_entries(c), Sm * mask_words(c.vocab));
     e->d_step = (int*)take(e->step_cap_words * 4);
     e->resid = take(Tm * c.hidden * 2);
     e->normed = take(Tm * c.hidden * 2);
@@ -1700,7 +1711,9 @@ int rg_plan(const rg_config* cp, int64_t* out) {
   const size_t qw = (size_t)(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const int splits = 16;
   const int P = max_penalty_entries(c);
-  size_t ws = align256(step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, P) * 4) + align256(Tm * c.hidden * 2) * 3 +
+  // The step's staging holds every row's token mask too (constrained decoding).
+  const size_t step_cap = step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, P, Sm * mask_words(c.vocab));
+  size_t ws = align256(step_cap * 4) + align256(Tm * c.hidden * 2) * 3 +
               align256(Tm * qw * 2) + align256(Tm * c.num_heads * c.head_dim * 2) + align256(Tm * 2 * c.intermediate * 2) +
               align256(Tm * c.intermediate * 2) + align256(Sm * c.hidden * 2) + align256(Sm * c.vocab * 4) +
               align256(Sm * c.num_heads * splits * c.head_dim * 4) + align256(Sm * c.num_heads * splits * 2 * 4) +
@@ -1711,7 +1724,7 @@ int rg_plan(const rg_config* cp, int64_t* out) {
   out[1] = (int64_t)kv;
   out[2] = (int64_t)ws;
   out[3] = c.cublas_workspace_bytes;
-  out[4] = (int64_t)((step_words((int)Tm, (int)Sm, c.max_blocks_per_seq, P) + Sm) * 4);
+  out[4] = (int64_t)((step_cap + Sm) * 4);
   out[5] = (int64_t)lora_slot_bytes(c);
   return 0;
 }
@@ -1898,8 +1911,16 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   if (e->quantized() && !e->qready) return fail("the quantized weights are not all uploaded (rg_load_done)");
   const int T = words[0], S = words[1], W = words[2], P = words[3];
   if (P < 0 || P > max_penalty_entries(e->cfg)) return fail("more penalty entries than the step's staging holds");
-  if ((size_t)nwords != step_words(T, S, W, P)) return fail("packed step has the wrong size");
   if (T <= 0 || T > e->cfg.max_batched_tokens || S <= 0 || S > e->cfg.max_seqs || S > T) return fail("step exceeds the configured limits");
+  // Rows with a token mask (constrained decoding): their masks follow the penalty entries, one each.
+  const int32_t* mask_at = words + 4 + 4 * (size_t)T + (size_t)kMaskSeqArray * S;
+  int R = 0;
+  for (int s = 0; s < S; ++s) {
+    if (mask_at[s] < 0 || mask_at[s] > S) return fail("mask reference out of range");
+    R += mask_at[s] > 0;
+  }
+  const size_t M = (size_t)R * mask_words(e->cfg.vocab);
+  if ((size_t)nwords != step_words(T, S, W, P, M)) return fail("packed step has the wrong size");
   if (W > e->cfg.max_blocks_per_seq) return fail("block table wider than max_blocks_per_seq");
   // Rows with an adapter: the step runs the LoRA kernels (its graph's LoRA variant); none: the base step.
   const int32_t* lora = words + 4 + 4 * (size_t)T + (size_t)kLoraSeqArray * S;
@@ -1930,9 +1951,9 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
     }
     std::memcpy(dst, src, (size_t)S * W * 4);
     std::memset(dst + (size_t)S * W, 0, (size_t)(b - S) * W * 4);
-    // The penalty entries as they were (rows point into them by index; padding rows have none).
-    std::memcpy(dst + (size_t)b * W, src + (size_t)S * W, 2 * (size_t)P * 4);
-    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W, P) * 4, cudaMemcpyHostToDevice, e->stream));
+    // The penalty entries and the masks as they were (rows point into them by index; padding rows have none).
+    std::memcpy(dst + (size_t)b * W, src + (size_t)S * W, (2 * (size_t)P + M) * 4);
+    CUDA_TRY(cudaMemcpyAsync(e->d_step, w, step_words(b, b, W, P, M) * 4, cudaMemcpyHostToDevice, e->stream));
   } else {
     std::memcpy(e->h_step, words, (size_t)nwords * 4);
     CUDA_TRY(cudaMemcpyAsync(e->d_step, e->h_step, (size_t)nwords * 4, cudaMemcpyHostToDevice, e->stream));

@@ -8,9 +8,10 @@
  * table. Packed layout (int32 words; StepView in ragguard_cuda.cu):
  *   [T, S, W, P]  token_ids[T] positions[T] slots[T] token_seq[T]
  *   seq_lens[S] last_token[S] top_k[S] seed_lo[S] seed_hi[S] sample_step[S] temperature[S] top_p[S]
- *   lora[S] repetition[S] presence[S] frequency[S] pen_start[S] pen_count[S]
+ *   lora[S] repetition[S] presence[S] frequency[S] pen_start[S] pen_count[S] mask_at[S]
  *   block_tables[S * W]
  *   pen_tokens[P] pen_counts[P]
+ *   masks[R * ceil(vocab / 32)]
  * A token's slot is block_table[pos / block_size] * block_size + pos % block_size: the paged KV
  * cache's address of its key and value. lora[s] is the sequence's entry in the device LoRA slots
  * (cuda-lora.ts; 0: the base model), so one step mixes rows of different adapters and base rows.
@@ -18,6 +19,10 @@
  * multiplied (negative) by repetition[s] (0 or 1: off), then lowered by presence[s] + frequency[s] x
  * their pen_counts (occurrences in the output; 0 for a token seen only in the prompt), as sampler.ts
  * applies them on the CPU. A row without penalties has no entries, so P is 0 in most steps.
+ * Constrained decoding (structured/token-mask.ts): row s with mask_at[s] = k > 0 samples only among the
+ * tokens whose bit is set in the (k-1)-th of the R masks (bit id % 32 of word id / 32; the end of generation
+ * included only where the grammar allows it), which the sample kernel applies to the logits after the
+ * penalties; 0: no mask (padding rows too). R is the count of rows with a mask, so free steps carry none.
  */
 import type { CudaModelConfig, ModelDtype } from './hf-checkpoint.js';
 import { WeightKind, weightElems, type WeightKindId } from './hf-checkpoint.js';
@@ -55,14 +60,21 @@ export interface StepItem {
   sampling: DeviceSampling;
   /** Entry of the sequence's adapter in the device LoRA slots; 0 or absent: the base model. */
   lora?: number;
+  /** Constrained decoding: the tokens the row may sample (maskWords(vocab) words); absent: any. */
+  mask?: Uint32Array;
 }
 
 export const HEADER_WORDS = 4;
-export const SEQ_ARRAYS = 14;
+export const SEQ_ARRAYS = 15;
+/** The per-sequence array of mask references. */
+const MASK_AT = 14;
 
-/** Words of a packed step of T tokens, S sequences, block tables W wide and P penalty entries. */
-export function stepWords(T: number, S: number, W: number, P = 0): number {
-  return HEADER_WORDS + 4 * T + SEQ_ARRAYS * S + S * W + 2 * P;
+/** Words of one token mask over a vocabulary. */
+export const maskWords = (vocab: number) => Math.ceil(vocab / 32);
+
+/** Words of a packed step of T tokens, S sequences, block tables W wide, P penalty entries and `masks` mask words in all. */
+export function stepWords(T: number, S: number, W: number, P = 0, masks = 0): number {
+  return HEADER_WORDS + 4 * T + SEQ_ARRAYS * S + S * W + 2 * P + masks;
 }
 
 /**
@@ -79,7 +91,14 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
   let T = 0;
   let W = 1;
   let P = 0;
+  let M = 0;
+  let width: number | undefined;
   for (const it of items) {
+    if (it.mask) {
+      if (width !== undefined && it.mask.length !== width) throw new Error('token masks of different widths in one step');
+      width = it.mask.length;
+      M += width;
+    }
     const pen = it.sampling.penalties;
     if (pen) {
       if (pen.tokens.length !== pen.counts.length) throw new Error('penalty tokens and counts differ in length');
@@ -92,7 +111,7 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
     T += it.tokens.length;
     W = Math.max(W, need);
   }
-  const words = new Int32Array(stepWords(T, S, W, P));
+  const words = new Int32Array(stepWords(T, S, W, P, M));
   const f32 = new Float32Array(words.buffer);
   words[0] = T;
   words[1] = S;
@@ -102,6 +121,8 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
   const seqBase = tseq + T;
   const arr = (k: number) => seqBase + k * S;
   const penTokens = arr(SEQ_ARRAYS) + S * W;
+  const masks = penTokens + 2 * P;
+  let masked = 0;
   let entry = 0;
   let t = 0;
   items.forEach((it, s) => {
@@ -133,6 +154,10 @@ export function packStep(items: readonly StepItem[], blockSize: number): Int32Ar
         words[penTokens + entry] = pen.tokens[i]!;
         words[penTokens + P + entry] = pen.counts[i]!;
       }
+    }
+    if (it.mask) {
+      words.set(new Int32Array(it.mask.buffer, it.mask.byteOffset, it.mask.length), masks + masked * it.mask.length);
+      words[arr(MASK_AT) + s] = ++masked;
     }
     const table = arr(SEQ_ARRAYS) + s * W;
     const used = Math.ceil((it.start + it.tokens.length) / blockSize);
@@ -218,7 +243,7 @@ export function planDevice(c: CudaModelConfig, dtype: ModelDtype, l: DeviceLimit
   const Tm = l.maxBatchedTokens, Sm = l.maxSeqs;
   const loras = l.maxLoras ?? 0, rank = l.maxLoraRank ?? 0;
   const qw = (c.numHeads + 2 * c.numKvHeads) * c.headDim;
-  const words = stepWords(Tm, Sm, l.maxBlocksPerSeq, maxPenaltyEntries(Sm, l.maxBlocksPerSeq, l.blockSize, c.vocabSize));
+  const words = stepWords(Tm, Sm, l.maxBlocksPerSeq, maxPenaltyEntries(Sm, l.maxBlocksPerSeq, l.blockSize, c.vocabSize), Sm * maskWords(c.vocabSize));
   const workspace = align256(words * 4) + align256(Tm * c.hiddenSize * 2) * 3 + align256(Tm * qw * 2) +
     align256(Tm * c.numHeads * c.headDim * 2) + align256(Tm * 2 * c.intermediateSize * 2) + align256(Tm * c.intermediateSize * 2) +
     align256(Sm * c.hiddenSize * 2) + align256(Sm * c.vocabSize * 4) + align256(Sm * c.numHeads * MAX_SPLITS * c.headDim * 4) +

@@ -361,7 +361,12 @@ export class OrtModelRunner implements ModelRunner {
   private sample(seq: Sequence, logits: Float32Array, greedyIds: readonly number[] | undefined, row: number): [number, SampleExtras?] {
     const V = this.model.shape.vocabSize;
     const l = logits.subarray(row * V, (row + 1) * V);
-    const pick = (q: Sequence) => (greedyIds && plainGreedy(q.params) ? greedyIds[row]! : sampleNext(l, q.params, q.random, q.promptIds, q.outputIds));
+    const pick = (q: Sequence) => {
+      const guide = q.guide;
+      // A constrained greedy row keeps the graph's argmax where the grammar takes it (then it is the masked argmax too).
+      if (greedyIds && plainGreedy(q.params) && (!guide || guide.allows(greedyIds[row]!))) return greedyIds[row]!;
+      return sampleNext(l, q.params, q.random, q.promptIds, q.outputIds, guide?.mask());
+    };
     const lp = (q: Sequence, next: number) => (q.params.logprobs === undefined ? undefined : tokenLogprobs(l, next, q.params.logprobs));
     const next = pick(seq);
     if (seq.params.logprobs === undefined && !seq.forks) return [next];
