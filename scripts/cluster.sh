@@ -20,7 +20,7 @@
 #   roundrobin  for comparison
 #   Health: GET /readyz every second; two failures mark a replica DOWN (about 2 s after it dies), two
 #   successes take it back. A request whose connection is refused is retried on another replica; when no
-#   replica is up the router answers 503 with Retry-After: 1. A stats page (CSV) on 127.0.0.1 at the port in
+#   replica is up the router answers 503 with Retry-After: 1 (its errors carry ragguard's JSON error shape). A stats page (CSV) on 127.0.0.1 at the port in
 #   DIR/stats_port: /stats;csv.
 set -euo pipefail
 
@@ -109,6 +109,10 @@ defaults
   retries 2
   retry-on conn-failure
   option redispatch 1
+  # The router's own errors in ragguard's shape ({error: {code, message}}), retryable, not HAProxy's HTML pages.
+  http-error status 502 content-type application/json string "{\\"error\\":{\\"code\\":\\"bad_gateway\\",\\"message\\":\\"the replica failed before it answered (retry)\\"}}" hdr retry-after 1
+  http-error status 503 content-type application/json string "{\\"error\\":{\\"code\\":\\"no_replica\\",\\"message\\":\\"no replica is ready (retry)\\"}}" hdr retry-after 1
+  http-error status 504 content-type application/json string "{\\"error\\":{\\"code\\":\\"gateway_timeout\\",\\"message\\":\\"the replica did not answer in time (retry)\\"}}" hdr retry-after 1
 
 frontend ragguard
   bind 127.0.0.1:$ROUTER_PORT
