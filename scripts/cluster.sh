@@ -47,11 +47,16 @@ done
 [[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || die "--replicas takes a positive number"
 [[ "$POLICY" == prefix || "$POLICY" == roundrobin ]] || die "--policy is prefix or roundrobin"
 
+# alive PID: the process runs (a killed replica is a zombie until whoever adopted it reaps it: dead).
+alive() {
+  kill -0 "$1" 2>/dev/null && [[ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)" != Z ]]
+}
+
 # wait_ready PORT PID: until GET /readyz answers 200 (a replica loads its models, then reads the store).
 wait_ready() {
   local port="$1" pid="$2"
   for _ in $(seq 1 1200); do
-    kill -0 "$pid" 2>/dev/null || return 1
+    alive "$pid" || return 1
     [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz" || true)" == 200 ]] && return 0
     sleep 0.5
   done
@@ -181,7 +186,7 @@ case "$cmd" in
     if [[ -f "$DIR/haproxy.pid" ]]; then
       old="$(cat "$DIR/haproxy.pid")"
       kill "$old" 2>/dev/null || true
-      for _ in $(seq 1 40); do kill -0 "$old" 2>/dev/null || break; sleep 0.25; done
+      for _ in $(seq 1 40); do alive "$old" || break; sleep 0.25; done
     fi
     haproxy -D -f "$DIR/haproxy.cfg" || die "haproxy did not start"
     wait_routed || die "the router's health checks fail"
@@ -191,7 +196,7 @@ case "$cmd" in
   replica)
     [[ -n "$INDEX" && -d "$DIR/replica-$INDEX" ]] || die "usage: scripts/cluster.sh replica I (no replica $INDEX in $DIR)"
     pid="$(cat "$DIR/replica-$INDEX/pid")"
-    kill -0 "$pid" 2>/dev/null && die "replica $INDEX (pid $pid) still runs"
+    alive "$pid" && die "replica $INDEX (pid $pid) still runs"
     start_replica "$INDEX"
     wait_ready "$(cat "$DIR/replica-$INDEX/port")" "$(cat "$DIR/replica-$INDEX/pid")" || die "replica $INDEX did not become ready"
     log "replica $INDEX ready on port $(cat "$DIR/replica-$INDEX/port")"
@@ -207,7 +212,7 @@ case "$cmd" in
       [[ -f "$rd/pid" ]] || continue
       pid="$(cat "$rd/pid")"
       kill -TERM "$pid" 2>/dev/null || continue
-      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      for _ in $(seq 1 60); do alive "$pid" || break; sleep 0.5; done
       kill -KILL "$pid" 2>/dev/null || true
     done
     if [[ -d "$DIR/pg" ]]; then bash scripts/postgres.sh stop "$DIR/pg" || log "no Postgres to stop in $DIR/pg"; fi

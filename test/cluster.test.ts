@@ -41,6 +41,15 @@ async function routed(): Promise<Record<string, { sent: number; status: string }
   return out;
 }
 
+/** Until the router's health checks put replica `name` in `state` (UP or DOWN); fails after ~60 s of polls. */
+async function routerSees(name: string, state: 'UP' | 'DOWN'): Promise<void> {
+  for (let i = 0; i < 300; i++) {
+    if ((await routed())[name]?.status === state) return;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  assert.fail(`the router never saw ${name} ${state}: ${JSON.stringify(await routed())}`);
+}
+
 /** Asks ASK n times through the router, each reply citing zorblax first; how many each replica answered. */
 async function askCited(n: number): Promise<Record<string, number>> {
   const before = await routed();
@@ -94,5 +103,26 @@ describe('replicas behind the router', () => {
     for (const s of Object.values(await routed())) assert.equal(s.status, 'UP');
     const answered = await askCited(4);
     assert.deepEqual([answered['r1'], answered['r2']].sort(), [0, 4]);
+  });
+
+  test('a replica killed with -9 is taken out, the router answers 503 JSON with none left, and both rejoin', async () => {
+    const kill = (i: number) => process.kill(Number(readFileSync(path.join(dir, `replica-${i}`, 'pid'), 'utf8')), 'SIGKILL');
+    kill(2);
+    await routerSees('r2', 'DOWN');
+    // The one left answers everything, citing what is in Postgres.
+    const answered = await askCited(3);
+    assert.equal(answered['r1'], 3);
+    kill(1);
+    await routerSees('r1', 'DOWN');
+    const res = await fetch(base + '/query', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ASK) });
+    assert.equal(res.status, 503);
+    assert.equal(res.headers.get('retry-after'), '1');
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'no_replica');
+    await cluster('replica', '1');
+    await cluster('replica', '2');
+    await routerSees('r1', 'UP');
+    await routerSees('r2', 'UP');
+    const back = await askCited(1);
+    assert.equal(back['r1']! + back['r2']!, 1);
   });
 });
