@@ -15,7 +15,12 @@
  * whose answer contains the gold fact (bench/answers.ts: normalised token match of the gold answer or
  * an accepted variant), the fraction unreadable, and the latency of /query (p50, p95).
  *
- * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only). For prompt work on the tuning split (never the
+ * BENCH_RAG_ADAPTER=name answers every chosen question twice, with the base model and with that LoRA adapter
+ * (a name under RAGGUARD_ADAPTER_DIR; e.g. coder-grounded, trained on the tune split), in turn, judged the same
+ * way: `answers` is the base model's, `answers_adapter` the adapter's, and `adapter_gain` the difference in
+ * correct answers.
+ *
+ * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only); BENCH_RAG_RETRIEVAL=0 the retrieval tables (answers only). For prompt work on the tuning split (never the
  * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead, BENCH_RAG_LIMIT=n the first n
  * of them, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer.
@@ -96,7 +101,8 @@ async function main(): Promise<void> {
     let rerankFixed = 0;
     let rerankBroke = 0;
     t = performance.now();
-    for (const q of questions) {
+    const withRetrieval = process.env['BENCH_RAG_RETRIEVAL'] !== '0';
+    for (const q of withRetrieval ? questions : []) {
       const qv = await embedder.embed([q.question]);
       ranks.dense.set(q.id, rankOf(docsOf((await dense.search(qv, q.question, cfg.defaultTopK, ALL)).hits), q.doc_id));
       ranks.bm25.set(q.id, rankOf(docsOf((await lexical.search(qv, q.question, cfg.defaultTopK, ALL)).hits), q.doc_id));
@@ -116,7 +122,7 @@ async function main(): Promise<void> {
 
     const splits = { all: questions, tune: questions.filter((q) => q.split === 'tune'), heldout: questions.filter((q) => q.split === 'heldout') };
     const table: Record<string, Record<Method, Recall>> = {};
-    for (const [name, qs] of Object.entries(splits)) {
+    for (const [name, qs] of withRetrieval ? Object.entries(splits) : []) {
       table[name] = Object.fromEntries(METHODS.map((m) => [m, recall(qs.map((q) => ranks[m].get(q.id)!))])) as Record<Method, Recall>;
     }
 
@@ -126,13 +132,17 @@ async function main(): Promise<void> {
     console.log(`start + ingest ${startS.toFixed(1)} s; retrieval over every question ${retrievalS.toFixed(1)} s; ` +
       `top_k ${cfg.defaultTopK}, fusion depth ${depth}, rrf k ${cfg.rrfK}, weights dense ${cfg.rrfDenseWeight} / bm25 ${cfg.rrfLexicalWeight}`);
     console.log('');
-    console.log(`${'method'.padEnd(14)}  ${Object.keys(splits).map((s) => `${s} R@1  ${s} R@5`.padStart(22)).join('  ')}`);
-    for (const m of METHODS) {
-      console.log(`${m.padEnd(14)}  ${Object.keys(splits).map((s) => `${table[s]![m].r1.toFixed(3)}  ${table[s]![m].r5.toFixed(3)}`.padStart(22)).join('  ')}`);
+    if (withRetrieval) {
+      console.log(`${'method'.padEnd(14)}  ${Object.keys(splits).map((s) => `${s} R@1  ${s} R@5`.padStart(22)).join('  ')}`);
+      for (const m of METHODS) {
+        console.log(`${m.padEnd(14)}  ${Object.keys(splits).map((s) => `${table[s]![m].r1.toFixed(3)}  ${table[s]![m].r5.toFixed(3)}`.padStart(22)).join('  ')}`);
+      }
+      console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
     }
-    console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
 
     let answers: Record<string, number> | null = null;
+    let adapterAnswers: Record<string, number> | null = null;
+    const adapter = process.env['BENCH_RAG_ADAPTER'] || undefined;
     let asked = 0;
     if (withAnswers) {
       const vocabulary = new Set<string>();
@@ -140,9 +150,9 @@ async function main(): Promise<void> {
       const server = createApp(service).listen(0, '127.0.0.1');
       await new Promise<void>((resolve) => server.once('listening', () => resolve()));
       const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/query`;
-      const ask = async (q: Question) => {
+      const ask = async (q: Question, adapter?: string) => {
         const t0 = performance.now();
-        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question }) });
+        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...(adapter ? { adapter } : {}) }) });
         const body = (await res.json()) as { answer?: string; citations?: { doc_id: string }[]; error?: { code: string } };
         if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
         return { ms: performance.now() - t0, answer: body.answer ?? '', cited: (body.citations ?? []).some((c) => c.doc_id === q.doc_id) };
@@ -152,51 +162,56 @@ async function main(): Promise<void> {
       const log: string[] = [];
       try {
         await ask(chosen[0]!); // warm-up, not counted
-        const lat: number[] = [];
-        let correct = 0;
-        let unreadable = 0;
-        let cited = 0;
-        const samples: string[] = [];
+        if (adapter) await ask(chosen[0]!, adapter);
+        const runs = [{ adapter: undefined as string | undefined }, ...(adapter ? [{ adapter }] : [])];
+        const tally = runs.map(() => ({ lat: [] as number[], correct: 0, unreadable: 0, cited: 0, samples: [] as string[] }));
         for (const q of chosen) {
-          const r = await ask(q);
-          lat.push(r.ms);
-          const ok = isCorrect(r.answer, q.answer, q.accept);
-          if (ok) correct++;
-          const bad = isUnreadable(r.answer, vocabulary);
-          if (bad) unreadable++;
-          if (r.cited) cited++;
-          log.push(JSON.stringify({ id: q.id, correct: ok, unreadable: bad, cited: r.cited, ms: Math.round(r.ms), question: q.question, gold: q.answer, answer: r.answer }));
-          if (samples.length < 5) samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+          for (const [i, run] of runs.entries()) {
+            const r = await ask(q, run.adapter);
+            const t = tally[i]!;
+            t.lat.push(r.ms);
+            const ok = isCorrect(r.answer, q.answer, q.accept);
+            if (ok) t.correct++;
+            const bad = isUnreadable(r.answer, vocabulary);
+            if (bad) t.unreadable++;
+            if (r.cited) t.cited++;
+            log.push(JSON.stringify({ id: q.id, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, cited: r.cited, ms: Math.round(r.ms), question: q.question, gold: q.answer, answer: r.answer }));
+            if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+          }
         }
         const n = chosen.length;
         if (process.env['BENCH_RAG_LOG']) await writeFile(process.env['BENCH_RAG_LOG'], `${log.join('\n')}\n`);
-        answers = {
-          correct: round(correct / n), unreadable: round(unreadable / n), gold_doc_cited: round(cited / n),
-          p50_ms: round(quantile(lat, 0.5), 1), p95_ms: round(quantile(lat, 0.95), 1),
-        };
-        console.log('');
-        console.log(`answers (${answerSplit === 'heldout' ? 'held out' : 'tuning split'}, ${n}): correct ${answers['correct']}, unreadable ${answers['unreadable']}, ` +
-          `gold document cited ${answers['gold_doc_cited']}; /query latency p50 ${answers['p50_ms']} ms, p95 ${answers['p95_ms']} ms`);
-        console.log(samples.join('\n'));
+        const summary = (t: (typeof tally)[number]) => ({
+          correct: round(t.correct / n), unreadable: round(t.unreadable / n), gold_doc_cited: round(t.cited / n),
+          p50_ms: round(quantile(t.lat, 0.5), 1), p95_ms: round(quantile(t.lat, 0.95), 1),
+        });
+        [answers, adapterAnswers] = [summary(tally[0]!), tally[1] ? summary(tally[1]) : null];
+        for (const [i, run] of runs.entries()) {
+          const a = summary(tally[i]!);
+          console.log('');
+          console.log(`answers${run.adapter ? ` with adapter ${run.adapter}` : ''} (${answerSplit === 'heldout' ? 'held out' : 'tuning split'}, ${n}): correct ${a.correct}, unreadable ${a.unreadable}, ` +
+            `gold document cited ${a.gold_doc_cited}; /query latency p50 ${a.p50_ms} ms, p95 ${a.p95_ms} ms`);
+          console.log(tally[i]!.samples.join('\n'));
+        }
       } finally {
         await new Promise<void>((resolve) => server.close(() => resolve()));
       }
     }
 
-    const h = table['heldout']!;
-    const a = table['all']!;
-    const best = cfg.rerank ? a.fused_rerank : a.fused;
+    const h = table['heldout'];
+    const a = table['all'];
+    const best = a && (cfg.rerank ? a.fused_rerank : a.fused);
     console.log('');
-    console.log(`goal R@5 >= ${GOAL_R5} and >= bm25's (all questions, the served first stage ${cfg.rerank ? 'fused + rerank' : 'fused'}): ` +
+    if (a && best) console.log(`goal R@5 >= ${GOAL_R5} and >= bm25's (all questions, the served first stage ${cfg.rerank ? 'fused + rerank' : 'fused'}): ` +
       `${best.r5 >= GOAL_R5 && best.r5 >= a.bm25.r5 ? 'met' : 'NOT met'} (${best.r5.toFixed(3)} vs bm25 ${a.bm25.r5.toFixed(3)})`);
     const flat = (s: Record<Method, Recall>) => Object.fromEntries(METHODS.flatMap((m) => [[`${m}_r1`, round(s[m].r1)], [`${m}_r5`, round(s[m].r5)]]));
     console.log(JSON.stringify({
       questions: questions.length, heldout_questions: splits.heldout.length, documents: store.documentCount, chunks: store.chunkCount,
       embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
       retrieval: cfg.retrieval, rerank: cfg.rerank,
-      all: flat(a), heldout: flat(h), tune: flat(table['tune']!),
-      rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke,
-      answers, ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
+      ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
+      answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers['correct']! - answers['correct']!) : null } : {}),
+      ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
       start_s: round(startS, 1), ...(keptIndex ? { index_kept: true } : {}), // kept: start_s is a load, not an ingest
       where: embedder.provider,
     }));

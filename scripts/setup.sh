@@ -18,7 +18,9 @@
 #   6. src/runtime/counting-allocator.c -> build/native/libragguard-alloc.so: the allocator
 #      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
 #   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
-#      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build)
+#      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build), for the small decoder and for
+#      the default one, and the trained ones of models/shipped-adapters copied beside them (before step 11:
+#      RAGGUARD_DECODER_LORA=auto then converts the default decoder with LoRA inputs)
 #   8. scripts/build-cuda.sh: the native CUDA decoder (build/native/libragguard_cuda.so) where nvcc
 #      is found; skipped, with a line saying so, elsewhere; there, the shipped decoder as a Hugging Face
 #      checkpoint for it (scripts/export-hf-checkpoint.ts -> models/decoder-hf)
@@ -187,8 +189,8 @@ else
 fi
 
 # --- 7. the sample LoRA adapters ------------------------------------------------------------------
-ad=models/adapters/demo-r8/adapter_model.safetensors
-if [[ ! -f $ad || scripts/build-adapters.ts -nt $ad || src/runtime/safetensors.ts -nt $ad ]]; then
+ad=models/adapters/coder-random-r8/adapter_model.safetensors
+if [[ ! -f $ad || scripts/build-adapters.ts -nt $ad || src/runtime/safetensors.ts -nt $ad || -n $(find models/shipped-adapters -newer "$ad" 2>/dev/null) ]]; then
   log "sample LoRA adapters (scripts/build-adapters.ts -> models/adapters)"
   node --import tsx scripts/build-adapters.ts models/adapters
 else

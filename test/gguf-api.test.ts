@@ -29,8 +29,8 @@ test('a .gguf RAGGUARD_DECODER is converted and serves /query', { skip: existsSy
   const res = await request(app).post('/query').send({ query: 'What are disk quotas for?', max_new_tokens: 16 }).expect(200);
   assert.equal(typeof res.body.answer, 'string');
   assert.ok(res.body.usage.completion_tokens > 0);
-  // The sample adapters are the small decoder's: converted without LoRA inputs (RAGGUARD_DECODER_LORA=auto),
-  // a request naming one is refused, saying why and what turns them on.
+  // The sample adapters are the small decoder's and the default decoder's, none SmolLM2's: converted without
+  // LoRA inputs (RAGGUARD_DECODER_LORA=auto), a request naming one is refused, saying why and what turns them on.
   assert.equal(models.decoder.loraSlots, null);
   const refused = await request(app).post('/query').send({ query: 'What are disk quotas for?', max_new_tokens: 4, adapter: 'demo-r8' }).expect(400);
   assert.equal(refused.body.error.code, 'adapter_not_found');

@@ -245,7 +245,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_DECODER_LORA', default: 'auto',
-    doc: "LoRA inputs in a .gguf RAGGUARD_DECODER's converted graph: on, off, or auto (on where RAGGUARD_ADAPTER_DIR holds an adapter that fits the decoder at start-up, else off). Each projection's LoRA path costs its small ops even for base-model rows: on Qwen2.5-Coder-0.5B Q4_K_M, bench:gguf made 26.0-27.3 tokens/s at 1 concurrent without them against 23.7 with (66-69 against 73 CPU ms a token), the same at 8 (74-77 against 76). Without them a request naming an adapter is refused (400 adapter_not_found, saying why); an adapter added later needs on, or a restart that finds it.",
+    doc: "LoRA inputs in a .gguf RAGGUARD_DECODER's converted graph: on, off, or auto (on where RAGGUARD_ADAPTER_DIR holds an adapter that fits the decoder at start-up, else off; setup's adapters coder-grounded and coder-random-r8 fit the default decoder, so it is on there). Each projection's LoRA path costs its small ops even for base-model rows: on Qwen2.5-Coder-0.5B Q4_K_M, bench:gguf made 26.0-27.3 tokens/s at 1 concurrent without them against 23.7 with (66-69 against 73 CPU ms a token), the same at 8 (74-77 against 76). Without them a request naming an adapter is refused (400 adapter_not_found, saying why); an adapter added later needs on, or a restart that finds it.",
     apply: oneOf(['auto', 'on', 'off'] as const, (c, v) => (c.decoderLora = v)),
   },
   {
