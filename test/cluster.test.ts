@@ -50,13 +50,16 @@ async function routerSees(name: string, state: 'UP' | 'DOWN'): Promise<void> {
   assert.fail(`the router never saw ${name} ${state}: ${JSON.stringify(await routed())}`);
 }
 
-/** Asks ASK n times through the router, each reply citing zorblax first; how many each replica answered. */
-async function askCited(n: number): Promise<Record<string, number>> {
+/**
+ * Asks n times through the router (the i-th ask: asks(i), ASK by default), each reply citing zorblax first;
+ * how many each replica answered.
+ */
+async function askCited(n: number, asks: (i: number) => object = () => ASK, headers: Record<string, string> = {}): Promise<Record<string, number>> {
   const before = await routed();
   for (let i = 0; i < n; i++) {
-    const q = await call('POST', '/query', ASK);
-    assert.equal(q.status, 200);
-    assert.equal(q.body.citations[0].doc_id, 'zorblax');
+    const res = await fetch(base + '/query', { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(asks(i)) });
+    assert.equal(res.status, 200);
+    assert.equal(((await res.json()) as { citations: { doc_id: string }[] }).citations[0]!.doc_id, 'zorblax');
   }
   const after = await routed();
   return Object.fromEntries(Object.keys(after).map((s) => [s, after[s]!.sent - (before[s]?.sent ?? 0)]));
@@ -103,6 +106,15 @@ describe('replicas behind the router', () => {
     for (const s of Object.values(await routed())) assert.equal(s.status, 'UP');
     const answered = await askCited(4);
     assert.deepEqual([answered['r1'], answered['r2']].sort(), [0, 4]);
+    // Different questions (different bodies) with one X-Prefix-Key: one replica too.
+    const paraphrases = ['Which port does zorblaxd listen on?', 'On what TCP port is zorblaxd listening?', 'zorblaxd port number?',
+      'Tell me the port of the zorblaxd daemon.', 'Where does zorblaxd write its journal, and on which port does it listen?', 'zorblaxd: port?'];
+    // Without the key these bodies hash to both replicas (the hash is deterministic: this holds every run), so the
+    // keyed run below shows the key at work, not a lucky draw.
+    const unkeyed = await askCited(paraphrases.length, (i) => ({ query: paraphrases[i], max_new_tokens: 2 }));
+    assert.ok(unkeyed['r1']! > 0 && unkeyed['r2']! > 0, `unkeyed: ${JSON.stringify(unkeyed)}`);
+    const keyed = await askCited(paraphrases.length, (i) => ({ query: paraphrases[i], max_new_tokens: 2 }), { 'x-prefix-key': 'tenant-zorblax' });
+    assert.deepEqual([keyed['r1'], keyed['r2']].sort(), [0, paraphrases.length]);
   });
 
   test('a replica killed with -9 is taken out, the router answers 503 JSON with none left, and both rejoin', async () => {
