@@ -345,7 +345,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_MAX_N', default: '8',
-    doc: 'Largest `n` (samples of one prompt) a /v1 completion may ask for; they share the prompt\'s KV blocks, each adds its own new tokens\' KV.',
+    doc: 'Largest `n` (samples of one prompt) a /v1 completion may ask for (at most RAGGUARD_MAX_NUM_SEQS; the default follows a smaller one); they share the prompt\'s KV blocks, each adds its own new tokens\' KV.',
     apply: int(1, 64, (c, v) => (c.maxN = v)),
   },
   {
@@ -616,7 +616,9 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
     if (c.maxN > c.maxNumSeqs) {
-      problems.push('RAGGUARD_MAX_N: must not exceed RAGGUARD_MAX_NUM_SEQS (the samples of one request decode in one batch)');
+      // The default follows a smaller RAGGUARD_MAX_NUM_SEQS; a value set above it is refused.
+      if (env['RAGGUARD_MAX_N'] === undefined) c.maxN = c.maxNumSeqs;
+      else problems.push('RAGGUARD_MAX_N: must not exceed RAGGUARD_MAX_NUM_SEQS (the samples of one request decode in one batch)');
     }
     if (c.defaultMaxNewTokens > c.maxNewTokensLimit) {
       problems.push('RAGGUARD_MAX_NEW_TOKENS: must not exceed RAGGUARD_MAX_NEW_TOKENS_LIMIT');
