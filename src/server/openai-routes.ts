@@ -102,7 +102,9 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
   const adapterNames = async (): Promise<string[]> => {
     if (service.adapters.unavailable) return [];
     const names = await readdir(service.adapters.dir).catch(() => [] as string[]);
-    const ok = await Promise.all(names.map((n) => stat(path.join(service.adapters.dir, n, 'adapter_config.json')).then(() => true, () => false)));
+    // Only adapters this decoder can serve (the directory may hold adapters of other models, as setup's
+    // does for the default and the small test decoder); inspect is cached by the files' size and time.
+    const ok = await Promise.all(names.map((n) => service.adapters.inspect(n).then(() => true, () => false)));
     return names.filter((_, i) => ok[i]).sort();
   };
 
