@@ -20,7 +20,7 @@
  */
 import { chatContextPrompt } from '../generate/chat-prompt.js';
 import { randomBytes } from 'node:crypto';
-import { readdir, stat } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { ChatTemplate, type ChatMessage } from '../generate/chat-template.js';
