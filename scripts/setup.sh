@@ -2,7 +2,7 @@
 # Idempotent project setup for a fresh Debian 12 machine that can reach only
 # the npm registry and the Debian apt mirrors (no GitHub, no NuGet feed).
 #
-#   1. apt: libfaiss-dev (+ BLAS/LAPACK), g++, make, python3, chromium when missing
+#   1. apt: libfaiss-dev (+ BLAS/LAPACK), g++, make, python3, chromium, haproxy when missing
 #   2. npm ci --ignore-scripts (skipped when node_modules matches the lockfile),
 #      then the install scripts of every package that has one, except those
 #      denied in package.json "allowScripts": faiss-node (downloads a prebuild
@@ -59,6 +59,8 @@ command -v make >/dev/null || need_pkgs+=(make)
 command -v python3 >/dev/null || need_pkgs+=(python3)
 # headless Chromium for the memory page's browser test (test/dashboard.test.ts, through playwright-core)
 [[ -x /usr/bin/chromium ]] || need_pkgs+=(chromium)
+# the router in front of replicas (scripts/cluster.sh, test/cluster.test.ts, bench:cluster)
+command -v haproxy >/dev/null || need_pkgs+=(haproxy)
 
 if [[ ${#need_pkgs[@]} -gt 0 ]]; then
   log "installing system packages: ${need_pkgs[*]}"

@@ -45,7 +45,7 @@ const post = (path: string, body: unknown, signal?: AbortSignal) =>
   fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal });
 
 describe('OpenAI routes through the official client', () => {
-  test('GET /v1/models lists the decoder, the embedder and the LoRA adapters (parent: the decoder)', async () => {
+  test('GET /v1/models lists the decoder, the embedder, the reranker and the LoRA adapters that fit the decoder (parent: the decoder)', async () => {
     const models: { id: string; parent?: string | null }[] = [];
     for await (const m of client.models.list()) models.push(m as { id: string; parent?: string | null });
     assert.deepEqual(models.map((m) => m.id), [MODEL, 'embedder', 'reranker', 'demo-qv-r4', 'demo-r8']);

@@ -10,7 +10,7 @@
  * invisible here, to the scheduler, the block manager and the guards.
  */
 import type { FinishReason, Generation } from './generation.js';
-import type { ModelRunner, KvPoolInfo, RunnerStep, SampleExtras, StepSink, TokenDecoder } from './model-runner.js';
+import type { ModelRunner, KvPoolInfo, RunnerStats, RunnerStep, SampleExtras, StepSink, TokenDecoder } from './model-runner.js';
 import type { TokenLogprobs } from './logprobs.js';
 import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
@@ -64,22 +64,12 @@ export interface GenerateHooks {
   signal?: AbortSignal;
 }
 
-export interface EngineStats {
+/** The engine's counters, and its runner's (RunnerStats: zero for a runner that keeps none). */
+export interface EngineStats extends RunnerStats {
   steps: number;
   prefills: number;
   decodeRows: number;
   preemptions: number;
-  /** Decode steps whose past was last step's present (no gather from the pool; ONNX runner). */
-  pastReused: number;
-  /** Lazy write-backs of the carried batch's new KV into the pool (ONNX runner). */
-  writeBacks: number;
-  /** Turns of the event loop given inside steps, between slices of their main-thread work (ONNX runner). */
-  paced: number;
-  /** Past tensors made in the memory of a finished run's tensor, not newly allocated (ONNX runner, direct sessions). */
-  spareTaken: number;
-  /** Prefill runs of several sequences, right-padded to the longest, and the sequences they prefilled (ONNX runner, graphs that take it). */
-  paddedPrefills: number;
-  paddedPrefillRows: number;
   /** Wall time spent in scheduling and block bookkeeping (not the model), microseconds. */
   schedulerMicros: number;
   /** Sequences dropped because their requests were abandoned. */

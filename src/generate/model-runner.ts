@@ -65,10 +65,15 @@ export interface KvPoolInfo {
 
 /** Counters a runner keeps of its own work (the ONNX Runtime runner's; others report none). */
 export interface RunnerStats {
+  /** Decode steps whose past was last step's present (no gather from the pool). */
   pastReused: number;
+  /** Lazy write-backs of the carried batch's new KV into the pool (0 when every run stores its own). */
   writeBacks: number;
+  /** Turns of the event loop given between slices of a step's main-thread work (pacer.ts). */
   paced: number;
+  /** Past tensors made in the memory of a finished run's tensor instead of a new allocation (direct sessions). */
   spareTaken: number;
+  /** Prefill runs of several sequences (right-padded to the longest), and the sequences they prefilled. */
   paddedPrefills: number;
   paddedPrefillRows: number;
 }

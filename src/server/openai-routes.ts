@@ -20,7 +20,7 @@
  */
 import { chatContextPrompt } from '../generate/chat-prompt.js';
 import { randomBytes } from 'node:crypto';
-import { readdir, stat } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { ChatTemplate, type ChatMessage } from '../generate/chat-template.js';
@@ -104,7 +104,9 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
   const adapterNames = async (): Promise<string[]> => {
     if (service.adapters.unavailable) return [];
     const names = await readdir(service.adapters.dir).catch(() => [] as string[]);
-    const ok = await Promise.all(names.map((n) => stat(path.join(service.adapters.dir, n, 'adapter_config.json')).then(() => true, () => false)));
+    // Only adapters this decoder can serve (the directory may hold adapters of other models, as setup's
+    // does for the default and the small test decoder); inspect is cached by the files' size and time.
+    const ok = await Promise.all(names.map((n) => service.adapters.inspect(n).then(() => true, () => false)));
     return names.filter((_, i) => ok[i]).sort();
   };
 

@@ -24,7 +24,7 @@ import { metered } from '../../runtime/run-meter.js';
 import type { DecoderModel, KvTensor } from './decoder-model.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
 import { presentData } from './decoder-model.js';
-import type { KvPoolInfo, ModelRunner, RunnerStep, SampleExtras, StepSink } from '../../generate/model-runner.js';
+import type { KvPoolInfo, ModelRunner, RunnerStats, RunnerStep, SampleExtras, StepSink } from '../../generate/model-runner.js';
 import { tokenLogprobs } from '../../generate/logprobs.js';
 import { plainGreedy, sampleNext } from '../../generate/sampler.js';
 import { Pacer } from '../../runtime/pacer.js';
@@ -53,19 +53,8 @@ export interface OrtRunnerOptions {
  */
 export const PAD_LIMIT = 1.25;
 
-export interface OrtRunnerStats {
-  /** Decode steps whose past was last step's present (no gather from the pool). */
-  pastReused: number;
-  /** Lazy write-backs of the carried batch's new KV into the pool (0 when every run stores its own). */
-  writeBacks: number;
-  /** Turns of the event loop given between slices of a step's main-thread work (pacer.ts). */
-  paced: number;
-  /** Past tensors made in the memory of a finished run's tensor instead of a new allocation (allocPast). */
-  spareTaken: number;
-  /** Prefill runs of several sequences (right-padded), and the sequences they prefilled. */
-  paddedPrefills: number;
-  paddedPrefillRows: number;
-}
+/** The ONNX Runtime runner's counters (model-runner.ts RunnerStats). */
+export type OrtRunnerStats = RunnerStats;
 
 /**
  * The last run's batch and its present KV (`width` positions, placed as the decoder's layout places rows), the next step's past

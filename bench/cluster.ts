@@ -1,0 +1,256 @@
+/**
+ * Cluster: PostgreSQL + BENCH_CLUSTER_REPLICAS (3) replicas + HAProxy on loopback, started by
+ * scripts/cluster.sh as an operator would, under a mixed load of ingests and queries.
+ *
+ * 1. Prefix cache: BENCH_CLUSTER_GROUPS (6) groups, each one new document (PUT /documents/:id) then
+ *    BENCH_CLUSTER_ASKS (6) asks of its question (/query), the groups' chains run by BENCH_CLUSTER_CLIENTS (3)
+ *    clients at once; first behind round robin, then (the router restarted, the replicas and their caches
+ *    kept; new groups, so no run profits from the other's blocks) behind prefix hashing. Hit rate: the
+ *    replies' cached_prompt_tokens over prompt_tokens.
+ * 2. Failure: for BENCH_CLUSTER_KILL_LOAD_S (60) seconds the clients send queries and ingests (every third
+ *    request a PUT of a new document); at a third of it replica 2 gets kill -9; the router's stats page is
+ *    read every 200 ms (when does it mark the replica DOWN); at two thirds the replica is restarted
+ *    (scripts/cluster.sh replica 2): when is it ready, when UP in the router, does it serve again. A client
+ *    retries a connection error or a 502/503/504 (after Retry-After) up to 6 times; every reply is counted by
+ *    class. After the load every acknowledged (200/201) document is read back through the router: lost = the
+ *    acknowledged ones not there.
+ *
+ * Models: the small test models (test/helpers.ts TEST_ENV) by default, to fit a 2-core machine;
+ * BENCH_CLUSTER_DEFAULT_MODELS=1 for the configuration's defaults. Bounded: every request has a timeout
+ * (BENCH_CLUSTER_REQUEST_TIMEOUT_S, 120) and the run its deadline (BENCH_CLUSTER_DEADLINE_S, 1200). The
+ * cluster is stopped at the end whatever happens. Last line: JSON.
+ */
+import { execFile } from 'node:child_process';
+import { copyFileSync, readFileSync } from 'node:fs';
+import { mkdtemp } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+// test/helpers.ts TEST_ENV's models (not imported: that module registers node:test hooks, whose report
+// would follow the JSON line).
+const TEST_MODELS = { RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_DECODER: 'models/decoder-gqa', RAGGUARD_RERANK: 'true' };
+const num = (name: string, dflt: number) => Number(process.env[name] ?? dflt);
+const REPLICAS = num('BENCH_CLUSTER_REPLICAS', 3);
+const GROUPS = num('BENCH_CLUSTER_GROUPS', 6);
+const ASKS = num('BENCH_CLUSTER_ASKS', 6);
+const CLIENTS = num('BENCH_CLUSTER_CLIENTS', 3);
+const KILL_LOAD_S = num('BENCH_CLUSTER_KILL_LOAD_S', 60);
+const NEW_TOKENS = num('BENCH_CLUSTER_NEW_TOKENS', 8);
+const REQUEST_TIMEOUT_MS = num('BENCH_CLUSTER_REQUEST_TIMEOUT_S', 120) * 1000;
+const DEADLINE = Date.now() + num('BENCH_CLUSTER_DEADLINE_S', 1200) * 1000;
+const DEFAULT_MODELS = process.env['BENCH_CLUSTER_DEFAULT_MODELS'] === '1';
+const VICTIM = 2;
+const RETRIES = 6;
+
+const run = promisify(execFile);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const log = (s: string) => console.log(`[bench:cluster] ${s}`);
+const now = () => performance.now() / 1000;
+
+const dir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-cluster-'));
+const clusterEnv: NodeJS.ProcessEnv = {
+  ...process.env, ...(DEFAULT_MODELS ? {} : TEST_MODELS), RAGGUARD_CORPUS_DIR: '', RAGGUARD_PROFILE_RUN: 'false',
+};
+const cluster = (...args: string[]) => run('bash', ['scripts/cluster.sh', ...args, '--dir', dir], { cwd: ROOT, env: clusterEnv, maxBuffer: 1 << 24 });
+
+// ---------------------------------------------------------------------------------------------------- client
+type Outcome = 'ok' | 'retryable' | 'connection' | 'other';
+const outcomes: Record<Outcome, number> = { ok: 0, retryable: 0, connection: 0, other: 0 };
+const others: string[] = [];
+
+interface Reply { status: number; body: any }
+
+/** One logical request: retried on a connection error or a 502/503/504 (after its Retry-After). */
+async function call(base: string, method: string, p: string, body?: unknown, headers: Record<string, string> = {}): Promise<Reply | undefined> {
+  for (let attempt = 0; attempt <= RETRIES; attempt++) {
+    let res: Response;
+    try {
+      res = await fetch(base + p, {
+        method, headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
+        body: body === undefined ? undefined : JSON.stringify(body), signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+      });
+    } catch {
+      outcomes.connection++;
+      await sleep(500);
+      continue;
+    }
+    const text = await res.text().catch(() => '');
+    if (res.status >= 502 && res.status <= 504) {
+      const after = Number(res.headers.get('retry-after'));
+      if (Number.isFinite(after) && after >= 0 && res.headers.has('retry-after')) outcomes.retryable++;
+      else { outcomes.other++; others.push(`${method} ${p}: ${res.status} without Retry-After`); }
+      await sleep(Math.min(5, Number.isFinite(after) ? after : 1) * 1000);
+      continue;
+    }
+    if (res.status >= 200 && res.status < 300) outcomes.ok++;
+    else { outcomes.other++; others.push(`${method} ${p}: ${res.status} ${text.slice(0, 200)}`); }
+    let parsed: any;
+    try { parsed = JSON.parse(text); } catch { parsed = text; }
+    return { status: res.status, body: parsed };
+  }
+  return undefined;
+}
+
+// A document whose codename makes its chunk the best match of its own question, so each group's prompt
+// carries its own document first: one prefix per group.
+const words = ['amber', 'basalt', 'cobalt', 'dune', 'ember', 'fjord', 'garnet', 'heron', 'indigo', 'juniper', 'krypton', 'lichen'];
+function codename(tag: string, i: number): string {
+  return `${words[i % words.length]}${tag}${i}`;
+}
+function documentText(name: string, i: number): string {
+  return `The ${name} daemon listens on TCP port ${4000 + i} and writes its journal to /var/log/${name}.log. ` +
+    `Restart ${name} with systemctl restart ${name} after changing /etc/${name}.conf; ${name} rotates its journal daily ` +
+    `and keeps ${i % 9 + 2} old journals. The ${name} daemon refuses to start when its port is taken.`;
+}
+const question = (name: string) => `Which TCP port does the ${name} daemon listen on?`;
+
+interface Usage { prompt: number; cached: number; asks: number; failed: number }
+
+async function ask(base: string, name: string, usage: Usage): Promise<void> {
+  const r = await call(base, 'POST', '/query', { query: question(name), max_new_tokens: NEW_TOKENS });
+  usage.asks++;
+  const run = r?.status === 200 ? r.body?.guard?.as_run : undefined;
+  if (!run) { usage.failed++; return; }
+  usage.prompt += Number(run.prompt_tokens ?? 0);
+  usage.cached += Number(run.cached_prompt_tokens ?? 0);
+}
+
+/** Groups' chains (ingest, then its asks) spread over the clients. */
+async function cachePhase(base: string, tag: string): Promise<Usage & { hit_rate: number; seconds: number }> {
+  const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
+  const chains = Array.from({ length: GROUPS }, (_, g) => g);
+  const t0 = now();
+  await Promise.all(Array.from({ length: CLIENTS }, async (_, c) => {
+    for (let k = c; k < chains.length; k += CLIENTS) {
+      const name = codename(tag, chains[k]!);
+      const put = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, chains[k]!), title: name });
+      if (!put || put.status >= 300) { usage.failed++; continue; }
+      for (let a = 0; a < ASKS && Date.now() < DEADLINE; a++) await ask(base, name, usage);
+    }
+  }));
+  return { ...usage, hit_rate: usage.prompt ? usage.cached / usage.prompt : 0, seconds: now() - t0 };
+}
+
+// ------------------------------------------------------------------------------------------- router stats
+async function serverStates(statsPort: number): Promise<Map<string, { status: string; sent: number }>> {
+  const csv = await (await fetch(`http://127.0.0.1:${statsPort}/stats;csv`, { signal: AbortSignal.timeout(5000) })).text();
+  const m = new Map<string, { status: string; sent: number }>();
+  for (const line of csv.split('\n')) {
+    const f = line.split(',');
+    if (f[0] === 'replicas' && f[1] !== 'BACKEND' && f[1] !== 'FRONTEND') m.set(f[1]!, { status: f[17] ?? '', sent: Number(f[7]) });
+  }
+  return m;
+}
+
+// -------------------------------------------------------------------------------------------------- run
+const result: Record<string, unknown> = {
+  bench: 'cluster', replicas: REPLICAS, router: 'haproxy', models: DEFAULT_MODELS ? 'default' : 'test',
+  groups: GROUPS, asks_per_group: ASKS, clients: CLIENTS, new_tokens: NEW_TOKENS,
+};
+let failure: string | undefined;
+try {
+  const haproxy = (await run('haproxy', ['-v'])).stdout.split('\n')[0];
+  result['haproxy'] = haproxy;
+  log(`starting PostgreSQL + ${REPLICAS} replicas + HAProxy in ${dir}`);
+  let t = now();
+  const base = (await cluster('start', '--replicas', String(REPLICAS), '--policy', 'roundrobin')).stdout.trim().split('\n').pop()!;
+  result['cluster_start_s'] = +(now() - t).toFixed(1);
+  const statsPort = Number(readFileSync(path.join(dir, 'stats_port'), 'utf8'));
+  log(`router ${base} (round robin), ready in ${result['cluster_start_s']} s`);
+
+  const rr = await cachePhase(base, 'r');
+  log(`round robin: hit rate ${rr.hit_rate.toFixed(3)} (${rr.cached}/${rr.prompt} prompt tokens, ${rr.asks} asks, ${rr.failed} failed)`);
+  await cluster('router', '--policy', 'prefix');
+  // The new router's first health checks: every replica UP before the load.
+  while (Date.now() < DEADLINE && [...(await serverStates(statsPort)).values()].some((s) => s.status !== 'UP')) await sleep(200);
+  const px = await cachePhase(base, 'p');
+  log(`prefix hash: hit rate ${px.hit_rate.toFixed(3)} (${px.cached}/${px.prompt} prompt tokens, ${px.asks} asks, ${px.failed} failed)`);
+  result['prefix_cache'] = {
+    round_robin: { hit_rate: +rr.hit_rate.toFixed(4), cached_prompt_tokens: rr.cached, prompt_tokens: rr.prompt, asks: rr.asks, failed: rr.failed },
+    prefix_hash: { hit_rate: +px.hit_rate.toFixed(4), cached_prompt_tokens: px.cached, prompt_tokens: px.prompt, asks: px.asks, failed: px.failed },
+  };
+
+  // ------------------------------------------------------------------------------ kill -9 under load
+  const before = { ...outcomes };
+  const acked: string[] = [];
+  let unacked = 0;
+  let n = 0;
+  const victim = `r${VICTIM}`;
+  const victimPid = Number(readFileSync(path.join(dir, `replica-${VICTIM}`, 'pid'), 'utf8'));
+  const loadEnd = Date.now() + KILL_LOAD_S * 1000;
+  const events: Record<string, number> = {};
+  let killedAt = 0;
+  const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
+  const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
+    while (Date.now() < Math.min(loadEnd, DEADLINE)) {
+      const i = n++;
+      if (i % 3 === 0) {
+        const name = codename('k', i);
+        const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
+        if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
+      } else {
+        await ask(base, codename('p', i % GROUPS), usage);
+      }
+    }
+  }));
+  const watch = (async () => {
+    await sleep((KILL_LOAD_S * 1000) / 3);
+    process.kill(victimPid, 'SIGKILL');
+    killedAt = now();
+    log(`kill -9 replica ${VICTIM} (pid ${victimPid})`);
+    let sentAtDown = -1;
+    while (Date.now() < DEADLINE) {
+      const s = (await serverStates(statsPort)).get(victim);
+      if (s && s.status.startsWith('DOWN')) { events['marked_down_s'] = now() - killedAt; sentAtDown = s.sent; break; }
+      await sleep(200);
+    }
+    log(`router marked replica ${VICTIM} DOWN after ${events['marked_down_s']?.toFixed(1)} s`);
+    await sleep(Math.max(0, loadEnd - (KILL_LOAD_S * 1000) / 3 - Date.now()));
+    const restartAt = now();
+    const restarted = cluster('replica', String(VICTIM)).then(() => (events['restart_ready_s'] = now() - restartAt));
+    while (Date.now() < DEADLINE) {
+      const s = (await serverStates(statsPort)).get(victim);
+      if (s?.status === 'UP' && events['marked_up_s'] === undefined) events['marked_up_s'] = now() - restartAt;
+      if (s?.status === 'UP' && s.sent > sentAtDown) { events['serving_again_s'] = now() - restartAt; break; }
+      await sleep(200);
+    }
+    await restarted;
+    log(`replica ${VICTIM} ready ${events['restart_ready_s']?.toFixed(1)} s after restart, UP ${events['marked_up_s']?.toFixed(1)} s, serving ${events['serving_again_s']?.toFixed(1)} s`);
+  })();
+  // The load runs at least until the replica serves again (or the deadline), so its return is under load.
+  await watch;
+  await load;
+  const during = Object.fromEntries((Object.keys(outcomes) as Outcome[]).map((k) => [k, outcomes[k] - before[k]]));
+
+  let missing = 0;
+  for (const id of acked) {
+    const r = await call(base, 'GET', `/documents/${id}`);
+    if (r?.status !== 200) missing++;
+  }
+  const round = (x: number | undefined) => (x === undefined ? null : +x.toFixed(2));
+  result['failure'] = {
+    load_s: KILL_LOAD_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
+    asks: usage.asks, failed_asks: usage.failed, replies: during,
+    marked_down_s: round(events['marked_down_s']), restart_ready_s: round(events['restart_ready_s']),
+    marked_up_after_restart_s: round(events['marked_up_s']), serving_again_after_restart_s: round(events['serving_again_s']),
+  };
+  result['replies_other'] = others.slice(0, 10);
+  log(`acknowledged ingests ${acked.length}, lost ${missing}; replies during the failure ${JSON.stringify(during)}`);
+} catch (e) {
+  failure = (e as Error).message;
+  log(`failed: ${failure}`);
+} finally {
+  // The replicas' logs outlive the cluster: where a reply was not what it should be, they say why.
+  const logs = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-cluster-logs-'));
+  for (let i = 1; i <= REPLICAS; i++) {
+    try { copyFileSync(path.join(dir, `replica-${i}`, 'log'), path.join(logs, `replica-${i}.log`)); } catch { /* never started */ }
+  }
+  result['logs'] = logs;
+  await cluster('stop').catch((e: Error) => log(`stop: ${e.message}`));
+}
+result['loadavg_1m'] = +(readFileSync('/proc/loadavg', 'utf8').split(' ')[0] ?? 0);
+if (failure) result['error'] = failure;
+console.log(JSON.stringify(result));
+if (failure) process.exitCode = 1;
