@@ -50,9 +50,14 @@ function freePort(): Promise<number> {
   });
 }
 
+const spawnErrors = new Map<ChildProcess, Error>();
+
 async function waitReady(url: string, proc: ChildProcess, log: () => string): Promise<void> {
   for (;;) {
-    if (proc.exitCode !== null) throw new Error(`${url}: exited (${proc.exitCode}):\n${log().slice(-4000)}`);
+    // A process killed by a signal has signalCode set and exitCode null; one that never started, neither (its 'error' event says so).
+    if (proc.exitCode !== null || proc.signalCode !== null || spawnErrors.has(proc)) {
+      throw new Error(`${url}: exited (${proc.exitCode ?? proc.signalCode ?? spawnErrors.get(proc)?.message}):\n${log().slice(-4000)}`);
+    }
     const ok = await fetch(url).then((r) => r.ok, () => false);
     if (ok) return;
     await new Promise((r) => setTimeout(r, 500));
@@ -107,6 +112,7 @@ try {
     env: { ...process.env, LD_LIBRARY_PATH: `${path.dirname(LLAMA)}:${process.env['LD_LIBRARY_PATH'] ?? ''}` }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   procs.push(llama);
+  llama.on('error', (e) => spawnErrors.set(llama, e));
   llama.stdout!.on('data', (c: Buffer) => (llamaLog = (llamaLog + c.toString()).slice(-20000)));
   llama.stderr!.on('data', (c: Buffer) => (llamaLog = (llamaLog + c.toString()).slice(-20000)));
   await waitReady(`http://127.0.0.1:${rgPort}/readyz`, rg, () => rgLog);

