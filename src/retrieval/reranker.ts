@@ -1,13 +1,15 @@
 /**
  * Cross-encoder reranker: scores (query, passage) pairs jointly ([CLS] q [SEP] p [SEP]) with one
- * logit each, the layout of a bge-reranker / BertForSequenceClassification export.
+ * logit each, the layout of a bge-reranker / BertForSequenceClassification export. With
+ * RAGGUARD_RERANKER_EP=cuda a BERT cross-encoder runs on the native CUDA encoder (backends/cuda/encoder-runner.ts).
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import type { EncoderDims } from '../runtime/encoder-session.js';
+import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
+import type { EncoderDims, EncoderRuns } from '../runtime/encoder-session.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { EncoderSession } from '../runtime/encoder-session.js';
-import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
+import type { ConcreteProvider } from '../runtime/session.js';
+import { encoderRuns, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -33,7 +35,7 @@ export const RERANK_BATCH = 16;
 export class Reranker {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly session: EncoderSession,
+    private readonly session: EncoderRuns,
     readonly files: ModelFiles,
     /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
     readonly maxTokens: number,
@@ -42,17 +44,28 @@ export class Reranker {
     readonly dims: EncoderDims,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}, maxTokens = 256): Promise<Reranker> {
+  static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}, maxTokens = 256): Promise<Reranker> {
     const files = await modelFiles(dir);
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const session = await EncoderSession.create(files.onnx, ep, extras);
+    const longest = Math.min(maxTokens, cfg.max_position_embeddings ?? 512);
+    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
-    return new Reranker(tokenizer, session, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
+    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims);
   }
 
   get provider(): ConcreteProvider {
     return this.session.provider;
+  }
+
+  /** The native CUDA encoder this reranker runs on, or undefined on ONNX Runtime. */
+  get cuda(): CudaEncoder | undefined {
+    return this.session instanceof CudaEncoder ? this.session : undefined;
+  }
+
+  /** Pairs per model run by default: the CUDA encoder's rows, else RERANK_BATCH. */
+  get batchSize(): number {
+    return this.session.preferredBatch ?? RERANK_BATCH;
   }
 
   /** The pair as the model sees it: over-long pairs keep their head and their closing [SEP]. */
@@ -72,12 +85,12 @@ export class Reranker {
    * the rerank stage as it ran by its largest run. An abort of `signal` stops the runs not yet done,
    * the one going included (RunInterrupted).
    */
-  score(query: string, passages: readonly string[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+  score(query: string, passages: readonly string[], batchSize = this.batchSize, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     return this.scorePairs(passages.map((p) => [query, p] as const), batchSize, signal);
   }
 
   /** As score, for pairs of any queries (POST /v1/score). */
-  async scorePairs(pairs: readonly (readonly [string, string])[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+  async scorePairs(pairs: readonly (readonly [string, string])[], batchSize = this.batchSize, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     const scores: number[] = [];
     const runs: [number, number][] = [];
     for (let s = 0; s < pairs.length; s += batchSize) {

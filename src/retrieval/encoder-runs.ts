@@ -1,0 +1,22 @@
+/**
+ * Where an encoder (the embedder, the reranker) runs its model: the native CUDA encoder for 'cuda'
+ * (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP), else an ONNX Runtime session on the provider asked for.
+ * ONNX Runtime is imported only then: the CUDA path runs where onnxruntime-node is absent (the GPU host's
+ * checks and benchmarks carry only the CUDA path's packages).
+ */
+import type { ExecutionProvider } from '../config/config.js';
+import { CudaEncoder, type CudaEncoderLimits } from '../backends/cuda/encoder-runner.js';
+import type { EncoderPooling } from '../backends/cuda/encoder-plan.js';
+import type { EncoderRuns } from '../runtime/encoder-session.js';
+import type { SessionExtras } from '../runtime/session.js';
+
+/** Load options: ONNX Runtime's session extras, and the CUDA encoder's limits (RAGGUARD_CUDA_ENCODER_*). */
+export type EncoderLoadExtras = SessionExtras & { cuda?: CudaEncoderLimits };
+
+/** `cuda`: the role, its longest input (its truncation) and, for the embedder, its pooling. */
+export async function encoderRuns(dir: string, onnx: string, ep: ExecutionProvider, extras: EncoderLoadExtras,
+  cuda: { role: 'embedder' | 'reranker'; maxSequence: number; pooling?: EncoderPooling }): Promise<EncoderRuns> {
+  if (ep === 'cuda') return CudaEncoder.load(dir, { ...extras.cuda, ...cuda });
+  const { EncoderSession } = await import('../runtime/encoder-session.js');
+  return EncoderSession.create(onnx, ep, extras);
+}
