@@ -4,7 +4,7 @@
 # reranker with RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda) with nvcc, for Hopper (sm_90, the H200)
 # plus PTX for newer GPUs. Where no nvcc is found (CUDA is not installed: this machine, CI) it says so
 # and exits 0: the CUDA backend is then unavailable and the ONNX Runtime paths are unchanged.
-# RAGGUARD_NVCC names the compiler; CUDA_ARCHS overrides the targets.
+# RAGGUARD_NVCC names the compiler; CUDA_ARCHS overrides the targets; `build-cuda.sh encoder` builds one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvcc=${RAGGUARD_NVCC:-$(command -v nvcc || true)}
@@ -36,5 +36,8 @@ build() {
   "$nvcc" -O3 -std=c++17 $archs -Xcompiler -fPIC,-Wall -shared -o "$out" "$src" "${link[@]}" -l:libcublas.so.13
   echo "[cuda] built $out"
 }
-build src/backends/cuda/ragguard_cuda.cu build/native/libragguard_cuda.so src/backends/cuda/quant_kernels.cuh
-build src/backends/cuda/encoder.cu build/native/libragguard_encoder.so
+# Arguments pick the libraries (decoder, encoder); both without.
+want=" ${*:-decoder encoder} "
+[[ $want == *" decoder "* ]] && build src/backends/cuda/ragguard_cuda.cu build/native/libragguard_cuda.so src/backends/cuda/quant_kernels.cuh
+[[ $want == *" encoder "* ]] && build src/backends/cuda/encoder.cu build/native/libragguard_encoder.so
+exit 0

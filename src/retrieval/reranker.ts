@@ -96,7 +96,7 @@ export class Reranker {
     for (let s = 0; s < pairs.length; s += batchSize) {
       const batch = pairs.slice(s, s + batchSize).map(([q, p]) => this.pairInput(q, p));
       runs.push([batch.length, Math.max(...batch.map((p) => p.ids.length))]);
-      scores.push(...(await this.scoreBatch(batch, signal)));
+      scores.push(...(await this.scoreEncoded(batch, signal)));
     }
     return { scores, pairTokens: Math.max(0, ...runs.map(([, w]) => w)), runs };
   }
@@ -106,7 +106,8 @@ export class Reranker {
     await this.session.dummyRun(pairs, tokens, this.padId);
   }
 
-  private async scoreBatch(pairs: PairEncoding[], signal?: AbortSignal): Promise<number[]> {
+  /** One model run over pairs already encoded (pairInput): their logits, in order. */
+  async scoreEncoded(pairs: readonly PairEncoding[], signal?: AbortSignal): Promise<number[]> {
     const { session } = this;
     const name = session.outputNames.includes('logits') ? 'logits' : session.outputNames[0]!;
     const logits = (await session.run('rerank', name, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds), signal)).data;

@@ -5,7 +5,6 @@
  * guard, the KV block manager and the generation engine. Each stage is timed.
  */
 import { createHash } from 'node:crypto';
-import { readdir, readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import path from 'node:path';
 import type { Config } from '../config/config.js';
@@ -39,6 +38,7 @@ import { installCountingAllocator } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
 import { chunkSections, type Section } from '../retrieval/chunker.js';
+import { embeddingText, readCorpus } from '../retrieval/corpus.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { dedupe } from '../retrieval/prune.js';
 import { Retriever } from '../retrieval/retriever.js';
@@ -498,8 +498,7 @@ export class RagService {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
       });
-      // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
-      const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
+      const vectors = await embedder.embed(spans.map((s) => embeddingText(d.title, s.text)));
       batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), collection: d.collection, ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length, collection: d.collection });
       progress.done++;
@@ -603,15 +602,4 @@ export type StartPhase = { phase: 'profile' } | { phase: 'ingest'; documents: nu
 /** A document of that id exists in that collection (the store's error, under the service's older name). */
 export { DocumentExistsError as DuplicateDocumentError };
 
-/** *.txt files of a directory as documents: id = file name, title = first line, text = the rest. */
-export async function readCorpus(dir: string): Promise<DocumentInput[]> {
-  const names = (await readdir(dir)).filter((n) => n.endsWith('.txt')).sort();
-  return Promise.all(
-    names.map(async (n) => {
-      const raw = await readFile(path.join(dir, n), 'utf8');
-      const nl = raw.indexOf('\n');
-      const title = (nl < 0 ? raw : raw.slice(0, nl)).trim();
-      return { docId: path.basename(n, '.txt'), title, text: nl < 0 ? '' : raw.slice(nl + 1) };
-    }),
-  );
-}
+export { readCorpus } from '../retrieval/corpus.js';
