@@ -12,7 +12,8 @@
  * default 32,128): chunks/s from the texts (tokenization included, as ingest runs it) and from token ids
  * (the model alone: both sides get the same ids). Rerank: the first 32 questions of data/questions.json, each
  * with 32 chunks, scored at each batch size (BENCH_RERANK_BATCHES, default 16,64,128): pairs/s from the
- * texts and from the encoded pairs. Each figure is the best of BENCH_ENCODER_REPS runs (default 3) after a
+ * texts and from the encoded pairs (tokenized on RAGGUARD_TOKENIZER_THREADS threads for the CUDA encoder, as the
+ * server does). Each figure is the best of BENCH_ENCODER_REPS runs (default 3) after a
  * warm-up. The peer's vectors and scores for the first inputs are compared with ours (agreement).
  *
  * BENCH_ENCODER_DOCS=n takes the corpus' first n documents only, BENCH_RERANK_QUERIES=n n questions (a quick run).
@@ -32,6 +33,7 @@ import { embeddingText, readCorpus } from '../src/retrieval/corpus.js';
 import { Embedder } from '../src/retrieval/embedder.js';
 import { Reranker } from '../src/retrieval/reranker.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
+import { autoTokenizerThreads } from '../src/runtime/tokenizer-pool.js';
 import { parseQuestions } from './questions.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -79,8 +81,10 @@ function hfCheckpoint(dir: string, out: string, prefix: string): string {
 
 // --- inputs, as ingest and /query make them
 const cuda = { maxRows: Math.max(...BATCHES, ...RERANK_BATCHES), maxTokens: Math.max(...BATCHES, ...RERANK_BATCHES) * 256 };
-const embedder = await Embedder.load(EMBEDDER, EP, { cuda });
-const reranker = await Reranker.load(RERANKER, EP, { cuda });
+// As the server starts them (RAGGUARD_TOKENIZER_THREADS, auto: tokenizer threads for the CUDA encoder).
+const tokenizerThreads = cfg.tokenizerThreads === 'auto' ? autoTokenizerThreads() : cfg.tokenizerThreads;
+const embedder = await Embedder.load(EMBEDDER, EP, { cuda, tokenizerThreads });
+const reranker = await Reranker.load(RERANKER, EP, { cuda, tokenizerThreads });
 const docs = (await readCorpus(path.join(ROOT, 'data', 'corpus'))).slice(0, DOCS);
 const chunks = docs.flatMap((d) => chunkSections([{ text: d.text }], (w) => embedder.tokenizer.encode(w).length, {
   chunkTokens: cfg.chunkTokens, overlapTokens: cfg.chunkOverlapTokens,
@@ -91,7 +95,7 @@ const questions = parseQuestions(JSON.parse(readFileSync(path.join(ROOT, 'data',
 const pairs = questions.flatMap((q, i) => Array.from({ length: PASSAGES }, (_, j) => [q.question, chunks[(i * 97 + j * 31) % chunks.length]!] as const));
 const encoded = pairs.map(([q, p]) => reranker.pairInput(q, p));
 const pairTokens = encoded.reduce((s, p) => s + p.ids.length, 0);
-log({ ep: EP, embedder: path.relative(ROOT, EMBEDDER) || EMBEDDER, reranker: path.relative(ROOT, RERANKER), chunks: chunks.length, chunk_tokens_mean: Math.round(tokens / chunks.length), pairs: pairs.length, pair_tokens_mean: Math.round(pairTokens / pairs.length) });
+log({ ep: EP, tokenizer_threads: EP === 'cuda' ? tokenizerThreads : 0, embedder: path.relative(ROOT, EMBEDDER) || EMBEDDER, reranker: path.relative(ROOT, RERANKER), chunks: chunks.length, chunk_tokens_mean: Math.round(tokens / chunks.length), pairs: pairs.length, pair_tokens_mean: Math.round(pairTokens / pairs.length) });
 
 // --- ours
 const tokenizeMs = await best(1, async () => chunks.map((c) => embedder.inputIds(c)));
@@ -154,7 +158,7 @@ const ratio = (a: unknown, b: unknown) => (typeof a === 'number' && typeof b ===
 const peerEmbed = (peer?.['embed'] ?? []) as Record<string, number>[];
 const peerRerank = (peer?.['rerank'] ?? []) as Record<string, number>[];
 log({
-  bench: 'gpu-encoders', ep: EP, embedder: path.basename(EMBEDDER), reranker: path.basename(RERANKER), chunks: chunks.length, pairs: pairs.length,
+  bench: 'gpu-encoders', ep: EP, tokenizer_threads: EP === 'cuda' ? tokenizerThreads : 0, embedder: path.basename(EMBEDDER), reranker: path.basename(RERANKER), chunks: chunks.length, pairs: pairs.length,
   tokenize_ms: Math.round(tokenizeMs), ours, peer: peer ? { ...peer } : 'not run (BENCH_ENCODER_PEER=0)', agreement,
   vs_peer: peer && !peer['error'] ? {
     embed: ours.embed.map((o, i) => ({ batch: o['batch'], text: ratio(o['chunks_per_s_text'], peerEmbed[i]?.['chunks_per_s_text']), ids: ratio(o['chunks_per_s_ids'], peerEmbed[i]?.['chunks_per_s_ids']) })),

@@ -76,7 +76,7 @@ for (const e of ref.embedders) {
       model: e.dir, kernel, pass, worst_cosine: round(worst), cosines: toRef.map(round), batch_vs_alone_worst: round(worstAlone),
       device_free_change_bytes: m.device_free - free0, device_bytes: m.total, plan_bytes: cuda.plan.total,
     });
-    await cuda.release();
+    await emb.release();
   }
 }
 
@@ -92,7 +92,7 @@ for (const r of ref.rerankers) {
     const pass = worst <= 1e-2 && order(scores) === order(r.scores);
     ok &&= pass;
     results.push({ model: r.dir, kernel, pass, worst_relative_error: round(worst), scores: scores.map(round), reference: r.scores });
-    await rr.cuda!.release();
+    await rr.release();
   }
 }
 

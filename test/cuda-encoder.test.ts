@@ -18,6 +18,7 @@ import { CudaEncoder, splitRuns } from '../src/backends/cuda/encoder-runner.js';
 import {
   bertDimensions, canonicalName, EncoderCheckpointError, encoderTensors, graphParameters, readEncoderGraph, rerankHead, tensorSpecs, type BertConfig,
 } from '../src/backends/cuda/encoder-weights.js';
+import { loadConfig } from '../src/config/config.js';
 import { MemoryModel } from '../src/guards/memory-model.js';
 import { Embedder } from '../src/retrieval/embedder.js';
 import { Reranker } from '../src/retrieval/reranker.js';
@@ -220,6 +221,19 @@ describe('the embedder and reranker over the stand-in library', () => {
     assert.deepEqual(rerankHead(p, RERANKER), { head: 'classifier', numLabels: 1 });
   });
 
+  test('tokenizer threads give the main thread\'s inputs: the same embeddings and scores', async () => {
+    const texts = [...TEXTS, ...TEXTS.map((t) => t.toUpperCase())];
+    const pooled = await Embedder.load(EMBEDDER, 'cuda', { cuda: { native }, tokenizerThreads: 2 });
+    const plain = await Embedder.load(EMBEDDER, 'cuda', { cuda: { native } });
+    assert.deepEqual(await pooled.embed(texts), await plain.embed(texts));
+    const r = await Reranker.load(RERANKER, 'cuda', { cuda: { native }, tokenizerThreads: 2 });
+    const rp = await Reranker.load(RERANKER, 'cuda', { cuda: { native } });
+    const pairs = texts.map((t, i) => [texts[(i + 3) % texts.length]!, t] as const);
+    assert.deepEqual(await r.scorePairs(pairs), await rp.scorePairs(pairs));
+    for (const m of [pooled, plain, r, rp]) await m.release();
+    await assert.rejects(pooled.embed(texts), /closed|released/);
+  });
+
   test('all-MiniLM-L6-v2\'s int8 graph runs as ONNX Runtime runs it', { skip: !minilm && 'models/pretrained missing' }, async () => {
     const cpu = await Embedder.load(MINILM, 'cpu');
     const gpu = await Embedder.load(MINILM, 'cuda', { cuda: { native } });
@@ -246,6 +260,17 @@ describe('the embedder and reranker over the stand-in library', () => {
     assert.equal(kinds.length, 5 + 2 * 16 + 5);
     assert.ok(kinds.includes('QueryWeight:1') && kinds.includes('ValueBias:0') && kinds.includes('Scale:0'));
     assert.equal(s.uploads.find((u) => u.kind === EncoderTensor.InterWeight)!.count, 512 * 128);
+  });
+});
+
+describe('configuration', () => {
+  test('RAGGUARD_EMBEDDER_EP=cuda selects the CUDA encoder; its runs and tokenizer threads are validated', () => {
+    const c = loadConfig({ RAGGUARD_EMBEDDER_EP: 'cuda', RAGGUARD_RERANKER_EP: 'cuda', RAGGUARD_CUDA_ENCODER_ROWS: '64', RAGGUARD_TOKENIZER_THREADS: '3' });
+    assert.deepEqual([c.providers.embedder, c.providers.reranker, c.providers.decoder], ['cuda', 'cuda', 'cpu']);
+    assert.deepEqual([c.cudaEncoderRows, c.cudaEncoderTokens, c.tokenizerThreads], [64, 16384, 3]);
+    assert.equal(loadConfig({}).tokenizerThreads, 'auto');
+    assert.throws(() => loadConfig({ RAGGUARD_CUDA_ENCODER_TOKENS: '256', RAGGUARD_TOKENIZER_THREADS: 'many' }),
+      (e: Error) => /RAGGUARD_CUDA_ENCODER_TOKENS: expected an integer in \[512/.test(e.message) && /RAGGUARD_TOKENIZER_THREADS/.test(e.message));
   });
 });
 

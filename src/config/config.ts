@@ -53,6 +53,8 @@ export interface Config {
   /** The CUDA encoder's runs (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda): sequences, and sequences x padded width, at most. */
   cudaEncoderRows: number;
   cudaEncoderTokens: number;
+  /** Threads that tokenize for an encoder on the CUDA encoder ('auto': the cores less two, at most 8). */
+  tokenizerThreads: number | 'auto';
   /** Where the index snapshot lives; created when missing. */
   indexDir: string;
   /** The retrieval store: 'faiss' (in process, snapshot in indexDir) or a PostgreSQL URL (pgvector, shared by replicas). */
@@ -314,6 +316,14 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_CUDA_ENCODER_TOKENS', default: '16384',
     doc: "Sequences x padded width one run of the CUDA encoder takes at most: a call's inputs are sorted by length and cut into runs that fit (each padded to its own longest). At least the longest input (512 tokens for the default embedder). Activations are about tokens x (6 x hidden + intermediate) x 2 bytes: 120 MiB for all-MiniLM-L6-v2 at the default, allocated at start-up and counted as the encoder's.",
     apply: int(512, 1 << 20, (c, v) => (c.cudaEncoderTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_TOKENIZER_THREADS', default: 'auto',
+    doc: "Worker threads that tokenize for an encoder on the CUDA encoder (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda): a call's texts or pairs (ingest's chunks, a rerank's candidates) are cut across them, each thread holding a copy of the tokenizer (started with the model and counted in its load). auto: the cores less two, at most 8; 0: on the main thread. Encoders on ONNX Runtime always tokenize on the main thread (the cores run the model).",
+    apply: (c, raw) => {
+      if (raw.trim() === 'auto') c.tokenizerThreads = 'auto';
+      else int(0, 64, (cc, v) => (cc.tokenizerThreads = v))(c, raw);
+    },
   },
   {
     name: 'RAGGUARD_INDEX_DIR', default: 'data/index',

@@ -24,7 +24,8 @@ import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import type { EncoderRuns } from '../runtime/encoder-session.js';
 import type { ConcreteProvider } from '../runtime/session.js';
-import { encoderRuns, type EncoderLoadExtras } from './encoder-runs.js';
+import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
+import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -101,6 +102,8 @@ export class Embedder {
     private readonly padId: number,
     /** Rows of the model's token embedding (config.json's vocab_size): token ids given as input must be below it. */
     readonly vocabSize: number,
+    /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
+    private readonly pool?: TokenizerPool,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}): Promise<Embedder> {
@@ -131,11 +134,17 @@ export class Embedder {
       if (!output.pooled && cfg.hidden_size !== undefined && dimension !== cfg.hidden_size) {
         throw new Error(`embedder ${dir}: output '${output.name}' has width ${dimension}, config.json's hidden_size is ${cfg.hidden_size}`);
       }
-      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize);
+      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize, await tokenizerPool(dir, ep, extras));
     } catch (e) {
       await session.release();
       throw e;
     }
+  }
+
+  /** Frees the model (and stops the tokenizer threads); the embedder is unusable afterwards. */
+  async release(): Promise<void> {
+    await this.pool?.close();
+    await this.session.release();
   }
 
   get provider(): ConcreteProvider {
@@ -162,7 +171,10 @@ export class Embedder {
    * abandoned) stops the runs not yet done, the one going included (RunInterrupted).
    */
   async embed(texts: readonly string[], batchSize = this.batchSize, signal?: AbortSignal): Promise<Float32Array> {
-    return this.embedIds(texts.map((t) => this.inputIds(t)), batchSize, signal);
+    const rows = this.pool && texts.length >= POOL_MIN_INPUTS
+      ? (await this.pool.encode(texts)).map((ids) => truncateSpecial(ids, this.maxTokens))
+      : texts.map((t) => this.inputIds(t));
+    return this.embedIds(rows, batchSize, signal);
   }
 
   /**

@@ -9,9 +9,25 @@ import { CudaEncoder, type CudaEncoderLimits } from '../backends/cuda/encoder-ru
 import type { EncoderPooling } from '../backends/cuda/encoder-plan.js';
 import type { EncoderRuns } from '../runtime/encoder-session.js';
 import type { SessionExtras } from '../runtime/session.js';
+import { TokenizerPool } from '../runtime/tokenizer-pool.js';
 
-/** Load options: ONNX Runtime's session extras, and the CUDA encoder's limits (RAGGUARD_CUDA_ENCODER_*). */
-export type EncoderLoadExtras = SessionExtras & { cuda?: CudaEncoderLimits };
+/**
+ * Load options: ONNX Runtime's session extras; the CUDA encoder's limits (RAGGUARD_CUDA_ENCODER_*) and
+ * the threads that tokenize for it (RAGGUARD_TOKENIZER_THREADS, resolved).
+ */
+export type EncoderLoadExtras = SessionExtras & { cuda?: CudaEncoderLimits; tokenizerThreads?: number };
+
+/**
+ * The tokenizer threads of an encoder on the CUDA encoder (none on ONNX Runtime, whose runs use the
+ * cores): started with the model, so that its load measures them.
+ */
+export async function tokenizerPool(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras): Promise<TokenizerPool | undefined> {
+  const n = ep === 'cuda' ? extras.tokenizerThreads ?? 0 : 0;
+  return n > 0 ? TokenizerPool.start(dir, n) : undefined;
+}
+
+/** Inputs below this many are tokenized on the main thread: a message to the threads costs more. */
+export const POOL_MIN_INPUTS = 8;
 
 /** `cuda`: the role, its longest input (its truncation) and, for the embedder, its pooling. */
 export async function encoderRuns(dir: string, onnx: string, ep: ExecutionProvider, extras: EncoderLoadExtras,

@@ -9,7 +9,8 @@ import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
 import type { EncoderDims, EncoderRuns } from '../runtime/encoder-session.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
 import type { ConcreteProvider } from '../runtime/session.js';
-import { encoderRuns, type EncoderLoadExtras } from './encoder-runs.js';
+import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
+import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -42,6 +43,8 @@ export class Reranker {
     private readonly padId: number,
     /** Dimensions for the memory model. */
     readonly dims: EncoderDims,
+    /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
+    private readonly pool?: TokenizerPool,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}, maxTokens = 256): Promise<Reranker> {
@@ -51,7 +54,13 @@ export class Reranker {
     const longest = Math.min(maxTokens, cfg.max_position_embeddings ?? 512);
     const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
-    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims);
+    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras));
+  }
+
+  /** Frees the model (and stops the tokenizer threads); the reranker is unusable afterwards. */
+  async release(): Promise<void> {
+    await this.pool?.close();
+    await this.session.release();
   }
 
   get provider(): ConcreteProvider {
@@ -70,7 +79,10 @@ export class Reranker {
 
   /** The pair as the model sees it: over-long pairs keep their head and their closing [SEP]. */
   pairInput(query: string, passage: string): PairEncoding {
-    const e = this.tokenizer.encodePair(query, passage);
+    return this.truncated(this.tokenizer.encodePair(query, passage));
+  }
+
+  private truncated(e: PairEncoding): PairEncoding {
     if (e.ids.length <= this.maxTokens) return e;
     const n = this.maxTokens - 1;
     return {
@@ -93,8 +105,9 @@ export class Reranker {
   async scorePairs(pairs: readonly (readonly [string, string])[], batchSize = this.batchSize, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     const scores: number[] = [];
     const runs: [number, number][] = [];
+    const encoded = this.pool && pairs.length >= POOL_MIN_INPUTS ? (await this.pool.encodePairs(pairs)).map((e) => this.truncated(e)) : undefined;
     for (let s = 0; s < pairs.length; s += batchSize) {
-      const batch = pairs.slice(s, s + batchSize).map(([q, p]) => this.pairInput(q, p));
+      const batch = encoded ? encoded.slice(s, s + batchSize) : pairs.slice(s, s + batchSize).map(([q, p]) => this.pairInput(q, p));
       runs.push([batch.length, Math.max(...batch.map((p) => p.ids.length))]);
       scores.push(...(await this.scoreEncoded(batch, signal)));
     }

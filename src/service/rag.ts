@@ -34,6 +34,7 @@ import { CALIBRATION_FILE, calibrationKey, profileWithCache } from '../guards/ca
 import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } from '../guards/profile.js';
 import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
 import { mallocStats, trimMalloc } from '../runtime/malloc.js';
+import { autoTokenizerThreads } from '../runtime/tokenizer-pool.js';
 import { installCountingAllocator } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
@@ -170,7 +171,10 @@ export async function loadModels(cfg: Config, onLoaded?: (done: number, of: numb
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
   applySessionSettings(cfg);
-  const extras = { webgpuBufferCache: cfg.webgpuBufferCache, cuda: { maxRows: cfg.cudaEncoderRows, maxTokens: cfg.cudaEncoderTokens } };
+  const extras = {
+    webgpuBufferCache: cfg.webgpuBufferCache, cuda: { maxRows: cfg.cudaEncoderRows, maxTokens: cfg.cudaEncoderTokens },
+    tokenizerThreads: cfg.tokenizerThreads === 'auto' ? autoTokenizerThreads() : cfg.tokenizerThreads,
+  };
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();
   const { value: embedder, ...measuredE } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
