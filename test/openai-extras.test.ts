@@ -4,40 +4,29 @@
  * too), n samples, embeddings of token ids and `dimensions`, POST /v1/rerank and /v1/score.
  */
 import assert from 'node:assert/strict';
-import type { AddressInfo } from 'node:net';
-import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 import type { Config } from '../src/config/config.js';
-import { loadModels, RagService } from '../src/service/rag.js';
+import type { RagService } from '../src/service/rag.js';
+import { openaiFixture, type OpenAiFixture } from './openai-fixture.js';
 import { relevance } from '../src/retrieval/reranker.js';
-import { createApp } from '../src/server/app.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
 
+let fx: OpenAiFixture;
 let cfg: Config;
 let service: RagService;
-let server: Server;
 let base: string;
 let client: OpenAI;
 const MODEL = 'decoder-gqa';
 const messages = [{ role: 'user' as const, content: 'What does the cron daemon do?' }];
 
 before(async () => {
-  cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache']), RAGGUARD_MAX_N: '4' });
-  service = await RagService.start(cfg, await loadModels(cfg));
-  server = createApp(service).listen(0, '127.0.0.1');
-  await new Promise((r) => server.once('listening', r));
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  fx = await openaiFixture(['apt-cache'], { RAGGUARD_MAX_N: '4' });
+  ({ cfg, service, base, client } = fx);
 });
 
-after(async () => {
-  server.closeAllConnections();
-  await new Promise((r) => server.close(r));
-});
+after(() => fx.close());
 
-const post = (path: string, body: unknown) =>
-  fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+const post = (path: string, body: unknown) => fx.post(path, body);
 
 async function refused(path: string, body: unknown, status: number, param: string): Promise<string> {
   const res = await post(path, body);

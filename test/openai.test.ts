@@ -4,17 +4,17 @@
  * once; /openapi.json; and a closed stream cancelling its sequence.
  */
 import assert from 'node:assert/strict';
-import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 import type { Config } from '../src/config/config.js';
 import { DecoderModel } from '../src/backends/ort/decoder-model.js';
-import { loadModels, RagService } from '../src/service/rag.js';
-import { createApp } from '../src/server/app.js';
-import { smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
+import type { RagService } from '../src/service/rag.js';
+import { openaiFixture, type OpenAiFixture } from './openai-fixture.js';
+import { sseEvents } from './helpers.js';
 
 const DOCS = ['task-scheduling-cron-atd', 'apt-cache', 'quotas', 'syslog'];
+let fx: OpenAiFixture;
 let cfg: Config;
 let service: RagService;
 let server: Server;
@@ -23,26 +23,18 @@ let client: OpenAI;
 const MODEL = 'decoder-gqa';
 
 before(async () => {
-  cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, DOCS) });
-  service = await RagService.start(cfg, await loadModels(cfg));
-  server = createApp(service).listen(0, '127.0.0.1');
-  await new Promise((r) => server.once('listening', r));
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  fx = await openaiFixture(DOCS);
+  ({ cfg, service, server, base, client } = fx);
 });
 
-after(async () => {
-  server.closeAllConnections();
-  await new Promise((r) => server.close(r));
-});
+after(() => fx.close());
 
 /** Server-sent events of a response, as [event name or undefined, data] pairs. */
 async function readEvents(res: Response): Promise<[string | undefined, string][]> {
   return sseEvents(await res.text());
 }
 
-const post = (path: string, body: unknown, signal?: AbortSignal) =>
-  fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal });
+const post = (path: string, body: unknown, signal?: AbortSignal) => fx.post(path, body, signal);
 
 describe('OpenAI routes through the official client', () => {
   test('GET /v1/models lists the decoder, the embedder, the reranker and the LoRA adapters that fit the decoder (parent: the decoder)', async () => {

@@ -6,37 +6,27 @@
  * tool_choice giving a call whose arguments validate; streamed calls reassembled; /query's schema.
  */
 import assert from 'node:assert/strict';
-import type { AddressInfo } from 'node:net';
-import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 import type { Config } from '../src/config/config.js';
 import { advanceText, initialState } from '../src/generate/structured/json-automaton.js';
 import { anyObjectSchema, validates } from '../src/generate/structured/json-schema.js';
-import { loadModels, RagService } from '../src/service/rag.js';
-import { createApp } from '../src/server/app.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import type { RagService } from '../src/service/rag.js';
+import { openaiFixture, type OpenAiFixture } from './openai-fixture.js';
 
+let fx: OpenAiFixture;
 let cfg: Config;
 let service: RagService;
-let server: Server;
 let base: string;
 let client: OpenAI;
 const MODEL = 'decoder-gqa';
 
 before(async () => {
-  cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache', 'quotas']) });
-  service = await RagService.start(cfg, await loadModels(cfg));
-  server = createApp(service).listen(0, '127.0.0.1');
-  await new Promise((r) => server.once('listening', r));
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  fx = await openaiFixture(['apt-cache', 'quotas']);
+  ({ cfg, service, base, client } = fx);
 });
 
-after(async () => {
-  server.closeAllConnections();
-  await new Promise((r) => server.close(r));
-});
+after(() => fx.close());
 
 /** JSON.parse, failing with the text. */
 function parse(text: string): unknown {
@@ -47,8 +37,7 @@ function parse(text: string): unknown {
   }
 }
 
-const post = (path: string, body: unknown) =>
-  fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+const post = (path: string, body: unknown) => fx.post(path, body);
 
 /**
  * Schemas without free strings: the small decoder, trained on prose, writes a string until max_tokens

