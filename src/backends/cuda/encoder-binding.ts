@@ -4,10 +4,10 @@
  * lazily and once; without the library or a GPU, `encoderNative()` is null and `encoderUnavailable()`
  * says why, so that the ONNX Runtime paths stay as they are.
  */
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import koffi from 'koffi';
+import { LazyLibrary, nativeCalls, numbers } from './native-library.js';
 
 export const ENCODER_LIBRARY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../build/native/libragguard_encoder.so');
 
@@ -55,9 +55,6 @@ export interface EncoderNative {
   memory(h: EncoderHandle): EncoderNativeMemory;
 }
 
-let loaded: EncoderNative | null | undefined;
-let why = '';
-
 function bind(file: string): EncoderNative {
   const lib = koffi.load(file);
   koffi.struct('rg_enc_config', {
@@ -78,11 +75,7 @@ function bind(file: string): EncoderNative {
   const loadDone = lib.func('int rg_enc_load_done(void *h)');
   const run = lib.func('int rg_enc_run(void *h, const int32_t *ids, const int32_t *types, const int32_t *lens, int32_t rows, int32_t width, float *out)');
   const memory = lib.func('int rg_enc_memory_info(void *h, _Out_ rg_enc_memory *m)');
-  const check = (rc: unknown, what: string): number => {
-    const n = Number(rc);
-    if (n < 0) throw new Error(`CUDA encoder: ${what}: ${String(lastError())}`);
-    return n;
-  };
+  const { check, async } = nativeCalls('CUDA encoder', () => lastError());
   return {
     deviceCount: () => Number(deviceCount()),
     plan(cfg) {
@@ -98,44 +91,22 @@ function bind(file: string): EncoderNative {
     destroy: (h) => void destroy(h),
     upload: (h, kind, layer, data) => void check(upload(h, kind, layer, data, data.length), 'uploading a weight'),
     loadDone: (h) => void check(loadDone(h), 'loading'),
-    run(h, ids, types, lens, rows, width, out) {
-      return new Promise((resolve, reject) => {
-        run.async(h, ids, types, lens, rows, width, out, (err: unknown, rc: unknown) => {
-          if (err) reject(err instanceof Error ? err : new Error(String(err)));
-          else if (Number(rc) < 0) reject(new Error(`CUDA encoder: run: ${String(lastError())}`));
-          else resolve();
-        });
-      });
-    },
+    run: (h, ids, types, lens, rows, width, out) => async(run, [h, ids, types, lens, rows, width, out], 'run'),
     memory(h) {
       const m = {} as EncoderNativeMemory;
       check(memory(h, m), 'rg_enc_memory_info');
-      // koffi hands 64-bit integers back as number or bigint.
-      return Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Number(v)])) as unknown as EncoderNativeMemory;
+      return numbers(m);
     },
   };
 }
 
+const library = new LazyLibrary(bind);
+
 /** The bound library, or null with `encoderUnavailable()` saying why (not built, no GPU). */
 export function encoderNative(file = ENCODER_LIBRARY): EncoderNative | null {
-  if (loaded !== undefined) return loaded;
-  if (!existsSync(file)) {
-    why = `${file} is not built (scripts/build-cuda.sh builds it with nvcc where CUDA is present: npm run setup)`;
-    return (loaded = null);
-  }
-  try {
-    const b = bind(file);
-    if (b.deviceCount() < 1) {
-      why = 'no CUDA device is visible';
-      return (loaded = null);
-    }
-    return (loaded = b);
-  } catch (e) {
-    why = `cannot load ${file}: ${(e as Error).message}`;
-    return (loaded = null);
-  }
+  return library.get(file);
 }
 
 export function encoderUnavailable(): string {
-  return why;
+  return library.why();
 }
