@@ -286,7 +286,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
-    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint or a GGUF file as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
+    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint or a GGUF file as RAGGUARD_DECODER) and the embedder and reranker on auto (ONNX Runtime; RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda put them on the native CUDA encoder); without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
     apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
   },
   {
