@@ -132,7 +132,7 @@ if (PEER === '1') {
     batches: BATCHES, rerank_batches: RERANK_BATCHES, reps: REPS, agree: AGREE,
   };
   writeFileSync(path.join(work, 'spec.json'), JSON.stringify(spec));
-  const r = spawnSync('python3', [path.join(ROOT, 'scripts', 'gpu', 'st_encoders.py'), path.join(work, 'spec.json')], { encoding: 'utf8', maxBuffer: 1 << 28, env: { ...process.env, PYTHONUNBUFFERED: '1' } });
+  const r = spawnSync('python3', [path.join(ROOT, 'scripts', 'gpu', 'st_encoders.py'), path.join(work, 'spec.json')], { encoding: 'utf8', maxBuffer: 1 << 28, env: { ...process.env, PYTHONUNBUFFERED: '1', HF_HUB_OFFLINE: '1', TRANSFORMERS_OFFLINE: '1' } });
   const last = r.stdout.trim().split('\n').filter((l) => l.startsWith('{')).pop();
   if (r.status !== 0 || !last) {
     peer = { error: `st_encoders.py exited ${r.status}: ${(r.stderr || r.stdout).trim().split('\n').slice(-6).join(' | ')}` };
