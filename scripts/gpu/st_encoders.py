@@ -15,6 +15,7 @@ import json
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -54,15 +55,15 @@ def pool(h, mask, mode):
 
 def padded(rows, types=None):
     w = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), w), dtype=torch.long)
-    mask = torch.zeros((len(rows), w), dtype=torch.long)
-    tt = torch.zeros((len(rows), w), dtype=torch.long)
+    ids = np.zeros((len(rows), w), dtype=np.int64)
+    mask = np.zeros((len(rows), w), dtype=np.int64)
+    tt = np.zeros((len(rows), w), dtype=np.int64)
     for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
+        ids[i, : len(r)] = r
         mask[i, : len(r)] = 1
         if types is not None:
-            tt[i, : len(r)] = torch.tensor(types[i])
-    return ids.to(dev), mask.to(dev), tt.to(dev)
+            tt[i, : len(r)] = types[i]
+    return tuple(torch.from_numpy(a).to(dev, non_blocking=True) for a in (ids, mask, tt))
 
 
 out = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "dtype": "float16"}
@@ -79,16 +80,21 @@ try:
     st.half()
     bert = st[0].auto_model
     out["embedder_peer"] = f"sentence-transformers {sentence_transformers.__version__}"
+except Exception as e:  # not installed, or it cannot load the checkpoint: plain transformers, said so
+    st = None
+    out["embedder_peer_note"] = f"sentence-transformers did not run: {e!r}"[:300]
+
+if st is not None:
 
     def encode_texts(batch):
         return st.encode(texts, batch_size=batch, convert_to_numpy=True)
 
     def first_embeddings(n):
         return st.encode(texts[:n], batch_size=n, convert_to_numpy=True).tolist()
-except ImportError:
+else:
     bert = BertModel.from_pretrained(spec["embedder_dir"], add_pooling_layer=False).half().to(dev).eval()
     tok = AutoTokenizer.from_pretrained(spec["embedder_dir"])
-    out["embedder_peer"] = "transformers (sentence-transformers not installed): AutoModel + the same pooling"
+    out["embedder_peer"] = "transformers (sentence-transformers did not run): AutoModel + the same pooling"
 
     @torch.inference_mode()
     def encode_list(batch_texts, batch):
