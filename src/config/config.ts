@@ -50,6 +50,11 @@ export interface Config {
   providers: Record<ModelRole, ExecutionProvider>;
   /** WebGPU storage-buffer cache mode; undefined = ONNX Runtime's default. */
   webgpuBufferCache: WebGpuBufferCache | undefined;
+  /** The CUDA encoder's runs (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda): sequences, and sequences x padded width, at most. */
+  cudaEncoderRows: number;
+  cudaEncoderTokens: number;
+  /** Threads that tokenize for an encoder on the CUDA encoder ('auto': the cores less two, at most 8). */
+  tokenizerThreads: number | 'auto';
   /** Where the index snapshot lives; created when missing. */
   indexDir: string;
   /** The retrieval store: 'faiss' (in process, snapshot in indexDir) or a PostgreSQL URL (pgvector, shared by replicas). */
@@ -281,7 +286,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_EXECUTION_PROVIDER', default: 'cpu',
-    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint or a GGUF file as RAGGUARD_DECODER) and the embedder and reranker, which stay on ONNX Runtime, on auto; without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
+    doc: 'Where the models run: cpu, webgpu, cuda, or auto (the first of ONNX Runtime\'s providers that loads: cuda, webgpu, cpu). cuda runs the decoder on the native CUDA backend (src/backends/cuda: a Hugging Face checkpoint or a GGUF file as RAGGUARD_DECODER) and the embedder and reranker on auto (ONNX Runtime; RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda put them on the native CUDA encoder); without a GPU and the built library start-up stops saying why. The per-model RAGGUARD_*_EP override it.',
     apply: oneOf(PROVIDERS, (c, v) => (c.executionProvider = v)),
   },
   {
@@ -296,12 +301,30 @@ export const VARIABLES: readonly Variable[] = [
     name: `RAGGUARD_${role.toUpperCase()}_EP`, default: '',
     doc: role === 'decoder'
       ? "Where the decoder runs ('' = RAGGUARD_EXECUTION_PROVIDER): cpu or webgpu (ONNX Runtime: an ONNX export or a GGUF file), cuda (the native CUDA backend: a Hugging Face checkpoint directory, config.json + safetensors + tokenizer.json, or a GGUF file of llama or qwen2, its weights kept quantized on the device), auto (ONNX Runtime's first provider that loads)."
-      : `ONNX Runtime execution provider of the ${role} alone ('' = RAGGUARD_EXECUTION_PROVIDER; where that is cuda, auto): cpu, webgpu, cuda (ONNX Runtime's CUDA provider, where installed) or auto.`,
+      : `Where the ${role} alone runs ('' = RAGGUARD_EXECUTION_PROVIDER; where that is cuda, auto): cpu or webgpu (ONNX Runtime), cuda (the native CUDA encoder, src/backends/cuda/encoder.cu: a BERT ${role === 'embedder' ? 'embedder, pooled on the device as 1_Pooling/config.json says' : 'cross-encoder (BertForSequenceClassification\'s head, or the pair scorer of models/reranker)'}, its weights read from the same onnx/model.onnx and run in float16; every device byte allocated at start-up from RAGGUARD_CUDA_ENCODER_ROWS and _TOKENS; without a GPU and the built library start-up stops saying why), or auto (ONNX Runtime's first provider that loads: its CUDA provider where installed, webgpu, cpu).`,
     apply: (c, raw) => {
       if (raw === '') return;
       oneOf(PROVIDERS, (cc, v) => (cc.providers = { ...cc.providers, [role]: v } as Config['providers']))(c, raw);
     },
   })),
+  {
+    name: 'RAGGUARD_CUDA_ENCODER_ROWS', default: '128',
+    doc: 'Sequences one run of the CUDA encoder takes at most (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda); the embedder and the reranker batch by it. Its activations are allocated at start-up for the largest run, with RAGGUARD_CUDA_ENCODER_TOKENS.',
+    apply: int(1, 4096, (c, v) => (c.cudaEncoderRows = v)),
+  },
+  {
+    name: 'RAGGUARD_CUDA_ENCODER_TOKENS', default: '16384',
+    doc: "Sequences x padded width one run of the CUDA encoder takes at most: a call's inputs are sorted by length and cut into runs that fit (each padded to its own longest). At least the longest input (512 tokens for the default embedder). Activations are about tokens x (6 x hidden + intermediate) x 2 bytes: 120 MiB for all-MiniLM-L6-v2 at the default, allocated at start-up and counted as the encoder's.",
+    apply: int(512, 1 << 20, (c, v) => (c.cudaEncoderTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_TOKENIZER_THREADS', default: 'auto',
+    doc: "Worker threads that tokenize for an encoder on the CUDA encoder (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda): a call's texts or pairs (ingest's chunks, a rerank's candidates) are cut across them, each thread holding a copy of the tokenizer (started with the model and counted in its load). auto: the cores less two, at most 8; 0: on the main thread. Encoders on ONNX Runtime always tokenize on the main thread (the cores run the model).",
+    apply: (c, raw) => {
+      if (raw.trim() === 'auto') c.tokenizerThreads = 'auto';
+      else int(0, 64, (cc, v) => (cc.tokenizerThreads = v))(c, raw);
+    },
+  },
   {
     name: 'RAGGUARD_INDEX_DIR', default: 'data/index',
     doc: 'Directory of the persisted index snapshot (created when missing).',

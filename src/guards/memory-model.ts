@@ -113,6 +113,11 @@ export class MemoryModel {
     readonly blockSize: number,
     /** Pairs per reranker run (the reranker scores in batches). */
     readonly rerankBatch = 16,
+    /**
+     * Encoder stages whose runs allocate nothing: the CUDA encoder's buffers are all allocated at load,
+     * counted with its weights (as `preallocated` is for the decoder).
+     */
+    readonly preallocated: Partial<Record<'embed' | 'rerank', boolean>> = {},
   ) {}
 
   get calibration(): Readonly<Calibration> {
@@ -143,7 +148,8 @@ export class MemoryModel {
 
   /** The analytic bytes of a stage's run. */
   analytic(stage: Stage, [b, s, c]: RunShape): number {
-    return stage === 'embed' || stage === 'rerank' ? this.encoderWorkspace(b, s) : this.decoderWorkspace(b, s, c);
+    if (stage === 'embed' || stage === 'rerank') return this.preallocated[stage] ? 0 : this.encoderWorkspace(b, s);
+    return this.decoderWorkspace(b, s, c);
   }
 
   private get actBytes(): number {

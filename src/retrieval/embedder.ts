@@ -14,13 +14,18 @@
  * stops start-up instead of filling the index with vectors that match nothing.
  *
  * Every run, the probe's included, goes through EncoderSession (runtime/encoder-session.ts): off the
- * main thread on the CPU, and through the process's run gate (one model run at a time).
+ * main thread on the CPU, and through the process's run gate (one model run at a time). With
+ * RAGGUARD_EMBEDDER_EP=cuda the native CUDA encoder (backends/cuda/encoder-runner.ts) runs the same graph's
+ * weights instead and pools on the device, as detected here (its output is then 'sentence_embedding').
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
+import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import { EncoderSession } from '../runtime/encoder-session.js';
-import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
+import type { EncoderRuns } from '../runtime/encoder-session.js';
+import type { ConcreteProvider } from '../runtime/session.js';
+import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
+import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -88,7 +93,7 @@ export function selectOutput(names: readonly string[], rankOf: (name: string) =>
 export class Embedder {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly session: EncoderSession,
+    private readonly session: EncoderRuns,
     readonly files: ModelFiles,
     readonly dimension: number,
     readonly maxTokens: number,
@@ -97,9 +102,11 @@ export class Embedder {
     private readonly padId: number,
     /** Rows of the model's token embedding (config.json's vocab_size): token ids given as input must be below it. */
     readonly vocabSize: number,
+    /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
+    private readonly pool?: TokenizerPool,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}): Promise<Embedder> {
+  static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}): Promise<Embedder> {
     const files = await modelFiles(dir).catch((e: unknown) => {
       // The default embedder is not in git: say how to get it.
       if (dir.includes(`${path.sep}models${path.sep}pretrained${path.sep}`)) {
@@ -110,9 +117,9 @@ export class Embedder {
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const pooling = poolingOf(await readJsonIfExists<PoolingConfig>(path.join(dir, '1_Pooling', 'config.json')), dir);
     const tokenizer = await TextTokenizer.load(dir);
-    const session = await EncoderSession.create(files.onnx, ep, extras);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
+    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
     const padId = cfg.pad_token_id ?? 0;
     try {
       const output = selectOutput(session.outputNames, (name) => session.outputInfo(name).rank, dir);
@@ -127,15 +134,31 @@ export class Embedder {
       if (!output.pooled && cfg.hidden_size !== undefined && dimension !== cfg.hidden_size) {
         throw new Error(`embedder ${dir}: output '${output.name}' has width ${dimension}, config.json's hidden_size is ${cfg.hidden_size}`);
       }
-      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize);
+      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize, await tokenizerPool(dir, ep, extras));
     } catch (e) {
       await session.release();
       throw e;
     }
   }
 
+  /** Frees the model (and stops the tokenizer threads); the embedder is unusable afterwards. */
+  async release(): Promise<void> {
+    await this.pool?.close();
+    await this.session.release();
+  }
+
   get provider(): ConcreteProvider {
     return this.session.provider;
+  }
+
+  /** The native CUDA encoder this embedder runs on, or undefined on ONNX Runtime (its device figures: /debug/memory). */
+  get cuda(): CudaEncoder | undefined {
+    return this.session instanceof CudaEncoder ? this.session : undefined;
+  }
+
+  /** Texts per model run by default: the CUDA encoder's rows, else 32. */
+  get batchSize(): number {
+    return this.session.preferredBatch ?? 32;
   }
 
   /** Token ids fed to the model for `text` (special tokens added, truncated to maxTokens). */
@@ -147,15 +170,18 @@ export class Embedder {
    * Unit-length embeddings, row-major: row i is texts[i]. An abort of `signal` (the request was
    * abandoned) stops the runs not yet done, the one going included (RunInterrupted).
    */
-  async embed(texts: readonly string[], batchSize = 32, signal?: AbortSignal): Promise<Float32Array> {
-    return this.embedIds(texts.map((t) => this.inputIds(t)), batchSize, signal);
+  async embed(texts: readonly string[], batchSize = this.batchSize, signal?: AbortSignal): Promise<Float32Array> {
+    const rows = this.pool && texts.length >= POOL_MIN_INPUTS
+      ? (await this.pool.encode(texts)).map((ids) => truncateSpecial(ids, this.maxTokens))
+      : texts.map((t) => this.inputIds(t));
+    return this.embedIds(rows, batchSize, signal);
   }
 
   /**
    * Embeddings of token-id rows fed to the model as they are (no special tokens added, as vLLM takes
    * token ids): ids of this embedder's vocabulary, each row at most maxTokens long (the caller checks).
    */
-  async embedIds(rows: readonly number[][], batchSize = 32, signal?: AbortSignal): Promise<Float32Array> {
+  async embedIds(rows: readonly number[][], batchSize = this.batchSize, signal?: AbortSignal): Promise<Float32Array> {
     const out = new Float32Array(rows.length * this.dimension);
     // Length-sorted batches waste little on padding.
     const order = rows.map((_, i) => i).sort((a, b) => rows[a]!.length - rows[b]!.length);

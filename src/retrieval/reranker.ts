@@ -1,13 +1,16 @@
 /**
  * Cross-encoder reranker: scores (query, passage) pairs jointly ([CLS] q [SEP] p [SEP]) with one
- * logit each, the layout of a bge-reranker / BertForSequenceClassification export.
+ * logit each, the layout of a bge-reranker / BertForSequenceClassification export. With
+ * RAGGUARD_RERANKER_EP=cuda a BERT cross-encoder runs on the native CUDA encoder (backends/cuda/encoder-runner.ts).
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import type { EncoderDims } from '../runtime/encoder-session.js';
+import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
+import type { EncoderDims, EncoderRuns } from '../runtime/encoder-session.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import { EncoderSession } from '../runtime/encoder-session.js';
-import type { ConcreteProvider, SessionExtras } from '../runtime/session.js';
+import type { ConcreteProvider } from '../runtime/session.js';
+import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
+import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
 
 interface EncoderConfig {
@@ -33,31 +36,53 @@ export const RERANK_BATCH = 16;
 export class Reranker {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly session: EncoderSession,
+    private readonly session: EncoderRuns,
     readonly files: ModelFiles,
     /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
     readonly maxTokens: number,
     private readonly padId: number,
     /** Dimensions for the memory model. */
     readonly dims: EncoderDims,
+    /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
+    private readonly pool?: TokenizerPool,
   ) {}
 
-  static async load(dir: string, ep: ExecutionProvider, extras: SessionExtras = {}, maxTokens = 256): Promise<Reranker> {
+  static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}, maxTokens = 256): Promise<Reranker> {
     const files = await modelFiles(dir);
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
-    const session = await EncoderSession.create(files.onnx, ep, extras);
+    const longest = Math.min(maxTokens, cfg.max_position_embeddings ?? 512);
+    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
-    return new Reranker(tokenizer, session, files, Math.min(maxTokens, cfg.max_position_embeddings ?? 512), cfg.pad_token_id ?? 0, dims);
+    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras));
+  }
+
+  /** Frees the model (and stops the tokenizer threads); the reranker is unusable afterwards. */
+  async release(): Promise<void> {
+    await this.pool?.close();
+    await this.session.release();
   }
 
   get provider(): ConcreteProvider {
     return this.session.provider;
   }
 
+  /** The native CUDA encoder this reranker runs on, or undefined on ONNX Runtime. */
+  get cuda(): CudaEncoder | undefined {
+    return this.session instanceof CudaEncoder ? this.session : undefined;
+  }
+
+  /** Pairs per model run by default: the CUDA encoder's rows, else RERANK_BATCH. */
+  get batchSize(): number {
+    return this.session.preferredBatch ?? RERANK_BATCH;
+  }
+
   /** The pair as the model sees it: over-long pairs keep their head and their closing [SEP]. */
   pairInput(query: string, passage: string): PairEncoding {
-    const e = this.tokenizer.encodePair(query, passage);
+    return this.truncated(this.tokenizer.encodePair(query, passage));
+  }
+
+  private truncated(e: PairEncoding): PairEncoding {
     if (e.ids.length <= this.maxTokens) return e;
     const n = this.maxTokens - 1;
     return {
@@ -72,18 +97,19 @@ export class Reranker {
    * the rerank stage as it ran by its largest run. An abort of `signal` stops the runs not yet done,
    * the one going included (RunInterrupted).
    */
-  score(query: string, passages: readonly string[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+  score(query: string, passages: readonly string[], batchSize = this.batchSize, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     return this.scorePairs(passages.map((p) => [query, p] as const), batchSize, signal);
   }
 
   /** As score, for pairs of any queries (POST /v1/score). */
-  async scorePairs(pairs: readonly (readonly [string, string])[], batchSize = RERANK_BATCH, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
+  async scorePairs(pairs: readonly (readonly [string, string])[], batchSize = this.batchSize, signal?: AbortSignal): Promise<{ scores: number[]; pairTokens: number; runs: [number, number][] }> {
     const scores: number[] = [];
     const runs: [number, number][] = [];
+    const encoded = this.pool && pairs.length >= POOL_MIN_INPUTS ? (await this.pool.encodePairs(pairs)).map((e) => this.truncated(e)) : undefined;
     for (let s = 0; s < pairs.length; s += batchSize) {
-      const batch = pairs.slice(s, s + batchSize).map(([q, p]) => this.pairInput(q, p));
+      const batch = encoded ? encoded.slice(s, s + batchSize) : pairs.slice(s, s + batchSize).map(([q, p]) => this.pairInput(q, p));
       runs.push([batch.length, Math.max(...batch.map((p) => p.ids.length))]);
-      scores.push(...(await this.scoreBatch(batch, signal)));
+      scores.push(...(await this.scoreEncoded(batch, signal)));
     }
     return { scores, pairTokens: Math.max(0, ...runs.map(([, w]) => w)), runs };
   }
@@ -93,7 +119,8 @@ export class Reranker {
     await this.session.dummyRun(pairs, tokens, this.padId);
   }
 
-  private async scoreBatch(pairs: PairEncoding[], signal?: AbortSignal): Promise<number[]> {
+  /** One model run over pairs already encoded (pairInput): their logits, in order. */
+  async scoreEncoded(pairs: readonly PairEncoding[], signal?: AbortSignal): Promise<number[]> {
     const { session } = this;
     const name = session.outputNames.includes('logits') ? 'logits' : session.outputNames[0]!;
     const logits = (await session.run('rerank', name, pairs.map((p) => p.ids), this.padId, pairs.map((p) => p.typeIds), signal)).data;

@@ -19,7 +19,30 @@ export interface EncoderOutput {
   dims: number[];
 }
 
-export class EncoderSession {
+/**
+ * What the embedder and the reranker run their model through: an ONNX Runtime session (EncoderSession),
+ * or the native CUDA encoder (backends/cuda/encoder-runner.ts), which computes the same outputs.
+ */
+export interface EncoderRuns {
+  readonly provider: ConcreteProvider;
+  /**
+   * Every buffer of a run is allocated when the model loads (the CUDA encoder): its runs add nothing that
+   * the guard must predict, and the start-up profile has nothing to measure.
+   */
+  readonly preallocated: boolean;
+  /** Rows a run takes best (the CUDA encoder's limit); callers batch by their own default without. */
+  readonly preferredBatch?: number;
+  readonly outputNames: readonly string[];
+  outputInfo(name: string): { type?: string; rank?: number };
+  run(stage: RunStage | undefined, output: string, rows: readonly (readonly number[])[], padId: number,
+    typeRows?: readonly (readonly number[])[], signal?: AbortSignal): Promise<EncoderOutput>;
+  dummyRun(batch: number, tokens: number, padId: number): Promise<void>;
+  release(): Promise<void>;
+}
+
+export class EncoderSession implements EncoderRuns {
+  readonly preallocated = false;
+
   private constructor(
     readonly provider: ConcreteProvider,
     private readonly node: ort.InferenceSession | null,

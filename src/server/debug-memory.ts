@@ -136,6 +136,30 @@ function decoderComponent(service: RagService): Component {
   return { name: 'decoder', bytes: loads.decoder.bytes, how: 'measured', detail: `${loaded}${onnx}` };
 }
 
+/**
+ * An encoder's bytes: measured at load on ONNX Runtime; on the CUDA encoder its device bytes as the
+ * native accountant allocated them (weights, every run's activations, cuBLAS workspace: exact) with what
+ * its load added on the host.
+ */
+function encoderComponent(service: RagService, name: 'embedder' | 'reranker'): Component {
+  const model = service.models[name];
+  const load = service.loads[name];
+  const loaded = `${load.hostBytes} bytes resident on the host and ${load.deviceBytes} on the GPU (NVML) added by its load`;
+  const onnx = `onnx weights ${model.files.onnxBytes} bytes on disk`;
+  const cuda = model.cuda;
+  if (!cuda) {
+    const first = name === 'embedder' ? "; loaded first, so it includes ONNX Runtime's own start-up" : '';
+    return { name, bytes: load.bytes, how: 'measured', detail: `${loaded}; ${onnx}${first}` };
+  }
+  const m = cuda.memory();
+  return {
+    name, bytes: load.bytes, how: 'measured',
+    detail: `CUDA encoder (float16, ${cuda.shape.head} head): weights ${m.weights}, activations ${m.activations} (runs of ${cuda.limits.maxRows} sequences, ` +
+      `${cuda.limits.maxTokens} tokens), cuBLAS workspace ${m.cublas_workspace} bytes on the GPU (exact), ${m.host_pinned} pinned on the host; ` +
+      `${load.hostBytes} bytes resident on the host added by its load (tokenizer, CUDA libraries, staging); ${onnx}; the GPU has ${m.device_free} of ${m.device_total} bytes free`,
+  };
+}
+
 /** Constrained decoding's host memory: cached token masks (at most 32 MiB) and the tokenizer's sorted texts. */
 function tokenMasksComponent(): Component {
   const m = tokenMaskMemory();
@@ -146,16 +170,14 @@ function tokenMasksComponent(): Component {
 }
 
 export function memorySnapshot(service: RagService, admission: Admission, gpu: GpuReading): MemorySnapshot {
-  const { models, store, engine, blocks, cfg } = service;
+  const { store, engine, blocks, cfg } = service;
   const kv = blocks.stats();
   const pool = engine.pool;
-  const loaded = (m: keyof typeof models.loads) =>
-    `${models.loads[m].hostBytes} bytes resident on the host and ${models.loads[m].deviceBytes} on the GPU (NVML) added by its load`;
   const tableBytes = Object.entries(kv.tablesByBucket).reduce((s, [cap, n]) => s + Number(cap) * 4 * n, 0);
   const adapters = service.adapters.stats();
   const components: Component[] = [
-    { name: 'embedder', bytes: models.loads.embedder.bytes, how: 'measured', detail: `${loaded('embedder')}; onnx weights ${models.embedder.files.onnxBytes} bytes on disk; loaded first, so it includes ONNX Runtime's own start-up` },
-    { name: 'reranker', bytes: models.loads.reranker.bytes, how: 'measured', detail: `${loaded('reranker')}; onnx weights ${models.reranker.files.onnxBytes} bytes on disk` },
+    encoderComponent(service, 'embedder'),
+    encoderComponent(service, 'reranker'),
     decoderComponent(service),
     { name: 'kv_pool', bytes: pool.bytes, how: 'exact', detail: `${pool.numBlocks} blocks x ${pool.blockSize} tokens x ${pool.bytesPerSlot} bytes` },
     { name: 'block_tables', bytes: tableBytes, how: 'exact' },

@@ -5,7 +5,6 @@
  * guard, the KV block manager and the generation engine. Each stage is timed.
  */
 import { createHash } from 'node:crypto';
-import { readdir, readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
 import path from 'node:path';
 import type { Config } from '../config/config.js';
@@ -35,10 +34,12 @@ import { CALIBRATION_FILE, calibrationKey, profileWithCache } from '../guards/ca
 import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } from '../guards/profile.js';
 import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
 import { mallocStats, trimMalloc } from '../runtime/malloc.js';
+import { autoTokenizerThreads } from '../runtime/tokenizer-pool.js';
 import { installCountingAllocator } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
 import { chunkSections, type Section } from '../retrieval/chunker.js';
+import { embeddingText, readCorpus } from '../retrieval/corpus.js';
 import { Embedder } from '../retrieval/embedder.js';
 import { dedupe } from '../retrieval/prune.js';
 import { Retriever } from '../retrieval/retriever.js';
@@ -142,6 +143,18 @@ export interface Models {
   loads: Record<'embedder' | 'reranker' | 'decoder', LoadBytes>;
 }
 
+/**
+ * What an encoder holds once loaded: on ONNX Runtime what its load added (measured); on the CUDA encoder
+ * its device bytes as planned and allocated (weights and every run's activations: exact), plus what its
+ * load added on the host (tokenizer, the CUDA libraries, the pinned staging).
+ */
+export function encoderLoadBytes(model: Embedder | Reranker, measured: LoadBytes): LoadBytes {
+  const cuda = model.cuda;
+  if (!cuda) return measured;
+  const device = cuda.plan.total;
+  return { bytes: measured.hostBytes + device, hostBytes: measured.hostBytes, deviceBytes: device };
+}
+
 /** The server's limits that size the CUDA decoder's device memory besides its KV pool. */
 export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
   return {
@@ -158,12 +171,17 @@ export async function loadModels(cfg: Config, onLoaded?: (done: number, of: numb
   // Before any session is made: a session takes its allocators when it is created.
   if (cfg.hostMeter === 'accounted') installCountingAllocator();
   applySessionSettings(cfg);
-  const extras = { webgpuBufferCache: cfg.webgpuBufferCache };
+  const extras = {
+    webgpuBufferCache: cfg.webgpuBufferCache, cuda: { maxRows: cfg.cudaEncoderRows, maxTokens: cfg.cudaEncoderTokens },
+    tokenizerThreads: cfg.tokenizerThreads === 'auto' ? autoTokenizerThreads() : cfg.tokenizerThreads,
+  };
   // Weights a GPU provider uploads are device memory: NVML's delta counts them (0 without a GPU).
   const gpu = nvmlReader();
-  const { value: embedder, ...e } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
+  const { value: embedder, ...measuredE } = await measureLoad(() => Embedder.load(cfg.embedderPath, cfg.providers.embedder, extras), gpu);
+  const e = encoderLoadBytes(embedder, measuredE);
   onLoaded?.(1, 3);
-  const { value: reranker, ...r } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  const { value: reranker, ...measuredR } = await measureLoad(() => Reranker.load(cfg.rerankerPath, cfg.providers.reranker, extras), gpu);
+  const r = encoderLoadBytes(reranker, measuredR);
   onLoaded?.(2, 3);
   if (cfg.providers.decoder === 'cuda') {
     // The native backend: nothing is allocated until the budget has sized the KV pool (RagService); its
@@ -271,7 +289,7 @@ export class RagService {
     const memoryModel = new MemoryModel(models.reranker.dims, decoder instanceof CudaDecoder ? { ...d, preallocated: true } : {
       ...d, kvLayout: decoder.layout, kvInPlace: decoder.runPath.path === 'direct', lora: decoder.loraSlots !== null,
       loraMaxRank: this.adapters.pool ? cfg.maxLoraRank : 0,
-    }, cfg.kvBlockSize, RERANK_BATCH);
+    }, cfg.kvBlockSize, RERANK_BATCH, { embed: models.embedder.cuda !== undefined, rerank: models.reranker.cuda !== undefined });
     memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
     this.guard = new MemoryGuard(memoryModel, () => {
       const kv = blocks.stats();
@@ -409,8 +427,13 @@ export class RagService {
    */
   async profileMemory(): Promise<ProfileReport> {
     const { embedder, reranker, decoder } = this.models;
-    // The CUDA decoder's runs allocate nothing (all at start-up): only the others' placement picks the meter.
-    const measured = decoder instanceof CudaDecoder ? [embedder, reranker] : [embedder, reranker, decoder];
+    // The CUDA decoder's and encoders' runs allocate nothing (all at start-up): only the others' placement picks the meter.
+    const measured = [embedder.cuda ? undefined : embedder, reranker.cuda ? undefined : reranker, decoder instanceof CudaDecoder ? undefined : decoder]
+      .filter((m) => m !== undefined);
+    if (measured.length === 0) {
+      this.profile = { source: 'analytic', reason: 'every model runs on the CUDA backend, whose runs allocate nothing beyond what start-up allocated' };
+      return this.profile;
+    }
     const where = new Set(measured.map((m) => (m.provider === 'cpu' ? 'host' : 'device')));
     const promptTokens = Math.min(this.cfg.promptBudgetTokens, decoder.shape.maxPositions - 1);
     // All on the host: ONNX Runtime's accounted bytes (or the kernel's resident peak); all on the GPU:
@@ -479,8 +502,7 @@ export class RagService {
         chunkTokens: this.cfg.chunkTokens,
         overlapTokens: this.cfg.chunkOverlapTokens,
       });
-      // The embedder was trained on "title\nchunk": the title disambiguates short chunks.
-      const vectors = await embedder.embed(spans.map((s) => `${d.title}\n${s.text}`));
+      const vectors = await embedder.embed(spans.map((s) => embeddingText(d.title, s.text)));
       batch.push({ doc: { docId: d.docId, title: d.title, bytes: Buffer.byteLength(d.text), collection: d.collection, ...(d.metadata ? { metadata: d.metadata } : {}) }, chunks: spans, vectors });
       results.push({ doc_id: d.docId, title: d.title, chunks: spans.length, collection: d.collection });
       progress.done++;
@@ -584,15 +606,4 @@ export type StartPhase = { phase: 'profile' } | { phase: 'ingest'; documents: nu
 /** A document of that id exists in that collection (the store's error, under the service's older name). */
 export { DocumentExistsError as DuplicateDocumentError };
 
-/** *.txt files of a directory as documents: id = file name, title = first line, text = the rest. */
-export async function readCorpus(dir: string): Promise<DocumentInput[]> {
-  const names = (await readdir(dir)).filter((n) => n.endsWith('.txt')).sort();
-  return Promise.all(
-    names.map(async (n) => {
-      const raw = await readFile(path.join(dir, n), 'utf8');
-      const nl = raw.indexOf('\n');
-      const title = (nl < 0 ? raw : raw.slice(0, nl)).trim();
-      return { docId: path.basename(n, '.txt'), title, text: nl < 0 ? '' : raw.slice(nl + 1) };
-    }),
-  );
-}
+export { readCorpus } from '../retrieval/corpus.js';

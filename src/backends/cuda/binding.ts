@@ -4,10 +4,10 @@
  * Loading is lazy and happens once; without the library or without a GPU, `cudaBackend()` says why
  * instead of throwing, so that the CPU paths stay as they are.
  */
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import koffi from 'koffi';
+import { LazyLibrary, nativeCalls, numbers } from './native-library.js';
 
 export const CUDA_LIBRARY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../build/native/libragguard_cuda.so');
 
@@ -83,14 +83,6 @@ export interface StepProfile {
 
 export const PROFILE_PHASES = ['embed', 'norm', 'qkv_gemm', 'rope_cache', 'attention', 'o_gemm', 'gate_up_gemm', 'silu', 'down_gemm', 'head_gemm', 'sample'] as const;
 
-let loaded: CudaBackend | null | undefined;
-let why = '';
-
-function numbers<T extends object>(o: T): T {
-  // koffi hands 64-bit integers back as number or bigint.
-  return Object.fromEntries(Object.entries(o).map(([k, v]) => [k, typeof v === 'bigint' ? Number(v) : v])) as T;
-}
-
 function bind(file: string): CudaBackend {
   const lib = koffi.load(file);
   koffi.struct('rg_config', {
@@ -123,11 +115,7 @@ function bind(file: string): CudaBackend {
   const setGemvRows = lib.func('int rg_set_gemv_rows(void *h, int32_t rows)');
   const loraWrite = lib.func('int rg_lora_write(void *h, int layer, int projection, int entry, const float *a, const float *b)');
   const quantUpload = lib.func('int rg_quant_upload(void *h, int kind, int layer, int row0, int type, int rows, int cols, int64_t offset, const uint8_t *data, int64_t nbytes)');
-  const check = (rc: unknown, what: string): number => {
-    const n = Number(rc);
-    if (n < 0) throw new Error(`CUDA backend: ${what}: ${String(lastError())}`);
-    return n;
-  };
+  const { check, async } = nativeCalls('CUDA backend', () => lastError());
   return {
     deviceCount: () => Number(deviceCount()),
     plan(cfg) {
@@ -150,15 +138,7 @@ function bind(file: string): CudaBackend {
       check(capture(h, Int32Array.from(buckets), buckets.length), 'capturing CUDA graphs');
       return this.memory(h).graphs;
     },
-    step(h, words, tokensOut, logitsOut) {
-      return new Promise((resolve, reject) => {
-        step.async(h, words, words.length, tokensOut, logitsOut, (err: unknown, rc: unknown) => {
-          if (err) reject(err instanceof Error ? err : new Error(String(err)));
-          else if (Number(rc) < 0) reject(new Error(`CUDA backend: step: ${String(lastError())}`));
-          else resolve();
-        });
-      });
-    },
+    step: (h, words, tokensOut, logitsOut) => async(step, [h, words, words.length, tokensOut, logitsOut], 'step'),
     copyBlocks: (h, pairs) => void check(copyBlocks(h, pairs, pairs.length / 2), 'rg_copy_blocks'),
     memory(h) {
       const m = {} as NativeMemory;
@@ -186,26 +166,13 @@ function bind(file: string): CudaBackend {
   };
 }
 
+const library = new LazyLibrary(bind);
+
 /** The bound backend, or null with `cudaUnavailable()` saying why (no library built, no GPU). */
 export function cudaBackend(file = CUDA_LIBRARY): CudaBackend | null {
-  if (loaded !== undefined) return loaded;
-  if (!existsSync(file)) {
-    why = `${file} is not built: npm run setup builds it with nvcc where CUDA is present`;
-    return (loaded = null);
-  }
-  try {
-    const b = bind(file);
-    if (b.deviceCount() < 1) {
-      why = 'no CUDA device is visible';
-      return (loaded = null);
-    }
-    return (loaded = b);
-  } catch (e) {
-    why = `cannot load ${file}: ${(e as Error).message}`;
-    return (loaded = null);
-  }
+  return library.get(file);
 }
 
 export function cudaUnavailable(): string {
-  return why;
+  return library.why();
 }
