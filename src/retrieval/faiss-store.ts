@@ -66,6 +66,9 @@ const TOMBSTONE_SHARE = 0.25;
 const EXACT_SHARE = 0.1;
 /** Candidates of a filtered HNSW search grow as the filter narrows, up to this many times efSearch. */
 const MAX_EF_FACTOR = 10;
+/** Chunks in the log from which compaction runs whatever the snapshot's size, and from which close() compacts. */
+const REPLAY_CHUNKS_MAX = 50_000;
+const CLOSE_COMPACT_CHUNKS = 2000;
 /** Vectors written during a rebuild that its swap adds on the event loop; more, and the rebuild starts over. */
 const CATCH_UP_MAX = 2000;
 /** Items per JSON section of a snapshot (documents, chunks, texts): no one string near V8's limit. */
@@ -106,6 +109,8 @@ interface State {
   objectBytes: number;
   /** Bitmaps of recent filters, kept level with every write. */
   selections: Selections<SearchFilter>;
+  /** While the log is replayed: vectors for the index, added at the end. */
+  pending?: Float32Array[];
 }
 
 /** A document as a log record carries it: its chunk ids are given (the first; they follow on). */
@@ -176,7 +181,13 @@ export class FaissStore implements RetrievalStore {
     const contents = await readSnapshot(file);
     const { state, seq } = contents ? loadState(contents, file, dimension) : { state: emptyState(dimension), seq: 0 };
     const warn = options.warn ?? ((m: string) => console.warn(`[faiss-store] ${m}`));
+    // The log's vectors go into the index at the end, in one call: faiss inserts a batch into the graph
+    // on all its threads, record by record it would use one.
+    state.pending = [];
     const log = await WriteLog.open(dir, seq, (r) => replay(state, r, dimension), warn);
+    state.index.add(concat(state.pending));
+    state.pending = undefined;
+    if (state.index.size !== state.table.size) throw new Error(`the index holds ${state.index.size} vectors for ${state.table.size} positions`);
     const snapshotBytes = contents ? (await stat(file)).size : 0;
     const store = new FaissStore(dir, dimension, bm25, state, log, snapshotBytes, { ...options, warn });
     store.state.index.tune({ efSearch: store.opts.efSearch });
@@ -389,12 +400,25 @@ export class FaissStore implements RetrievalStore {
     }
   }
 
-  /** Waits for the writes begun and a compaction in flight; a rebuild in flight is abandoned (it runs again at the next open). */
+  /**
+   * Waits for the writes begun and a compaction in flight, and compacts a log that would take the next
+   * start more than a moment to replay; a rebuild in flight is abandoned (it runs again at the next open).
+   */
   async close(): Promise<void> {
+    await this.writeTail;
+    if (this.log.bytes > CLOSE_COMPACT_CHUNKS * this.chunkLogBytes) {
+      await this.compaction?.catch(() => undefined);
+      await this.compact().catch((e: Error) => this.warn(`compacting the write log at close failed (the next start replays it): ${e.message}`));
+    }
     this.closed = true;
     await this.writeTail;
     await this.compaction?.catch(() => undefined);
     await this.log.close();
+  }
+
+  /** About the bytes one chunk takes in the log (its vector and its share of the record's JSON). */
+  private get chunkLogBytes(): number {
+    return this.dimension * 4 + 200;
   }
 
   /** Writes a snapshot (a test may make it fail). */
@@ -525,7 +549,10 @@ export class FaissStore implements RetrievalStore {
         },
       );
     }
-    const logFull = this.log.bytes > 0 && this.log.bytes >= Math.max(this.opts.compactBytes, this.snapshotBytes / 4);
+    // A quarter of the snapshot keeps the rewrites' cost in proportion to what was written; the cap keeps
+    // the replay after a crash (each logged chunk inserted into the graph again) to tens of seconds.
+    const replayCap = REPLAY_CHUNKS_MAX * this.chunkLogBytes;
+    const logFull = this.log.bytes > 0 && this.log.bytes >= Math.max(this.opts.compactBytes, Math.min(this.snapshotBytes / 4, replayCap));
     if (logFull || this.compactionDue) {
       this.compact().catch((e: Error) => this.warn(`compacting the write log failed (it is kept, and tried again after the next write): ${e.message}`));
     }
@@ -655,8 +682,12 @@ function addDocument(s: State, d: LoggedDocument, vectors: Float32Array): Stored
   const ids = d.chunks.map((_, i) => d.firstId + i);
   const stored: StoredDocument = { collection: d.collection, docId: d.docId, title: d.title, bytes: d.bytes, metadata: d.metadata, chunkIds: ids };
   const first = s.table.append(ids);
-  s.index.add(vectors);
-  if (s.index.size !== s.table.size) throw new Error(`the index holds ${s.index.size} vectors for ${s.table.size} positions`);
+  if (s.pending) {
+    s.pending.push(vectors);
+  } else {
+    s.index.add(vectors);
+    if (s.index.size !== s.table.size) throw new Error(`the index holds ${s.index.size} vectors for ${s.table.size} positions`);
+  }
   d.chunks.forEach((c, ord) => {
     const chunk: StoredChunk = {
       id: ids[ord]!, collection: d.collection, docId: d.docId, title: d.title, ord, text: c.text, tokens: c.tokens,
@@ -712,6 +743,17 @@ function apply(s: State, change: Change, vectors: Float32Array, dimension: numbe
     for (const id of stored.chunkIds) out.addedChunks.push(s.chunks.get(id)!);
   }
   if (at !== vectors.length) throw new Error(`${vectors.length / dimension} vectors for ${at / dimension} chunks`);
+  return out;
+}
+
+function concat(parts: readonly Float32Array[]): Float32Array {
+  if (parts.length === 1) return parts[0]!;
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
   return out;
 }
 
