@@ -748,6 +748,7 @@ function apply(s: State, change: Change, vectors: Float32Array, dimension: numbe
 
 function concat(parts: readonly Float32Array[]): Float32Array {
   if (parts.length === 1) return parts[0]!;
+  if (parts.length === 0) return new Float32Array(0);
   const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
   for (const p of parts) {
@@ -758,15 +759,8 @@ function concat(parts: readonly Float32Array[]): Float32Array {
 }
 
 function concatVectors(batch: readonly NewDocument[], dimension: number): Float32Array {
-  const n = batch.reduce((t, d) => t + d.vectors.length, 0);
-  const out = new Float32Array(n);
-  let at = 0;
-  for (const d of batch) {
-    if (d.vectors.length !== d.chunks.length * dimension) throw new Error('one embedding per chunk expected');
-    out.set(d.vectors, at);
-    at += d.vectors.length;
-  }
-  return out;
+  for (const d of batch) if (d.vectors.length !== d.chunks.length * dimension) throw new Error('one embedding per chunk expected');
+  return concat(batch.map((d) => d.vectors));
 }
 
 /** A log record's body: u32 LE length of the change's JSON | the JSON | the vectors (float32, little-endian). */

@@ -23,6 +23,8 @@ import { CorruptSnapshotError } from './snapshot.js';
 const MAGIC = Buffer.from('RAGGUARD-LOG-1\n');
 const FRAME = 4 + 8 + 32;
 const PREFIX = 'index.log.';
+/** A segment is read whole at open (one Buffer, one read: under 2 GiB): no record near that. */
+const MAX_RECORD = 2 ** 30;
 
 export interface LogRecord {
   seq: number;
@@ -129,6 +131,7 @@ export class WriteLog {
   /** Appends a record and makes it durable; returns its sequence number. A failed append leaves the file as it was. */
   async append(body: Uint8Array): Promise<number> {
     if (this.broken) throw new Error(`the write log takes no more records until a restart: ${this.broken.message}`);
+    if (body.length > MAX_RECORD) throw new Error(`a write of ${body.length} bytes is more than one log record takes (${MAX_RECORD}): split the batch`);
     const cur = this.current ?? (await this.openCurrent());
     const seq = this.last + 1;
     const head = Buffer.alloc(FRAME);
