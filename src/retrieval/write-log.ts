@@ -25,6 +25,7 @@ const FRAME = 4 + 8 + 32;
 const PREFIX = 'index.log.';
 /** A segment is read whole at open (one Buffer, one read: under 2 GiB): no record near that. */
 const MAX_RECORD = 2 ** 30;
+const MAX_SEGMENT = 2 ** 30;
 
 export interface LogRecord {
   seq: number;
@@ -132,6 +133,8 @@ export class WriteLog {
   async append(body: Uint8Array): Promise<number> {
     if (this.broken) throw new Error(`the write log takes no more records until a restart: ${this.broken.message}`);
     if (body.length > MAX_RECORD) throw new Error(`a write of ${body.length} bytes is more than one log record takes (${MAX_RECORD}): split the batch`);
+    // A segment stays readable in one piece at open even when compaction keeps failing (a full disk).
+    if (this.current && this.current.size > MAGIC.length && this.current.size + FRAME + body.length > MAX_SEGMENT) await this.rotate();
     const cur = this.current ?? (await this.openCurrent());
     const seq = this.last + 1;
     const head = Buffer.alloc(FRAME);
