@@ -17,13 +17,13 @@
  * Queries ask BENCH_OVERLOAD_NEW_TOKENS (16) new tokens (bounded run time on 2 cores); the server's
  * admission limits are its defaults unless set in the environment. Last line: JSON.
  */
-import { spawn } from 'node:child_process';
-import { createWriteStream, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os, { tmpdir } from 'node:os';
 import path from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { r1, send as sendTo, summary, type Reply } from './burst-client.js';
+import { startServerProcess, type ServerProcess } from './server-process.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const BURST = Number(process.env['BENCH_OVERLOAD_BURST'] ?? 200);
@@ -80,40 +80,16 @@ interface Health {
 // --trace-gc); the server is then stopped with SIGTERM, so that a profile is written at its exit.
 // BENCH_OVERLOAD_SERVER_OUT: a file that gets the server's stdout and stderr.
 const nodeFlags = (process.env['BENCH_OVERLOAD_NODE_FLAGS'] ?? '').split(' ').filter(Boolean);
-const server = spawn('sh', ['scripts/tuned.sh', process.execPath, ...nodeFlags, '--import', 'tsx', 'src/server/main.ts'], {
-  cwd: ROOT,
-  env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir },
-  stdio: ['ignore', 'pipe', 'pipe'],
-});
-let serverLog = '';
-const serverOut = process.env['BENCH_OVERLOAD_SERVER_OUT'];
-if (serverOut) {
-  const out = createWriteStream(serverOut);
-  server.stdout.pipe(out);
-  server.stderr.pipe(out);
-}
-server.stderr.on('data', (c: Buffer) => (serverLog += c.toString()));
+let server: ServerProcess | undefined;
 const cleanup = async () => {
-  if (server.exitCode === null && nodeFlags.length > 0) {
-    const exited = new Promise((res) => server.once('exit', res));
-    server.kill('SIGTERM');
-    await Promise.race([exited, new Promise((res) => setTimeout(res, 30_000))]);
-  }
-  if (server.exitCode === null) server.kill('SIGKILL');
+  await server?.stop(nodeFlags.length > 0);
   if (!keptIndex) await rm(indexDir, { recursive: true, force: true });
 };
 try {
-  const t0 = performance.now();
-  port = await new Promise<number>((resolve, reject) => {
-    let out = '';
-    server.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-      const m = /ready on http:\/\/[^:]+:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
-    server.on('exit', (code) => reject(new Error(`server exited (${code}) before listening:\n${serverLog}`)));
-  });
-  console.log(`server pid ${server.pid} on port ${port} (${((performance.now() - t0) / 1000).toFixed(1)} s to start, corpus ingested)`);
+  const serverOut = process.env['BENCH_OVERLOAD_SERVER_OUT'];
+  server = await startServerProcess({ RAGGUARD_INDEX_DIR: indexDir }, { nodeFlags, ...(serverOut ? { outFile: serverOut } : {}) });
+  port = server.port;
+  console.log(`server pid ${server.pid} on port ${port} (${server.startS.toFixed(1)} s to start, corpus ingested)`);
   const health = async () => JSON.parse((await send('GET', '/healthz')).body) as Health;
   const query = (i: number) => ({ query: `${QUESTIONS[i % QUESTIONS.length]} (${i})`, max_new_tokens: NEW_TOKENS });
 
@@ -183,7 +159,7 @@ try {
   }
 
   // --- hang-ups ---
-  const cpu0 = cpuSeconds(server.pid!);
+  const cpu0 = cpuSeconds(server.pid);
   const hung = Array.from({ length: HANGUPS }, (_, i) => send('POST', '/query', query(1000 + i), HANGUP_MS).catch((e: Error) => e));
   await new Promise((res) => setTimeout(res, HANGUP_MS));
   const th = performance.now();
@@ -197,7 +173,7 @@ try {
     }
     await new Promise((res) => setTimeout(res, 10));
   }
-  const cpuS = cpuSeconds(server.pid!) - cpu0;
+  const cpuS = cpuSeconds(server.pid) - cpu0;
   console.log(`${HANGUPS} clients hung up after ${HANGUP_MS} ms (${early} had their reply before): idle ${idleS.toFixed(2)} s later, ` +
     `${cpuS.toFixed(2)} CPU-s from their sending to idle`);
 

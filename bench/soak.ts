@@ -15,12 +15,12 @@
  * at start and end, the verdicts, and the requests by status. Bounded: every request has a timeout, the
  * run stops at its deadline. Last line: JSON.
  */
-import { spawn } from 'node:child_process';
 import { cpSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os, { tmpdir } from 'node:os';
 import path from 'node:path';
 import { theilSen } from '../src/guards/growth.js';
+import { startServerProcess, type ServerProcess } from './server-process.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const MINUTES = Number(process.env['BENCH_SOAK_MINUTES'] ?? 60);
@@ -35,15 +35,6 @@ const questions = (JSON.parse(readFileSync(path.join(ROOT, 'data', 'questions.js
 const source = process.env['BENCH_SOAK_INDEX_DIR'];
 const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-soak-'));
 if (source) cpSync(source, indexDir, { recursive: true });
-
-const server = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/server/main.ts'], {
-  cwd: ROOT,
-  // Info level: the server says where it listens in an info line.
-  env: { ...process.env, PORT: '0', RAGGUARD_INDEX_DIR: indexDir },
-  stdio: ['ignore', 'pipe', 'pipe'],
-});
-let serverLog = '';
-server.stderr.on('data', (c: Buffer) => (serverLog = (serverLog + c.toString()).slice(-20000)));
 
 async function call(port: number, method: string, route: string, body?: unknown): Promise<{ status: number; json: unknown }> {
   const r = await fetch(`http://127.0.0.1:${port}${route}`, {
@@ -74,23 +65,11 @@ interface Memory {
   process: { rss: number; heap_used: number; external: number };
 }
 
+let server: ServerProcess | undefined;
 try {
-  const started = performance.now();
-  const port = await new Promise<number>((resolve, reject) => {
-    let out = '';
-    const look = (c: Buffer) => {
-      out += c.toString();
-      const m = /ready on http:\/\/[^:]+:(\d+)/.exec(out);
-      if (!m) return;
-      server.stdout.off('data', look);
-      server.stdout.resume(); // the request log from here on is not read
-      resolve(Number(m[1]));
-    };
-    server.stdout.on('data', look);
-    server.on('exit', (code) => reject(new Error(`server exited (${code}) before it was ready:\n${serverLog}`)));
-  });
-  const startS = (performance.now() - started) / 1000;
-  console.log(`server pid ${server.pid} on port ${port} after ${startS.toFixed(1)} s; soak of ${MINUTES} min, ${CLIENTS} clients, an ingest every ${INGEST_S} s`);
+  server = await startServerProcess({ RAGGUARD_INDEX_DIR: indexDir });
+  const { port, startS, pid } = server;
+  console.log(`server pid ${pid} on port ${port} after ${startS.toFixed(1)} s; soak of ${MINUTES} min, ${CLIENTS} clients, an ingest every ${INGEST_S} s`);
   const models = (await call(port, 'GET', '/v1/models')).json as { data: { id: string; parent: string | null }[] };
   const decoderId = models.data[0]!.id;
   // LoRA adapters are listed with the decoder as their parent (as vLLM lists them).
@@ -137,7 +116,7 @@ try {
     for (let m = 1; m <= MINUTES; m++) {
       await new Promise((r) => setTimeout(r, Math.max(0, t0 + m * 60_000 - performance.now())));
       const mem = await memory();
-      const rss = rssOf(server.pid!);
+      const rss = rssOf(pid);
       minutes.push({
         minute: m, rss_mib: +(rss / MiB).toFixed(1), adjusted_mib: +((rss - mem.native.expected_growth_bytes) / MiB).toFixed(1),
         expected_mib: +(mem.native.expected_growth_bytes / MiB).toFixed(1),
@@ -172,6 +151,6 @@ try {
   };
   console.log(JSON.stringify(result));
 } finally {
-  if (server.exitCode === null) server.kill('SIGKILL');
+  await server?.stop();
   await rm(indexDir, { recursive: true, force: true });
 }

@@ -108,7 +108,8 @@ template <> __device__ __forceinline__ void unit32<QT_Q5_0>(const QPlanes& p, si
   const uint32_t qh = __ldg(q + 4);
   const uint8_t* b = reinterpret_cast<const uint8_t*>(words);
 #pragma unroll
-  for (int i = 0; i < 32; ++i) w[i] = d * (float)((qnib(b, i) | (((qh >> i) & 1) << 4)) - 16);
+  // (int): qh is unsigned, and an unsigned q - 16 would wrap for q < 16 (a weight of 2^32 d).
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)((qnib(b, i) | (int)((qh >> i) & 1) << 4) - 16);
 }
 template <> __device__ __forceinline__ void unit32<QT_Q4_K>(const QPlanes& p, size_t u, float (&w)[32]) {
   const size_t sb = u >> 3;

@@ -1922,6 +1922,11 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   const size_t M = (size_t)R * mask_words(e->cfg.vocab);
   if ((size_t)nwords != step_words(T, S, W, P, M)) return fail("packed step has the wrong size");
   if (W > e->cfg.max_blocks_per_seq) return fail("block table wider than max_blocks_per_seq");
+  // A token id outside the vocabulary would make the embedding read past its table (an illegal address
+  // poisons the whole CUDA context, every later request included): refused here, as cheap as a scan of T ints.
+  for (int t = 0; t < T; ++t) {
+    if (words[4 + t] < 0 || words[4 + t] >= e->cfg.vocab) return fail("token id " + std::to_string(words[4 + t]) + " is outside the vocabulary (" + std::to_string(e->cfg.vocab) + ")");
+  }
   // Rows with an adapter: the step runs the LoRA kernels (its graph's LoRA variant); none: the base step.
   const int32_t* lora = words + 4 + 4 * (size_t)T + (size_t)kLoraSeqArray * S;
   bool any_lora = false;
@@ -1968,6 +1973,11 @@ int rg_step(void* h, const int32_t* words, int32_t nwords, int32_t* tokens_out, 
   if (logits_out) CUDA_TRY(cudaMemcpyAsync(logits_out, e->logits, (size_t)S * e->cfg.vocab * 4, cudaMemcpyDeviceToHost, e->stream));
   CUDA_TRY(cudaStreamSynchronize(e->stream));
   std::memcpy(tokens_out, e->h_tokens, S * 4);
+  // The sampler finds no token when no logit is a number above -inf (NaN weights or activations, or a mask
+  // that allows nothing): an error, never an id past the vocabulary fed to the next step.
+  for (int s = 0; s < S; ++s) {
+    if (tokens_out[s] < 0 || tokens_out[s] >= e->cfg.vocab) { e->prof_n = 0; return fail("row " + std::to_string(s) + " has no finite logit to sample from (NaN, or -inf everywhere)"); }
+  }
   if (e->profiling && e->prof_n > 1) {
     for (size_t i = 1; i < e->prof_n; ++i) {
       float ms = 0;
