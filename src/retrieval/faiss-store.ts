@@ -416,6 +416,11 @@ export class FaissStore implements RetrievalStore {
     await this.log.close();
   }
 
+  /** Whether writes rewrite the snapshot (under logBytes) rather than append to the log. */
+  private get small(): boolean {
+    return this.snapshotBytes + this.log.bytes < this.opts.logBytes;
+  }
+
   /** About the bytes one chunk takes in the log (its vector and its share of the record's JSON). */
   private get chunkLogBytes(): number {
     return this.dimension * 4 + 200;
@@ -497,9 +502,11 @@ export class FaissStore implements RetrievalStore {
       if (!change) return result(noChange());
       const vectors = concatVectors(batch, this.dimension);
       let applied: Applied;
-      if (!this.compaction && this.snapshotBytes + this.log.bytes < this.opts.logBytes) {
+      if (!this.compaction && this.small) {
         const next = copyState(this.state);
         applied = apply(next, change, vectors, this.dimension);
+        // An exact index drops removed vectors at once here (the copy is being rewritten anyway).
+        if (next.index.kind === 'flat' && next.table.tombstones > 0) dropTombstones(next);
         const seq = this.log.lastSeq;
         this.snapshotBytes = await this.persist(await encodeState(next, next.index.toBuffer(), seq));
         this.state = next;
@@ -622,7 +629,9 @@ export class FaissStore implements RetrievalStore {
         s.table = s.table.remap(start.kept, appended);
         s.index = built;
         s.selections.clear();
-        this.compactionDue = true;
+        // Persisted by a compaction, so that the next start reads the new index instead of building it
+        // again; a small store's next write persists it (it rewrites the snapshot anyway).
+        if (!this.small) this.compactionDue = true;
         return true;
       });
       if (done) return;
@@ -649,6 +658,14 @@ function copyState(s: State): State {
     docs: new Map(s.docs), chunks: new Map(s.chunks), table: s.table.copy(), index: s.index.clone(), nextId: s.nextId,
     collections: new Map([...s.collections].map(([c, n]) => [c, { ...n }])), objectBytes: s.objectBytes, selections: new Selections(),
   };
+}
+
+/** An exact index without its removed vectors (positions move down; ids stay). */
+function dropTombstones(s: State): void {
+  const kept = s.table.livePositions();
+  s.index = VectorIndex.flatOf(s.index.dimension, s.index.vectorsAt(kept));
+  s.table = s.table.remap(kept, new Int32Array(0));
+  s.selections.clear();
 }
 
 function noChange(): Applied {
