@@ -167,7 +167,7 @@ export class FaissStore implements RetrievalStore {
     const { warn, ...rest } = options;
     const opts = { ...defaults(), ...rest };
     this.opts = { ...opts, compactBytes: opts.compactBytes ?? opts.logBytes };
-    this.warn = warn ?? ((m) => console.warn(`[faiss-store] ${m}`));
+    this.warn = warn ?? defaultWarn;
   }
 
   /**
@@ -180,7 +180,7 @@ export class FaissStore implements RetrievalStore {
     const file = path.join(dir, SNAPSHOT);
     const contents = await readSnapshot(file);
     const { state, seq } = contents ? loadState(contents, file, dimension) : { state: emptyState(dimension), seq: 0 };
-    const warn = options.warn ?? ((m: string) => console.warn(`[faiss-store] ${m}`));
+    const warn = options.warn ?? defaultWarn;
     // The log's vectors go into the index at the end, in one call: faiss inserts a batch into the graph
     // on all its threads, record by record it would use one.
     state.pending = [];
@@ -639,6 +639,7 @@ export class FaissStore implements RetrievalStore {
   }
 }
 
+const defaultWarn = (message: string) => console.warn(`[faiss-store] ${message}`);
 const everything = (): boolean => true;
 const nothing = (): boolean => false;
 
