@@ -51,6 +51,13 @@ interface NativeStatics {
 const Native = faiss.Index as unknown as NativeStatics;
 const METRIC_INNER_PRODUCT = 0;
 
+/** faiss-node as npm ships it lacks what this module calls: say how to build it, not "x is not a function". */
+function patched(): void {
+  if (typeof Native.buildAsync !== 'function') {
+    throw new Error('faiss-node was built without scripts/faiss/faiss-node-features.patch: run npm run setup (or bash scripts/build-faiss-node.sh)');
+  }
+}
+
 export type IndexKind = 'flat' | 'hnsw';
 
 export class VectorIndex {
@@ -58,6 +65,7 @@ export class VectorIndex {
 
   /** An empty exact index. */
   static flat(dimension: number): VectorIndex {
+    patched();
     return new VectorIndex(new faiss.IndexFlatIP(dimension) as unknown as NativeIndex, dimension);
   }
 
@@ -77,6 +85,7 @@ export class VectorIndex {
 
   /** An index from faiss's own serialisation (either kind); throws what faiss says of bad bytes. */
   static fromBuffer(bytes: Buffer): VectorIndex {
+    patched();
     const native = Native.fromBuffer(bytes);
     return new VectorIndex(native, native.getDimension());
   }
