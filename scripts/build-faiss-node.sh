@@ -14,6 +14,14 @@
 # on every ingest, so a server ingesting every 30 s grew by three index copies a time (about 25 MiB a
 # minute with the sample corpus' 4.4 MB index). scripts/faiss/faiss-node-leaks.patch frees them; the
 # addon is built from a patched copy (ragguard-build/faiss.cc), the package's own source left as shipped.
+#
+# scripts/faiss/faiss-node-features.patch, applied after it, adds what the store needs beyond 0.5.1:
+# add/search take Float32Array; search(x, k, { allow, efSearch, exact }) applies a bitmap of allowed
+# positions inside the search (faiss::IDSelectorBitmap through SearchParameters / SearchParametersHNSW),
+# sets an HNSW search's candidate list, or searches an HNSW index's flat storage exhaustively;
+# reconstruct(positions), hnswParams()/setHnswParams(), memoryBytes() (vectors and HNSW links),
+# Index.buildAsync(...) and toBufferAsync() (built and serialised on a worker thread); toBuffer() hands
+# over the writer's bytes instead of copying them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,7 +44,7 @@ LIBFAISS="$(ls /usr/lib/*/libfaiss.a /usr/lib/*/libfaiss.so /usr/lib/libfaiss.* 
 # --- up-to-date check ------------------------------------------------------
 if [[ $FORCE -eq 0 && -f "$ADDON" ]]; then
   stale=0
-  for f in "$PKG/src/faiss.cc" "$HELPERS/binding.gyp" "$HELPERS/faiss_compat.h" "$HELPERS/faiss-node-leaks.patch" "$LIBFAISS" "$ROOT/scripts/build-faiss-node.sh"; do
+  for f in "$PKG/src/faiss.cc" "$HELPERS/binding.gyp" "$HELPERS/faiss_compat.h" "$HELPERS/faiss-node-leaks.patch" "$HELPERS/faiss-node-features.patch" "$LIBFAISS" "$ROOT/scripts/build-faiss-node.sh"; do
     if [[ "$f" -nt "$ADDON" ]]; then stale=1; log "stale: $f is newer than the addon"; fi
   done
   if [[ $stale -eq 0 ]]; then
@@ -70,11 +78,15 @@ done
 log "building faiss-node against $LIBFAISS"
 log "node-gyp: $NODE_GYP ($(node "$NODE_GYP" --version)), nodedir: $NODEDIR"
 mkdir -p "$PKG/ragguard-build"
+# node_modules may be a hard-linked copy of another checkout's: remove before writing, never write through a link.
+rm -f "$PKG/ragguard-build/faiss_compat.h" "$PKG/binding.gyp" "$PKG/ragguard-build/faiss.cc"
 cp "$HELPERS/faiss_compat.h" "$PKG/ragguard-build/faiss_compat.h"
 cp "$HELPERS/binding.gyp" "$PKG/binding.gyp"
 cp "$PKG/src/faiss.cc" "$PKG/ragguard-build/faiss.cc"
-patch --quiet --forward "$PKG/ragguard-build/faiss.cc" "$HELPERS/faiss-node-leaks.patch" \
-  || die "scripts/faiss/faiss-node-leaks.patch does not apply to $PKG/src/faiss.cc (another faiss-node version?)"
+for p in faiss-node-leaks.patch faiss-node-features.patch; do
+  patch --quiet --forward --no-backup-if-mismatch "$PKG/ragguard-build/faiss.cc" "$HELPERS/$p" \
+    || die "scripts/faiss/$p does not apply to $PKG/src/faiss.cc (another faiss-node version?)"
+done
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
 (
@@ -92,5 +104,7 @@ const ix = new f.IndexFlatL2(2);
 ix.add([0, 0, 1, 1]);
 const r = ix.search([1, 1], 1);
 if (r.labels[0] !== 1) throw new Error('unexpected search result ' + JSON.stringify(r));
+const f2 = ix.search(new Float32Array([1, 1]), 1, { allow: new Uint8Array([1]) });
+if (f2.labels[0] !== 0) throw new Error('the features patch is missing: ' + JSON.stringify(f2));
 " ) || die "built addon fails to load or search"
 log "built $ADDON"

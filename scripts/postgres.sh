@@ -8,6 +8,8 @@
 #   scripts/postgres.sh url [DIR]     the URL of the server in DIR
 #   scripts/postgres.sh stop [DIR]    stop it (fast shutdown) and remove DIR
 #
+# POSTGRES_SH_SETTINGS: more server settings for start, as "-c name=value ..." (bench:scale sizes shared_buffers).
+#
 # DIR defaults, for url and stop, to the last one started without a DIR (.cache/postgres/last). PostgreSQL refuses to
 # run as root: as root, the server runs as the user `postgres` where it exists, else as the system user
 # `ragguard-pg` (created when missing). Authentication is `trust` on loopback only: a test server.
@@ -65,7 +67,7 @@ case "$cmd" in
     for _ in 1 2 3 4 5; do
       port="$(free_port)"
       if as_pg "$PG/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-           -o "-h 127.0.0.1 -p $port -k $dir -c max_connections=200" start >/dev/null 2>&1; then
+           -o "-h 127.0.0.1 -p $port -k $dir -c max_connections=200 ${POSTGRES_SH_SETTINGS:-}" start >/dev/null 2>&1; then
         started=1
         break
       fi

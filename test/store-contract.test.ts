@@ -1,6 +1,7 @@
 /**
- * The retrieval-store contract, one test body run against both stores: faiss + BM25 in process, and
- * PostgreSQL + pgvector on a real server (test/postgres.ts). Writes are atomic, collections never leak,
+ * The retrieval-store contract, one test body run against both stores: faiss + BM25 in process (as it
+ * starts, and as it is once grown: writes through its log, an HNSW index), and PostgreSQL + pgvector on
+ * a real server (test/postgres.ts). Writes are atomic, collections never leak,
  * filters apply inside the search (top_k stays full), documents read back as written. Then what only a
  * shared store promises: a second instance on the same database reads what the first committed, and a
  * batch that fails half way leaves nothing.
@@ -56,6 +57,8 @@ after(async () => {
 
 const stores: [string, Opener][] = [
   ['faiss', async () => FaissStore.open(await tempDir(), D, BM25)],
+  // The same contract once the store has grown: every write through the log, the index HNSW from 8 chunks.
+  ['faiss (write log, HNSW)', async () => FaissStore.open(await tempDir(), D, BM25, { logBytes: 0, annMin: 8 })],
   ['postgres', async () => PostgresStore.open(await pgServer.database(), D, { bm25: BM25 })],
 ];
 

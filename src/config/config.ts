@@ -61,6 +61,13 @@ export interface Config {
   store: string;
   /** pgvector's hnsw.ef_search on the Postgres store. */
   pgEfSearch: number;
+  /** The faiss store: chunks from which its index is HNSW (0: never), HNSW's search and build settings. */
+  faissAnnMin: number;
+  faissEfSearch: number;
+  faissHnswM: number;
+  faissEfConstruction: number;
+  /** The faiss store's snapshot size from which writes go to its log, and the log's compaction threshold. */
+  faissLogBytes: number;
   /** Corpus ingested when the index is empty at start-up ('' = none). */
   corpusDir: string;
   chunkTokens: number;
@@ -343,6 +350,31 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_PG_EF_SEARCH', default: '100',
     doc: "pgvector's hnsw.ef_search on the Postgres store: candidates per HNSW scan (higher: better recall, slower); filtered scans continue past it (hnsw.iterative_scan).",
     apply: int(10, 1000, (c, v) => (c.pgEfSearch = v)),
+  },
+  {
+    name: 'RAGGUARD_FAISS_ANN_MIN', default: '20000',
+    doc: 'The faiss store searches exactly (a flat index) below this many chunks and through an HNSW graph (approximate; recall checked against exact search by test and bench:scale) from it on; the switch is built on a worker thread while the exact index serves. 0: always exact. A filter that leaves fewer chunks than this (or under a tenth of the store) is searched exactly. docs/store-growth.md.',
+    apply: int(0, 2 ** 31 - 1, (c, v) => (c.faissAnnMin = v)),
+  },
+  {
+    name: 'RAGGUARD_FAISS_EF_SEARCH', default: '128',
+    doc: "Candidates an HNSW search of the faiss store keeps (faiss's efSearch; higher: better recall, slower). A filtered search raises it as the filter narrows (up to ten times).",
+    apply: int(8, 4096, (c, v) => (c.faissEfSearch = v)),
+  },
+  {
+    name: 'RAGGUARD_FAISS_HNSW_M', default: '32',
+    doc: "Links per node of the faiss store's HNSW graph (twice as many on its bottom layer): memory (about 8 x M bytes a chunk) and build time against recall. Applies to the next build of the graph.",
+    apply: int(4, 128, (c, v) => (c.faissHnswM = v)),
+  },
+  {
+    name: 'RAGGUARD_FAISS_EF_CONSTRUCTION', default: '40',
+    doc: "Candidates kept while inserting into the faiss store's HNSW graph (faiss's efConstruction): build time and one document's insertion against the graph's quality.",
+    apply: int(8, 1024, (c, v) => (c.faissEfConstruction = v)),
+  },
+  {
+    name: 'RAGGUARD_FAISS_LOG_BYTES', default: '16777216',
+    doc: 'While the faiss store\'s snapshot is smaller than this, every write rewrites it; past it, a write appends one record to the write log beside it (fsynced before the write is acknowledged) and compaction writes a new snapshot in the background once the log passes this size and a quarter of the snapshot. 0: always the log.',
+    apply: int(0, 2 ** 40, (c, v) => (c.faissLogBytes = v)),
   },
   {
     name: 'RAGGUARD_CORPUS_DIR', default: 'data/corpus',

@@ -4,9 +4,15 @@ import { FaissStore } from './faiss-store.js';
 import { PostgresStore } from './postgres-store.js';
 import type { RetrievalStore } from './retrieval-store.js';
 
-export function openStore(cfg: Pick<Config, 'store' | 'indexDir' | 'bm25K1' | 'bm25B' | 'pgEfSearch'>, dimension: number): Promise<RetrievalStore> {
+type StoreSettings = 'store' | 'indexDir' | 'bm25K1' | 'bm25B' | 'pgEfSearch' | 'faissAnnMin' | 'faissEfSearch' | 'faissHnswM' | 'faissEfConstruction' | 'faissLogBytes';
+
+export function openStore(cfg: Pick<Config, StoreSettings>, dimension: number): Promise<RetrievalStore> {
   const bm25 = { k1: cfg.bm25K1, b: cfg.bm25B };
-  if (cfg.store === 'faiss') return FaissStore.open(cfg.indexDir, dimension, bm25);
+  if (cfg.store === 'faiss') {
+    return FaissStore.open(cfg.indexDir, dimension, bm25, {
+      annMin: cfg.faissAnnMin, efSearch: cfg.faissEfSearch, hnswM: cfg.faissHnswM, efConstruction: cfg.faissEfConstruction, logBytes: cfg.faissLogBytes,
+    });
+  }
   return PostgresStore.open(cfg.store, dimension, { bm25, efSearch: cfg.pgEfSearch });
 }
 

@@ -184,6 +184,7 @@ export class PostgresStore implements RetrievalStore {
   readonly kind = 'postgres';
   /** The index lives in the database server: this process holds none of it. */
   readonly indexBytes = 0;
+  readonly residentBytes = 0;
 
   private constructor(
     private readonly pool: pg.Pool,

@@ -84,6 +84,12 @@ export interface RetrievalStore {
   readonly indexBytes: number;
   /** How indexBytes is made up, for /debug/memory. */
   readonly indexDetail: string;
+  /**
+   * Bytes this process holds for the stored documents, predicted from their sizes and kept as a running
+   * total (faiss: the index, the chunks' objects and texts, lexical postings; Postgres: 0). Growth by
+   * this much is the store growing, not a leak (growth.ts).
+   */
+  readonly residentBytes: number;
 
   /** Documents and chunks, in one collection or in all. */
   counts(collection?: string): Promise<StoreCounts>;

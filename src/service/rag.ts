@@ -201,11 +201,8 @@ export async function loadModels(cfg: Config, onLoaded?: (done: number, of: numb
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };
 }
 
-/** Predicted bytes of a chunk's lexical postings per token, and of its objects (chunk, ids, map entries). */
-const POSTING_BYTES = 24;
 /** Free bytes in glibc's arenas above which the leak check's sample trims them first (sampleMemory). */
 const TRIM_FREE_BYTES = 64 * 2 ** 20;
-const CHUNK_OBJECT_BYTES = 256;
 
 const ms = (t0: number) => Math.round((performance.now() - t0) * 100) / 100;
 
@@ -225,7 +222,6 @@ export class RagService {
   /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
   readonly trend: MemoryTrend;
   private trendTimer: NodeJS.Timeout | undefined;
-  private storeBytesMemo = { chunks: -1, bytes: 0 };
   /** GPU memory as NVML reads it; without a GPU, one reading that says why, and no sampling. */
   readonly gpu: GpuSampler;
   readonly budget: BudgetPlan;
@@ -353,23 +349,13 @@ export class RagService {
   }
 
   /**
-   * What the store holds for its documents, predicted from their sizes: the vectors (exact), the chunk
-   * texts on V8's heap (a byte a character for Latin-1 text, two otherwise), their locators (two a character at most), the lexical index's postings
-   * and each chunk's objects. Growth by this much is the index growing, not a leak (growth.ts).
+   * What the store holds for its documents, predicted from their sizes (the store's running total:
+   * faiss's vectors and HNSW links, the chunks' texts and objects, lexical postings; nothing for the
+   * Postgres store, whose documents live in the database). Growth by this much is the index growing,
+   * not a leak (growth.ts).
    */
   storeResidentBytes(): number {
-    // The Postgres store keeps its documents in the database: nothing of them here.
-    if (!(this.store instanceof FaissStore)) return this.store.indexBytes;
-    const n = this.store.chunkCount;
-    if (n !== this.storeBytesMemo.chunks) {
-      let bytes = 0;
-      for (const c of this.store.allChunks()) {
-        // eslint-disable-next-line no-control-regex
-        bytes += c.text.length * (/^[\u0000-\u00ff]*$/.test(c.text) ? 1 : 2) + (c.locator?.length ?? 0) * 2 + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
-      }
-      this.storeBytesMemo = { chunks: n, bytes };
-    }
-    return this.store.indexBytes + this.storeBytesMemo.bytes;
+    return this.store.residentBytes;
   }
 
   /**
