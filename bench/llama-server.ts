@@ -70,6 +70,9 @@ interface Side {
   model: string;
 }
 
+/** llama-server's own per-request timings (its `timings` field): decode tokens/s and prompt ms, by concurrency. */
+const llamaTimings: Record<number, { decode: number[]; promptMs: number[] }> = {};
+
 async function round(side: Side, concurrency: number): Promise<{ tokens: number; seconds: number; firstAnswer: string }> {
   const n = concurrency === 1 ? Math.max(1, REQUESTS >> 2) : REQUESTS;
   let next = 0;
@@ -83,15 +86,26 @@ async function round(side: Side, concurrency: number): Promise<{ tokens: number;
         method: 'POST', headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ model: side.model, messages: [{ role: 'user', content: questions[i % questions.length] }], max_tokens: NEW_TOKENS, temperature: 0, ignore_eos: true }),
       });
-      const body = await r.json() as { usage?: { completion_tokens: number }; choices?: { message: { content: string } }[]; error?: unknown };
+      const body = await r.json() as { usage?: { completion_tokens: number }; choices?: { message: { content: string } }[]; error?: unknown;
+        timings?: { predicted_per_second?: number; prompt_ms?: number } };
       if (!r.ok || !body.usage) throw new Error(`${side.name}: ${r.status} ${JSON.stringify(body).slice(0, 300)}`);
       tokens += body.usage.completion_tokens;
+      if (body.timings?.predicted_per_second !== undefined) {
+        const t = (llamaTimings[concurrency] ??= { decode: [], promptMs: [] });
+        t.decode.push(body.timings.predicted_per_second);
+        t.promptMs.push(body.timings.prompt_ms ?? 0);
+      }
       if (i === 0) firstAnswer = body.choices?.[0]?.message.content ?? '';
     }
   };
   await Promise.all(Array.from({ length: concurrency }, client));
   return { tokens, seconds: (performance.now() - t0) / 1000, firstAnswer };
 }
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s[s.length >> 1]!;
+};
 
 const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-llama-'));
 const procs: ChildProcess[] = [];
@@ -146,6 +160,9 @@ try {
     ratio_at_1: +(best['ragguard']![1]! / best['llama-server']![1]!).toFixed(2),
     ratio_at_8: +(best['ragguard']![8]! / best['llama-server']![8]!).toFixed(2),
     same_first_answer: answers['ragguard'] === answers['llama-server'],
+    // What llama-server reports of its own requests (median): its decode rate counts only the generated
+    // tokens' time, where the figures above are over the wall time of whole requests (prompt included).
+    llama_server_own_timings: Object.fromEntries(Object.entries(llamaTimings).map(([c, t]) => [`at_${c}`, { decode_tokens_per_s: r1(median(t.decode)), prompt_ms: r1(median(t.promptMs)) }])),
   }));
 } finally {
   for (const p of procs) if (p.exitCode === null) p.kill('SIGKILL');

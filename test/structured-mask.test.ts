@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { before, describe, test } from 'node:test';
-import { advanceText, canEnd, initialState, type State } from '../src/generate/structured/json-automaton.js';
+import { advance, advanceText, canEnd, charsToClose, initialState, stateKey, type State } from '../src/generate/structured/json-automaton.js';
 import { anyObjectSchema, compileSchema, SchemaNotSupportedError, validates } from '../src/generate/structured/json-schema.js';
 import { maskHas, TokenGrammar, TokenVocabulary, vocabularyFor } from '../src/generate/structured/token-mask.js';
 import { seededRandom } from '../src/generate/sampler.js';
@@ -200,5 +200,111 @@ describe('token masks', () => {
       assert.ok(guide.complete, text);
       assert.ok(validates(JSON.parse(text), PERSON), text);
     }
+  });
+});
+
+describe('the token budget (max_tokens) of a constrained row', () => {
+  /** The shortest completion by breadth-first search over characters (states merged by key). */
+  function shortestByHand(start: State, alphabet: readonly string[]): number {
+    let frontier: State[] = [start];
+    const seen = new Set([stateKey(start)]);
+    for (let depth = 0; depth < 200; depth++) {
+      if (frontier.some(canEnd)) return depth;
+      const next: State[] = [];
+      for (const s of frontier) {
+        for (const c of alphabet) {
+          const t = advance(s, c);
+          if (t.length === 0 || seen.has(stateKey(t))) continue;
+          seen.add(stateKey(t));
+          next.push(t);
+        }
+      }
+      frontier = next;
+    }
+    return Infinity;
+  }
+
+  test('charsToClose equals the shortest completion found by search, along random walks', () => {
+    const random = seededRandom(5);
+    let checked = 0;
+    for (const [name, schema] of Object.entries(SCHEMAS)) {
+      const compiled = compileSchema(schema);
+      const chars = new Set('{}[]":,-.e0123456789 \\nu'.split(''));
+      for (const c of JSON.stringify(schema)) chars.add(c);
+      const alphabet = [...chars];
+      for (let walk = 0; walk < 4; walk++) {
+        let state = initialState(compiled.root);
+        for (let step = 0; step < 30; step++) {
+          assert.equal(charsToClose(state), shortestByHand(state, alphabet), `${name} walk ${walk} step ${step}`);
+          checked++;
+          const options = alphabet.filter((c) => advance(state, c).length > 0);
+          if (options.length === 0) break;
+          state = advance(state, options[Math.floor(random() * options.length)]!);
+        }
+      }
+    }
+    assert.ok(checked > 200, `${checked} states checked`);
+  });
+
+  test('a row that takes any allowed token ends in a whole document within its budget', () => {
+    const random = seededRandom(13);
+    const grammar = new TokenGrammar(compileSchema(PERSON), vocab);
+    const shortest = charsToClose(initialState(grammar.schema.root));
+    let steered = 0;
+    for (let budget = shortest; budget < shortest + 40; budget += 3) {
+      for (let k = 0; k < 3; k++) {
+        const guide = grammar.start(budget);
+        let text = '';
+        let tokens = 0;
+        // Uniformly random allowed tokens: left alone such a walk almost never closes.
+        while (tokens < budget && !guide.done) {
+          const mask = guide.mask();
+          const ids: number[] = [];
+          for (let id = 0; id < vocab.size; id++) if (maskHas(mask, id) && id !== EOS) ids.push(id);
+          assert.ok(ids.length > 0 || guide.complete, text);
+          if (ids.length === 0) break;
+          const id = ids[Math.floor(random() * ids.length)]!;
+          assert.ok(guide.allows(id));
+          guide.accept(id);
+          text += vocab.text(id);
+          tokens++;
+        }
+        assert.ok(guide.complete, `budget ${budget}: ${text}`);
+        assert.ok(tokens <= budget);
+        assert.ok(validates(JSON.parse(text), PERSON), text);
+        if (guide.steered) steered++;
+      }
+    }
+    assert.ok(steered > 0);
+  });
+
+  test('far from the budget the mask is the grammar\'s own', () => {
+    const random = seededRandom(17);
+    const grammar = new TokenGrammar(compileSchema(PERSON), vocab);
+    const budgeted = grammar.start(10_000), free = grammar.start();
+    for (let step = 0; step < 40 && !free.done; step++) {
+      const a = budgeted.mask(), b = free.mask();
+      assert.deepEqual([...a], [...b], `step ${step}`);
+      const ids: number[] = [];
+      for (let id = 0; id < vocab.size; id++) if (maskHas(b, id) && id !== EOS) ids.push(id);
+      if (ids.length === 0) break;
+      const id = ids[Math.floor(random() * ids.length)]!;
+      budgeted.accept(id);
+      free.accept(id);
+    }
+    assert.equal(budgeted.steered, false);
+  });
+
+  test('a budget below the shortest document takes the shortest way and does not throw', () => {
+    const grammar = new TokenGrammar(compileSchema(PERSON), vocab);
+    const guide = grammar.start(3);
+    for (let k = 0; k < 3; k++) {
+      const mask = guide.mask();
+      let id = -1;
+      for (let t = 0; t < vocab.size && id < 0; t++) if (maskHas(mask, t)) id = t;
+      assert.ok(id >= 0);
+      guide.accept(id);
+    }
+    assert.equal(guide.complete, false);
   });
 });

@@ -68,7 +68,7 @@ export class Sequence {
     // Without a seed, a request's own (as OpenAI and vLLM do): a fixed default would give every
     // unseeded request at the same temperature the same "sample".
     this.random = seededRandom(params.seed ?? Math.floor(Math.random() * 2 ** 32));
-    this.guide = params.grammar?.start();
+    this.guide = params.grammar?.start(params.maxNewTokens);
   }
 
   /** The adapter's key: the KV depends on it, so prefix-cache entries are per adapter (block-manager.ts). */

@@ -12,7 +12,7 @@
  * model writes passes, a model stuck emitting blanks does not run to max_tokens inside a valid prefix.
  * Number digit runs are bounded (MAX_DIGITS) for the same reason.
  */
-import type { SchemaNode } from './json-schema.js';
+import type { SchemaNode, SchemaProp } from './json-schema.js';
 
 const MAX_GAP = 20;
 const NEWLINE = 100;
@@ -28,6 +28,8 @@ type Node = SchemaNode | DocNode;
 
 export class Frame {
   private memo: string | undefined;
+  private costMemo: number | undefined;
+  private afterMemo: number | undefined;
 
   constructor(
     readonly node: Node,
@@ -52,6 +54,22 @@ export class Frame {
 
   with(st: number, i = this.i, j = this.j, p = this.p, ws = 0): Frame {
     return new Frame(this.node, st, i, j, p, ws, this.up);
+  }
+
+  /** The fewest characters that complete the document from this thread (memoized: frames are immutable and shared). */
+  get cost(): number {
+    this.costMemo ??= frameCost(this);
+    return this.costMemo;
+  }
+
+  /** The fewest characters that complete the document once this frame's child value is complete. */
+  get afterChild(): number {
+    if (this.afterMemo === undefined) {
+      let best = Infinity;
+      for (const p of closeValue(this)) best = Math.min(best, p.cost);
+      this.afterMemo = best;
+    }
+    return this.afterMemo;
   }
 }
 
@@ -302,4 +320,103 @@ function feedArray(f: Frame, n: Extract<SchemaNode, { kind: 'array' }>, c: strin
       return startWith(n.items, f.with(3), c);
     default: return NONE;
   }
+}
+
+/**
+ * The fewest characters that complete the document from `state` (0: it may end here; Infinity: it
+ * cannot). The shortest completion is ASCII punctuation, digits and the schema's keys, one character
+ * at a time, and a byte-level vocabulary holds every ASCII character as a token of its own, so this
+ * also bounds the tokens still needed: what keeps a constrained row inside max_tokens (token-mask.ts).
+ */
+export function charsToClose(state: State): number {
+  let best = Infinity;
+  for (const f of state) best = Math.min(best, f.cost);
+  return best;
+}
+
+function frameCost(f: Frame): number {
+  const n = f.node;
+  if (n.kind === 'doc') return f.st === 1 ? 0 : minLength(n.root);
+  const own = toClose(f, n);
+  return own === Infinity ? Infinity : own + f.up!.afterChild;
+}
+
+/** The fewest characters that finish the value `f` is in (up to its closing character, or until it may end). */
+function toClose(f: Frame, n: SchemaNode): number {
+  switch (n.kind) {
+    case 'string': return f.st === 0 ? 2 : f.st === 1 ? 1 : f.st === 2 ? 2 : f.i + 1;
+    case 'number': return f.st === 2 || f.st === 3 || f.st === 5 || f.st === 8 ? 0 : 1;
+    case 'literal': {
+      let best = Infinity;
+      for (const t of n.texts) if (t.startsWith(f.p)) best = Math.min(best, t.length - f.p.length);
+      return best;
+    }
+    case 'array': return f.st === 0 ? 2 : f.st === 3 ? minLength(n.items) + 1 : 1;
+    case 'object': return objectToClose(f, n);
+    case 'anyOf': return Infinity;
+  }
+}
+
+/** A property written whole: its key, ':' and the shortest value. */
+const propLength = (p: SchemaProp) => p.keyText.length + 1 + minLength(p.node);
+
+/** From where property i may come next, to '}' inclusive; `first`: no ',' is due before the next property. */
+function objectTail(n: ObjectNode, i: number, first: boolean): number {
+  let sum = 0, count = 0;
+  for (let k = i; k < n.props.length; k++) {
+    if (!n.props[k]!.required) continue;
+    sum += propLength(n.props[k]!);
+    count++;
+  }
+  return count === 0 ? 1 : sum + (first ? count - 1 : count) + 1;
+}
+
+function objectToClose(f: Frame, n: ObjectNode): number {
+  const free = n.props.length === 0;
+  const freeProp = n.extra ? 2 + 1 + minLength(n.extra) : Infinity;
+  switch (f.st) {
+    case 0: return minLength(n);
+    case 1: return free ? 1 : objectTail(n, 0, true);
+    case 5: return free ? 1 : objectTail(n, f.i, false);
+    case 6: {
+      // After ',', a property must follow.
+      if (free) return freeProp + 1;
+      if (requiredFrom(n, f.i)) return objectTail(n, f.i, true);
+      let best = Infinity;
+      for (let j = f.i; j < n.props.length; j++) best = Math.min(best, propLength(n.props[j]!));
+      return best + 1;
+    }
+    case 2: {
+      let best = Infinity;
+      for (let j = f.i; j < n.props.length; j++) {
+        const p = n.props[j]!;
+        if (p.keyText.startsWith(f.p)) best = Math.min(best, p.keyText.length - f.p.length + 1 + minLength(p.node) + objectTail(n, j + 1, false));
+        if (p.required) break;
+      }
+      return best;
+    }
+    case 3: return free ? 1 + minLength(n.extra!) + 1 : 1 + minLength(n.props[f.j]!.node) + objectTail(n, f.j + 1, false);
+    case 4: return free ? minLength(n.extra!) + 1 : minLength(n.props[f.j]!.node) + objectTail(n, f.j + 1, false);
+    default: return freeProp + 1;
+  }
+}
+
+const minLengths = new WeakMap<SchemaNode, number>();
+
+/** The fewest characters of a value of `n` (a cycle through required values never closes: Infinity). */
+function minLength(n: SchemaNode): number {
+  const hit = minLengths.get(n);
+  if (hit !== undefined) return hit;
+  minLengths.set(n, Infinity);
+  let v: number;
+  switch (n.kind) {
+    case 'string':
+    case 'array': v = 2; break;
+    case 'number': v = 1; break;
+    case 'literal': v = Math.min(...n.texts.map((t) => t.length)); break;
+    case 'anyOf': v = Math.min(...n.options.map(minLength)); break;
+    case 'object': v = 1 + (n.props.length === 0 ? 1 : objectTail(n, 0, true)); break;
+  }
+  minLengths.set(n, v);
+  return v;
 }

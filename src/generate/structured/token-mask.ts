@@ -26,7 +26,7 @@
  * only by a token that holds it whole. The end of generation (EOS) is allowed only where the document
  * is complete.
  */
-import { advance, advanceText, canEnd, initialState, inPlainString, mustEnd, stateKey, type State } from './json-automaton.js';
+import { advance, advanceText, canEnd, charsToClose, initialState, inPlainString, mustEnd, stateKey, type State } from './json-automaton.js';
 import type { CompiledSchema, SchemaNode } from './json-schema.js';
 
 export interface TokenTextSource {
@@ -78,6 +78,7 @@ export class TokenVocabulary {
   readonly specialIds: Int32Array;
   /** Tokens made only of plain string characters. */
   readonly plain: TokenMask;
+  private readonly plainCount: number;
   readonly words: number;
   private readonly textOf: (string | undefined)[];
 
@@ -96,6 +97,7 @@ export class TokenVocabulary {
     this.plain = new Uint32Array(this.words);
     const special = all.filter((x) => !isPlain(x.t));
     for (const x of all) if (isPlain(x.t)) maskSet(this.plain, x.id);
+    this.plainCount = all.length - special.length;
     this.specialTexts = special.map((x) => x.t);
     this.specialIds = Int32Array.from(special.map((x) => x.id));
   }
@@ -110,18 +112,45 @@ export class TokenVocabulary {
     return this.textOf[id];
   }
 
-  /** Every token allowed after `state` (the tokens the automaton reads whole, and EOS where the document may end). */
-  mask(state: State, asciiLiterals = false): TokenMask {
+  /**
+   * Every token allowed after `state` (the tokens the automaton reads whole, and EOS where the document
+   * may end), but only those after which the document can still close in `limit` characters (see
+   * charsToClose); with the largest such cost among them and how many there are.
+   */
+  mask(state: State, asciiLiterals = false, limit = Infinity): AllowedTokens {
     const m = new Uint32Array(this.words);
+    const out: AllowedTokens = { mask: m, maxCost: 0, count: 0 };
     if (inPlainString(state)) {
-      m.set(this.plain);
-      walk(state, this.specialTexts, this.specialIds, m, asciiLiterals);
+      // A plain character leaves a string's threads as they were: every plain token costs the same.
+      const same = charsToClose(state);
+      if (same <= limit) {
+        m.set(this.plain);
+        out.maxCost = same;
+        out.count = this.plainCount;
+      }
+      walk(state, this.specialTexts, this.specialIds, m, asciiLiterals, limit, out);
     } else {
-      walk(state, this.texts, this.ids, m, asciiLiterals);
+      walk(state, this.texts, this.ids, m, asciiLiterals, limit, out);
     }
-    if (canEnd(state)) for (const id of this.eosIds) if (id < this.size) maskSet(m, id);
-    return m;
+    if (canEnd(state)) {
+      for (const id of this.eosIds) {
+        if (id < this.size) {
+          maskSet(m, id);
+          out.count++;
+        }
+      }
+    }
+    return out;
   }
+}
+
+/** A mask and what it holds (TokenVocabulary.mask). */
+export interface AllowedTokens {
+  readonly mask: TokenMask;
+  /** The most characters any allowed token leaves to write before the document may end. */
+  maxCost: number;
+  /** Allowed tokens. */
+  count: number;
 }
 
 /**
@@ -130,7 +159,7 @@ export class TokenVocabulary {
  * character alike (string content or nothing); one refused then refuses the rest of its siblings,
  * which sort last in their block (a vocabulary's many CJK first characters are skipped in one jump).
  */
-function walk(state: State, texts: readonly string[], ids: Int32Array, m: TokenMask, asciiLiterals: boolean): void {
+function walk(state: State, texts: readonly string[], ids: Int32Array, m: TokenMask, asciiLiterals: boolean, costLimit: number, out: AllowedTokens): void {
   const n = texts.length;
   // states[k]: after the first k characters of `prev`.
   const states: State[] = [state];
@@ -139,8 +168,8 @@ function walk(state: State, texts: readonly string[], ids: Int32Array, m: TokenM
   while (i < n) {
     const s = texts[i]!;
     let k = 0;
-    const limit = Math.min(prev.length, s.length, states.length - 1);
-    while (k < limit && prev.charCodeAt(k) === s.charCodeAt(k)) k++;
+    const shared = Math.min(prev.length, s.length, states.length - 1);
+    while (k < shared && prev.charCodeAt(k) === s.charCodeAt(k)) k++;
     states.length = k + 1;
     let dead = -1;
     for (; k < s.length; k++) {
@@ -152,7 +181,13 @@ function walk(state: State, texts: readonly string[], ids: Int32Array, m: TokenM
       states.push(next);
     }
     if (dead < 0) {
-      maskSet(m, ids[i]!);
+      // Over the limit, the token is left out but its block is not: a longer text may close sooner.
+      const cost = charsToClose(states[s.length]!);
+      if (cost <= costLimit) {
+        maskSet(m, ids[i]!);
+        out.count++;
+        if (cost > out.maxCost) out.maxCost = cost;
+      }
       prev = s;
       i++;
       continue;
@@ -216,7 +251,7 @@ async function buildVocabulary(tokenizer: TokenTextSource, size: number, eosIds:
 }
 
 /** Cached masks of every grammar, least recently used first. */
-const maskCache = new Map<string, TokenMask>();
+const maskCache = new Map<string, AllowedTokens>();
 let maskCacheBytes = 0;
 /** The built vocabularies' typed arrays and their texts' characters (what /debug/memory shows). */
 let vocabularyBytes = 0;
@@ -237,25 +272,27 @@ export class TokenGrammar {
     this.asciiLiterals = literalTexts(schema.root).every((t) => /^[\x00-\x7f]*$/.test(t));
   }
 
-  start(): TokenGuide {
-    return new TokenGuide(this, initialState(this.schema.root));
+  /** A guide for one sequence; `budget`: the tokens it may generate (max_tokens). */
+  start(budget = Infinity): TokenGuide {
+    return new TokenGuide(this, initialState(this.schema.root), budget);
   }
 
-  mask(state: State): TokenMask {
-    const key = `${this.id}|${stateKey(state)}`;
+  /** The tokens allowed after `state` (under `limit` characters left to close: see TokenVocabulary.mask), cached. */
+  mask(state: State, limit = Infinity): AllowedTokens {
+    const key = `${this.id}|${stateKey(state)}${limit === Infinity ? '' : `|${limit}`}`;
     const hit = maskCache.get(key);
     if (hit) {
       maskCache.delete(key);
       maskCache.set(key, hit);
       return hit;
     }
-    const m = this.vocab.mask(state, this.asciiLiterals);
+    const m = this.vocab.mask(state, this.asciiLiterals, limit);
     maskCache.set(key, m);
-    maskCacheBytes += m.byteLength;
+    maskCacheBytes += m.mask.byteLength;
     for (const [k, v] of maskCache) {
       if (maskCacheBytes <= MASK_CACHE_BYTES) break;
       maskCache.delete(k);
-      maskCacheBytes -= v.byteLength;
+      maskCacheBytes -= v.mask.byteLength;
     }
     return m;
   }
@@ -282,16 +319,42 @@ function literalTexts(root: SchemaNode): string[] {
   return out;
 }
 
-/** One sequence's place in its grammar: which tokens may come next, and the tokens it took. */
+/**
+ * One sequence's place in its grammar: which tokens may come next, and the tokens it took.
+ *
+ * The budget: a constrained row must end as a whole document, not be cut at max_tokens inside a string
+ * (a truncated JSON is as useless to the caller as none). While the tokens left cover the longest
+ * closing any allowed token would leave, the mask is the grammar's own; once they no longer do, only
+ * tokens after which the document can still close in the tokens left are allowed (a string ends, an
+ * optional property is left out, an array closes), so the output completes within max_tokens whenever
+ * the schema's shortest document fits in it. `steered` says the budget narrowed a choice.
+ */
 export class TokenGuide {
   private mine: TokenMask | undefined;
+  /** Whether the budget left out a token the grammar allowed at some step. */
+  steered = false;
 
-  constructor(readonly grammar: TokenGrammar, private state: State) {}
+  constructor(readonly grammar: TokenGrammar, private state: State, private left = Infinity) {}
 
   /** The tokens allowed next. */
   mask(): TokenMask {
-    this.mine ??= this.grammar.mask(this.state);
-    return this.mine;
+    if (this.mine) return this.mine;
+    const all = this.grammar.mask(this.state);
+    const limit = this.limit();
+    if (all.maxCost <= limit) return (this.mine = all.mask);
+    const within = this.grammar.mask(this.state, limit);
+    // A vocabulary without the single characters of the shortest closing: the grammar's own mask.
+    if (within.count === 0) return (this.mine = all.mask);
+    if (within.count < all.count) this.steered = true;
+    return (this.mine = within.mask);
+  }
+
+  /**
+   * The characters a token may leave to close: the tokens left after it, or (where the document can no
+   * longer close in time, max_tokens below the schema's shortest document) the shortest way on.
+   */
+  private limit(): number {
+    return this.left === Infinity ? Infinity : Math.max(this.left - 1, charsToClose(this.state) - 1);
   }
 
   /** Whether token `id` may come next (without a mask where none is made yet: the token's text is read). */
@@ -300,7 +363,9 @@ export class TokenGuide {
     const v = this.grammar.vocab;
     if (v.eosIds.includes(id)) return canEnd(this.state);
     const t = v.text(id);
-    return t !== undefined && advanceText(this.state, t).length > 0;
+    if (t === undefined) return false;
+    const next = advanceText(this.state, t);
+    return next.length > 0 && charsToClose(next) <= this.limit();
   }
 
   /** Takes token `id` (one the mask allowed; anything else is a bug upstream). */
@@ -310,6 +375,7 @@ export class TokenGuide {
     if (next.length === 0) throw new Error(`token ${id} (${JSON.stringify(t)}) does not continue the constrained output`);
     this.state = next;
     this.mine = undefined;
+    this.left--;
   }
 
   /** Whether the output is complete and nothing but the end can follow. */
