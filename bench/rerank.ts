@@ -22,6 +22,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../src/config/config.js';
 import { Reranker } from '../src/retrieval/reranker.js';
+import { countingAllocator, installCountingAllocator } from '../src/runtime/ort-allocator.js';
 import { applySessionSettings } from '../src/runtime/ort-direct.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -33,6 +34,8 @@ const batches = values.batches.split(',').map(Number);
 if (!(numPairs >= 1 && rounds >= 1 && batches.every((b) => Number.isInteger(b) && b >= 1))) throw new Error('--pairs, --rounds and --batches take positive integers');
 
 const cfg = loadConfig(process.env);
+// ONNX Runtime's allocations as the server makes them: through the counting allocator, with its warm cache.
+if (cfg.hostMeter === 'accounted') installCountingAllocator()?.setWarmLimit(cfg.allocatorWarmBytes);
 applySessionSettings(cfg);
 const dir = cfg.rerankerPath;
 
@@ -107,5 +110,6 @@ for (const r of rows) {
 }
 console.log(JSON.stringify({
   bench: 'rerank', reranker: dir, pairs: pairs.length, rounds, cpus: os.cpus().length, intra_op_threads: cfg.intraOpThreads,
+  allocator: countingAllocator() ? { counting: true, warm_limit_bytes: countingAllocator()!.warmLimit(), warm_bytes_at_end: countingAllocator()!.warm() } : { counting: false },
   results: rows.map((r) => ({ ...r, ragguard: Number(r.ragguard.toFixed(1)), transformers_js: Number(r.transformers_js.toFixed(1)), ratio: Number(r.ratio.toFixed(3)) })),
 }));

@@ -87,3 +87,47 @@ test('large tensors lie in the reserved regions: accounted, apart from each othe
   assert.ok(grown < 16 * MiB, `external memory grew by ${grown} bytes over 1 GiB of tensors`);
   d.dispose();
 });
+
+test('the warm cache keeps freed large blocks for the next run up to its limit, and gives back what is over it', () => {
+  const c = counters!;
+  const d = DirectSession.create(path.join(ROOT, 'models/decoder-gqa/model.onnx'));
+  assert.ok(d, 'direct session');
+  const block = (mib: number) => d.tensor('float32', [mib, MiB / 4]);
+  // A block's length in the regions: its bytes and a 64-byte header, in whole pages.
+  const len = (mib: number) => mib * MiB + 4096;
+  try {
+    c.setWarmLimit(40 * MiB);
+    assert.equal(c.warmLimit(), 40 * MiB);
+    const live = c.live();
+    const a = block(16), b = block(16);
+    const offsetA = a.data.byteOffset;
+    a.dispose();
+    b.dispose();
+    assert.equal(c.live(), live, 'freed blocks are not live');
+    assert.equal(c.warm(), 2 * len(16), 'both kept warm under a 40 MiB limit');
+    // The same shape again: the first freed block itself, not new pages.
+    const again = block(16);
+    assert.equal(again.data.byteOffset, offsetA, 'the warm block is reused');
+    assert.equal(c.warm(), len(16));
+    // A smaller one is cut from a warm block; the rest of it stays warm.
+    const small = block(4);
+    assert.equal(c.warm(), len(16) - len(4));
+    again.dispose();
+    small.dispose();
+    assert.equal(c.warm(), 2 * len(16));
+    // More freed than the limit holds: the oldest go back, no more than the limit stays.
+    const more = [block(16), block(16), block(16)];
+    for (const t of more) t.dispose();
+    assert.ok(c.warm() <= 40 * MiB && c.warm() >= len(16), `${c.warm()} bytes warm under a 40 MiB limit`);
+    // A block larger than the limit is never kept.
+    const before = c.warm();
+    block(48).dispose();
+    assert.equal(c.warm(), before);
+    c.setWarmLimit(0);
+    assert.equal(c.warm(), 0, 'a limit of 0 gives every warm block back');
+    assert.equal(c.live(), live);
+  } finally {
+    c.setWarmLimit(0);
+    d.dispose();
+  }
+});

@@ -115,6 +115,8 @@ export interface Config {
   calibrationCache: boolean;
   /** What the profile run measures of a run on the host: ONNX Runtime's accounted bytes, or resident memory. */
   hostMeter: 'accounted' | 'resident';
+  /** Bytes of freed large blocks the counting allocator keeps resident for reuse (counting-allocator.c). */
+  allocatorWarmBytes: number;
   /** Reservations are predictions x (1 + headroom), the headroom at least this. */
   minHeadroom: number;
   reshapeOrder: ReshapeStep[];
@@ -505,6 +507,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_HOST_METER', default: 'accounted',
     doc: 'What the profile run measures of a model run on the host. accounted: the bytes ONNX Runtime allocates, counted by the counting allocator that npm run setup builds (build/native; exact, run after run; resident where it is not built). resident: the process\'s resident high-water mark (VmHWM; includes the allocator\'s own scatter).',
     apply: oneOf(['accounted', 'resident'] as const, (c, v) => (c.hostMeter = v)),
+  },
+  {
+    name: 'RAGGUARD_ALLOCATOR_WARM_BYTES', default: String(256 * 2 ** 20),
+    doc: 'Bytes of freed large buffers (2 MiB and up: a batch\'s activations) the counting allocator keeps resident for the next run of the same shapes, instead of giving their pages back and faulting them in again (the reranker at 32 pairs a run: 2.2x the pairs/s). Counted in the budget as the weights are. 0: every freed buffer goes back at once.',
+    apply: int(0, Number.MAX_SAFE_INTEGER, (c, v) => (c.allocatorWarmBytes = v)),
   },
   {
     name: 'RAGGUARD_MIN_HEADROOM', default: '0.5',

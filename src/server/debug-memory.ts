@@ -232,7 +232,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
     process: snake(processMemory()),
     onnxruntime_host: ((c) => (c
-      ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations() }
+      ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations(), warm_bytes: c.warm(), warm_limit_bytes: c.warmLimit() }
       : { accounted: false as const, reason: accountingUnavailable() }))(countingAllocator()),
     native: ((m, p) => {
       const ort = countingAllocator();

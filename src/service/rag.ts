@@ -35,7 +35,7 @@ import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } fr
 import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
 import { mallocStats, trimMalloc } from '../runtime/malloc.js';
 import { autoTokenizerThreads } from '../runtime/tokenizer-pool.js';
-import { installCountingAllocator } from '../runtime/ort-allocator.js';
+import { countingAllocator, installCountingAllocator } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
 import { chunkSections, type Section } from '../retrieval/chunker.js';
@@ -169,7 +169,7 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
  */
 export async function loadModels(cfg: Config, onLoaded?: (done: number, of: number) => void): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
-  if (cfg.hostMeter === 'accounted') installCountingAllocator();
+  if (cfg.hostMeter === 'accounted') installCountingAllocator()?.setWarmLimit(cfg.allocatorWarmBytes);
   applySessionSettings(cfg);
   const extras = {
     webgpuBufferCache: cfg.webgpuBufferCache, cuda: { maxRows: cfg.cudaEncoderRows, maxTokens: cfg.cudaEncoderTokens },
@@ -265,7 +265,8 @@ export class RagService {
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
     const d = models.decoder.shape;
-    this.budget = planBudget(cfg, this.weightBytes + this.adapterSlotBytes + store.indexBytes,
+    // The allocator's warm cache stays resident as the weights do (counting-allocator.c): its limit is spent up front.
+    this.budget = planBudget(cfg, this.weightBytes + this.adapterSlotBytes + store.indexBytes + (countingAllocator()?.warmLimit() ?? 0),
       gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null, totalmem(),
       { bytesPerToken: models.decoder.kvBytesPerToken, maxPositions: d.maxPositions });
     const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
