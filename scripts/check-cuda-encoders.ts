@@ -20,6 +20,7 @@ import path from 'node:path';
 import { encoderNative, encoderUnavailable } from '../src/backends/cuda/encoder-binding.js';
 import { Embedder } from '../src/retrieval/embedder.js';
 import { Reranker } from '../src/retrieval/reranker.js';
+import { cosine } from '../src/retrieval/similarity.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const MINILM = process.env['MINILM_DIR'] ?? path.join(ROOT, 'models', 'pretrained', 'all-minilm-l6-v2');
@@ -34,15 +35,6 @@ const ref = JSON.parse(readFileSync(path.join(ROOT, 'scripts', 'gpu', 'encoder-r
 const where = (dir: string) => (dir.endsWith('all-minilm-l6-v2') ? MINILM : path.join(ROOT, dir));
 const KERNELS = [['tensor-core', false], ['reference', true]] as const;
 
-function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let d = 0, na = 0, nb = 0;
-  for (let i = 0; i < a.length; i++) {
-    d += a[i]! * b[i]!;
-    na += a[i]! ** 2;
-    nb += b[i]! ** 2;
-  }
-  return d / Math.sqrt(na * nb);
-}
 
 const round = (x: number) => Number(x.toFixed(6));
 const results: Record<string, unknown>[] = [];

@@ -22,6 +22,7 @@ import { loadConfig } from '../src/config/config.js';
 import { MemoryModel } from '../src/guards/memory-model.js';
 import { Embedder } from '../src/retrieval/embedder.js';
 import { Reranker } from '../src/retrieval/reranker.js';
+import { cosine } from '../src/retrieval/similarity.js';
 import { encoderLoadBytes, loadModels, RagService } from '../src/service/rag.js';
 import { memorySnapshot } from '../src/server/debug-memory.js';
 import { Admission } from '../src/guards/admission.js';
@@ -41,15 +42,6 @@ const TEXTS = [
   'a',
 ];
 
-function cosine(a: Float32Array, b: Float32Array): number {
-  let d = 0, na = 0, nb = 0;
-  for (let i = 0; i < a.length; i++) {
-    d += a[i]! * b[i]!;
-    na += a[i]! ** 2;
-    nb += b[i]! ** 2;
-  }
-  return d / Math.sqrt(na * nb);
-}
 
 /** Row-wise worst cosine of two [n, d] matrices. */
 function worstCosine(a: Float32Array, b: Float32Array, d: number): number {
