@@ -108,7 +108,7 @@ describe('LoRA adapters', () => {
     const stage = (r: request.Response, st: string) => r.body.guard.as_run.predicted_stage_bytes[st] as number;
     assert.equal(stage(res, 'decode'), stage(base, 'decode'));
     assert.ok(service.adapterSlotBytes > 0);
-    assert.equal(service.workspaceBytes, service.budget.budgetBytes - service.weightBytes - service.adapterSlotBytes - service.engine.pool.bytes - service.store.indexBytes);
+    assert.equal(service.workspaceBytes, service.budget.budgetBytes - service.weightBytes - service.adapterSlotBytes - service.engine.pool.bytes - service.store.indexBytes - service.allocatorWarmBytes);
     // The KV depends on the adapter: the base model's cached prompt is no hit for it, its own is.
     assert.ok(base.body.guard.as_run.cached_prompt_tokens > 0, 'asked before in this file: a prefix hit');
     assert.equal(res.body.guard.as_run.cached_prompt_tokens, 0);

@@ -99,7 +99,7 @@ describe('serving on the CUDA decoder', () => {
     assert.ok(m.lora > 0);
     assert.equal(service.adapterSlotBytes, m.lora);
     // What the budget leaves for model runs is what is left once every allocated byte is counted.
-    assert.equal(service.workspaceBytes, service.budget.budgetBytes - service.weightBytes - service.adapterSlotBytes - m.kv_pool - service.store.indexBytes);
+    assert.equal(service.workspaceBytes, service.budget.budgetBytes - service.weightBytes - service.adapterSlotBytes - m.kv_pool - service.store.indexBytes - service.allocatorWarmBytes);
     const res = await request(app).get('/debug/memory').expect(200);
     const decoder = (res.body.components as { name: string; bytes: number; how: string; detail: string }[]).find((c) => c.name === 'decoder')!;
     assert.equal(decoder.how, 'exact');

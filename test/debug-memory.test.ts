@@ -23,7 +23,7 @@ test('the snapshot accounts for every component, the KV pool and the process', a
   const res = await request(app).get('/debug/memory').expect(200);
   const m = res.body;
   const names = m.components.map((c: { name: string }) => c.name);
-  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index', 'adapter_slots', 'token_masks']);
+  assert.deepEqual(names, ['embedder', 'reranker', 'decoder', 'kv_pool', 'block_tables', 'faiss_index', 'adapter_slots', 'token_masks', 'allocator_warm']);
   const byName = Object.fromEntries(m.components.map((c: { name: string; bytes: number }) => [c.name, c.bytes]));
   assert.ok(byName.decoder > 0, 'decoder load was measured');
   assert.equal(byName.kv_pool, m.kv.pool_bytes);
@@ -46,6 +46,10 @@ test('the snapshot accounts for every component, the KV pool and the process', a
   assert.equal(m.onnxruntime_host.accounted, true);
   assert.ok(m.onnxruntime_host.live_bytes > 0 && m.onnxruntime_host.peak_bytes >= m.onnxruntime_host.live_bytes, JSON.stringify(m.onnxruntime_host));
   assert.equal(m.memory_model.host_meter, 'accounted');
+  // The allocator's warm cache: at most its limit held, the limit a component counted in the budget.
+  assert.equal(byName.allocator_warm, service.cfg.allocatorWarmBytes);
+  assert.equal(m.onnxruntime_host.warm_limit_bytes, service.cfg.allocatorWarmBytes);
+  assert.ok(m.onnxruntime_host.warm_bytes >= 0 && m.onnxruntime_host.warm_bytes <= m.onnxruntime_host.warm_limit_bytes);
 });
 
 test('growth is tracked over the last requests', async () => {

@@ -53,7 +53,7 @@ describe('decisions over HTTP', () => {
 
   /** The same models and index under a budget that leaves exactly `workspace` bytes for runs. */
   function withWorkspace(workspace: number, promptBudgetTokens = service.cfg.promptBudgetTokens, reshapeOrder = service.cfg.reshapeOrder) {
-    const fixed = service.weightBytes + service.adapterSlotBytes + service.store.indexBytes + service.engine.pool.bytes;
+    const fixed = service.weightBytes + service.adapterSlotBytes + service.store.indexBytes + service.engine.pool.bytes + service.allocatorWarmBytes;
     const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + workspace }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens, reshapeOrder };
     const s = new RagService(cfg, service.models, service.store);
     s.guard.model.calibrate(service.guard.model.calibration, service.guard.model.headroom);

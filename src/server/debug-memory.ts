@@ -187,6 +187,10 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       detail: `${adapters.slots.max_loras} LoRA adapters x rank ${adapters.slots.max_rank} per module, allocated at start-up; ${adapters.loaded.length} loaded now`,
     },
     tokenMasksComponent(),
+    ...(service.allocatorWarmBytes > 0 ? [{
+      name: 'allocator_warm', bytes: service.allocatorWarmBytes, how: 'exact' as const,
+      detail: `freed run buffers of 2 MiB and up kept resident for the next run, at most this (RAGGUARD_ALLOCATOR_WARM_BYTES; ${countingAllocator()?.warm() ?? 0} bytes held now), counted in the budget up front`,
+    }] : []),
   ];
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
   return {

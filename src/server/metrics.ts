@@ -98,6 +98,7 @@ export class ServerMetrics {
         this.labels('kv_pool').set(engine.pool.bytes);
         this.labels('adapter_slots').set(service.adapterSlotBytes);
         this.labels('faiss_index').set(service.store.indexBytes);
+        this.labels('allocator_warm').set(service.allocatorWarmBytes);
         this.labels('workspace').set(service.workspaceBytes);
       } });
     new Gauge({ name: name('kv_cache_blocks'), help: 'KV blocks by state (total, free, cached, used).', labelNames: ['state'], registers: [r],

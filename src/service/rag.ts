@@ -265,8 +265,7 @@ export class RagService {
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
     const d = models.decoder.shape;
-    // The allocator's warm cache stays resident as the weights do (counting-allocator.c): its limit is spent up front.
-    this.budget = planBudget(cfg, this.weightBytes + this.adapterSlotBytes + store.indexBytes + (countingAllocator()?.warmLimit() ?? 0),
+    this.budget = planBudget(cfg, this.weightBytes + this.adapterSlotBytes + store.indexBytes + this.allocatorWarmBytes,
       gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null, totalmem(),
       { bytesPerToken: models.decoder.kvBytesPerToken, maxPositions: d.maxPositions });
     const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
@@ -309,9 +308,17 @@ export class RagService {
     return this.adapters.pool?.bytes ?? 0;
   }
 
+  /**
+   * The counting allocator's warm cache at its limit (counting-allocator.c): freed run buffers kept
+   * resident for the next run, spent up front from the budget as the weights are (0 where not installed).
+   */
+  get allocatorWarmBytes(): number {
+    return countingAllocator()?.warmLimit() ?? 0;
+  }
+
   /** What the budget leaves model runs now (the index grows with ingestion). */
   get workspaceBytes(): number {
-    return this.budget.budgetBytes - this.weightBytes - this.adapterSlotBytes - this.engine.pool.bytes - this.store.indexBytes;
+    return this.budget.budgetBytes - this.weightBytes - this.adapterSlotBytes - this.engine.pool.bytes - this.store.indexBytes - this.allocatorWarmBytes;
   }
 
   /** A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs. */
