@@ -26,6 +26,11 @@
  * scripts/postgres.sh with BENCH_SCALE_PG_SHARED_BUFFERS (2GB) of shared buffers, stopped at the end. The
  * store's own settings come from the environment as the server reads them (RAGGUARD_FAISS_*, RAGGUARD_PG_EF_SEARCH).
  *
+ * - ef sweep (BENCH_SCALE_EF_SWEEP, e.g. 128,256,512: none by default): after the rest, the store opened
+ *   again at each HNSW candidate-list size (faiss: efSearch; Postgres: hnsw.ef_search), dense queries
+ *   only: p50/p95 and recall@10 against the same exact search (the ingests' 80 chunks are in the store by
+ *   then: a hit on one counts as a miss), the recall a latency buys, from one build.
+ *
  * Each case prints one JSON line; the last line sums them up with the issue's goals at the largest size
  * (query p95 <= 30 ms at recall@10 >= 0.95, one-document ingest p95 <= 200 ms). Run with nice on a shared
  * machine; figures need a quiet one.
@@ -58,6 +63,8 @@ const PG_WORKERS = Number(env('BENCH_SCALE_PG_WORKERS', '1'));
 const PG_SHARED_BUFFERS = env('BENCH_SCALE_PG_SHARED_BUFFERS', '2GB');
 const CHUNKS_PER_DOC = 10;
 const INGEST_CHUNKS = 4;
+const EF_SWEEP = env('BENCH_SCALE_EF_SWEEP', '').split(',').filter(Boolean).map(Number);
+if (EF_SWEEP.some((e) => !Number.isInteger(e) || e < 1)) throw new Error('BENCH_SCALE_EF_SWEEP takes positive integers');
 const WARMUP = 20;
 const K = 10;
 const FILTER = { collection: 'default' };
@@ -165,6 +172,31 @@ async function measure(store: RetrievalStore, n: number): Promise<Measured> {
   };
 }
 
+/** Dense queries at each candidate-list size of the sweep, the store opened at each by `open`. */
+async function efSweep(open: (ef: number) => Promise<RetrievalStore>, n: number): Promise<Record<string, number>[]> {
+  const out: Record<string, number>[] = [];
+  for (const ef of EF_SWEEP) {
+    const store = await open(ef);
+    try {
+      for (let q = 0; q < WARMUP; q++) await store.searchDense(queryAt(q % QUERIES), K, FILTER);
+      const lat: number[] = [];
+      const found: number[][] = [];
+      for (let q = 0; q < QUERIES; q++) {
+        const t = now();
+        const hits = await store.searchDense(queryAt(q), K, FILTER);
+        lat.push(now() - t);
+        found.push(hits.map(rowOf));
+      }
+      const row = { ef_search: ef, query_p50_ms: round(pct(lat, 50)), query_p95_ms: round(pct(lat, 95)), recall_at_10: round(exactFor(n).recall((q) => found[q]!), 4) };
+      log(`ef sweep ${n}: ${JSON.stringify(row)}`);
+      out.push(row);
+    } finally {
+      await store.close();
+    }
+  }
+  return out;
+}
+
 function residentAfterCollection(): number {
   (globalThis as { gc?: () => void }).gc?.();
   trimMalloc();
@@ -207,12 +239,14 @@ async function faissCase(n: number): Promise<Record<string, unknown>> {
     const restartS = (now() - t1) / 1000;
     const after = store.status;
     await store.close();
+    const sweep = await efSweep((ef) => FaissStore.open(dir, DIM, BM25, { ...opts, efSearch: ef }), n);
     return {
       store: 'faiss', chunks: n, build_s: round(buildS, 1), build_background_wait_s: round(waited / 1000, 1), index: status.index,
       ...m, restart_s: round(restartS), index_after_restart: after.index,
       rss_bytes: resident, predicted_bytes: predicted, index_bytes: indexBytes, snapshot_bytes: status.snapshotBytes,
       lexical_build_s: lexicalBuildS,
       settings: { ann_min: opts.annMin, ef_search: opts.efSearch, hnsw_m: opts.hnswM, ef_construction: opts.efConstruction, log_bytes: opts.logBytes },
+      ...(sweep.length > 0 ? { ef_sweep: sweep } : {}),
     };
   } finally {
     await rm(dir, { recursive: true, force: true });
@@ -287,6 +321,7 @@ async function postgresCase(server: PgServer, n: number): Promise<Record<string,
     store = await PostgresStore.open(url, DIM, { bm25: BM25, efSearch: cfg.pgEfSearch });
     await store.searchDense(queryAt(0), K, FILTER);
     const restartS = (now() - t2) / 1000;
+    const sweep = await efSweep((ef) => PostgresStore.open(url, DIM, { bm25: BM25, efSearch: ef }), n);
     const sizes = (await client.query<Record<string, string>>(
       `SELECT current_setting('shared_buffers') AS shared_buffers,
               pg_relation_size('ragguard_chunks_embedding') AS index_bytes,
@@ -298,6 +333,7 @@ async function postgresCase(server: PgServer, n: number): Promise<Record<string,
       ...m, restart_s: round(restartS),
       shared_buffers: sizes['shared_buffers'], index_bytes: Number(sizes['index_bytes']), chunks_table_bytes: Number(sizes['chunks_bytes']),
       terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']),
+      ...(sweep.length > 0 ? { ef_sweep: sweep } : {}),
       settings: { ef_search: cfg.pgEfSearch, maintenance_work_mem: PG_MAINTENANCE_MEM, max_parallel_maintenance_workers: PG_WORKERS, index: indexdef },
     };
   } finally {
