@@ -105,7 +105,7 @@ describe('response_format', () => {
     assert.ok(validates(parse(text.trim()), schema), text);
   });
 
-  test('json_object: an object; max_tokens inside it ends with finish_reason length', async () => {
+  test('json_object: an object; max_tokens below the schema\'s shortest document ends with finish_reason length', async () => {
     const r = await client.chat.completions.create({ model: MODEL, max_tokens: 200, temperature: 1, seed: 5, messages: [{ role: 'user', content: 'Describe apt.' }], response_format: { type: 'json_object' } });
     const text = r.choices[0]!.message.content!;
     // The small decoder writes a long key; cut or not, what it wrote is the start of a JSON object.
@@ -114,6 +114,19 @@ describe('response_format', () => {
     const cut = await client.chat.completions.create({ model: MODEL, max_tokens: 3, temperature: 1, seed: 5, messages: [{ role: 'user', content: 'Describe apt.' }], response_format: { type: 'json_schema', json_schema: { name: 'x', schema: SCHEMAS[0]! } } });
     assert.equal(cut.choices[0]!.finish_reason, 'length');
     assert.ok(cut.choices[0]!.message.content!.startsWith('{'));
+  });
+
+  test('json_schema with free strings closes within max_tokens: a whole document, finish_reason stop', async () => {
+    // The small decoder, trained on prose, would write the summary until max_tokens; the budget ends it in time.
+    const schema = { type: 'object', properties: { summary: { type: 'string' }, tags: { type: 'array', items: { type: 'string' } } }, required: ['summary', 'tags'], additionalProperties: false };
+    for (const [maxTokens, seed] of [[24, 1], [40, 2], [64, 3]] as const) {
+      const r = await client.chat.completions.create({ model: MODEL, max_tokens: maxTokens, temperature: 1, seed, messages: [{ role: 'user', content: 'Describe apt-cache.' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'summary', schema, strict: true } } });
+      const text = r.choices[0]!.message.content!;
+      assert.equal(r.choices[0]!.finish_reason, 'stop', `max_tokens ${maxTokens}: ${text}`);
+      assert.ok(r.usage!.completion_tokens <= maxTokens, `${r.usage!.completion_tokens} tokens under max_tokens ${maxTokens}`);
+      assert.ok(validates(parse(text), schema), text);
+    }
   });
 
   test('a schema outside the supported subset is refused with 400 naming the keyword', async () => {

@@ -29,7 +29,7 @@ export interface PostgresStoreOptions {
   bm25: Bm25Params;
   /** Connections in the pool. */
   poolSize?: number;
-  /** HNSW candidate list per scan (pgvector's hnsw.ef_search; higher: better recall, slower). */
+  /** HNSW candidate list per scan (pgvector's hnsw.ef_search; higher: better recall, slower; default 800, RAGGUARD_PG_EF_SEARCH says why). */
   efSearch?: number;
 }
 
@@ -207,7 +207,7 @@ export class PostgresStore implements RetrievalStore {
     pool.on('error', () => undefined);
     // Per connection, ahead of anything else on it (a client runs its queries in order); not as startup
     // options, which the URL's own ?options= would replace.
-    const efSearch = Math.trunc(opts.efSearch ?? 100);
+    const efSearch = Math.trunc(opts.efSearch ?? 800);
     pool.on('connect', (client) => {
       client.query(`SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = ${efSearch}`).catch(() => undefined);
     });
