@@ -129,7 +129,8 @@ interface Measured {
 }
 
 /** Queries, lexical and hybrid, then the one-document ingests: the same for both stores. */
-async function measure(store: RetrievalStore, n: number): Promise<Measured> {
+/** Dense top-K queries after the warm-up: each one's latency, and recall@K against exact search over n rows. */
+async function denseQueries(store: RetrievalStore, n: number): Promise<{ lat: number[]; recall: number }> {
   for (let q = 0; q < WARMUP; q++) await store.searchDense(queryAt(q % QUERIES), K, FILTER);
   const lat: number[] = [];
   const found: number[][] = [];
@@ -139,7 +140,11 @@ async function measure(store: RetrievalStore, n: number): Promise<Measured> {
     lat.push(now() - t);
     found.push(hits.map(rowOf));
   }
-  const recall = exactFor(n).recall((q) => found[q]!);
+  return { lat, recall: exactFor(n).recall((q) => found[q]!) };
+}
+
+async function measure(store: RetrievalStore, n: number): Promise<Measured> {
+  const { lat, recall } = await denseQueries(store, n);
   let lexical: number[] | null = null;
   let hybrid: number[] | null = null;
   if (HYBRID) {
@@ -178,16 +183,8 @@ async function efSweep(open: (ef: number) => Promise<RetrievalStore>, n: number)
   for (const ef of EF_SWEEP) {
     const store = await open(ef);
     try {
-      for (let q = 0; q < WARMUP; q++) await store.searchDense(queryAt(q % QUERIES), K, FILTER);
-      const lat: number[] = [];
-      const found: number[][] = [];
-      for (let q = 0; q < QUERIES; q++) {
-        const t = now();
-        const hits = await store.searchDense(queryAt(q), K, FILTER);
-        lat.push(now() - t);
-        found.push(hits.map(rowOf));
-      }
-      const row = { ef_search: ef, query_p50_ms: round(pct(lat, 50)), query_p95_ms: round(pct(lat, 95)), recall_at_10: round(exactFor(n).recall((q) => found[q]!), 4) };
+      const { lat, recall } = await denseQueries(store, n);
+      const row = { ef_search: ef, query_p50_ms: round(pct(lat, 50)), query_p95_ms: round(pct(lat, 95)), recall_at_10: round(recall, 4) };
       log(`ef sweep ${n}: ${JSON.stringify(row)}`);
       out.push(row);
     } finally {
