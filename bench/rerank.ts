@@ -22,7 +22,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../src/config/config.js';
 import { Reranker } from '../src/retrieval/reranker.js';
-import { countingAllocator, installCountingAllocator } from '../src/runtime/ort-allocator.js';
+import { countingAllocator, installHostAccounting } from '../src/runtime/ort-allocator.js';
 import { applySessionSettings } from '../src/runtime/ort-direct.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -35,7 +35,7 @@ if (!(numPairs >= 1 && rounds >= 1 && batches.every((b) => Number.isInteger(b) &
 
 const cfg = loadConfig(process.env);
 // ONNX Runtime's allocations as the server makes them: through the counting allocator, with its warm cache.
-if (cfg.hostMeter === 'accounted') installCountingAllocator()?.setWarmLimit(cfg.allocatorWarmBytes);
+installHostAccounting(cfg);
 applySessionSettings(cfg);
 const dir = cfg.rerankerPath;
 

@@ -81,6 +81,17 @@ export function installCountingAllocator(library = COUNTING_ALLOCATOR_LIBRARY): 
   }
 }
 
+/**
+ * ONNX Runtime's host allocations as the server makes them: through the counting allocator with the
+ * configured warm cache when the host meter is 'accounted', untouched otherwise. Before any session.
+ */
+export function installHostAccounting(cfg: { hostMeter: string; allocatorWarmBytes: number }): AllocatorCounters | undefined {
+  if (cfg.hostMeter !== 'accounted') return undefined;
+  const c = installCountingAllocator();
+  c?.setWarmLimit(cfg.allocatorWarmBytes);
+  return c;
+}
+
 /** The installed counters, if any. */
 export function countingAllocator(): AllocatorCounters | undefined {
   return counters;

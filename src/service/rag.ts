@@ -35,7 +35,7 @@ import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } fr
 import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
 import { mallocStats, trimMalloc } from '../runtime/malloc.js';
 import { autoTokenizerThreads } from '../runtime/tokenizer-pool.js';
-import { countingAllocator, installCountingAllocator } from '../runtime/ort-allocator.js';
+import { countingAllocator, installHostAccounting } from '../runtime/ort-allocator.js';
 import { applySessionSettings } from '../runtime/ort-direct.js';
 import { nextTurn } from '../runtime/turns.js';
 import { chunkSections, type Section } from '../retrieval/chunker.js';
@@ -169,7 +169,7 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
  */
 export async function loadModels(cfg: Config, onLoaded?: (done: number, of: number) => void): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
-  if (cfg.hostMeter === 'accounted') installCountingAllocator()?.setWarmLimit(cfg.allocatorWarmBytes);
+  installHostAccounting(cfg);
   applySessionSettings(cfg);
   const extras = {
     webgpuBufferCache: cfg.webgpuBufferCache, cuda: { maxRows: cfg.cudaEncoderRows, maxTokens: cfg.cudaEncoderTokens },
