@@ -119,6 +119,7 @@ describe('response_format', () => {
   test('json_schema with free strings closes within max_tokens: a whole document, finish_reason stop', async () => {
     // The small decoder, trained on prose, would write the summary until max_tokens; the budget ends it in time.
     const schema = { type: 'object', properties: { summary: { type: 'string' }, tags: { type: 'array', items: { type: 'string' } } }, required: ['summary', 'tags'], additionalProperties: false };
+    let steered = 0;
     for (const [maxTokens, seed] of [[24, 1], [40, 2], [64, 3]] as const) {
       const r = await client.chat.completions.create({ model: MODEL, max_tokens: maxTokens, temperature: 1, seed, messages: [{ role: 'user', content: 'Describe apt-cache.' }],
         response_format: { type: 'json_schema', json_schema: { name: 'summary', schema, strict: true } } });
@@ -126,7 +127,12 @@ describe('response_format', () => {
       assert.equal(r.choices[0]!.finish_reason, 'stop', `max_tokens ${maxTokens}: ${text}`);
       assert.ok(r.usage!.completion_tokens <= maxTokens, `${r.usage!.completion_tokens} tokens under max_tokens ${maxTokens}`);
       assert.ok(validates(parse(text), schema), text);
+      // A reply the budget shaped says so (the schema allowed a longer summary).
+      const extra = (r.choices[0] as { ragguard?: unknown }).ragguard;
+      if (extra !== undefined) assert.deepEqual(extra, { steered_to_close: true });
+      if (extra !== undefined) steered++;
     }
+    assert.ok(steered > 0, 'the budget shaped a reply at the tighter max_tokens');
   });
 
   test('a schema outside the supported subset is refused with 400 naming the keyword', async () => {

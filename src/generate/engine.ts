@@ -362,6 +362,7 @@ export class Engine {
         ids: seq.outputIds, text: seq.text?.text ?? this.decoderOf(seq).decode(seq.outputIds).trim(), finishReason: seq.finishReason ?? 'length',
         cachedTokens: seq.cachedPrefix ?? 0,
         ...(seq.params.logprobs !== undefined ? { logprobs: seq.logprobs } : {}),
+        ...(seq.guide?.steered ? { steered: true } : {}),
       });
     } catch (e) {
       p.reject(e instanceof Error ? e : new Error(String(e)));

@@ -11,4 +11,9 @@ export interface Generation {
   cachedTokens?: number;
   /** Each generated token's logprobs (ids' order), where the request asked (logprobs.ts). */
   logprobs?: TokenLogprobs[];
+  /**
+   * Structured output only: to close the document within max_tokens, the budget left out a token the
+   * schema allowed at some step (a string ended sooner, an optional property was left out).
+   */
+  steered?: boolean;
 }

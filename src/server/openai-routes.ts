@@ -66,6 +66,12 @@ const newId = (prefix: string) => `${prefix}-${randomBytes(12).toString('hex')}`
 const now = () => Math.floor(Date.now() / 1000);
 
 type Usage = { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+/**
+ * A choice's own ragguard field: `steered_to_close` where a structured output's max_tokens budget left
+ * out a continuation the schema allowed, so that the JSON closed in time (it is whole, and may be
+ * shorter than the model would have written): nothing about the reply differs silently.
+ */
+const steering = (g: Generation | undefined) => (g?.steered ? { ragguard: { steered_to_close: true } } : {});
 const usage = (prompt: number, completion: number): Usage => ({ prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion });
 
 export function openaiRoutes(service: RagService, admission: Admission, outputs = new StructuredOutputs(service.engine.runner)): express.Router {
@@ -211,11 +217,11 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
     };
     await generateReply(res, ids, { ...params(b, maxTokens, b.logprobs), grammar }, b.n ?? 1, adapter, b.stream ?? false, b.stream_options?.include_usage ?? false, {
       chunk: (index, text, _first, entries) => ({ ...base, choices: [{ index, text, logprobs: lp(index, entries), finish_reason: null }] }),
-      last: (index, reason) => ({ ...base, choices: [{ index, text: '', logprobs: null, finish_reason: reason }] }),
+      last: (index, reason, g) => ({ ...base, choices: [{ index, text: '', logprobs: null, finish_reason: reason, ...steering(g) }] }),
       usageChunk: (u) => ({ ...base, choices: [], usage: u }),
       reply: (gens, u, guard) => ({
         ...base,
-        choices: gens.map((g, index) => ({ index, text: g.text, logprobs: lp(index, g.logprobs), finish_reason: g.finishReason })),
+        choices: gens.map((g, index) => ({ index, text: g.text, logprobs: lp(index, g.logprobs), finish_reason: g.finishReason, ...steering(g) })),
         usage: u, ragguard: { guard },
       }),
     });
@@ -245,13 +251,15 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
         ...base, choices: [{ index, delta: first ? { role: 'assistant', content } : { content }, logprobs: lp(entries), finish_reason: null }],
       }),
       ...(toolDeltas ? { chunks: (index: number, text: string | null, first: boolean) => toolDeltas[index]!.deltas(text).map((d, i) => delta(index, d, first && i === 0)) } : {}),
-      last: (index: number, reason: string) => ({ ...base, choices: [{ index, delta: {}, logprobs: null, finish_reason: toolDeltas?.[index]!.finishReason(reason) ?? reason }] }),
+      last: (index: number, reason: string, g?: Generation) => ({
+        ...base, choices: [{ index, delta: {}, logprobs: null, finish_reason: toolDeltas?.[index]!.finishReason(reason) ?? reason, ...steering(g) }],
+      }),
       usageChunk: (u: Usage) => ({ ...base, choices: [], usage: u }),
       reply: (gens: readonly Generation[], u: Usage, guard: Record<string, unknown>, citations?: Citation[]) => ({
         ...base, object: 'chat.completion',
         choices: gens.map((g, index) => {
           const { message, finishReason } = replyMessage(g.text, g.finishReason, plan.tools);
-          return { index, message, logprobs: lp(g.logprobs), finish_reason: finishReason };
+          return { index, message, logprobs: lp(g.logprobs), finish_reason: finishReason, ...steering(g) };
         }),
         usage: u,
         ...(citations ? { citations } : {}),
@@ -329,7 +337,8 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
   interface ReplyShapes {
     /** Choice `index`'s next text, and the logprobs of the tokens it completes (where asked). */
     chunk(index: number, text: string, first: boolean, logprobs?: readonly TokenLogprobs[]): object;
-    last(index: number, reason: string): object;
+    /** Choice `index`'s closing chunk; `g`, its generation, where one was made here. */
+    last(index: number, reason: string, g?: Generation): object;
     usageChunk(u: Usage): object;
     reply(gens: readonly Generation[], u: Usage, guard: Record<string, unknown>): object;
     /** Choice `index`'s chunks for generated text (null: its end) where they are not one content chunk each (tool calls). */
@@ -393,7 +402,7 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
         sse.send(shapes.chunk(i, '', first[i]!, p.logprobs === undefined ? undefined : held[i]!.splice(0)));
         first[i] = false;
       }
-      gens.forEach((g, i) => sse.send(shapes.last(i, g.finishReason)));
+      gens.forEach((g, i) => sse.send(shapes.last(i, g.finishReason, g)));
       if (includeUsage) sse.send(shapes.usageChunk(u));
       sse.sendRaw('[DONE]');
     } catch (e) {
