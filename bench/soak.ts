@@ -11,7 +11,7 @@
  * Every minute: the server's resident memory (/proc/<pid>/status VmRSS) and /debug/memory (components,
  * native memory by holder, the expected growth, the leak checks' verdicts). At the end: the slope
  * of resident memory after the first BENCH_SOAK_SKIP_MINUTES (5) minutes, as it is and less the expected
- * growth (the store's predicted bytes and the KV pool's blocks as first used) (Theil-Sen over the per-minute readings; goal: under 1 MiB a minute), the components
+ * growth (the store's predicted bytes, the KV pool's blocks as first used, the allocator's warm cache) (Theil-Sen over the per-minute readings; goal: under 1 MiB a minute), the components
  * at start and end, the verdicts, and the requests by status. Bounded: every request has a timeout, the
  * run stops at its deadline. Last line: JSON.
  */
@@ -138,7 +138,7 @@ try {
     requests: n, kinds, statuses, documents_ingested: ingested, adapters,
     slope_after_minute: SKIP,
     rss_slope_mib_per_min: slope('rss_mib'),
-    // Less the expected growth: the store's documents and the KV pool's blocks as first used (service/rag.ts expectedGrowthBytes).
+    // Less the expected growth: the store's documents, the KV pool's blocks as first used and the allocator's warm cache (service/rag.ts expectedGrowthBytes).
     rss_less_predicted_slope_mib_per_min: slope('adjusted_mib'),
     heap_slope_mib_per_min: slope('heap_mib'),
     goal_mib_per_min: 1,

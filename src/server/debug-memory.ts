@@ -90,7 +90,7 @@ export interface MemorySnapshot {
     faiss_index_bytes: number;
     /** The store's documents as predicted (vectors exact; texts, postings and objects estimated): the growth the leak check expects. */
     store_predicted_bytes: number;
-    /** What the leak check subtracts: the store's predicted bytes, plus a host KV pool's blocks used at least once (their pages written). */
+    /** What the leak check subtracts: the store's predicted bytes, a host KV pool's blocks used at least once (their pages written) and the allocator's warm cache. */
     expected_growth_bytes: number;
     v8_heap_total_bytes: number;
     v8_external_bytes: number;
