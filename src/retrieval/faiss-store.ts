@@ -523,14 +523,18 @@ export class FaissStore implements RetrievalStore {
       this.maintain();
       return result(applied);
     });
-    this.writeTail = run.catch(() => undefined);
+    this.writeTail = run.then(settled, settled);
     return run;
   }
 
   /** Runs `work` as the one writer (after the writes begun), for background tasks' steps. */
   private exclusive<T>(work: () => Promise<T> | T): Promise<T> {
     const run = this.writeTail.then(work);
-    this.writeTail = run.catch(() => undefined);
+    // The tail settles with nothing, not with `work`'s result: a compaction's serialised index or a
+    // rebuild's vectors (a snapshot's size: 1.9 GB at 1M chunks) would otherwise stay reachable from it
+    // until the next write, outside every prediction (bench:scale measured 3.9 GB resident against
+    // 2.3 GB predicted at 1M chunks).
+    this.writeTail = run.then(settled, settled);
     return run;
   }
 
@@ -642,6 +646,8 @@ export class FaissStore implements RetrievalStore {
 const defaultWarn = (message: string) => console.warn(`[faiss-store] ${message}`);
 const everything = (): boolean => true;
 const nothing = (): boolean => false;
+/** What the write queue's tail settles with: nothing that holds memory. */
+const settled = (): undefined => undefined;
 
 /** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
 const lexicalEntry = (c: StoredChunk) => ({ id: c.id, text: `${c.title}\n${c.text}` });

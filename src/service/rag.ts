@@ -460,14 +460,14 @@ export class RagService {
   /** Chunks, embeds and adds the documents, visible once one snapshot for the whole batch is durable. */
   ingest(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
     const run = this.ingestTail.then(() => this.ingestNow(docs, signal));
-    this.ingestTail = run.catch(() => undefined);
+    this.ingestTail = run.then(() => undefined, () => undefined); // nothing of the result kept
     return run;
   }
 
   /** Runs a write to the index after every earlier one (ingest, replacement, removal): one writer at a time. */
   writeExclusive<T>(work: () => Promise<T>): Promise<T> {
     const run = this.ingestTail.then(work);
-    this.ingestTail = run.catch(() => undefined);
+    this.ingestTail = run.then(() => undefined, () => undefined); // nothing of the result kept
     return run;
   }
 

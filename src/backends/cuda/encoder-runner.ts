@@ -223,7 +223,7 @@ export class CudaEncoder implements EncoderRuns {
 
   private serial<T>(work: () => Promise<T>): Promise<T> {
     const next = this.tail.then(work, work);
-    this.tail = next.catch(() => undefined);
+    this.tail = next.then(() => undefined, () => undefined); // the run's outputs not kept with it
     return next;
   }
 }
