@@ -155,6 +155,14 @@ describe('response_format', () => {
     const body = await res.json() as { answer: string; finish_reason: string };
     assert.equal(body.finish_reason, 'stop');
     assert.ok(validates(JSON.parse(body.answer), schema), body.answer);
+    // A tight max_new_tokens (the shortest document is 27 tokens of this tokenizer's): the answer string ends
+    // early so that the JSON closes, and the reply says so.
+    const tight = await post('/query', { query: 'How do I search the apt cache?', max_new_tokens: 40, temperature: 1, seed: 3, response_format: { type: 'json_schema', json_schema: { name: 'cited', schema } } });
+    const short = await tight.json() as { answer: string; finish_reason: string; usage: { completion_tokens: number }; steered_to_close?: boolean };
+    assert.equal(short.finish_reason, 'stop', short.answer);
+    assert.ok(short.usage.completion_tokens <= 40);
+    assert.ok(validates(JSON.parse(short.answer), schema), short.answer);
+    assert.equal(short.steered_to_close, true, short.answer);
   });
 });
 

@@ -318,12 +318,12 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
       const u = usage(r.usage.prompt_tokens, r.usage.completion_tokens);
       chargeTokens(res, u.total_tokens);
       const guard = guardReport(service, decision, r.shape);
-      const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason };
+      const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason, ...(r.steered_to_close ? { steered: true } : {}) };
       if (!sse) {
         res.json(shapes.reply([g], u, guard, r.citations));
         return;
       }
-      sse.send(shapes.last(0, r.finish_reason));
+      sse.send(shapes.last(0, r.finish_reason, g));
       if (includeUsage) sse.send(shapes.usageChunk(u));
       sse.sendRaw('[DONE]');
     } catch (e) {

@@ -53,7 +53,7 @@ export function openapiDocument(s: Schemas): Record<string, unknown> {
     openapi: '3.1.0',
     info: { title: 'ragguard', version: '0.1.0', description: 'Retrieval-augmented generation server with memory guards; OpenAI-compatible routes under /v1.' },
     paths: {
-      '/query': post('Answer a question from the index, with citations', 'query', '{answer, citations, finish_reason, usage, retrieval, timings_ms, guard}', true),
+      '/query': post('Answer a question from the index, with citations', 'query', '{answer, citations, finish_reason, usage, retrieval, timings_ms, guard, adapter?, steered_to_close?}', true),
       '/documents': {
         post: {
           summary: 'Ingest documents: texts, or files (PDF, DOCX, HTML, Markdown, text) as base64 JSON or a multipart upload',

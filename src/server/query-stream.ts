@@ -5,7 +5,7 @@
  *
  *   event: citations   data: {"citations": [...]}
  *   event: token       data: {"text": "..."}            (text made final by each token; never half a character)
- *   event: done        data: {"answer", "finish_reason", "usage", "retrieval", "timings_ms", "guard", "adapter"?}
+ *   event: done        data: {"answer", "finish_reason", "usage", "retrieval", "timings_ms", "guard", "adapter"?, "steered_to_close"?}
  *   event: error       data: {"error": {"code", "message"}}   (a failure after the stream started)
  *
  * The concatenated token texts equal `answer`. A client that closes the stream cancels the request: its

@@ -124,6 +124,8 @@ export interface QueryResult {
   shape: RequestShape;
   /** The adapter it generated with: its name and the key of its weights. */
   adapter?: { name: string; key: string };
+  /** With a response_format: max_tokens' budget left out a continuation the schema allowed, so the JSON closed in time. */
+  steered_to_close?: true;
 }
 
 /** The decoder on ONNX Runtime (CPU, WebGPU) or on the native CUDA backend. */
@@ -593,6 +595,7 @@ export class RagService {
         promptTokens: prompt.ids.length, maxNewTokens: q.maxNewTokens, cachedTokens: gen.cachedTokens ?? 0,
       },
       ...(lease ? { adapter: { name: lease.info.name, key: lease.adapter.key } } : {}),
+      ...(gen.steered ? { steered_to_close: true as const } : {}),
     };
   }
 }
