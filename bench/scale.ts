@@ -194,8 +194,15 @@ async function efSweep(open: (ef: number) => Promise<RetrievalStore>, n: number)
   return out;
 }
 
-function residentAfterCollection(): number {
-  (globalThis as { gc?: () => void }).gc?.();
+/**
+ * Resident bytes once what is unreachable is freed: native buffers (a compaction's serialised index) are
+ * freed by finalizers that run after a collection, so a few turns of the event loop follow each one.
+ */
+async function residentAfterCollection(): Promise<number> {
+  for (let i = 0; i < 3; i++) {
+    (globalThis as { gc?: () => void }).gc?.();
+    await new Promise((r) => setImmediate(r));
+  }
   trimMalloc();
   return process.memoryUsage().rss;
 }
@@ -204,7 +211,7 @@ async function faissCase(n: number): Promise<Record<string, unknown>> {
   const dir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-scale-'));
   const opts = { annMin: cfg.faissAnnMin, efSearch: cfg.faissEfSearch, hnswM: cfg.faissHnswM, efConstruction: cfg.faissEfConstruction, logBytes: cfg.faissLogBytes };
   try {
-    const baseline = residentAfterCollection();
+    const baseline = await residentAfterCollection();
     let store = await FaissStore.open(dir, DIM, BM25, opts);
     const t0 = now();
     let waited = 0;
@@ -217,7 +224,7 @@ async function faissCase(n: number): Promise<Record<string, unknown>> {
     }
     const buildS = (now() - t0) / 1000;
     const status = store.status;
-    const resident = residentAfterCollection() - baseline;
+    const resident = (await residentAfterCollection()) - baseline;
     const predicted = store.residentBytes;
     const indexBytes = store.indexBytes;
     let lexicalBuildS: number | null = null;
