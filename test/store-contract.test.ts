@@ -358,6 +358,16 @@ describe('postgres store shared by replicas', () => {
     }
   });
 
+  test('an ef_search pgvector would refuse (and search at its default 40 instead) refuses to open', async () => {
+    const url = await pgServer.database();
+    for (const efSearch of [0, 1001, 1024, 12.5]) {
+      await assert.rejects(PostgresStore.open(url, D, { bm25: BM25, efSearch }), /outside pgvector's hnsw.ef_search range/, String(efSearch));
+    }
+    const store = await PostgresStore.open(url, D, { bm25: BM25, efSearch: 1000 });
+    assert.equal((await store.settings()).efSearch, 1000);
+    await store.close();
+  });
+
   test('a database holding vectors of another dimension refuses to open', async () => {
     const url = await pgServer.database();
     await (await PostgresStore.open(url, D, { bm25: BM25 })).close();

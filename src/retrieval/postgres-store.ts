@@ -29,7 +29,7 @@ export interface PostgresStoreOptions {
   bm25: Bm25Params;
   /** Connections in the pool. */
   poolSize?: number;
-  /** HNSW candidate list per scan (pgvector's hnsw.ef_search; higher: better recall, slower; default 800, RAGGUARD_PG_EF_SEARCH says why). */
+  /** HNSW candidate list per scan (pgvector's hnsw.ef_search; higher: better recall, slower; default 1000, the most pgvector takes; RAGGUARD_PG_EF_SEARCH says why). */
   efSearch?: number;
 }
 
@@ -207,7 +207,12 @@ export class PostgresStore implements RetrievalStore {
     pool.on('error', () => undefined);
     // Per connection, ahead of anything else on it (a client runs its queries in order); not as startup
     // options, which the URL's own ?options= would replace.
-    const efSearch = Math.trunc(opts.efSearch ?? 800);
+    const efSearch = opts.efSearch ?? 1000;
+    // pgvector refuses a value outside 1..1000, and a connection would then search at its default of 40:
+    // a recall far below the one asked for, silently (bench:scale at ef_search 1024 measured 0.75).
+    if (!Number.isInteger(efSearch) || efSearch < 1 || efSearch > 1000) {
+      throw new RangeError(`efSearch ${efSearch} is outside pgvector's hnsw.ef_search range (an integer in 1..1000)`);
+    }
     pool.on('connect', (client) => {
       client.query(`SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = ${efSearch}`).catch(() => undefined);
     });
@@ -231,6 +236,12 @@ export class PostgresStore implements RetrievalStore {
           'point RAGGUARD_STORE at another database (or schema)');
       }
       await client.query('COMMIT');
+      // The settings are made as each connection opens, where a failure cannot be thrown: checked here.
+      const set = await client.query<{ s: string; e: string }>("SELECT current_setting('hnsw.iterative_scan', true) AS s, current_setting('hnsw.ef_search', true) AS e");
+      if (set.rows[0]?.s !== 'relaxed_order' || Number(set.rows[0]?.e) !== efSearch) {
+        throw new Error(`PostgreSQL at ${where} did not take hnsw.iterative_scan = relaxed_order and hnsw.ef_search = ${efSearch} ` +
+          `(it has ${set.rows[0]?.s ?? 'none'} and ${set.rows[0]?.e ?? 'none'}): pgvector 0.8 or later is needed`);
+      }
     } catch (e) {
       await client.query('ROLLBACK').catch(() => undefined);
       client.release();
