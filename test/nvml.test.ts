@@ -102,8 +102,8 @@ test('GpuSampler timer samples repeatedly and stop() halts it', async () => {
   const fake = scripted([nvml([1]), nvml([2]), nvml([3])]);
   const s = new GpuSampler(fake, 2);
   assert.equal(s.running, true);
-  await sleep(40);
-  assert.ok(fake.calls >= 3, `timer sampled only ${fake.calls} times`);
+  // However long a loaded machine takes, the timer alone brings the samples (no deadline to miss).
+  while (fake.calls < 3) await sleep(5);
   assert.equal(s.peakUsedBytes(0), 3);
   s.stop();
   assert.equal(s.running, false);
