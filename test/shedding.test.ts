@@ -17,7 +17,7 @@ import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { Lifecycle } from '../src/server/shutdown.js';
-import { holdRuns, smallCorpus, tempDir, testConfig, turn, faiss } from './helpers.js';
+import { holdRuns, smallCorpus, sseEvents, tempDir, testConfig, turn, faiss } from './helpers.js';
 
 
 interface Reply {
@@ -267,6 +267,65 @@ test('a query let in at the front door reaches express on a later turn: a drain 
     assert.equal(served.status, 200, served.body);
     const report = await drained!;
     assert.deepEqual([report.finished, report.dropped, report.refused], [1, 0, 0]);
+  } finally {
+    srv.closeAllConnections();
+    srv.close();
+  }
+});
+
+test('with 2 running and 4 waiting places, 6 streamed queries are let in like 6 plain ones and a 7th is shed: a stream hands its admission ticket over when it runs', async () => {
+  // A second app over the same store and models, with its own admission: two run, four wait. The queue's
+  // wait is long (an hour): what is measured is places, not time.
+  const small = new RagService({ ...service.cfg, maxConcurrentQueries: 2, maxQueueLength: 4, queueTimeoutMs: 3_600_000 }, service.models, service.store);
+  const srv = http.createServer(createApp(small, { logger: createLogger('error', lineSink([])) }));
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const to = (srv.address() as AddressInfo).port;
+  const queue = async () => (JSON.parse((await send(`sq${Math.random()}`, 'GET', '/healthz', undefined, {}, to)).body) as { queue: { running: number; waiting: number } }).queue;
+  try {
+    for (const stream of [false, true]) {
+      const query = JSON.stringify({ query: 'How do I set disk quotas for a user?', max_new_tokens: 2, stream });
+      const release = await holdRuns();
+      const sent: Promise<Reply>[] = [];
+      let shed: Reply | undefined;
+      let full: { running: number; waiting: number } | undefined;
+      try {
+        let answered = false; // a reply while runs are held can only be a 503: a place was missing
+        // One after another, each counted as running or waiting before the next is sent.
+        for (let i = 1; i <= 6 && !answered; i++) {
+          const r = send(`${stream ? 's' : 'p'}${i}`, 'POST', '/query', query, {}, to);
+          void r.finally(() => (answered = true));
+          sent.push(r);
+          for (let q = await queue(); q.running + q.waiting < i && !answered; q = await queue()) await turn();
+        }
+        full = await queue();
+        if (!answered) shed = await send(`${stream ? 's' : 'p'}7`, 'POST', '/query', query, {}, to);
+      } finally {
+        release();
+      }
+      const replies = await Promise.all(sent);
+      assert.deepEqual(replies.map((r) => r.status), [200, 200, 200, 200, 200, 200], `stream: ${stream}: ${replies.map((r) => r.body.slice(0, 120)).join('\n')}`);
+      assert.deepEqual(full, { running: 2, waiting: 4 }, `stream: ${stream}`);
+      for (const r of replies) {
+        if (stream) assert.equal(sseEvents(r.body).at(-1)![0], 'done', r.body);
+        else assert.equal(typeof (JSON.parse(r.body) as { answer: unknown }).answer, 'string');
+      }
+      assert.equal(shed?.status, 503, shed?.body);
+      assert.equal((JSON.parse(shed!.body) as { error: { code: string } }).error.code, 'queue_full');
+      assert.deepEqual(await queue(), { running: 0, waiting: 0 });
+
+      // And 6 sent at once, in one burst: all served.
+      const releaseBurst = await holdRuns();
+      let burst: Promise<Reply[]>;
+      try {
+        burst = Promise.all([1, 2, 3, 4, 5, 6].map((i) => send(`${stream ? 's' : 'p'}b${i}`, 'POST', '/query', query, {}, to)));
+        let answered = false;
+        void burst.finally(() => (answered = true));
+        for (let q = await queue(); q.running + q.waiting < 6 && !answered; q = await queue()) await turn();
+      } finally {
+        releaseBurst();
+      }
+      assert.deepEqual((await burst).map((r) => r.status), [200, 200, 200, 200, 200, 200], `burst, stream: ${stream}`);
+    }
   } finally {
     srv.closeAllConnections();
     srv.close();

@@ -36,7 +36,7 @@ export async function streamQuery(service: RagService, admission: Admission, q: 
           if (t.text) sse.send({ text: t.text }, 'token');
         },
       },
-    }), { signal });
+    }), { signal, ticket: res.locals['admission'] as { release(): void } | undefined });
     chargeTokens(res, rest.usage.prompt_tokens + rest.usage.completion_tokens);
     sse.send({ answer, ...rest, guard: guardReport(service, decision, shape) }, 'done');
   } catch (e) {

@@ -23,6 +23,11 @@ export interface GuardOptions {
   fixedPrompt?: boolean;
   /** Aborted while queued (for an admission slot or for workspace): the work is not started. */
   signal?: AbortSignal;
+  /**
+   * The admission place the request was given when it arrived (server/front-door.ts letIn): handed to
+   * the queue as the run is queued, so that the request is counted once, as running or waiting.
+   */
+  ticket?: { release(): void };
 }
 
 /** The guard's decision for `shape` (413 when it can never fit), or undefined with the guards off. */
@@ -54,7 +59,7 @@ export async function runGuarded<T>(service: RagService, admission: Admission, d
     } finally {
       release();
     }
-  }, opts.signal);
+  }, opts.signal, opts.ticket);
 }
 
 /** The shape of a generation without retrieval: only prefill and decode. */
