@@ -10,6 +10,9 @@
  * Unreadable: empty; or a token repeated four times in a row, or one 3-token run three times or more
  * (a decoder in a loop); or fewer than 60% of its words (words()) known to the corpus' vocabulary
  * (gibberish).
+ *
+ * Echoed: the answer repeats a run of 5 or more tokens of the prompt's instruction (the model reading its
+ * orders back instead of answering).
  */
 
 export function normalizeTokens(text: string): string[] {
@@ -59,4 +62,25 @@ export function isUnreadable(answer: string, vocabulary: ReadonlySet<string>): b
   const w = words(answer);
   if (w.length === 0) return false; // a bare command or number
   return w.filter((x) => vocabulary.has(x)).length / w.length < 0.6;
+}
+
+/** BENCH_RAG_MAX_NEW_TOKENS and BENCH_RAG_STOP: fields added to every /query request. */
+export function decodingPolicy(env: NodeJS.ProcessEnv): { max_new_tokens?: number; stop?: string | string[] } {
+  const out: { max_new_tokens?: number; stop?: string | string[] } = {};
+  const n = env['BENCH_RAG_MAX_NEW_TOKENS'];
+  if (n) {
+    if (!/^[1-9]\d*$/.test(n)) throw new Error(`BENCH_RAG_MAX_NEW_TOKENS must be a positive integer, not '${n}'`);
+    out.max_new_tokens = Number(n);
+  }
+  const stop = env['BENCH_RAG_STOP'];
+  if (stop) out.stop = stop.startsWith('[') ? (JSON.parse(stop) as string[]) : stop;
+  return out;
+}
+
+/** The answer repeats a run of `run` or more of the instruction's tokens (normalised): the prompt echoed back. */
+export function echoes(answer: string, instruction: string, run = 5): boolean {
+  const a = normalizeTokens(answer).join(' ');
+  const t = normalizeTokens(instruction);
+  for (let i = 0; i + run <= t.length; i++) if (` ${a} `.includes(` ${t.slice(i, i + run).join(' ')} `)) return true;
+  return false;
 }

@@ -10,10 +10,16 @@
  *   bm25_baseline  bench/bm25.ts (the project's own BM25, lengths in terms)
  *   fused          dense and BM25 by reciprocal-rank fusion, as configured (RAGGUARD_RRF_*)
  *   fused_rerank   the fused top_k, deduplicated, reranked by the cross-encoder (as the server does)
- * Answers, held-out split only: each question through POST /query on a real HTTP server on loopback
- * (the server's defaults: top_k, rerank_top_n, max_new_tokens, greedy), one at a time: the fraction
- * whose answer contains the gold fact (bench/answers.ts: normalised token match of the gold answer or
- * an accepted variant), the fraction unreadable, and the latency of /query (p50, p95).
+ * Answers, held-out split by default: each question through POST /query on a real HTTP server on loopback
+ * (the server's defaults: top_k, rerank_top_n, max_new_tokens, greedy), one at a time, judged per split:
+ *   exact_fact      the answer contains the gold fact (bench/answers.ts: normalised token match of the
+ *                   gold answer or an accepted variant: the command, package, path or value)
+ *   unreadable      empty, looping or gibberish (bench/answers.ts)
+ *   echoed          the answer repeats a run of 5+ words of the prompt's instruction (prompt.ts)
+ *   gold_doc_cited  the answering document is among the citations; gold_doc_first: it is the first one
+ *   length          words of the answer (p50, mean, p95), completion tokens (mean), and the fraction cut
+ *                   at max_new_tokens (finish_reason length)
+ *   /query latency  p50, p95
  *
  * BENCH_RAG_ADAPTER=name answers every chosen question twice, with the base model and with that LoRA adapter
  * (a name under RAGGUARD_ADAPTER_DIR; e.g. coder-grounded, trained on the tune split), in turn, judged the same
@@ -21,9 +27,11 @@
  * correct answers.
  *
  * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only); BENCH_RAG_RETRIEVAL=0 the retrieval tables (answers only). For prompt work on the tuning split (never the
- * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead, BENCH_RAG_LIMIT=n the first n
- * of them, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
+ * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead (all: both splits, each reported
+ * apart), BENCH_RAG_LIMIT=n the first n of each, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer.
+ * A decoding policy per request: BENCH_RAG_MAX_NEW_TOKENS=n sends max_new_tokens, BENCH_RAG_STOP a stop
+ * sequence (a JSON array for several, e.g. '["\n\n"]'); left out, the server's defaults answer.
  * Prints tables; the last line is JSON.
  */
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -37,9 +45,9 @@ import { Retriever } from '../src/retrieval/retriever.js';
 import { FaissStore } from '../src/retrieval/faiss-store.js';
 import type { Hit } from '../src/retrieval/retrieval-store.js';
 import { createApp } from '../src/server/app.js';
-import { isCorrect, isUnreadable, words } from './answers.js';
+import { decodingPolicy, echoes, isCorrect, isUnreadable, words } from './answers.js';
 import { Bm25 } from './bm25.js';
-import { parseQuestions, type Question } from './questions.js';
+import { parseQuestions, type Question, type Split } from './questions.js';
 
 const ALL = { collection: 'default' };
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -62,12 +70,32 @@ function recall(ranks: readonly number[]): Recall {
 
 const rankOf = (docIds: readonly string[], want: string) => docIds.indexOf(want) + 1;
 
+interface Answered { ms: number; answer: string; cited: boolean; first: boolean; tokens: number; cut: boolean }
+
+interface Tally { lat: number[]; words: number[]; tokens: number[]; correct: number; unreadable: number; echoed: number; cited: number; first: number; cut: number; samples: string[] }
+
+const newTally = (): Tally => ({ lat: [], words: [], tokens: [], correct: 0, unreadable: 0, echoed: 0, cited: 0, first: 0, cut: 0, samples: [] });
+
+function summarize(t: Tally) {
+  const n = t.lat.length;
+  const mean = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0) / (xs.length || 1);
+  return {
+    n, exact_fact: round(t.correct / n), unreadable: round(t.unreadable / n), echoed: round(t.echoed / n),
+    gold_doc_cited: round(t.cited / n), gold_doc_first: round(t.first / n),
+    words_p50: quantile(t.words, 0.5), words_mean: round(mean(t.words), 1), words_p95: quantile(t.words, 0.95),
+    completion_tokens_mean: round(mean(t.tokens), 1), cut_at_limit: round(t.cut / n),
+    p50_ms: round(quantile(t.lat, 0.5), 1), p95_ms: round(quantile(t.lat, 0.95), 1),
+  };
+}
+
 async function main(): Promise<void> {
   const questions = parseQuestions(JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')));
   const withAnswers = process.env['BENCH_RAG_ANSWERS'] !== '0';
   const answerSplit = process.env['BENCH_RAG_SPLIT'] ?? 'heldout';
-  if (answerSplit !== 'heldout' && answerSplit !== 'tune') throw new Error(`BENCH_RAG_SPLIT must be heldout or tune, not '${answerSplit}'`);
+  if (answerSplit !== 'heldout' && answerSplit !== 'tune' && answerSplit !== 'all') throw new Error(`BENCH_RAG_SPLIT must be heldout, tune or all, not '${answerSplit}'`);
+  const answerSplits: Split[] = answerSplit === 'all' ? ['heldout', 'tune'] : [answerSplit];
   const limit = Number(process.env['BENCH_RAG_LIMIT'] ?? Infinity);
+  const policy = decodingPolicy(process.env);
   const keptIndex = process.env['BENCH_RAG_INDEX_DIR'];
   if (keptIndex) await mkdir(keptIndex, { recursive: true });
   const indexDir = keptIndex ?? await mkdtemp(path.join(tmpdir(), 'ragguard-bench-rag-'));
@@ -140,59 +168,77 @@ async function main(): Promise<void> {
       console.log(`rerank over fused, top hit: fixed ${rerankFixed}, broke ${rerankBroke} (of ${questions.length})`);
     }
 
-    let answers: Record<string, number> | null = null;
-    let adapterAnswers: Record<string, number> | null = null;
+    type Summary = ReturnType<typeof summarize>;
+    let answers: Summary | null = null;
+    let adapterAnswers: Summary | null = null;
+    const bySplit: Partial<Record<Split, { base: Summary; adapter?: Summary }>> = {};
     const adapter = process.env['BENCH_RAG_ADAPTER'] || undefined;
     let asked = 0;
     if (withAnswers) {
       const vocabulary = new Set<string>();
       for (const d of await readCorpus(cfg.corpusDir)) for (const w of words(`${d.title}\n${d.text}`)) vocabulary.add(w);
+      const instruction = service.template.system;
       const server = createApp(service).listen(0, '127.0.0.1');
       await new Promise<void>((resolve) => server.once('listening', () => resolve()));
       const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/query`;
-      const ask = async (q: Question, adapter?: string) => {
+      const ask = async (q: Question, adapter?: string): Promise<Answered> => {
         const t0 = performance.now();
-        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...(adapter ? { adapter } : {}) }) });
-        const body = (await res.json()) as { answer?: string; citations?: { doc_id: string }[]; error?: { code: string } };
+        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...policy, ...(adapter ? { adapter } : {}) }) });
+        const body = (await res.json()) as { answer?: string; citations?: { doc_id: string }[]; finish_reason?: string; usage?: { completion_tokens?: number }; error?: { code: string } };
         if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
-        return { ms: performance.now() - t0, answer: body.answer ?? '', cited: (body.citations ?? []).some((c) => c.doc_id === q.doc_id) };
+        const citations = body.citations ?? [];
+        return {
+          ms: performance.now() - t0, answer: body.answer ?? '', cited: citations.some((c) => c.doc_id === q.doc_id), first: citations[0]?.doc_id === q.doc_id,
+          tokens: body.usage?.completion_tokens ?? 0, cut: body.finish_reason === 'length',
+        };
       };
-      const chosen = splits[answerSplit].slice(0, limit);
+      const chosen = answerSplits.flatMap((sp) => splits[sp].slice(0, limit));
       asked = chosen.length;
       const log: string[] = [];
       try {
         await ask(chosen[0]!); // warm-up, not counted
         if (adapter) await ask(chosen[0]!, adapter);
         const runs = [{ adapter: undefined as string | undefined }, ...(adapter ? [{ adapter }] : [])];
-        const tally = runs.map(() => ({ lat: [] as number[], correct: 0, unreadable: 0, cited: 0, samples: [] as string[] }));
+        const tally = new Map<string, Tally>();
         for (const q of chosen) {
-          for (const [i, run] of runs.entries()) {
+          for (const run of runs) {
             const r = await ask(q, run.adapter);
-            const t = tally[i]!;
+            const key = `${q.split}|${run.adapter ?? ''}`;
+            const t = tally.get(key) ?? newTally();
+            tally.set(key, t);
             t.lat.push(r.ms);
+            t.words.push(r.answer.trim().split(/\s+/).filter(Boolean).length);
+            t.tokens.push(r.tokens);
             const ok = isCorrect(r.answer, q.answer, q.accept);
             if (ok) t.correct++;
             const bad = isUnreadable(r.answer, vocabulary);
             if (bad) t.unreadable++;
+            const echoed = instruction !== '' && echoes(r.answer, instruction);
+            if (echoed) t.echoed++;
             if (r.cited) t.cited++;
-            log.push(JSON.stringify({ id: q.id, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, cited: r.cited, ms: Math.round(r.ms), question: q.question, gold: q.answer, answer: r.answer }));
+            if (r.first) t.first++;
+            if (r.cut) t.cut++;
+            log.push(JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer }));
             if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
           }
         }
-        const n = chosen.length;
         if (process.env['BENCH_RAG_LOG']) await writeFile(process.env['BENCH_RAG_LOG'], `${log.join('\n')}\n`);
-        const summary = (t: (typeof tally)[number]) => ({
-          correct: round(t.correct / n), unreadable: round(t.unreadable / n), gold_doc_cited: round(t.cited / n),
-          p50_ms: round(quantile(t.lat, 0.5), 1), p95_ms: round(quantile(t.lat, 0.95), 1),
-        });
-        [answers, adapterAnswers] = [summary(tally[0]!), tally[1] ? summary(tally[1]) : null];
-        for (const [i, run] of runs.entries()) {
-          const a = summary(tally[i]!);
-          console.log('');
-          console.log(`answers${run.adapter ? ` with adapter ${run.adapter}` : ''} (${answerSplit === 'heldout' ? 'held out' : 'tuning split'}, ${n}): correct ${a.correct}, unreadable ${a.unreadable}, ` +
-            `gold document cited ${a.gold_doc_cited}; /query latency p50 ${a.p50_ms} ms, p95 ${a.p95_ms} ms`);
-          console.log(tally[i]!.samples.join('\n'));
+        for (const sp of answerSplits) {
+          for (const run of runs) {
+            const t = tally.get(`${sp}|${run.adapter ?? ''}`);
+            if (!t) continue;
+            const a = summarize(t);
+            bySplit[sp] = { ...bySplit[sp]!, [run.adapter ? 'adapter' : 'base']: a };
+            console.log('');
+            console.log(`answers${run.adapter ? ` with adapter ${run.adapter}` : ''} (${sp === 'heldout' ? 'held out' : 'tuning split'}, ${a.n}): exact fact ${a.exact_fact}, unreadable ${a.unreadable}, ` +
+              `instruction echoed ${a.echoed}, gold document cited ${a.gold_doc_cited} (first ${a.gold_doc_first}); words p50 ${a.words_p50}, mean ${a.words_mean}, p95 ${a.words_p95}, ` +
+              `cut at the token limit ${a.cut_at_limit}; /query latency p50 ${a.p50_ms} ms, p95 ${a.p95_ms} ms`);
+            console.log(t.samples.join('\n'));
+          }
         }
+        const main = bySplit[answerSplits[0]!];
+        answers = main?.base ?? null;
+        adapterAnswers = main?.adapter ?? null;
       } finally {
         await new Promise<void>((resolve) => server.close(() => resolve()));
       }
@@ -210,7 +256,9 @@ async function main(): Promise<void> {
       embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
       retrieval: cfg.retrieval, rerank: cfg.rerank,
       ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
-      answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers['correct']! - answers['correct']!) : null } : {}),
+      answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers.exact_fact - answers.exact_fact) : null } : {}),
+      ...(answerSplits.length > 1 ? { answers_by_split: bySplit } : {}),
+      ...(Object.keys(policy).length ? { decoding: policy } : {}),
       ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
       start_s: round(startS, 1), ...(keptIndex ? { index_kept: true } : {}), // kept: start_s is a load, not an ingest
       where: embedder.provider,

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
-import { containsFact, isCorrect, isUnreadable, normalizeTokens, words } from '../bench/answers.js';
+import { containsFact, decodingPolicy, echoes, isCorrect, isUnreadable, normalizeTokens, words } from '../bench/answers.js';
 import { parseQuestions } from '../bench/questions.js';
 import { readCorpus } from '../src/service/rag.js';
 import { CORPUS, ROOT } from './helpers.js';
@@ -48,4 +48,15 @@ test('unreadable: empty, looping or gibberish; a bare command is readable', () =
   assert.ok(isUnreadable('qzx vlorp dwimble the', vocab));
   assert.ok(!isUnreadable('The package manager installs packages.', vocab));
   assert.ok(!isUnreadable('/etc/cron.deny', vocab));
+});
+
+test('echoed: an answer that reads back 5+ words of the instruction; a decoding policy from the environment', () => {
+  const instruction = 'Answer briefly and name the exact command, file, package or value that the context gives.';
+  assert.ok(echoes('The exact command, file, package or value that the context gives is apt.', instruction));
+  assert.ok(!echoes('Use apt-get autoclean: it removes the files that can no longer be downloaded.', instruction));
+  assert.ok(!echoes('The exact command is atrm.', instruction), 'a short overlap is not an echo');
+  assert.deepEqual(decodingPolicy({}), {});
+  assert.deepEqual(decodingPolicy({ BENCH_RAG_MAX_NEW_TOKENS: '32', BENCH_RAG_STOP: '["\\n\\n"]' }), { max_new_tokens: 32, stop: ['\n\n'] });
+  assert.deepEqual(decodingPolicy({ BENCH_RAG_STOP: 'Question:' }), { stop: 'Question:' });
+  assert.throws(() => decodingPolicy({ BENCH_RAG_MAX_NEW_TOKENS: '0' }));
 });
