@@ -61,6 +61,15 @@ export interface Config {
   store: string;
   /** pgvector's hnsw.ef_search on the Postgres store. */
   pgEfSearch: number;
+  /** The Postgres store's connection pool, its connect and statement timeouts (ms; 0: none). */
+  pgPoolSize: number;
+  pgConnectTimeoutMs: number;
+  pgStatementTimeoutMs: number;
+  /** pgvector's HNSW build settings for a new database's index. */
+  pgHnswM: number;
+  pgHnswEfConstruction: number;
+  /** Whether the server brings a Postgres schema that is behind forward at start (auto) or refuses (never). */
+  pgMigrate: 'auto' | 'never';
   /** The faiss store: chunks from which its index is HNSW (0: never), HNSW's search and build settings. */
   faissAnnMin: number;
   faissEfSearch: number;
@@ -341,7 +350,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_STORE', default: 'faiss',
-    doc: "Retrieval store: faiss (embedded: faiss + BM25 in this process, snapshot in RAGGUARD_INDEX_DIR) or a PostgreSQL URL (postgres://user:password@host:port/db, pgvector 0.8+): documents, chunks, an HNSW index and BM25 in the database, shared by every replica pointed at it. The schema is created when missing; the vector extension must exist or the role may create it.",
+    doc: "Retrieval store: faiss (embedded: faiss + BM25 in this process, snapshot in RAGGUARD_INDEX_DIR) or a PostgreSQL URL (postgres://user:password@host:port/db, pgvector 0.8+): documents, chunks, an HNSW index and BM25 in the database, shared by every replica pointed at it. The schema is versioned and brought forward by `ragguard migrate` (or at start, RAGGUARD_PG_MIGRATE); the vector extension must exist or the migrating role may create it.",
     apply: (c, raw) => {
       const v = raw.trim();
       if (v !== 'faiss' && !/^postgres(ql)?:\/\/./.test(v)) throw new Error("must be 'faiss' or a postgres:// URL");
@@ -352,6 +361,36 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_PG_EF_SEARCH', default: '1000',
     doc: "pgvector's hnsw.ef_search on the Postgres store: candidates per HNSW scan (higher: better recall, slower; pgvector's most is 1000); filtered scans continue past it (hnsw.iterative_scan). bench:scale at 1M chunks of 384 dimensions (pgvector's default m 16, ef_construction 64), two builds: recall@10 0.87 at 100, 0.95 at 400, 0.96 and 0.9505 at 800, p95 11-13 ms at 400 and 800: builds vary, so the default is the most pgvector takes.",
     apply: int(10, 1000, (c, v) => (c.pgEfSearch = v)),
+  },
+  {
+    name: 'RAGGUARD_PG_POOL_SIZE', default: '10',
+    doc: 'Connections the Postgres store keeps open at most (per replica). Behind PgBouncer in transaction mode every search and write is one transaction carrying its own settings (SET LOCAL), so any pool size there is safe.',
+    apply: int(1, 1000, (c, v) => (c.pgPoolSize = v)),
+  },
+  {
+    name: 'RAGGUARD_PG_CONNECT_TIMEOUT_MS', default: '5000',
+    doc: 'Milliseconds a new connection to the Postgres store may take (0: no limit). A request that needs the database while it does not answer gets 503 store_unavailable with Retry-After once this passes.',
+    apply: int(0, 600_000, (c, v) => (c.pgConnectTimeoutMs = v)),
+  },
+  {
+    name: 'RAGGUARD_PG_STATEMENT_TIMEOUT_MS', default: '30000',
+    doc: "Milliseconds a statement of the Postgres store may run (SET LOCAL statement_timeout in each of its transactions; 0: no limit); a connection silent for 5 s longer is dropped. Past it the request gets 503 store_unavailable.",
+    apply: int(0, 3_600_000, (c, v) => (c.pgStatementTimeoutMs = v)),
+  },
+  {
+    name: 'RAGGUARD_PG_HNSW_M', default: '16',
+    doc: "pgvector's HNSW m (links per node) for the Postgres store's vector index, used when the schema is created (`ragguard migrate` or the first start); an existing index keeps its own (REINDEX to change it).",
+    apply: int(2, 100, (c, v) => (c.pgHnswM = v)),
+  },
+  {
+    name: 'RAGGUARD_PG_HNSW_EF_CONSTRUCTION', default: '64',
+    doc: "pgvector's HNSW ef_construction (candidates while inserting) for the Postgres store's vector index, used when the schema is created; at least 2 x RAGGUARD_PG_HNSW_M.",
+    apply: int(4, 1000, (c, v) => (c.pgHnswEfConstruction = v)),
+  },
+  {
+    name: 'RAGGUARD_PG_MIGRATE', default: 'auto',
+    doc: "auto: a server whose Postgres schema is behind this build's applies the missing migrations at start when its role may (saying so), and stops naming `ragguard migrate` when it may not; never: it stops. With a schema that is current the server needs only select, insert, update and delete.",
+    apply: oneOf(['auto', 'never'] as const, (c, v) => (c.pgMigrate = v)),
   },
   {
     name: 'RAGGUARD_FAISS_ANN_MIN', default: '20000',

@@ -21,7 +21,7 @@ import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { setImmediate as turn } from 'node:timers/promises';
 import { loadConfig } from '../config/config.js';
-import { LexicalIndex } from './lexical.js';
+import { CollectionLexicon } from './lexical.js';
 import { Bitmap, PositionTable, Selections } from './positions.js';
 import {
   DEFAULT_COLLECTION, DocumentExistsError, metadataMatches,
@@ -134,14 +134,15 @@ interface Applied {
   replaced: boolean[];
   removed: StoredDocument | undefined;
   addedChunks: StoredChunk[];
-  removedIds: number[];
+  /** The chunks a write removed, with their collections (the lexical side is per collection). */
+  removedChunks: { id: number; collection: string }[];
 }
 
 export class FaissStore implements RetrievalStore {
   readonly kind = 'faiss';
   private state: State;
-  /** BM25 over the chunks: built at the first lexical search, then kept level with every write. */
-  private lexical: LexicalIndex | undefined;
+  /** BM25 over the chunks, per collection: built at the first lexical search, then kept level with every write. */
+  private lexical: CollectionLexicon | undefined;
   private writeTail: Promise<unknown> = Promise.resolve();
   private readonly opts: Required<Omit<FaissStoreOptions, 'warn'>>;
   private readonly warn: (message: string) => void;
@@ -370,7 +371,7 @@ export class FaissStore implements RetrievalStore {
     const { chunks } = this.state;
     const pass = this.passes(filter);
     if (pass === nothing) return [];
-    return lexical.search(query, k, pass === everything ? undefined : (id) => pass(chunks.get(id)!))
+    return lexical.search(filter.collection, query, k, pass === everything ? undefined : (id) => pass(chunks.get(id)!))
       .map((h) => ({ chunk: chunks.get(h.chunkId)!, score: h.score }));
   }
 
@@ -379,10 +380,10 @@ export class FaissStore implements RetrievalStore {
     return this.lexical !== undefined;
   }
 
-  /** The BM25 index, built now if this is the first lexical search (the service builds it at start). */
-  lexicalIndex(): LexicalIndex {
+  /** The BM25 indexes (one per collection), built now if this is the first lexical search (the service builds them at start). */
+  lexicalIndex(): CollectionLexicon {
     if (!this.lexical) {
-      const lexical = new LexicalIndex(this.bm25);
+      const lexical = new CollectionLexicon(this.bm25);
       lexical.add(this.allChunks().map(lexicalEntry));
       this.lexical = lexical;
     }
@@ -517,7 +518,7 @@ export class FaissStore implements RetrievalStore {
         applied = apply(this.state, change, vectors, this.dimension);
       }
       if (this.lexical) {
-        this.lexical.remove(applied.removedIds);
+        this.lexical.remove(applied.removedChunks);
         this.lexical.add(applied.addedChunks.map(lexicalEntry));
       }
       this.maintain();
@@ -650,7 +651,7 @@ const nothing = (): boolean => false;
 const settled = (): undefined => undefined;
 
 /** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
-const lexicalEntry = (c: StoredChunk) => ({ id: c.id, text: `${c.title}\n${c.text}` });
+const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.collection, text: `${c.title}\n${c.text}` });
 
 function emptyState(dimension: number): State {
   return {
@@ -676,7 +677,7 @@ function dropTombstones(s: State): void {
 }
 
 function noChange(): Applied {
-  return { documents: [], replaced: [], removed: undefined, addedChunks: [], removedIds: [] };
+  return { documents: [], replaced: [], removed: undefined, addedChunks: [], removedChunks: [] };
 }
 
 // eslint-disable-next-line no-control-regex
@@ -728,7 +729,7 @@ function addDocument(s: State, d: LoggedDocument, vectors: Float32Array): Stored
   return stored;
 }
 
-function removeDocument(s: State, collection: string, docId: string, removedIds: number[]): StoredDocument | undefined {
+function removeDocument(s: State, collection: string, docId: string, removed: { id: number; collection: string }[]): StoredDocument | undefined {
   const k = key(collection, docId);
   const doc = s.docs.get(k);
   if (!doc) return undefined;
@@ -743,7 +744,7 @@ function removeDocument(s: State, collection: string, docId: string, removedIds:
     const c = s.chunks.get(id);
     if (c) s.objectBytes -= chunkObjectBytes(c);
     s.chunks.delete(id);
-    removedIds.push(id);
+    removed.push({ id, collection });
   }
   countIn(s, collection, -1, -doc.chunkIds.length);
   return doc;
@@ -753,13 +754,13 @@ function removeDocument(s: State, collection: string, docId: string, removedIds:
 function apply(s: State, change: Change, vectors: Float32Array, dimension: number): Applied {
   const out = noChange();
   if (change.op === 'remove') {
-    out.removed = removeDocument(s, change.collection, change.docId, out.removedIds);
+    out.removed = removeDocument(s, change.collection, change.docId, out.removedChunks);
     return out;
   }
   let at = 0;
   for (const d of change.docs) {
     const n = d.chunks.length * dimension;
-    const was = change.op === 'replace' ? removeDocument(s, d.collection, d.docId, out.removedIds) : undefined;
+    const was = change.op === 'replace' ? removeDocument(s, d.collection, d.docId, out.removedChunks) : undefined;
     const stored = addDocument(s, d, vectors.subarray(at, at + n));
     at += n;
     out.documents.push(stored);

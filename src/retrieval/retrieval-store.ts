@@ -77,6 +77,17 @@ export class DocumentExistsError extends Error {
   }
 }
 
+/**
+ * The store cannot answer now (its database does not accept connections, a connection broke, a statement
+ * ran past its timeout): not a bug of the request, and likely to pass. The HTTP reply is 503
+ * store_unavailable with Retry-After.
+ */
+export class StoreUnavailableError extends Error {
+  constructor(message: string, readonly retryAfterSeconds = 2, options?: { cause?: unknown }) {
+    super(message, options);
+  }
+}
+
 export interface RetrievalStore {
   readonly kind: 'faiss' | 'postgres';
   readonly dimension: number;
