@@ -18,7 +18,7 @@ import type { FinishReason } from './generate/generation.js';
 import type { SamplingOptions } from './service/rag.js';
 import { Admission } from './guards/admission.js';
 import { HttpError } from './runtime/errors.js';
-import { decideOrReject, generationShape, runGuarded } from './service/guarded-run.js';
+import { generationShape, guardedQuery, guardedRun } from './service/guarded-run.js';
 import type { SearchFilter } from './retrieval/retrieval-store.js';
 import { RagService, type Citation, type DocumentInput, type IngestResult, type QueryResult } from './service/rag.js';
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileDocument, type FileInput } from './retrieval/files/registry.js';
@@ -118,10 +118,7 @@ export class Ragguard {
       maxNewTokens: o.maxNewTokens ?? cfg.defaultMaxNewTokens, temperature: o.temperature ?? 0, seed: o.seed,
       adapter: o.adapter, sampling: o.sampling, filter: o.filter, ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
     };
-    const decision = decideOrReject(this.service, this.service.requestShape(q));
-    return runGuarded(this.service, this.admission, decision, (shape) => this.service.query(shape ? {
-      ...q, topK: shape.topK, maxNewTokens: shape.maxNewTokens, promptBudget: shape.promptTokens, rerankBatch: shape.rerankBatch,
-    } : q, o.signal), { signal: o.signal });
+    return (await guardedQuery(this.service, this.admission, q, { signal: o.signal })).result;
   }
 
   /** Generates without retrieval, under the same queue and guard (the prompt is the caller's: never shortened). */
@@ -135,17 +132,20 @@ export class Ragguard {
     if (ids.length + maxNewTokens > decoder.shape.maxPositions) {
       throw new HttpError(413, 'context_too_long', `the prompt's ${ids.length} tokens plus ${maxNewTokens} new tokens exceed the decoder's ${decoder.shape.maxPositions} positions`);
     }
-    const decision = decideOrReject(service, generationShape(ids.length, maxNewTokens), { fixedPrompt: true });
-    const g = await runGuarded(service, this.admission, decision, async (shape) => {
-      const lease = o.adapter === undefined ? undefined : await service.adapters.acquire(o.adapter, o.signal);
-      try {
-        return await service.engine.generate(ids, {
-          ...o.sampling, maxNewTokens: shape?.maxNewTokens ?? maxNewTokens, temperature: o.temperature ?? 0, seed: o.seed, adapter: lease?.adapter,
-          ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
-        }, { signal: o.signal });
-      } finally {
-        lease?.release();
-      }
+    const { result: g } = await guardedRun(service, this.admission, {
+      shape: () => generationShape(ids.length, maxNewTokens),
+      floor: { promptTokens: ids.length, message: `a prompt of ${ids.length} tokens with ${maxNewTokens} new tokens can never fit the memory budget` },
+      work: async (shape) => {
+        const lease = o.adapter === undefined ? undefined : await service.adapters.acquire(o.adapter, o.signal);
+        try {
+          return await service.engine.generate(ids, {
+            ...o.sampling, maxNewTokens: shape?.maxNewTokens ?? maxNewTokens, temperature: o.temperature ?? 0, seed: o.seed, adapter: lease?.adapter,
+            ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
+          }, { signal: o.signal });
+        } finally {
+          lease?.release();
+        }
+      },
     }, { signal: o.signal });
     return { text: g.text, finishReason: g.finishReason, usage: { promptTokens: ids.length, completionTokens: g.ids.length } };
   }

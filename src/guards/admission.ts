@@ -9,6 +9,11 @@ import { nextTurn } from '../runtime/turns.js';
 
 class QueueTimeout extends Error {}
 
+/** A place taken by a query on arrival (Admission.ticket): handed to run(), or given back if it ends before. */
+export interface AdmissionTicket {
+  release(): void;
+}
+
 export interface AdmissionOptions {
   concurrency: number;
   maxQueue: number;
@@ -49,7 +54,7 @@ export class Admission {
    * get their 503 without waiting for the earlier ones' parsing and checks). run() takes the ticket
    * over; release() gives it back where the query ends before (an invalid body, a 413).
    */
-  ticket(): { release(): void } | null {
+  ticket(): AdmissionTicket | null {
     if (this.queue.pending + this.queue.size + this.incoming >= this.opts.concurrency + this.opts.maxQueue) return null;
     this.incoming++;
     let held = true;
@@ -71,7 +76,7 @@ export class Admission {
     return String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
   }
 
-  async run<T>(work: () => Promise<T>, signal?: AbortSignal, ticket?: { release(): void }): Promise<T> {
+  async run<T>(work: () => Promise<T>, signal?: AbortSignal, ticket?: AdmissionTicket): Promise<T> {
     ticket?.release(); // counted as running or waiting from here
     signal?.throwIfAborted();
     const retryAfter = this.retryAfter;

@@ -5,6 +5,7 @@
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { AdapterInvalidError, AdapterNotFoundError } from '../generate/adapters.js';
 import { Admission } from '../guards/admission.js';
+import { guardedQuery } from '../service/guarded-run.js';
 import { checkQueryShape } from '../service/request-shape.js';
 import type { RagService } from '../service/rag.js';
 import { frontDoor, healthReport, letIn } from './front-door.js';
@@ -16,12 +17,13 @@ import { createLogger, noteError, requestLogger, type Logger } from './logging.j
 import { dashboardIfHtml } from './memory-dashboard.js';
 import { metricsFor, metricsHandler } from './metrics.js';
 import { HttpError, toHttpError } from './errors.js';
-import { Lifecycle, requestSignal } from './shutdown.js';
+import { Lifecycle } from './shutdown.js';
 import { nextTurn } from '../runtime/turns.js';
 import { parseQuery } from './validate.js';
 import { chargeTokens, checkTokenBudget, KeyLimits, limitKeys } from './rate-limits.js';
 import { tenantOf } from './tenant.js';
 import { streamQuery } from './query-stream.js';
+import { runOptions } from './guarded.js';
 import { openaiRoutes } from './openai-routes.js';
 import { StructuredOutputs } from './structured.js';
 
@@ -80,9 +82,6 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
 
   app.post('/query', async (req, res) => {
     await nextTurn(); // one request's preparation per turn of the event loop (turns.ts)
-    // Aborted when the client goes away or a shutdown stops the request: the work stops at its next
-    // step. Asked for after the turn: a burst's intake does not make its controller (shutdown.ts).
-    const signal = requestSignal(res);
     const q = parseQuery(req.body, cfg, tenantOf(res));
     checkTokenBudget(res);
     // response_format: the answer generated under its grammar (json_object or a schema).
@@ -91,48 +90,10 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     // Whether the adapter fits the decoder and its slots, from its files, before anything runs.
     if (q.adapter !== undefined) await inspectAdapter(service, q.adapter);
     if (q.stream) return streamQuery(service, admission, q, res);
-    if (!cfg.guards) {
-      // Guards off (RAGGUARD_GUARDS=false): run as asked, nothing predicted or reserved.
-      const { shape: _shape, ...result } = await admission.run(() => service.query(q, signal), signal, res.locals['admission']);
-      chargeTokens(res, result.usage.prompt_tokens + result.usage.completion_tokens);
-      res.json({ ...result, guard: { decision: 'off' } });
-      return;
-    }
-    // The guard decides from the request's predicted memory: admit or queue (maybe reshaped), or 413.
-    const decision = service.guard.decide(service.requestShape(q));
-    const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
-    if (decision.action === 'reject') {
-      throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`,
-        { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes });
-    }
-    const shaped = {
-      ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens,
-      rerankBatch: decision.shape.rerankBatch,
-    };
-    const { shape, ...result } = await admission.run(async () => {
-      const release = await service.guard.reserve(decision.prediction.reserveBytes, cfg.queueTimeoutMs, signal);
-      try {
-        return await service.query(shaped, signal);
-      } finally {
-        release();
-      }
-    }, signal, res.locals['admission']);
+    // The guard decides, the query runs under the ticket the front door gave it (service/guarded-run.ts).
+    const { result: { shape: _shape, ...result }, guard } = await guardedQuery(service, admission, q, runOptions(res));
     chargeTokens(res, result.usage.prompt_tokens + result.usage.completion_tokens);
-    const asRun = service.guard.model.predict(shape);
-    res.json({
-      ...result,
-      guard: {
-        decision: decision.action, reshaped: decision.reshaped, predicted_bytes: predicted,
-        predicted_workspace_bytes: decision.prediction.workspaceBytes, reserved_bytes: decision.prediction.reserveBytes,
-        peak_stage: decision.prediction.peakStage,
-        // The same prediction for the shape as it ran (pairs left after pruning, the assembled prompt):
-        // the reservation above is the worst case of the request as asked.
-        as_run: {
-          reranked_pairs: shape.topK, rerank_batch: shape.rerankBatch, rerank_runs: shape.rerankRuns, pair_tokens: shape.pairTokens, prompt_tokens: shape.promptTokens, cached_prompt_tokens: shape.cachedTokens ?? 0,
-          predicted_workspace_bytes: asRun.workspaceBytes, peak_stage: asRun.peakStage, predicted_stage_bytes: asRun.stages,
-        },
-      },
-    });
+    res.json({ ...result, guard });
   });
 
   app.post('/documents', (req, res) => postDocuments(service, req, res));

@@ -12,7 +12,7 @@
  *   POST /v1/rerank, /v1/score  the reranker (rerank-routes.ts)
  *   GET  /openapi.json          every route's body schema (openapi.ts)
  *
- * Every generation runs as /query's does: admission queue, memory guard (guarded.ts), the engine's
+ * Every generation runs as /query's does: admission queue, memory guard (service/guarded-run.ts), the engine's
  * continuous batching. `stream: true` gives OpenAI's chunks as server-sent events, ending with
  * `data: [DONE]`; a client that closes the stream cancels its sequence. Errors are our
  * `{error: {code, message}}` with OpenAI's `type` (and `param` where a field is at fault) added, the
@@ -30,11 +30,11 @@ import type { Admission } from '../guards/admission.js';
 import type { Citation, RagService } from '../service/rag.js';
 import { toHttpError } from './errors.js';
 import { HttpError } from './errors.js';
-import { decideOrReject, generationShape, guardReport, runGuarded, workSignal, type Admitted } from './guarded.js';
+import { generationShape, guardedQuery, guardedRun } from '../service/guarded-run.js';
+import { runOptions } from './guarded.js';
 import { openapiDocument } from './openapi.js';
 import { parseBody, type ChatCompletionBody, type CompletionBody, type EmbeddingBody } from './schemas.js';
 import { samplingOptions, schemasFor, searchFilter } from './validate.js';
-import { requestSignal } from './shutdown.js';
 import { SseStream } from './sse.js';
 import type { SamplingParams } from '../generate/sequence.js';
 import { checkQueryShape } from '../service/request-shape.js';
@@ -159,8 +159,9 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
     if (over >= 0) {
       throw new HttpError(413, 'input_too_long', `input[${over}] has more than the embedder's ${embedder.maxTokens} tokens`, { param: 'input' });
     }
-    const signal = requestSignal(res);
-    const vectors = await admission.run(() => embedder.embedIds(rows, undefined, signal), signal);
+    const opts = runOptions(res);
+    // Under the admission queue alone: the memory model has no shape for a batch of embeddings.
+    const { result: vectors } = await guardedRun(service, admission, { work: () => embedder.embedIds(rows, undefined, opts.signal) }, opts);
     const d = embedder.dimension;
     res.json({
       object: 'list',
@@ -294,30 +295,26 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
       promptBudget: Math.min(maxPositions - maxTokens, baseTokens + cfg.promptBudgetTokens),
     };
     checkQueryShape(q, service);
-    const decision = decideOrReject(service, service.requestShape(q));
-    if (decision && decision.shape.promptTokens < baseTokens) {
-      // A reshape may drop context, not the conversation itself.
-      throw new HttpError(413, 'request_too_large', `a conversation of ${baseTokens} tokens with ${maxTokens} new tokens can never fit the memory budget`,
-        { predicted_bytes: decision.prediction.workspaceBytes + decision.prediction.kvBytes, budget_bytes: service.budget.budgetBytes });
-    }
-    const shaped = decision ? { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens, rerankBatch: decision.shape.rerankBatch } : q;
     const sse = stream ? new SseStream(res) : undefined;
-    const signal = workSignal(res, sse);
+    const opts = runOptions(res, sse);
     try {
-      const r = await runGuarded(service, admission, decision, () => service.query({
-        ...shaped,
+      const { result: r, guard } = await guardedQuery(service, admission, {
+        ...q,
         hooks: {
-          signal,
+          signal: opts.signal,
           // The citations ride on the first chunk (a field OpenAI's clients ignore).
           onCitations: (citations) => sse?.send({ ...shapes.chunk(0, '', true), citations }),
           onToken: (t) => {
             if (sse && t.text) sse.send(shapes.chunk(0, t.text, false));
           },
         },
-      }), { signal });
+      }, {
+        ...opts,
+        // A reshape may drop context, not the conversation itself.
+        floor: { promptTokens: baseTokens, message: `a conversation of ${baseTokens} tokens with ${maxTokens} new tokens can never fit the memory budget` },
+      });
       const u = usage(r.usage.prompt_tokens, r.usage.completion_tokens);
       chargeTokens(res, u.total_tokens);
-      const guard = guardReport(service, decision, r.shape);
       const g: Generation = { ids: [], text: r.answer, finishReason: r.finish_reason, ...(r.steered_to_close ? { steered: true } : {}) };
       if (!sse) {
         res.json(shapes.reply([g], u, guard, r.citations));
@@ -352,11 +349,10 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
    */
   async function generateReply(res: Response, ids: number[], p: SamplingParams, n: number, adapter: string | undefined, stream: boolean,
     includeUsage: boolean, shapes: ReplyShapes): Promise<void> {
-    const decision: Admitted | undefined = decideOrReject(service, generationShape(ids.length, p.maxNewTokens, n), { fixedPrompt: true });
     const salt = tenantOf(res).cacheSalt;
-    const maxNewTokens = decision?.shape.maxNewTokens ?? p.maxNewTokens;
     const sse = stream ? new SseStream(res) : undefined;
-    const signal = workSignal(res, sse);
+    const opts = runOptions(res, sse);
+    const signal = opts.signal;
     const first = new Array<boolean>(n).fill(true);
     // A token's logprobs go out with the chunk that carries its text (some tokens make no text yet).
     const held: TokenLogprobs[][] = Array.from({ length: n }, () => []);
@@ -374,25 +370,32 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
       first[index] = false;
     };
     try {
-      const gens = await runGuarded(service, admission, decision, async () => {
-        // The adapter loads for this generation (or shares a running one's slot) and is released after.
-        const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter, signal);
-        try {
-          return await service.engine.generateMany(ids, { ...p, maxNewTokens, adapter: lease?.adapter, ...(salt === undefined ? {} : { cacheSalt: salt }) }, n, {
-            signal,
-            onToken: sse && ((index, t) => {
-              if (t.logprobs) held[index]!.push(t.logprobs);
-              if (t.text) send(index, t.text);
-            }),
-          });
-        } finally {
-          lease?.release();
-        }
-      }, { signal });
+      const asked = generationShape(ids.length, p.maxNewTokens, n);
+      const { result: gens, guard } = await guardedRun(service, admission, {
+        shape: () => asked,
+        // The prompt is the client's own: a reshape cannot shorten it.
+        floor: { promptTokens: ids.length, message: `a prompt of ${ids.length} tokens with ${p.maxNewTokens} new tokens can never fit the memory budget` },
+        work: async (shape) => {
+          // The adapter loads for this generation (or shares a running one's slot) and is released after.
+          const lease = adapter === undefined ? undefined : await service.adapters.acquire(adapter, signal);
+          try {
+            return await service.engine.generateMany(ids, { ...p, maxNewTokens: shape?.maxNewTokens ?? p.maxNewTokens, adapter: lease?.adapter, ...(salt === undefined ? {} : { cacheSalt: salt }) }, n, {
+              signal,
+              onToken: sse && ((index, t) => {
+                if (t.logprobs) held[index]!.push(t.logprobs);
+                if (t.text) send(index, t.text);
+              }),
+            });
+          } finally {
+            lease?.release();
+          }
+        },
+        asRun: (g, decided) => ({ ...decided, cachedTokens: g[0]!.cachedTokens ?? 0 }),
+      }, opts);
       const u = usage(ids.length, gens.reduce((a, g) => a + g.ids.length, 0));
       chargeTokens(res, u.total_tokens);
       if (!sse) {
-        res.json(shapes.reply(gens, u, guardReport(service, decision, { ...generationShape(ids.length, maxNewTokens, n), cachedTokens: gens[0]!.cachedTokens ?? 0 })));
+        res.json(shapes.reply(gens, u, guard));
         return;
       }
       // An empty answer still announces the role; logprobs of tokens that made no text go out here.

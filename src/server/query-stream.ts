@@ -13,35 +13,33 @@
  */
 import type { Response } from 'express';
 import type { Admission } from '../guards/admission.js';
+import { guardedQuery } from '../service/guarded-run.js';
 import type { QueryInput, RagService } from '../service/rag.js';
 import { toHttpError } from './errors.js';
-import { decideOrReject, guardReport, runGuarded, workSignal } from './guarded.js';
+import { runOptions } from './guarded.js';
 import { SseStream } from './sse.js';
 import { chargeTokens } from './rate-limits.js';
 
 export async function streamQuery(service: RagService, admission: Admission, q: QueryInput, res: Response): Promise<void> {
-  const decision = decideOrReject(service, service.requestShape(q));
-  const shaped: QueryInput = decision
-    ? { ...q, topK: decision.shape.topK, maxNewTokens: decision.shape.maxNewTokens, promptBudget: decision.shape.promptTokens, rerankBatch: decision.shape.rerankBatch }
-    : q;
   const sse = new SseStream(res);
-  const signal = workSignal(res, sse);
+  const opts = runOptions(res, sse);
   try {
-    const { shape, answer, citations: _c, ...rest } = await runGuarded(service, admission, decision, () => service.query({
-      ...shaped,
+    const { result, guard } = await guardedQuery(service, admission, {
+      ...q,
       hooks: {
-        signal,
+        signal: opts.signal,
         onCitations: (citations) => sse.send({ citations }, 'citations'),
         onToken: (t) => {
           if (t.text) sse.send({ text: t.text }, 'token');
         },
       },
-    }), { signal, ticket: res.locals['admission'] as { release(): void } | undefined });
+    }, opts);
+    const { shape: _s, answer, citations: _c, ...rest } = result;
     chargeTokens(res, rest.usage.prompt_tokens + rest.usage.completion_tokens);
-    sse.send({ answer, ...rest, guard: guardReport(service, decision, shape) }, 'done');
+    sse.send({ answer, ...rest, guard }, 'done');
   } catch (e) {
     if (sse.closed) return; // the client is gone: nobody to tell
-    if (!sse.started) throw e; // nothing sent yet: an ordinary error reply
+    if (!sse.started) throw e; // nothing sent yet (the guard's refusal, a full queue): an ordinary error reply
     const err = toHttpError(e);
     if (err.status >= 500) console.error('stream failed:', e);
     sse.send(err.body(), 'error');

@@ -14,7 +14,7 @@
  *
  * Each request runs as every model run does: the memory guard predicts its rerank stage (its pairs,
  * the longest pair's tokens) and may lower the pairs per run, never drop a document (413 where even
- * that cannot fit), then the admission queue and a workspace reservation (guarded.ts).
+ * that cannot fit), then the admission queue and a workspace reservation (service/guarded-run.ts).
  */
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
@@ -24,7 +24,7 @@ import type { RequestShape } from '../guards/memory-model.js';
 import type { RagService } from '../service/rag.js';
 import { RERANK_BATCH, relevance } from '../retrieval/reranker.js';
 import { HttpError } from './errors.js';
-import { decideOrReject, runGuarded } from './guarded.js';
+import { guardedRun } from '../service/guarded-run.js';
 import { metricsFor } from './metrics.js';
 import { parseBody, type ScoreBody } from './schemas.js';
 import { requestSignal } from './shutdown.js';
@@ -62,13 +62,13 @@ export function rerankRoutes(service: RagService, admission: Admission): express
     const lengths = pairs.map(([q, p]) => reranker.tokenizer.encodePair(q, p).ids.length);
     const truncated = lengths.flatMap((n, i) => (n > reranker.maxTokens ? [i] : []));
     const pairTokens = Math.min(reranker.maxTokens, Math.max(...lengths));
-    const decision = decideOrReject(service, rerankShape(pairs.length, pairTokens));
-    if (decision && decision.shape.topK < pairs.length) {
-      throw new HttpError(413, 'request_too_large', `${pairs.length} pairs can never be scored within the memory budget`, { param: 'documents' });
-    }
     const signal = requestSignal(res);
-    const { scores } = await runGuarded(service, admission, decision,
-      (shape) => reranker.scorePairs(pairs, shape?.rerankBatch ?? RERANK_BATCH, signal), { signal });
+    const { result: { scores } } = await guardedRun(service, admission, {
+      shape: () => rerankShape(pairs.length, pairTokens),
+      // A reshape may lower the pairs per run, never drop a document.
+      floor: { topK: pairs.length, message: `${pairs.length} pairs can never be scored within the memory budget`, details: { param: 'documents' } },
+      work: (shape) => reranker.scorePairs(pairs, shape?.rerankBatch ?? RERANK_BATCH, signal),
+    }, { signal });
     metrics.reranked(route, pairs.length);
     const tokens = lengths.reduce((a, n) => a + Math.min(n, reranker.maxTokens), 0);
     return { scores: scores.map(relevance), usage: { prompt_tokens: tokens, total_tokens: tokens }, truncated };
