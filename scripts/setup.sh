@@ -2,7 +2,7 @@
 # Idempotent project setup for a fresh Debian 12 machine that can reach only
 # the npm registry and the Debian apt mirrors (no GitHub, no NuGet feed).
 #
-#   1. apt: libfaiss-dev (+ BLAS/LAPACK), g++, make, python3, chromium, haproxy when missing
+#   1. apt: libfaiss-dev (+ BLAS/LAPACK), g++, make, python3, chromium, haproxy, pgbouncer when missing
 #   2. npm ci --ignore-scripts (skipped when node_modules matches the lockfile),
 #      then the install scripts of every package that has one, except those
 #      denied in package.json "allowScripts": faiss-node (downloads a prebuild
@@ -62,6 +62,8 @@ command -v python3 >/dev/null || need_pkgs+=(python3)
 [[ -x /usr/bin/chromium ]] || need_pkgs+=(chromium)
 # the router in front of replicas (scripts/cluster.sh, test/cluster.test.ts, bench:cluster)
 command -v haproxy >/dev/null || need_pkgs+=(haproxy)
+# the connection pooler in front of the test PostgreSQL (test/pgbouncer.test.ts: transaction pooling)
+[[ -x /usr/sbin/pgbouncer ]] || command -v pgbouncer >/dev/null || need_pkgs+=(pgbouncer)
 
 if [[ ${#need_pkgs[@]} -gt 0 ]]; then
   log "installing system packages: ${need_pkgs[*]}"
