@@ -1,6 +1,6 @@
 /**
  * bench:gpu-gguf (on the GPU host): GGUF decoders on the CUDA backend against llama.cpp's CUDA build on the
- * same file and the same GPU, in one run (scripts/gpu/run-issue29.sh builds llama.cpp and writes the files).
+ * same file and the same GPU, in one run (scripts/gpu/run-gguf.sh builds llama.cpp and writes the files).
  *
  *   BENCH_GPU_GGUF=a.gguf,b.gguf LLAMA_BIN=<dir of llama-batched-bench, llama-server> npm run bench:gpu-gguf
  *
@@ -33,6 +33,11 @@ const GREEDY = Number(process.env.BENCH_GPU_GREEDY ?? 4);
 const GREEDY_NEW = 32;
 const REPS = Number(process.env.BENCH_GPU_REPS ?? 3);
 const LLAMA_BIN = process.env.LLAMA_BIN ?? '';
+/** Our quantized products of more than 8 rows, each measured (the first is the headline): mma, dequant (cuda-runner.ts quantGemm). */
+const QGEMM = (process.env.BENCH_GPU_QGEMM ?? 'mma').split(',').map((m): 'mma' | 'dequant' => {
+  if (m !== 'mma' && m !== 'dequant') throw new Error(`BENCH_GPU_QGEMM: ${m} is neither mma nor dequant`);
+  return m;
+});
 /** llama.cpp's top-1/top-2 log-probability gap (nats) under which two engines' greedy choices may part. */
 const NEAR_TIE = 0.1;
 
@@ -63,12 +68,12 @@ function describeFile(file: string): Record<string, unknown> {
 
 interface Ours { concurrency: number; decode_tokens_per_s: number; t_pp_s: number; t_total_s: number }
 
-async function ours(file: string, prompts: number[][]): Promise<{ rows: Ours[]; greedy: number[][]; memory: unknown }> {
+async function ours(file: string, prompts: number[][], quantGemm: 'mma' | 'dequant'): Promise<{ rows: Ours[]; greedy: number[][]; memory: unknown }> {
   const native = process.env.BENCH_GPU_GGUF_STANDIN ? await standIn(file) : undefined;
   const maxSeqs = Math.max(...LEVELS, GREEDY);
   const numBlocks = Math.ceil((maxSeqs * (PROMPT + NEW + BLOCK)) / BLOCK) + 64;
-  console.error(`bench:gpu-gguf: loading ${file}`);
-  const runner = await CudaModelRunner.load(file, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs }, native ?? undefined);
+  console.error(`bench:gpu-gguf: loading ${file} (quantized products: ${quantGemm})`);
+  const runner = await CudaModelRunner.load(file, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs, quantGemm }, native ?? undefined);
   try {
     const rows: Ours[] = [];
     const gen = (engine: ReturnType<typeof engineFor>, ps: number[][], n: number) =>
@@ -88,7 +93,7 @@ async function ours(file: string, prompts: number[][]): Promise<{ rows: Ours[]; 
       }
       const tPp = median(pp), tTotal = median(total);
       const row = { concurrency: c, decode_tokens_per_s: Math.round((c * (NEW - 1)) / Math.max(tTotal - tPp, 1e-9)), t_pp_s: Number(tPp.toFixed(4)), t_total_s: Number(tTotal.toFixed(4)) };
-      console.log(JSON.stringify({ file: path.basename(file), engine: 'ragguard-cuda', ...row }));
+      console.log(JSON.stringify({ file: path.basename(file), engine: 'ragguard-cuda', quant_gemm: quantGemm, ...row }));
       rows.push(row);
     }
     const greedy = (await gen(engineFor(runner, GREEDY), prompts.slice(0, GREEDY), GREEDY_NEW)).map((g) => g.ids);
@@ -179,15 +184,22 @@ for (const file of files) {
   const vocab = planGguf(f).config.vocabSize;
   f.close();
   const prompts = randomPrompts(Math.max(...LEVELS, GREEDY), PROMPT, vocab, 11);
-  const mine = await ours(file, prompts);
+  const all: Awaited<ReturnType<typeof ours>>[] = [];
+  for (const m of QGEMM) all.push(await ours(file, prompts, m));
+  const mine = all[0]!;
   const bb = batchedBench(file);
-  const greedy = LLAMA_BIN ? await llamaGreedy(file, prompts.slice(0, GREEDY)) : { error: 'LLAMA_BIN is not set' };
+  const greedy = !LLAMA_BIN ? { error: 'LLAMA_BIN is not set' } : GREEDY > 0 ? await llamaGreedy(file, prompts.slice(0, GREEDY)) : { error: 'BENCH_GPU_GREEDY=0' };
   const rows = LEVELS.map((c) => {
     const o = mine.rows.find((r) => r.concurrency === c)!;
     const l = 'rows' in bb ? bb.rows.find((r) => r.pl === c) : undefined;
+    const others = Object.fromEntries(QGEMM.slice(1).map((m, i) => {
+      const x = all[i + 1]!.rows.find((r) => r.concurrency === c)!;
+      return [`ragguard_${m}`, { decode_tokens_per_s: x.decode_tokens_per_s, t_pp_s: x.t_pp_s }];
+    }));
     return {
       concurrency: c,
-      ragguard: { decode_tokens_per_s: o.decode_tokens_per_s, t_pp_s: o.t_pp_s },
+      ragguard: { quant_gemm: QGEMM[0], decode_tokens_per_s: o.decode_tokens_per_s, t_pp_s: o.t_pp_s },
+      ...others,
       llama_batched_bench: l ? { decode_tokens_per_s: Math.round(l.speed_tg), t_pp_s: Number(l.t_pp.toFixed(4)) } : null,
       ratio: l ? Number((o.decode_tokens_per_s / l.speed_tg).toFixed(2)) : null,
     };

