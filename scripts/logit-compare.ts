@@ -52,3 +52,53 @@ export function logitsAgainst(logits: readonly Float32Array[], cases: readonly L
   });
   return { worst, argmaxEqual };
 }
+
+/** One position's agreement with a reference: KL(reference || ours) in nats and whether the top-1 tokens agree. */
+export function positionAgreement(ours: ArrayLike<number>, ref: ArrayLike<number>, vocab: number): { kl: number; top1: boolean } {
+  let mo = -Infinity, mr = -Infinity, ao = 0, ar = 0;
+  for (let v = 0; v < vocab; v++) {
+    if (ours[v]! > mo) { mo = ours[v]!; ao = v; }
+    if (ref[v]! > mr) { mr = ref[v]!; ar = v; }
+  }
+  // log-softmax of both in float64: KL = sum p_ref (log p_ref - log p_ours).
+  let zo = 0, zr = 0;
+  for (let v = 0; v < vocab; v++) { zo += Math.exp(ours[v]! - mo); zr += Math.exp(ref[v]! - mr); }
+  const lzo = Math.log(zo), lzr = Math.log(zr);
+  let kl = 0;
+  for (let v = 0; v < vocab; v++) {
+    const lr = ref[v]! - mr - lzr;
+    const lo = ours[v]! - mo - lzo;
+    kl += Math.exp(lr) * (lr - lo);
+  }
+  return { kl: Math.max(0, kl), top1: ao === ar };
+}
+
+/** A side's agreement with the reference over every compared position (rows of `vocab` logits, in the same order). */
+export interface Agreement {
+  rows: number;
+  top1: number;
+  mean_kl: number;
+  max_kl: number;
+  /** The position of the largest KL: its sequence and its index in that sequence. */
+  worst: { sequence: number; position: number };
+  /** Top-1 agreement at each sequence's first compared position (the first generated token). */
+  first_top1: number;
+}
+
+/** `rowOf(i)` gives our row i; `sequences` the first compared position and length of each sequence. */
+export function agreementOf(rowOf: (i: number) => ArrayLike<number>, reference: Float32Array, vocab: number,
+  sequences: readonly { first: number; ids: readonly number[] }[]): Agreement {
+  let i = 0, top1 = 0, sum = 0, max = -1, firstTop1 = 0;
+  let worst = { sequence: 0, position: 0 };
+  sequences.forEach((s, k) => {
+    for (let p = s.first; p < s.ids.length; p++, i++) {
+      const a = positionAgreement(rowOf(i), reference.subarray(i * vocab, (i + 1) * vocab), vocab);
+      if (a.top1) top1++;
+      if (a.top1 && p === s.first) firstTop1++;
+      sum += a.kl;
+      if (a.kl > max) { max = a.kl; worst = { sequence: k, position: p }; }
+    }
+  });
+  const round = (x: number) => Number(x.toPrecision(4));
+  return { rows: i, top1: round(top1 / i), mean_kl: round(sum / i), max_kl: round(max), worst, first_top1: round(firstTop1 / sequences.length) };
+}

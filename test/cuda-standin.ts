@@ -120,7 +120,7 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
     loadTensor: () => {},
     loadDone: () => {},
     captureGraphs: () => 0,
-    step: (_h, words, tokensOut) => new Promise((resolve) => setImmediate(() => {
+    step: (_h, words, tokensOut, logitsOut) => new Promise((resolve) => setImmediate(() => {
       const T = words[0]!, S = words[1]!, W = words[2]!, P = words[3]!;
       const ids = words.subarray(4, 4 + T);
       const seq = (k: number) => words.subarray(4 + 4 * T + k * S, 4 + 4 * T + (k + 1) * S);
@@ -139,6 +139,8 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
           for (let t = 0; t < vocab; t++) if (((m[t >>> 5]! >>> (t & 31)) & 1) === 0) logits[t] = -Infinity;
         }
         tokensOut[r] = argmax(logits);
+        // As the library does when asked (keepLogits): each row's logits after penalties and mask.
+        logitsOut?.set(logits, r * vocab);
       }
       resolve();
     })),

@@ -21,10 +21,12 @@ export interface NativeConfig {
   max_loras: number; max_lora_rank: number;
   /**
    * A GGUF decoder (1) or FP8 weights made at load (2): the embedding, head and projections stay quantized
-   * (rg_quant_upload), in `quant_bytes` at the end of the weights; `quant_tile_bytes` of workspace
-   * dequantize the larger products.
+   * (rg_quant_upload), in `quant_bytes` at the end of the weights; `quant_tile_bytes` of workspace hold
+   * the larger products' split partial sums (or their dequantized tiles, with `quant_gemm` 1).
    */
   quantized: number; quant_bytes: number; quant_tile_bytes: number;
+  /** Products of more than 8 rows: 0 the tensor-core kernel reading quantized units, 1 dequantized tiles + cuBLAS. */
+  quant_gemm: number;
 }
 
 /** rg_memory: the accountant's device figures and the device's own free/total. */
@@ -91,7 +93,7 @@ function bind(file: string): CudaBackend {
     num_blocks: 'int32_t', block_size: 'int32_t', max_batched_tokens: 'int32_t', max_seqs: 'int32_t', max_blocks_per_seq: 'int32_t',
     cublas_workspace_bytes: 'int64_t', device: 'int32_t', graph_max_batch: 'int32_t',
     max_loras: 'int32_t', max_lora_rank: 'int32_t',
-    quantized: 'int32_t', quant_bytes: 'int64_t', quant_tile_bytes: 'int64_t',
+    quantized: 'int32_t', quant_bytes: 'int64_t', quant_tile_bytes: 'int64_t', quant_gemm: 'int32_t',
   });
   koffi.struct('rg_memory', {
     weights: 'int64_t', kv_pool: 'int64_t', workspace: 'int64_t', cublas_workspace: 'int64_t', graphs: 'int64_t', host_pinned: 'int64_t',

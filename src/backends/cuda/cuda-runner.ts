@@ -40,6 +40,11 @@ export interface CudaRunnerOptions {
   dtype?: ModelDtype;
   /** The matrices as the checkpoint holds them (model, the default) or as FP8 made at load (RAGGUARD_CUDA_WEIGHTS=fp8). */
   weights?: 'model' | 'fp8';
+  /**
+   * Quantized products of more than 8 rows: mma (the default: tensor-core tiles that dequantize the units
+   * they read in shared memory) or dequant (the matrix dequantized tile by tile for cuBLAS: kept to compare).
+   */
+  quantGemm?: 'mma' | 'dequant';
   /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
@@ -182,6 +187,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       cublas_workspace_bytes: limits.cublasWorkspaceBytes, device: opts.device ?? 0, graph_max_batch: graphMax,
       max_loras: limits.maxLoras ?? 0, max_lora_rank: limits.maxLoraRank ?? 0,
       quantized: ckpt.quant ? (ckpt.quant.mode === 'fp8' ? 2 : 1) : 0, quant_bytes: ckpt.quant?.bytes ?? 0, quant_tile_bytes: ckpt.quant?.tileBytes ?? 0,
+      quant_gemm: opts.quantGemm === 'dequant' ? 1 : 0,
     };
     // The accountant's figures and the native allocator's must be the same numbers.
     const nativePlan = native.plan(cfg);

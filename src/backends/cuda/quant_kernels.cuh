@@ -9,9 +9,9 @@
 // Products:
 //   decode-sized steps (rows <= QGEMV_MAX_ROWS): qgemv_kernel, a warp per output row streaming its units
 //     once (the bytes a decode step reads are the quantized bytes), every row of X against each unit;
-//   larger steps (prefill, wide batches): the matrix is dequantized tile by tile into half/bfloat16 rows
-//     (a bounded scratch, small enough to stay in L2 between the write and cuBLAS's read) and each tile
-//     multiplied by cuBLAS on the tensor cores.
+//   larger steps (prefill, wide batches): qmma_kernel, tensor-core tiles that dequantize the units they
+//     read into shared memory (below); RAGGUARD_CUDA_QGEMM=dequant keeps the older way for comparison: the
+//     matrix dequantized tile by tile into a bounded scratch and each tile multiplied by cuBLAS.
 // The embedding gathers and dequantizes only the rows of the step's tokens.
 
 // ggml type ids (ggml.h), the device types of gguf-blocks.ts; QT_FP8 (not a ggml type): RAGGUARD_CUDA_WEIGHTS=fp8's
@@ -260,6 +260,143 @@ __global__ void qembed_kernel(StepView v, QPlanes E, T* __restrict__ out, int hi
     unit32<TY>(E, row + c, w);
     store32(out + (size_t)t * hidden + (size_t)c * 32, w);
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Products of more than QGEMV_MAX_ROWS rows (wide decode batches, prefill) on the tensor cores, reading
+// the quantized units inside the matrix kernel: no dequantized copy of the matrix is written or read.
+//
+// Y[r, j] = X[r, :] . W[j, :] for a CTA tile of QMMA_BM rows of X by QMMA_BN rows of W, QMMA_BK (two units)
+// of the inner dimension a step: each thread dequantizes one unit of W (unit32, the same function the GEMV
+// and the tests' reference use) into shared memory as the model's type, the X tile is copied beside it, and
+// four warps (2 x 2, each 32 x 32 of the tile) multiply with mma.sync m16n8k16 (half or bfloat16 operands,
+// float accumulators). The weights are rounded to the model's type exactly as the dequantized tiles for
+// cuBLAS were, so results equal that path's up to the order of the float sums.
+//
+// A product with too few CTAs to fill the GPU (a decode batch through o or down: 3,584 outputs at 7B) splits
+// the inner dimension over gridDim.z: each split writes float partial sums into `partial` ([splits, rows, n],
+// the scratch that held dequantized tiles before), and qmma_reduce_kernel adds them in split order (the same
+// sums in the same order every time: results do not depend on timing).
+constexpr int QMMA_BM = 64, QMMA_BN = 64, QMMA_BK = 64, QMMA_THREADS = 128;
+// Rows padded by 16 bytes: a warp's fragment loads (8 rows x 4 words) then fall in 32 distinct banks.
+constexpr int QMMA_LDS = QMMA_BK + 8;
+
+template <typename T> __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+template <> __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <typename T> __device__ __forceinline__ uint32_t lds32(const T* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+template <typename T, int TY>
+__global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict__ X, QPlanes W, void* __restrict__ Y, bool y_f32,
+                                                           int ldy, float* __restrict__ partial, int rows, int n, int k,
+                                                           int steps_per_split) {
+  __shared__ __align__(16) T As[QMMA_BM][QMMA_LDS];
+  __shared__ __align__(16) T Bs[QMMA_BN][QMMA_LDS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, tig = lane & 3;
+  const int n0 = blockIdx.x * QMMA_BN, m0 = blockIdx.y * QMMA_BM;
+  const int upr = k / 32, ksteps = (upr + 1) / 2;
+  const int s0 = blockIdx.z * steps_per_split, s1 = min(ksteps, s0 + steps_per_split);
+  float acc[2][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+  // This thread's unit of each W tile: row wr of the tile, its wu-th unit of the step (two threads a row
+  // read the row's two adjacent units: 32 contiguous bytes of a 4-bit plane).
+  const int wr = tid >> 1, wu = tid & 1, gn = n0 + wr;
+  for (int s = s0; s < s1; ++s) {
+    {
+      const int u = 2 * s + wu;
+      float w[32];
+      if (gn < n && u < upr) {
+        unit32<TY>(W, (size_t)gn * upr + u, w);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) w[i] = 0.f;
+      }
+      store32(&Bs[wr][wu * 32], w);
+    }
+    for (int i = tid; i < QMMA_BM * (QMMA_BK / 8); i += QMMA_THREADS) {
+      const int r = i / (QMMA_BK / 8), c = (i % (QMMA_BK / 8)) * 8;
+      const int gm = m0 + r, kk = s * QMMA_BK + c;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (gm < rows && kk < k) v = __ldg(reinterpret_cast<const uint4*>(X + (size_t)gm * k + kk));
+      *reinterpret_cast<uint4*>(&As[r][c]) = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < QMMA_BK; kk += 16) {
+      uint32_t a[2][4], b[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r = wm * 32 + mi * 16 + g;
+        a[mi][0] = lds32(&As[r][kk + 2 * tig]);
+        a[mi][1] = lds32(&As[r + 8][kk + 2 * tig]);
+        a[mi][2] = lds32(&As[r][kk + 2 * tig + 8]);
+        a[mi][3] = lds32(&As[r + 8][kk + 2 * tig + 8]);
+      }
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        const int c = wn * 32 + ni * 8 + g;
+        b[ni][0] = lds32(&Bs[c][kk + 2 * tig]);
+        b[ni][1] = lds32(&Bs[c][kk + 2 * tig + 8]);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
+    }
+    __syncthreads();
+  }
+  // Accumulator e of (mi, ni): row g (+8 for e >= 2), columns 2 tig and 2 tig + 1 of the 16 x 8 tile.
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = m0 + wm * 32 + mi * 16 + g + (e >= 2 ? 8 : 0);
+        const int c = n0 + wn * 32 + ni * 8 + 2 * tig + (e & 1);
+        if (r >= rows || c >= n) continue;
+        const float v = acc[mi][ni][e];
+        if (partial) partial[((size_t)blockIdx.z * rows + r) * n + c] = v;
+        else if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + c] = v;
+        else static_cast<T*>(Y)[(size_t)r * ldy + c] = from_f<T>(v);
+      }
+}
+
+// The split products' partial sums added in split order into Y (rows x n, `ldy` apart).
+template <typename T>
+__global__ void qmma_reduce_kernel(const float* __restrict__ partial, int splits, void* __restrict__ Y, bool y_f32, int ldy,
+                                   int rows, int n) {
+  const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= (size_t)rows * n) return;
+  const int r = (int)(i / n), c = (int)(i % n);
+  float s = 0.f;
+  for (int z = 0; z < splits; ++z) s += partial[(size_t)z * rows * n + i];
+  if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + c] = s;
+  else static_cast<T*>(Y)[(size_t)r * ldy + c] = from_f<T>(s);
+}
+
+// How many splits of the inner dimension a product of `ctas` CTAs and `ksteps` steps takes: enough CTAs for
+// two waves of the GPU's multiprocessors, each split at least 8 steps long, the partial sums within `scratch`.
+inline int qmma_splits(int ctas, int ksteps, int sms, size_t rows, size_t n, size_t scratch) {
+  int s = (2 * sms + ctas - 1) / ctas;
+  s = std::min(s, std::max(1, ksteps / 8));
+  s = std::min(s, 16);
+  while (s > 1 && (size_t)s * rows * n * 4 > scratch) --s;
+  return std::max(s, 1);
 }
 
 // Calls body with TY bound to the unit type `ty` as a constant; an unknown type runs `bad`.

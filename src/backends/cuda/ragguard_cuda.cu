@@ -1070,7 +1070,9 @@ struct rg_config {
   int32_t quantized;        // 1: a GGUF decoder (embedding, head and projections uploaded by rg_quant_upload);
                             // 2: FP8 weights made at load from a float16/bfloat16 checkpoint (rg_load_tensor)
   int64_t quant_bytes;      // the quantized matrices' packed bytes (gguf-blocks.ts planeOffsets, summed)
-  int64_t quant_tile_bytes; // the dequantization scratch of the larger products
+  int64_t quant_tile_bytes; // the larger products' scratch (split partial sums; dequantized tiles)
+  int32_t quant_gemm;       // products of more than QGEMV_MAX_ROWS rows: 0 qmma_kernel (the quantized units
+                            // read inside the tensor-core kernel), 1 tiles dequantized for cuBLAS (comparison)
 };
 
 struct rg_memory {
@@ -1307,8 +1309,9 @@ void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, boo
 
 // Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
 // (each writes its columns of Y). Up to e.gemv_rows rows through qgemv_kernel, which reads the quantized
-// bytes once; more through tiles dequantized into e.qtile and cuBLAS (tensor cores), a tile's rows at most
-// quant_tile_bytes of half values.
+// bytes once; more through qmma_kernel on the tensor cores (e.qtile holds split partial sums), or, with
+// quant_gemm 1, through tiles dequantized into e.qtile and cuBLAS, a tile's rows at most quant_tile_bytes
+// of half values.
 template <typename T>
 int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
   const std::vector<Engine::QSeg>& segs = e.qmats[e.qmat_index(kind, layer)];
@@ -1328,6 +1331,22 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
         else if (rows <= 4) launch_qgemv<T, 4, TY>(e, sg, X, y, f32, n, rows, k);
         else launch_qgemv<T, 8, TY>(e, sg, X, y, f32, n, rows, k))
       if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+      continue;
+    }
+    if (e.cfg.quant_gemm == 0) {
+      const int ctas_n = (sg.rows + QMMA_BN - 1) / QMMA_BN, ctas_m = (rows + QMMA_BM - 1) / QMMA_BM;
+      const int ksteps = (k / 32 + 1) / 2;
+      const int splits = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, rows, sg.rows, (size_t)e.cfg.quant_tile_bytes);
+      const int per = (ksteps + splits - 1) / splits;
+      float* partial = splits > 1 ? static_cast<float*>(e.qtile) : nullptr;
+      const dim3 grid(ctas_n, ctas_m, splits);
+      QTYPE_DISPATCH(sg.type, bad = 1,
+        qmma_kernel<T, TY><<<grid, QMMA_THREADS, 0, e.stream>>>((const T*)X, sg.p, y, f32, n, partial, rows, sg.rows, k, per))
+      if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+      if (partial) {
+        const size_t total = (size_t)rows * sg.rows;
+        qmma_reduce_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(partial, splits, y, f32, n, rows, sg.rows);
+      }
       continue;
     }
     for (int r0 = 0; r0 < sg.rows; r0 += (int)tile_rows) {
