@@ -9,6 +9,7 @@ import type { Express } from 'express';
 import type { Config } from '../src/config/config.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
+import { invalidUtf8Offset } from '../src/server/json-body.js';
 import { cp, mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { faiss, ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
@@ -246,6 +247,58 @@ describe('errors are a status plus {error: {code, message}}', () => {
 
   test('malformed JSON -> 400 invalid_json', async () => {
     assertError(await request(app).post('/query').set('content-type', 'application/json').send('{"query": '), 400, 'invalid_json');
+  });
+
+  test('a JSON body that is not valid UTF-8 -> 400 invalid_json naming the byte offset, on every JSON route', async () => {
+    // Latin-1's é (0xe9) where UTF-8 was claimed: body-parser alone would answer with U+FFFD in its place.
+    const latin1 = (json: string) => {
+      const at = json.indexOf('\u00e9');
+      return { body: Buffer.concat([Buffer.from(json.slice(0, at)), Buffer.from([0xe9]), Buffer.from(json.slice(at + 1))]), at: Buffer.byteLength(json.slice(0, at)) };
+    };
+    const routes: [string, string, string][] = [
+      ['post', '/query', JSON.stringify({ query: 'caf\u00e9 quotas', max_new_tokens: 2 })],
+      ['post', '/query', JSON.stringify({ query: 'caf\u00e9 quotas', max_new_tokens: 2, stream: true })],
+      ['post', '/v1/chat/completions', JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'caf\u00e9' }] })],
+      ['post', '/v1/completions', JSON.stringify({ model: 'x', prompt: 'caf\u00e9' })],
+      ['post', '/v1/embeddings', JSON.stringify({ model: 'x', input: 'caf\u00e9' })],
+      ['post', '/v1/rerank', JSON.stringify({ query: 'caf\u00e9', documents: ['a'] })],
+      ['post', '/documents', JSON.stringify({ doc_id: 'cafe', text: 'caf\u00e9' })],
+      ['put', '/documents/cafe', JSON.stringify({ text: 'caf\u00e9' })],
+    ];
+    for (const [method, route, json] of routes) {
+      const { body, at } = latin1(json);
+      // The bytes as they are (superagent would otherwise serialise a Buffer as JSON).
+      const res = await request(app)[method as 'post' | 'put'](route).set('content-type', 'application/json').serialize((b: unknown) => b as string).send(body);
+      assertError(res, 400, 'invalid_json');
+      const error = (res.body as { error: { message: string; byte_offset: number } }).error;
+      assert.equal(error.byte_offset, at, route);
+      assert.match(error.message, new RegExp(`offset ${at}\\b`), route);
+    }
+    // Valid UTF-8 of every length still parses: 2, 3 and 4 byte characters.
+    const ok = await request(app).post('/query').set('content-type', 'application/json').serialize((b: unknown) => b as string)
+      .send(Buffer.from(JSON.stringify({ query: 'caf\u00e9 \u20ac \u{1F600} quotas', max_new_tokens: 2 })));
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+  });
+
+  test('invalidUtf8Offset agrees with a strict decoder, and finds the first bad byte', () => {
+    const cases: [number[], number][] = [
+      [[0x61, 0x62], -1], [[0xc3, 0xa9], -1], [[0xe2, 0x82, 0xac], -1], [[0xf0, 0x9f, 0x98, 0x80], -1],
+      [[0x61, 0xe9, 0x62], 1], [[0x61, 0xc3], 1], [[0xe2, 0x82], 0], [[0xc0, 0x80], 0], [[0xe0, 0x80, 0x80], 0],
+      [[0xed, 0xa0, 0x80], 0], [[0xf4, 0x90, 0x80, 0x80], 0], [[0xf5, 0x80, 0x80, 0x80], 0], [[0x80], 0], [[0x61, 0xf0, 0x9f, 0x41], 1],
+      [[0xe2, 0x82, 0xac, 0x80], 3],
+    ];
+    const strict = new TextDecoder('utf-8', { fatal: true });
+    for (const [bytes, at] of cases) {
+      const b = Uint8Array.from(bytes);
+      assert.equal(invalidUtf8Offset(b), at, bytes.map((x) => x.toString(16)).join(' '));
+      let valid = true;
+      try {
+        strict.decode(b);
+      } catch {
+        valid = false;
+      }
+      assert.equal(valid, at === -1, bytes.map((x) => x.toString(16)).join(' '));
+    }
   });
 
   test('POST /documents validation', async () => {

@@ -25,6 +25,7 @@ import { tenantOf } from './tenant.js';
 import { streamQuery } from './query-stream.js';
 import { runOptions } from './guarded.js';
 import { openaiRoutes } from './openai-routes.js';
+import { jsonBody } from './json-body.js';
 import { StructuredOutputs } from './structured.js';
 
 /**
@@ -67,7 +68,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   // Files as base64 in JSON, and multipart uploads, go to the document routes under their own limit (document-intake.ts).
   app.post('/documents', uploadJson(cfg), multipartUpload(cfg));
   app.put('/documents/:id', uploadJson(cfg));
-  app.use(express.json({ limit: cfg.maxDocumentBytes }));
+  app.use(jsonBody(cfg.maxDocumentBytes));
 
   // Also answered at the front door (front-door.ts); here for the paths it leaves to express ('/healthz/').
   app.get('/healthz', async (_req, res) => {

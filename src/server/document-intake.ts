@@ -23,13 +23,14 @@
  * `results` holds one entry per item, in the request's order: {index, filename?, status, doc_id?, title?,
  * chunks?, error?: {code, message}}.
  */
-import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
+import { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
 import multer from 'multer';
 import type { Writable } from 'node:stream';
 import type { Config } from '../config/config.js';
 import { DuplicateDocumentError, type DocumentInput, type IngestResult, type RagService } from '../service/rag.js';
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileInput } from '../retrieval/files/registry.js';
 import { HttpError } from './errors.js';
+import { jsonBody } from './json-body.js';
 import { requestSignal } from './shutdown.js';
 import { collectionFor, tenantOf } from './tenant.js';
 import { nextTurn } from '../runtime/turns.js';
@@ -86,7 +87,7 @@ export function multipartUpload(cfg: Pick<Config, 'maxUploadBytes'>): RequestHan
  */
 export function uploadJson(cfg: Pick<Config, 'maxUploadBytes' | 'maxDocumentBytes'>): RequestHandler {
   const limit = Math.max(cfg.maxDocumentBytes, cfg.maxUploadBytes);
-  const parse = express.json({ limit });
+  const parse = jsonBody(limit);
   return (req, res, next) => parse(req, res, (err?: unknown) => {
     next((err as { type?: string } | undefined)?.type === 'entity.too.large' ? tooLarge(limit) : err);
   });
@@ -146,7 +147,7 @@ interface Result {
   error?: Record<string, unknown>;
 }
 
-/** The POST /documents handler (after express.json and multipartUpload). */
+/** The POST /documents handler (after jsonBody and multipartUpload). */
 export async function postDocuments(service: RagService, req: Request, res: Response): Promise<void> {
   const { cfg } = service;
   const multipart = typeof req.is('multipart') === 'string';
