@@ -9,7 +9,9 @@
  * decides what configures it.
  *
  * Every call runs under the same admission queue and memory guard as the HTTP routes: a request that
- * can never fit the budget is refused (HttpError 413), the rest wait for their slot and workspace.
+ * can never fit the budget is refused (TooLargeError), the rest wait for their slot and workspace (or are
+ * refused with a BusyError when none comes within RAGGUARD_QUEUE_TIMEOUT_MS). Every refusal is a
+ * RagguardError with the `code` the HTTP routes answer with.
  */
 import type express from 'express';
 import { ConfigError, loadConfig, type Config } from './config/config.js';
@@ -17,7 +19,7 @@ import type { ChatMessage } from './generate/chat-template.js';
 import type { FinishReason } from './generate/generation.js';
 import type { SamplingOptions } from './service/rag.js';
 import { Admission } from './guards/admission.js';
-import { HttpError } from './runtime/errors.js';
+import { BusyError, ClosedError, InvalidRequestError, RagguardError, TooLargeError } from './runtime/errors.js';
 import { generationShape, guardedQuery, guardedRun } from './service/guarded-run.js';
 import type { SearchFilter } from './retrieval/retrieval-store.js';
 import { RagService, type Citation, type DocumentInput, type IngestResult, type QueryResult } from './service/rag.js';
@@ -26,7 +28,7 @@ import { createApp } from './server/app.js';
 import type { Logger } from './server/logging.js';
 
 // A file (PDF, DOCX, HTML, Markdown, text) as a document for ingest: `rag.ingest([await fileDocument(f)])`.
-export { ConfigError, fileDocument, HttpError, loadConfig, RagService, UnreadableFileError, UnsupportedFileError };
+export { BusyError, ClosedError, ConfigError, fileDocument, InvalidRequestError, loadConfig, RagguardError, RagService, TooLargeError, UnreadableFileError, UnsupportedFileError };
 export type { ChatMessage, Citation, Config, DocumentInput, FileDocument, FileInput, FinishReason, IngestResult, QueryResult, SamplingOptions, SearchFilter };
 
 export interface RagguardOptions {
@@ -126,11 +128,11 @@ export class Ragguard {
     this.open();
     const { service } = this;
     const { decoder } = service.models;
-    if ((o.prompt === undefined) === (o.messages === undefined)) throw new HttpError(400, 'invalid_body', 'give either prompt or messages');
+    if ((o.prompt === undefined) === (o.messages === undefined)) throw new InvalidRequestError('invalid_body', 'give either prompt or messages');
     const ids = o.messages ? service.chatTemplate.encode(o.messages) : service.chatTemplate.encodeText(o.prompt!);
     const maxNewTokens = o.maxNewTokens ?? service.cfg.defaultMaxNewTokens;
     if (ids.length + maxNewTokens > decoder.shape.maxPositions) {
-      throw new HttpError(413, 'context_too_long', `the prompt's ${ids.length} tokens plus ${maxNewTokens} new tokens exceed the decoder's ${decoder.shape.maxPositions} positions`);
+      throw new TooLargeError('context_too_long', `the prompt's ${ids.length} tokens plus ${maxNewTokens} new tokens exceed the decoder's ${decoder.shape.maxPositions} positions`);
     }
     const { result: g } = await guardedRun(service, this.admission, {
       shape: () => generationShape(ids.length, maxNewTokens),
@@ -166,7 +168,7 @@ export class Ragguard {
   }
 
   private open(): void {
-    if (this.closed) throw new HttpError(503, 'closed', 'this ragguard instance is closed');
+    if (this.closed) throw new ClosedError('closed', 'this ragguard instance is closed');
   }
 }
 

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Admission } from '../src/guards/admission.js';
-import { HttpError } from '../src/server/errors.js';
+import { BusyError } from '../src/runtime/errors.js';
+import { toHttpError } from '../src/server/errors.js';
 
 function gate(): { wait: Promise<void>; open: () => void } {
   let open!: () => void;
@@ -17,8 +18,8 @@ test('runs up to the concurrency, queues up to the limit, sheds the rest with 50
   const second = a.run(async () => { order.push('second'); return 2; });
   assert.equal(a.running, 1);
   assert.equal(a.waiting, 1);
-  await assert.rejects(a.run(async () => 3), (e: unknown) => e instanceof HttpError && e.status === 503 && e.code === 'queue_full'
-    && Number(e.headers['Retry-After']) === 10);
+  await assert.rejects(a.run(async () => 3), (e: unknown) => e instanceof BusyError && e.code === 'queue_full'
+    && e.retryAfterSeconds === 10 && toHttpError(e).status === 503 && toHttpError(e).headers['Retry-After'] === '10');
   g.open();
   assert.deepEqual(await Promise.all([first, second]), [1, 2]);
   assert.deepEqual(order, ['first', 'second']);
@@ -29,7 +30,7 @@ test('a query that waits past the timeout gets 503 queue_timeout and never runs'
   const g = gate();
   const first = a.run(() => g.wait);
   let ran = false;
-  await assert.rejects(a.run(async () => { ran = true; }), (e: unknown) => e instanceof HttpError && e.code === 'queue_timeout');
+  await assert.rejects(a.run(async () => { ran = true; }), (e: unknown) => e instanceof BusyError && e.code === 'queue_timeout');
   g.open();
   await first;
   await a.drain();

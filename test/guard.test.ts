@@ -4,7 +4,8 @@ import { before, describe, test } from 'node:test';
 import request from 'supertest';
 import { MemoryGuard } from '../src/guards/guard.js';
 import { MemoryModel } from '../src/guards/memory-model.js';
-import { HttpError } from '../src/server/errors.js';
+import { BusyError } from '../src/runtime/errors.js';
+import { toHttpError } from '../src/server/errors.js';
 import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { smallCorpus, tempDir, testConfig } from './helpers.js';
@@ -36,8 +37,9 @@ describe('reservations', () => {
   test('a wait past the deadline is a 503 with Retry-After; the queue moves on', async () => {
     const g = guard();
     const a = await g.reserve(90, 1000);
-    await assert.rejects(g.reserve(50, 20), (e: unknown) => e instanceof HttpError && e.status === 503 && e.code === 'memory_busy' &&
-      e.headers['Retry-After'] === '1' && e.details['predicted_bytes'] === 50 && e.details['budget_bytes'] === 100);
+    await assert.rejects(g.reserve(50, 20), (e: unknown) => e instanceof BusyError && e.code === 'memory_busy' && e.retryAfterSeconds === 1 &&
+      e.details['predicted_bytes'] === 50 && e.details['budget_bytes'] === 100 &&
+      toHttpError(e).status === 503 && toHttpError(e).headers['Retry-After'] === '1');
     assert.equal(g.waiting, 0);
     a();
   });

@@ -6,6 +6,10 @@
  *   config < runtime < generate < backends < retrieval < guards < service < server < cli < index.ts
  *
  * Within backends, ort and cuda are siblings: neither imports the other.
+ *
+ * HTTP is server/'s alone: no layer below it (nor the library's entry) names an HTTP status or header in
+ * its code. They refuse with their own error types (runtime/errors.ts and the layers' own), which
+ * server/errors.ts maps to statuses.
  */
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, statSync } from 'node:fs';
@@ -70,4 +74,31 @@ test('no circle of imports', () => {
   };
   for (const f of graph.keys()) visit(f, []);
   assert.deepEqual(cycles, []);
+});
+
+/** A source's code without its comments (string contents are kept: a status in a string is still one). */
+function code(text: string): string {
+  return text.replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|[^:'"`\\])\/\/.*$/gm, '$1');
+}
+
+/** What says HTTP in code: the server's error class, a status given to an error or a reply, HTTP's headers by name. */
+const HTTP = [
+  /\bHttpError\b/,
+  /\bnew\s+\w+\(\s*[1-5]\d\d\s*,/, // new SomeError(413, ...)
+  /\bstatus(Code)?\s*:\s*[1-5]\d\d\b/, // { status: 503 }
+  /\.(status|writeHead)\(\s*[1-5]\d\d\b/, // res.status(404)
+  /['"](Retry-After|WWW-Authenticate)['"]/i,
+];
+
+test('no HTTP status outside server/: the layers below it, and the library, refuse with their own error types', () => {
+  const found: string[] = [];
+  for (const file of sources(SRC)) {
+    const top = rel(file).split(path.sep)[0]!;
+    // server/ speaks HTTP; the CLI is an HTTP client of the server (it reads replies' statuses).
+    if (top === 'server' || top === 'cli') continue;
+    code(readFileSync(file, 'utf8')).split('\n').forEach((line, i) => {
+      if (HTTP.some((r) => r.test(line))) found.push(`${rel(file)}:${i + 1}: ${line.trim()}`);
+    });
+  }
+  assert.deepEqual(found, []);
 });

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import express from 'express';
 import request from 'supertest';
-import { createRagguard, HttpError, type Ragguard } from '../src/index.js';
+import { ClosedError, createRagguard, InvalidRequestError, TooLargeError, type Ragguard } from '../src/index.js';
 import { smallCorpus, tempDir, TEST_ENV } from './helpers.js';
 
 let rg: Ragguard;
@@ -33,10 +33,10 @@ test('the service without HTTP: ingest, query with a citation of what was ingest
   const g = await rg.generate({ messages: [{ role: 'user', content: 'Say hello.' }], maxNewTokens: 5 });
   assert.ok(g.usage.promptTokens > 0 && g.usage.completionTokens > 0 && g.usage.completionTokens <= 5);
   assert.ok(['stop', 'length'].includes(g.finishReason));
-  // A request past the decoder's positions is refused as the HTTP routes refuse it, with the same error.
+  // A request past the decoder's positions is refused as the HTTP routes refuse it, with the same code.
   await assert.rejects(rg.generate({ prompt: 'x', maxNewTokens: rg.service.models.decoder.shape.maxPositions }),
-    (e: unknown) => e instanceof HttpError && e.status === 413);
-  await assert.rejects(rg.generate({}), (e: unknown) => e instanceof HttpError && e.status === 400);
+    (e: unknown) => e instanceof TooLargeError && e.code === 'context_too_long');
+  await assert.rejects(rg.generate({}), (e: unknown) => e instanceof InvalidRequestError && e.code === 'invalid_body');
 });
 
 test('the router mounted under a path of another express app, beside its own routes', async () => {
@@ -62,5 +62,5 @@ test('the router mounted under a path of another express app, beside its own rou
 test('a closed instance refuses new work', async () => {
   const other = await createRagguard({ env: { ...TEST_ENV, RAGGUARD_PROFILE_RUN: 'false' }, config: { indexDir: await tempDir(), corpusDir: '' } });
   await other.close();
-  await assert.rejects(other.query({ query: 'anything' }), (e: unknown) => e instanceof HttpError && e.status === 503);
+  await assert.rejects(other.query({ query: 'anything' }), (e: unknown) => e instanceof ClosedError && e.code === 'closed');
 });

@@ -30,7 +30,7 @@ test('npm pack gives a package whose exports import and type-check in a fresh di
 
   const keys = JSON.parse(execFileSync(process.execPath, ['--input-type=module', '-e',
     "const m = await import('ragguard'); console.log(JSON.stringify(Object.keys(m).sort()))"], { cwd: app, encoding: 'utf8' })) as string[];
-  for (const k of ['createRagguard', 'Ragguard', 'loadConfig', 'resolveConfig', 'HttpError', 'ConfigError']) assert.ok(keys.includes(k), `export ${k}: ${keys.join(', ')}`);
+  for (const k of ['createRagguard', 'Ragguard', 'loadConfig', 'resolveConfig', 'RagguardError', 'TooLargeError', 'BusyError', 'ConfigError']) assert.ok(keys.includes(k), `export ${k}: ${keys.join(', ')}`);
 
   writeFileSync(path.join(app, 'main.ts'), [
     "import { createRagguard, resolveConfig, type Config, type QueryResult } from 'ragguard';",

@@ -4,7 +4,7 @@
  * overloaded server sheds load instead of piling up memory.
  */
 import PQueue from 'p-queue';
-import { HttpError } from '../runtime/errors.js';
+import { BusyError } from '../runtime/errors.js';
 import { nextTurn } from '../runtime/turns.js';
 
 class QueueTimeout extends Error {}
@@ -66,14 +66,14 @@ export class Admission {
     };
   }
 
-  /** The 503 a query gets when the server is full. */
-  queueFull(): HttpError {
-    return new HttpError(503, 'queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`,
-      {}, { 'Retry-After': this.retryAfter });
+  /** The refusal a query gets when the server is full. */
+  queueFull(): BusyError {
+    return new BusyError('queue_full', `server busy: ${this.queue.size} queries waiting (limit ${this.opts.maxQueue})`, this.retryAfter);
   }
 
-  private get retryAfter(): string {
-    return String(Math.max(1, Math.ceil(this.opts.timeoutMs / 1000)));
+  /** Seconds after which a refused query may find a place: the queue's longest wait. */
+  private get retryAfter(): number {
+    return Math.max(1, Math.ceil(this.opts.timeoutMs / 1000));
   }
 
   async run<T>(work: () => Promise<T>, signal?: AbortSignal, ticket?: AdmissionTicket): Promise<T> {
@@ -100,8 +100,7 @@ export class Admission {
         // event loop's timers, and 64 replies written back to back held it for 50 ms (a probe waited
         // behind them). Each on a turn of its own (turns.ts), with the loop's I/O served between.
         await nextTurn();
-        throw new HttpError(503, 'queue_timeout', `waited ${this.opts.timeoutMs} ms in the queue without a free slot`,
-          {}, { 'Retry-After': retryAfter });
+        throw new BusyError('queue_timeout', `waited ${this.opts.timeoutMs} ms in the queue without a free slot`, retryAfter);
       }
       throw e;
     } finally {

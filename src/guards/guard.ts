@@ -4,7 +4,7 @@
  * a deadline; a request that can never fit was already turned away by the decision (413), so a wait
  * ends either with room or with 503.
  */
-import { HttpError } from '../runtime/errors.js';
+import { BusyError } from '../runtime/errors.js';
 import type { MemoryModel, RequestShape } from './memory-model.js';
 import { decide, type Decision, type Floors } from './policy.js';
 import { type ReshapeStep } from '../config/config.js';
@@ -75,9 +75,8 @@ export class MemoryGuard {
       const timer = setTimeout(() => {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
-        reject(new HttpError(503, 'memory_busy', `waited ${timeoutMs} ms for ${bytes} bytes of workspace`,
-          { predicted_bytes: bytes, budget_bytes: this.capacity().workspaceTotal },
-          { 'Retry-After': String(Math.max(1, Math.ceil(timeoutMs / 1000))) }));
+        reject(new BusyError('memory_busy', `waited ${timeoutMs} ms for ${bytes} bytes of workspace`, Math.max(1, Math.ceil(timeoutMs / 1000)),
+          { predicted_bytes: bytes, budget_bytes: this.capacity().workspaceTotal }));
         this.pump();
       }, timeoutMs);
       const waiter: Waiter = {

@@ -1,23 +1,35 @@
 /**
- * Errors that become replies: a status plus `{error: {code, message, ...details}}`. Below the server so
- * that every layer (the guards' 413/503, a store's 404, a parser's 415/422) says what went wrong in the
- * shape the HTTP layer sends as it is (server/errors.ts turns everything else into one).
+ * The errors ragguard refuses a request with, in its own terms: a stable `code`, a message, and details
+ * (snake_case fields, as a reply carries them). Below every layer that refuses (the admission queue and
+ * the memory guard, the service, the library); what each means in HTTP (a status, a Retry-After
+ * header) is decided in server/ alone (server/errors.ts).
  */
-export class HttpError extends Error {
+export class RagguardError extends Error {
   constructor(
-    readonly status: number,
     readonly code: string,
     message: string,
     readonly details: Readonly<Record<string, unknown>> = {},
-    readonly headers: Readonly<Record<string, string>> = {},
   ) {
     super(message);
-    this.name = 'HttpError';
-  }
-
-  body(): { error: Record<string, unknown> } {
-    return { error: { code: this.code, message: this.message, ...this.details } };
+    this.name = new.target.name;
   }
 }
 
-export const badRequest = (code: string, message: string) => new HttpError(400, code, message);
+/** The request can never be served as asked: its query, its context or its memory exceed a limit that will not change. */
+export class TooLargeError extends RagguardError {}
+
+/**
+ * No room for the request now: every admission place is taken, or no slot or workspace came free within
+ * the wait. Asking again later may succeed: `retryAfterSeconds` says when.
+ */
+export class BusyError extends RagguardError {
+  constructor(code: string, message: string, readonly retryAfterSeconds: number, details: Readonly<Record<string, unknown>> = {}) {
+    super(code, message, details);
+  }
+}
+
+/** The request itself is malformed (the library's arguments). */
+export class InvalidRequestError extends RagguardError {}
+
+/** The instance the request was made to is closed. */
+export class ClosedError extends RagguardError {}

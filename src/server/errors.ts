@@ -1,13 +1,38 @@
-/** Errors that become HTTP replies: status plus `{error: {code, message, ...details}}` (runtime/errors.ts), and how anything else is mapped. */
+/**
+ * Errors as HTTP replies: a status plus `{error: {code, message, ...details}}`. The one place that says
+ * what each of ragguard's own refusals (runtime/errors.ts) and the layers' error types mean in HTTP:
+ * too large 413, busy 503 with Retry-After, an invalid request 400, a closed instance 503.
+ */
 import type { ServerResponse } from 'node:http';
 import { AdapterBusyError, AdapterInvalidError } from '../generate/adapters.js';
 import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
-import { HttpError, badRequest } from '../runtime/errors.js';
+import { BusyError, ClosedError, InvalidRequestError, RagguardError, TooLargeError } from '../runtime/errors.js';
 import { StoreUnavailableError } from '../retrieval/retrieval-store.js';
 import { RunInterrupted } from '../runtime/ort-direct.js';
 import { InvalidUtf8Error } from './json-body.js';
 
-export { HttpError, badRequest };
+/** An error with the reply it becomes: what the routes throw, and what toHttpError makes of anything else. */
+export class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly details: Readonly<Record<string, unknown>> = {},
+    readonly headers: Readonly<Record<string, string>> = {},
+  ) {
+    super(message);
+    this.name = 'HttpError';
+  }
+
+  body(): { error: Record<string, unknown> } {
+    return { error: { code: this.code, message: this.message, ...this.details } };
+  }
+}
+
+export const badRequest = (code: string, message: string) => new HttpError(400, code, message);
+
+/** Whether `err` is a deliberate refusal (an HttpError or one of ragguard's own), not a failure nothing anticipated. */
+export const isRefusal = (err: unknown): boolean => err instanceof HttpError || err instanceof RagguardError;
 
 /** A JSON reply on Node's own response (no express needed): the front door's and a drain's last answers. */
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Readonly<Record<string, string>> = {}, head = false): void {
@@ -19,8 +44,9 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
 /** body-parser's errors carry a status and a type; anything else unknown is a 500. */
 export function toHttpError(err: unknown): HttpError {
   if (err instanceof HttpError) return err;
+  if (err instanceof RagguardError) return fromRefusal(err);
   // A run stopped because its request was abandoned or drained: the abort's own reason is the reply.
-  if (err instanceof RunInterrupted) return err.reason instanceof HttpError ? err.reason : new HttpError(499, 'client_closed_request', err.message);
+  if (err instanceof RunInterrupted) return isRefusal(err.reason) ? toHttpError(err.reason) : new HttpError(499, 'client_closed_request', err.message);
   if (err instanceof PromptNeverFitsError) return new HttpError(413, 'context_too_long', err.message);
   if (err instanceof UnsupportedSamplingError) return new HttpError(422, 'unsupported_sampling', err.message);
   if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });
@@ -34,4 +60,13 @@ export function toHttpError(err: unknown): HttpError {
     return new HttpError(e.status, e.type?.replace(/\W+/g, '_') ?? 'bad_request', e.message ?? 'bad request');
   }
   return new HttpError(500, 'internal', 'internal error');
+}
+
+/** ragguard's own refusals in HTTP. */
+function fromRefusal(err: RagguardError): HttpError {
+  if (err instanceof TooLargeError) return new HttpError(413, err.code, err.message, err.details);
+  if (err instanceof BusyError) return new HttpError(503, err.code, err.message, err.details, { 'Retry-After': String(err.retryAfterSeconds) });
+  if (err instanceof InvalidRequestError) return new HttpError(400, err.code, err.message, err.details);
+  if (err instanceof ClosedError) return new HttpError(503, err.code, err.message, err.details);
+  return new HttpError(500, err.code, err.message, err.details);
 }

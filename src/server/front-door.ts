@@ -20,7 +20,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Admission } from '../guards/admission.js';
 import { decoderRuntime, type RagService } from '../service/rag.js';
 import { authorizer, corsHeaders } from './auth.js';
-import { sendJson, type HttpError } from './errors.js';
+import { sendJson, toHttpError, type HttpError } from './errors.js';
 import { errorState, routedOutcome, trackRequest, type Logger, type RequestDone } from './logging.js';
 import { pathOf, type Lifecycle } from './shutdown.js';
 import { nextTurn, noteArrival } from '../runtime/turns.js';
@@ -54,7 +54,7 @@ export async function healthReport(service: RagService, admission: Admission): P
 export function letIn(admission: Admission, res: ServerResponse & { locals?: Record<string, unknown> }): HttpError | undefined {
   noteArrival(); // a burst still arriving holds back preparation (turns.ts)
   const ticket = admission.ticket();
-  if (!ticket) return admission.queueFull();
+  if (!ticket) return toHttpError(admission.queueFull());
   (res.locals ??= {})['admission'] = ticket;
   res.once('close', ticket.release);
   return undefined;

@@ -28,8 +28,7 @@ import type { Generation } from '../generate/generation.js';
 import type { AssembledPrompt, ContextChunk } from '../generate/prompt.js';
 import type { Admission } from '../guards/admission.js';
 import type { Citation, RagService } from '../service/rag.js';
-import { toHttpError } from './errors.js';
-import { HttpError } from './errors.js';
+import { HttpError, isRefusal, toHttpError } from './errors.js';
 import { generationShape, guardedQuery, guardedRun } from '../service/guarded-run.js';
 import { runOptions } from './guarded.js';
 import { openapiDocument } from './openapi.js';
@@ -422,7 +421,7 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
   router.use((err: unknown, req: Request, res: Response, next: NextFunction) => {
     if (!req.path.startsWith('/v1/')) return next(err);
     const e = toHttpError(err);
-    if (!(err instanceof HttpError) && e.status >= 500) console.error('request failed:', err);
+    if (!isRefusal(err) && e.status >= 500) console.error('request failed:', err);
     res.status(e.status).set(e.headers).json(openaiErrorBody(e));
   });
   return router;

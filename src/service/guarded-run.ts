@@ -2,8 +2,8 @@
  * The guarded run: the one way a request's work reaches the models. Every way in calls `guardedRun`
  * (POST /query streamed or not, the /v1 routes, rerank and score, embeddings, the library's calls):
  *
- *   1. the guard decides from the request's shape as asked (admit, queue, reshape, or refuse: 413 when
- *      it can never fit, or when a reshape would cut what the request cannot lose, its `floor`);
+ *   1. the guard decides from the request's shape as asked (admit, queue, reshape, or refuse with a
+ *      TooLargeError when it can never fit, or when a reshape would cut what it cannot lose, its `floor`);
  *   2. the work waits for an admission slot, taking over the admission ticket the request was given on
  *      arrival (server/front-door.ts letIn): the one place a ticket changes hands;
  *   3. then for its workspace reservation, runs on the decided shape and releases the reservation;
@@ -16,7 +16,7 @@
 import type { Admission, AdmissionTicket } from '../guards/admission.js';
 import type { RequestShape } from '../guards/memory-model.js';
 import type { Decision } from '../guards/policy.js';
-import { HttpError } from '../runtime/errors.js';
+import { TooLargeError } from '../runtime/errors.js';
 import type { QueryInput, QueryResult, RagService } from './rag.js';
 
 export type Admitted = Exclude<Decision, { action: 'reject' }>;
@@ -98,16 +98,16 @@ export function generationShape(promptTokens: number, maxNewTokens: number, samp
   return { queryTokens: 0, topK: 0, rerankTopN: 0, pairTokens: 0, rerankBatch: 1, promptTokens, maxNewTokens, ...(samples > 1 ? { samples } : {}) };
 }
 
-/** The guard's decision for `shape`; 413 when it can never fit, or only below `floor`. */
+/** The guard's decision for `shape`; refused (TooLargeError) when it can never fit, or only below `floor`. */
 function decide(service: RagService, shape: RequestShape, floor: Floor | undefined): Admitted {
   const decision = service.guard.decide(shape);
   const predicted = decision.prediction.workspaceBytes + decision.prediction.kvBytes;
   const bytes = { predicted_bytes: predicted, budget_bytes: service.budget.budgetBytes };
   if (decision.action === 'reject') {
-    throw new HttpError(413, 'request_too_large', `this request can never fit the memory budget: ${decision.reason}`, bytes);
+    throw new TooLargeError('request_too_large', `this request can never fit the memory budget: ${decision.reason}`, bytes);
   }
   if (floor && (decision.shape.promptTokens < (floor.promptTokens ?? 0) || decision.shape.topK < (floor.topK ?? 0))) {
-    throw new HttpError(413, 'request_too_large', floor.message, floor.details ?? bytes);
+    throw new TooLargeError('request_too_large', floor.message, floor.details ?? bytes);
   }
   return decision;
 }
