@@ -21,6 +21,7 @@ import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { setImmediate as turn } from 'node:timers/promises';
 import { loadConfig } from '../config/config.js';
+import { lockDir, type DirLock } from './dir-lock.js';
 import { CollectionLexicon } from './lexical.js';
 import { Bitmap, PositionTable, Selections } from './positions.js';
 import {
@@ -153,6 +154,8 @@ export class FaissStore implements RetrievalStore {
   /** A compaction is due whatever the log's size (the index changed form). */
   private compactionDue = false;
   private closed = false;
+  /** The directory's lock, held from open to close. */
+  private lock: DirLock | undefined;
 
   private constructor(
     readonly dir: string,
@@ -178,6 +181,19 @@ export class FaissStore implements RetrievalStore {
    */
   static async open(dir: string, dimension: number, bm25: Bm25Params = { k1: 1.2, b: 0.75 }, options: FaissStoreOptions = {}): Promise<FaissStore> {
     await mkdir(dir, { recursive: true });
+    // One process per directory: a second refuses here, naming the first (dir-lock.ts).
+    const lock = await lockDir(dir);
+    try {
+      const store = await FaissStore.load(dir, dimension, bm25, options);
+      store.lock = lock;
+      return store;
+    } catch (e) {
+      await lock.release();
+      throw e;
+    }
+  }
+
+  private static async load(dir: string, dimension: number, bm25: Bm25Params, options: FaissStoreOptions): Promise<FaissStore> {
     const file = path.join(dir, SNAPSHOT);
     const contents = await readSnapshot(file);
     const { state, seq } = contents ? loadState(contents, file, dimension) : { state: emptyState(dimension), seq: 0 };
@@ -415,6 +431,8 @@ export class FaissStore implements RetrievalStore {
     await this.writeTail;
     await this.compaction?.catch(() => undefined);
     await this.log.close();
+    await this.lock?.release();
+    this.lock = undefined;
   }
 
   /** Whether writes rewrite the snapshot (under logBytes) rather than append to the log. */
