@@ -11,6 +11,8 @@
  *   ragguard query "question" [opts]  asks a running server (POST /query): the answer and its citations
  *   ragguard rerank --query Q doc...   scores documents against Q with a running server's reranker
  *                                      (POST /v1/rerank): most relevant first, with their scores
+ *   ragguard migrate [--status]        brings the Postgres store's schema (RAGGUARD_STORE) to this
+ *                                      build's version (migrate.ts), with a role that owns the schema
  *
  * Options: --url URL (else RAGGUARD_URL, else http://$HOST:$PORT with the server's defaults),
  * --key KEY (else RAGGUARD_ADMIN_KEY for ingest, RAGGUARD_API_KEY for query), --json (the report or
@@ -21,6 +23,7 @@ import { parseArgs } from 'node:util';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { ingestDirect } from './direct-ingest.js';
+import { migrateCommand, MigrateUsageError } from './migrate.js';
 import { readFolder, type Skipped } from './folder.js';
 import { ProgressBar } from './progress.js';
 
@@ -29,7 +32,8 @@ const USAGE = `usage:
   ragguard ingest <folder> [--url URL] [--key KEY] [--json]
   ragguard ingest <folder> --direct [--json]      (into RAGGUARD_INDEX_DIR, no server running on it)
   ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]
-  ragguard rerank --query "question" doc1 doc2 ... [--url URL] [--key KEY] [--top-n N] [--json]`;
+  ragguard rerank --query "question" doc1 doc2 ... [--url URL] [--key KEY] [--top-n N] [--json]
+  ragguard migrate [--store URL] [--dimension N] [--status] [--json]   (the Postgres schema, RAGGUARD_STORE)`;
 
 class UsageError extends Error {}
 
@@ -192,6 +196,8 @@ async function main(argv: string[]): Promise<number> {
       return query(rest);
     case 'rerank':
       return rerank(rest);
+    case 'migrate':
+      return migrateCommand(rest);
     case 'help':
     case '--help':
     case '-h':
@@ -207,7 +213,7 @@ main(process.argv.slice(2)).then(
     if (code >= 0) process.exitCode = code;
   },
   (e: unknown) => {
-    if (e instanceof UsageError || (e as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+    if (e instanceof UsageError || e instanceof MigrateUsageError || (e as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
       process.stderr.write(`ragguard: ${(e as Error).message}\n${USAGE}\n`);
       process.exitCode = 2;
     } else {

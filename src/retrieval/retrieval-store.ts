@@ -123,6 +123,12 @@ export interface RetrievalStore {
   /** The k best chunks by BM25 that pass the filter, best first (ties: lower id); no shared term, no hit. */
   searchLexical(query: string, k: number, filter: SearchFilter): Promise<Hit[]>;
 
+  /**
+   * Whether the store answers now, and why not (Postgres: a trivial statement on a pooled connection;
+   * the embedded store has no such method: it is in this process). For readiness probes.
+   */
+  ready?(): Promise<{ ok: true } | { ok: false; reason: string }>;
+
   close(): Promise<void>;
 }
 
