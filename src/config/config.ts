@@ -384,7 +384,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_PG_HNSW_EF_CONSTRUCTION', default: '64',
-    doc: "pgvector's HNSW ef_construction (candidates while inserting) for the Postgres store's vector index, used when the schema is created; at least 2 x RAGGUARD_PG_HNSW_M.",
+    doc: "pgvector's HNSW ef_construction (candidates while inserting) for the Postgres store's vector index, used when the schema is created; pgvector refuses less than 2 x RAGGUARD_PG_HNSW_M.",
     apply: int(4, 1000, (c, v) => (c.pgHnswEfConstruction = v)),
   },
   {

@@ -1,15 +1,22 @@
 /**
  * The shared retrieval store: PostgreSQL with pgvector (RAGGUARD_STORE=postgres://...). Documents, chunks,
  * their vectors (an HNSW cosine index) and the lexical side all live in the database, so any number of
- * replicas read one index, and every read goes to it (nothing cached here goes stale: what another
- * replica committed is seen by the next query).
+ * replicas read one index, and every read goes to it (what another replica committed is seen by the next
+ * query; the one thing reused is the whole store's counts, for GET /healthz, for 2 s).
  *
  * The lexical side is BM25 kept in the database rather than Postgres full-text search: a postings table
- * (term, chunk, term frequency) written with each chunk, and the collection-wide figures (chunks, summed
- * lengths) in one row updated by the same transaction. A query computes Okapi BM25 in SQL with the terms,
- * lengths (distinct terms of "title\ntext") and idf the embedded store's MiniSearch uses (lexical.ts), so
- * both stores score alike and retrieval quality does not depend on the store; ts_rank is not BM25 (no
- * idf, no length normalisation of that form) and would rank differently.
+ * (collection, term, chunk, term frequency) written with each chunk, and each collection's figures
+ * (documents, chunks, summed lengths) in one row per collection updated by the same transaction. A query
+ * computes Okapi BM25 in SQL with the terms, lengths (distinct terms of "title\ntext") and idf the embedded
+ * store's MiniSearch uses (lexical.ts), every figure the collection's own, so both stores score alike,
+ * retrieval quality does not depend on the store, and one tenant's writes never move another's scores;
+ * ts_rank is not BM25 (no idf, no length normalisation of that form) and would rank differently.
+ *
+ * Nothing depends on a session's state: a search is one read-only transaction that makes its settings with
+ * SET LOCAL (ef_search, the iterative scan, the statement timeout), so it runs as configured behind a pooler
+ * in transaction mode (PgBouncer). The schema is versioned (pg-schema.ts): an open of a current schema only
+ * reads, so the server's role needs DML rights alone. The database not answering is StoreUnavailableError
+ * (a 503 store_unavailable), never a bug's 500.
  *
  * Writes are one transaction each (a whole batch, or nothing). Searches apply the filter in the WHERE
  * clause of the index scan; pgvector's iterative scan (hnsw.iterative_scan) keeps scanning the graph
