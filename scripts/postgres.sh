@@ -7,6 +7,8 @@
 #                                     have it); prints the connection URL on stdout
 #   scripts/postgres.sh url [DIR]     the URL of the server in DIR
 #   scripts/postgres.sh stop [DIR]    stop it (fast shutdown) and remove DIR
+#   scripts/postgres.sh crash [DIR]   stop it as a crash would (immediate shutdown: no checkpoint), data kept
+#   scripts/postgres.sh restart [DIR] start it again on its data and port (after crash); prints the URL
 #
 # POSTGRES_SH_SETTINGS: more server settings for start, as "-c name=value ..." (bench:scale sizes shared_buffers).
 #
@@ -86,6 +88,20 @@ case "$cmd" in
   url)
     url_of "$(dir_arg "${2:-}")"
     ;;
+  crash)
+    dir="$(dir_arg "${2:-}")"
+    as_pg "$PG/pg_ctl" -D "$dir/data" -m immediate -w -t 60 stop >/dev/null 2>&1 || die "the server in $dir was not running"
+    log "stopped the server in $dir (immediate: as a crash); restart starts it again"
+    ;;
+  restart)
+    dir="$(dir_arg "${2:-}")"
+    port="$(cat "$dir/port")"
+    as_pg "$PG/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 120 \
+      -o "-h 127.0.0.1 -p $port -k $dir -c max_connections=200 ${POSTGRES_SH_SETTINGS:-}" start >/dev/null 2>&1 \
+      || { tail -20 "$dir/server.log" >&2 || true; die "the server in $dir did not start again (see $dir/server.log)"; }
+    log "started the server in $dir again, port $port"
+    url_of "$dir"
+    ;;
   stop)
     dir="$(dir_arg "${2:-}")"
     as_pg "$PG/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null 2>&1 || log "the server in $dir was not running"
@@ -94,6 +110,6 @@ case "$cmd" in
     log "stopped and removed $dir"
     ;;
   *)
-    die "usage: scripts/postgres.sh start [DIR] | url [DIR] | stop [DIR]"
+    die "usage: scripts/postgres.sh start [DIR] | url [DIR] | stop [DIR] | crash [DIR] | restart [DIR]"
     ;;
 esac

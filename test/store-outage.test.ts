@@ -8,7 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, readFile } from 'node:fs/promises';
+import { mkdtemp } from 'node:fs/promises';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -25,31 +25,19 @@ import { loadModels, RagService } from '../src/service/rag.js';
 import { ROOT, smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const run = promisify(execFile);
-const PG = path.join(ROOT, '.cache/postgres/embedded_postgres/pginstall/bin');
 const D = 8;
 
 /** A PostgreSQL of our own (scripts/postgres.sh), so that it can be stopped and started on the same data. */
 let dir: string;
 let url: string;
 
-/** Runs a PostgreSQL tool as the user that owns the data (scripts/postgres.sh's rule: never root). */
-async function asPg(tool: string, args: string[]): Promise<void> {
-  const isRoot = process.getuid?.() === 0;
-  let user = '';
-  if (isRoot) user = (await run('id', ['-u', 'postgres']).then(() => 'postgres', () => 'ragguard-pg'));
-  const cmd = path.join(PG, tool);
-  if (isRoot) await run('runuser', ['-u', user, '--', cmd, ...args]);
-  else await run(cmd, args);
-}
-
+/** As a crash stops it (immediate shutdown), its data kept; then started again on the same port. */
 async function stopDatabase(): Promise<void> {
-  await asPg('pg_ctl', ['-D', path.join(dir, 'data'), '-m', 'immediate', '-w', 'stop']);
+  await run('bash', [path.join(ROOT, 'scripts', 'postgres.sh'), 'crash', dir], { cwd: ROOT });
 }
 
 async function startDatabase(): Promise<void> {
-  const port = (await readFile(path.join(dir, 'port'), 'utf8')).trim();
-  await asPg('pg_ctl', ['-D', path.join(dir, 'data'), '-l', path.join(dir, 'server.log'), '-w', '-t', '120',
-    '-o', `-h 127.0.0.1 -p ${port} -k ${dir} -c max_connections=200`, 'start']);
+  await run('bash', [path.join(ROOT, 'scripts', 'postgres.sh'), 'restart', dir], { cwd: ROOT });
 }
 
 before(async () => {
