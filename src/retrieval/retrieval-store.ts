@@ -9,6 +9,8 @@
  * top_k hits where that many match. Writes are atomic: a batch is visible whole or not at all.
  */
 
+import { BusyError } from '../runtime/errors.js';
+
 export type MetadataValue = string | number | boolean;
 export type Metadata = Record<string, MetadataValue>;
 
@@ -79,12 +81,13 @@ export class DocumentExistsError extends Error {
 
 /**
  * The store cannot answer now (its database does not accept connections, a connection broke, a statement
- * ran past its timeout): not a bug of the request, and likely to pass. The HTTP reply is 503
- * store_unavailable with Retry-After.
+ * ran past its timeout): not a bug of the request, and likely to pass. A BusyError with the code
+ * `store_unavailable` (the HTTP reply: 503 with Retry-After).
  */
-export class StoreUnavailableError extends Error {
-  constructor(message: string, readonly retryAfterSeconds = 2, options?: { cause?: unknown }) {
-    super(message, options);
+export class StoreUnavailableError extends BusyError {
+  constructor(message: string, retryAfterSeconds = 2, options?: { cause?: unknown }) {
+    super('store_unavailable', message, retryAfterSeconds);
+    if (options && 'cause' in options) (this as { cause?: unknown }).cause = options.cause;
   }
 }
 
