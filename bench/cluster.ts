@@ -14,6 +14,15 @@
  *    retries a connection error or a 502/503/504 (after Retry-After) up to 6 times; every reply is counted by
  *    class. After the load every acknowledged (200/201) document is read back through the router: lost = the
  *    acknowledged ones not there.
+ * 3. The database failing: the same load for BENCH_CLUSTER_PG_OUTAGE_S x 3 (20 x 3) seconds; after the first
+ *    third PostgreSQL is stopped as a crash stops it (scripts/postgres.sh crash: pg_ctl stop -m immediate)
+ *    and started again (restart) BENCH_CLUSTER_PG_OUTAGE_S later. Every reply is counted by window (before,
+ *    during, after the outage) and by status and error code (503 store_unavailable is the answer wanted
+ *    during it; a 500 is a bug), with the slowest reply of the outage (no request may hang past the
+ *    timeouts); seconds from the database's return to the first query answered 200; acknowledged ingests
+ *    read back after it (lost: goal 0). Only when the cluster started its own PostgreSQL.
+ *
+ * BENCH_CLUSTER_PHASES (cache,kill,outage): which of the three run.
  *
  * Models: the small test models (test/helpers.ts TEST_ENV) by default, to fit a 2-core machine;
  * BENCH_CLUSTER_DEFAULT_MODELS=1 for the configuration's defaults. Bounded: every request has a timeout
@@ -21,7 +30,7 @@
  * cluster is stopped at the end whatever happens. Last line: JSON.
  */
 import { execFile } from 'node:child_process';
-import { copyFileSync, readFileSync } from 'node:fs';
+import { copyFileSync, existsSync, readFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -42,6 +51,8 @@ const REQUEST_TIMEOUT_MS = num('BENCH_CLUSTER_REQUEST_TIMEOUT_S', 120) * 1000;
 const DEADLINE = Date.now() + num('BENCH_CLUSTER_DEADLINE_S', 1200) * 1000;
 const DEFAULT_MODELS = process.env['BENCH_CLUSTER_DEFAULT_MODELS'] === '1';
 const VICTIM = 2;
+const PG_OUTAGE_S = num('BENCH_CLUSTER_PG_OUTAGE_S', 20);
+const PHASES = new Set((process.env['BENCH_CLUSTER_PHASES'] ?? 'cache,kill,outage').split(',').map((x) => x.trim()));
 const RETRIES = 6;
 
 const run = promisify(execFile);
@@ -59,6 +70,16 @@ const cluster = (...args: string[]) => run('bash', ['scripts/cluster.sh', ...arg
 type Outcome = 'ok' | 'retryable' | 'connection' | 'other';
 const outcomes: Record<Outcome, number> = { ok: 0, retryable: 0, connection: 0, other: 0 };
 const others: string[] = [];
+/** Raw replies (every attempt) by window and "status code", while a window is set (the outage phase). */
+let window: string | undefined;
+const byWindow: Record<string, Record<string, number>> = {};
+const slowest: Record<string, number> = {};
+function tally(status: string, seconds: number): void {
+  if (!window) return;
+  const w = (byWindow[window] ??= {});
+  w[status] = (w[status] ?? 0) + 1;
+  slowest[window] = Math.max(slowest[window] ?? 0, seconds);
+}
 
 interface Reply { status: number; body: any }
 
@@ -66,17 +87,22 @@ interface Reply { status: number; body: any }
 async function call(base: string, method: string, p: string, body?: unknown, headers: Record<string, string> = {}): Promise<Reply | undefined> {
   for (let attempt = 0; attempt <= RETRIES; attempt++) {
     let res: Response;
+    const sent = now();
     try {
       res = await fetch(base + p, {
         method, headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
         body: body === undefined ? undefined : JSON.stringify(body), signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
       });
     } catch {
+      tally('connection error', now() - sent);
       outcomes.connection++;
       await sleep(500);
       continue;
     }
     const text = await res.text().catch(() => '');
+    let code = '';
+    try { code = String(JSON.parse(text)?.error?.code ?? ''); } catch { /* not JSON */ }
+    tally(`${res.status}${code ? ` ${code}` : ''}`, now() - sent);
     if (res.status >= 502 && res.status <= 504) {
       const after = Number(res.headers.get('retry-after'));
       if (Number.isFinite(after) && after >= 0 && res.headers.has('retry-after')) outcomes.retryable++;
@@ -160,84 +186,144 @@ try {
   const statsPort = Number(readFileSync(path.join(dir, 'stats_port'), 'utf8'));
   log(`router ${base} (round robin), ready in ${result['cluster_start_s']} s`);
 
-  const rr = await cachePhase(base, 'r');
-  log(`round robin: hit rate ${rr.hit_rate.toFixed(3)} (${rr.cached}/${rr.prompt} prompt tokens, ${rr.asks} asks, ${rr.failed} failed)`);
-  await cluster('router', '--policy', 'prefix');
-  // The new router's first health checks: every replica UP before the load.
-  while (Date.now() < DEADLINE && [...(await serverStates(statsPort)).values()].some((s) => s.status !== 'UP')) await sleep(200);
-  const px = await cachePhase(base, 'p');
-  log(`prefix hash: hit rate ${px.hit_rate.toFixed(3)} (${px.cached}/${px.prompt} prompt tokens, ${px.asks} asks, ${px.failed} failed)`);
-  result['prefix_cache'] = {
-    round_robin: { hit_rate: +rr.hit_rate.toFixed(4), cached_prompt_tokens: rr.cached, prompt_tokens: rr.prompt, asks: rr.asks, failed: rr.failed },
-    prefix_hash: { hit_rate: +px.hit_rate.toFixed(4), cached_prompt_tokens: px.cached, prompt_tokens: px.prompt, asks: px.asks, failed: px.failed },
-  };
+  if (PHASES.has('cache')) {
+    const rr = await cachePhase(base, 'r');
+    log(`round robin: hit rate ${rr.hit_rate.toFixed(3)} (${rr.cached}/${rr.prompt} prompt tokens, ${rr.asks} asks, ${rr.failed} failed)`);
+    await cluster('router', '--policy', 'prefix');
+    // The new router's first health checks: every replica UP before the load.
+    while (Date.now() < DEADLINE && [...(await serverStates(statsPort)).values()].some((s) => s.status !== 'UP')) await sleep(200);
+    const px = await cachePhase(base, 'p');
+    log(`prefix hash: hit rate ${px.hit_rate.toFixed(3)} (${px.cached}/${px.prompt} prompt tokens, ${px.asks} asks, ${px.failed} failed)`);
+    result['prefix_cache'] = {
+      round_robin: { hit_rate: +rr.hit_rate.toFixed(4), cached_prompt_tokens: rr.cached, prompt_tokens: rr.prompt, asks: rr.asks, failed: rr.failed },
+      prefix_hash: { hit_rate: +px.hit_rate.toFixed(4), cached_prompt_tokens: px.cached, prompt_tokens: px.prompt, asks: px.asks, failed: px.failed },
+    };
+
+  }
 
   // ------------------------------------------------------------------------------ kill -9 under load
-  const before = { ...outcomes };
-  const acked: string[] = [];
-  let unacked = 0;
-  let n = 0;
-  const victim = `r${VICTIM}`;
-  const victimPid = Number(readFileSync(path.join(dir, `replica-${VICTIM}`, 'pid'), 'utf8'));
-  const loadEnd = Date.now() + KILL_LOAD_S * 1000;
-  const events: Record<string, number> = {};
-  let killedAt = 0;
-  const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
-  const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
-    while (Date.now() < Math.min(loadEnd, DEADLINE)) {
-      const i = n++;
-      if (i % 3 === 0) {
-        const name = codename('k', i);
-        const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
-        if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
-      } else {
-        await ask(base, codename('p', i % GROUPS), usage);
+  if (PHASES.has('kill')) {
+    const before = { ...outcomes };
+    const acked: string[] = [];
+    let unacked = 0;
+    let n = 0;
+    const victim = `r${VICTIM}`;
+    const victimPid = Number(readFileSync(path.join(dir, `replica-${VICTIM}`, 'pid'), 'utf8'));
+    const loadEnd = Date.now() + KILL_LOAD_S * 1000;
+    const events: Record<string, number> = {};
+    let killedAt = 0;
+    const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
+    const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
+      while (Date.now() < Math.min(loadEnd, DEADLINE)) {
+        const i = n++;
+        if (i % 3 === 0) {
+          const name = codename('k', i);
+          const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
+          if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
+        } else {
+          await ask(base, codename('p', i % GROUPS), usage);
+        }
       }
-    }
-  }));
-  const watch = (async () => {
-    await sleep((KILL_LOAD_S * 1000) / 3);
-    process.kill(victimPid, 'SIGKILL');
-    killedAt = now();
-    log(`kill -9 replica ${VICTIM} (pid ${victimPid})`);
-    let sentAtDown = -1;
-    while (Date.now() < DEADLINE) {
-      const s = (await serverStates(statsPort)).get(victim);
-      if (s && s.status.startsWith('DOWN')) { events['marked_down_s'] = now() - killedAt; sentAtDown = s.sent; break; }
-      await sleep(200);
-    }
-    log(`router marked replica ${VICTIM} DOWN after ${events['marked_down_s']?.toFixed(1)} s`);
-    await sleep(Math.max(0, loadEnd - (KILL_LOAD_S * 1000) / 3 - Date.now()));
-    const restartAt = now();
-    const restarted = cluster('replica', String(VICTIM)).then(() => (events['restart_ready_s'] = now() - restartAt));
-    while (Date.now() < DEADLINE) {
-      const s = (await serverStates(statsPort)).get(victim);
-      if (s?.status === 'UP' && events['marked_up_s'] === undefined) events['marked_up_s'] = now() - restartAt;
-      if (s?.status === 'UP' && s.sent > sentAtDown) { events['serving_again_s'] = now() - restartAt; break; }
-      await sleep(200);
-    }
-    await restarted;
-    log(`replica ${VICTIM} ready ${events['restart_ready_s']?.toFixed(1)} s after restart, UP ${events['marked_up_s']?.toFixed(1)} s, serving ${events['serving_again_s']?.toFixed(1)} s`);
-  })();
-  // The load runs at least until the replica serves again (or the deadline), so its return is under load.
-  await watch;
-  await load;
-  const during = Object.fromEntries((Object.keys(outcomes) as Outcome[]).map((k) => [k, outcomes[k] - before[k]]));
+    }));
+    const watch = (async () => {
+      await sleep((KILL_LOAD_S * 1000) / 3);
+      process.kill(victimPid, 'SIGKILL');
+      killedAt = now();
+      log(`kill -9 replica ${VICTIM} (pid ${victimPid})`);
+      let sentAtDown = -1;
+      while (Date.now() < DEADLINE) {
+        const s = (await serverStates(statsPort)).get(victim);
+        if (s && s.status.startsWith('DOWN')) { events['marked_down_s'] = now() - killedAt; sentAtDown = s.sent; break; }
+        await sleep(200);
+      }
+      log(`router marked replica ${VICTIM} DOWN after ${events['marked_down_s']?.toFixed(1)} s`);
+      await sleep(Math.max(0, loadEnd - (KILL_LOAD_S * 1000) / 3 - Date.now()));
+      const restartAt = now();
+      const restarted = cluster('replica', String(VICTIM)).then(() => (events['restart_ready_s'] = now() - restartAt));
+      while (Date.now() < DEADLINE) {
+        const s = (await serverStates(statsPort)).get(victim);
+        if (s?.status === 'UP' && events['marked_up_s'] === undefined) events['marked_up_s'] = now() - restartAt;
+        if (s?.status === 'UP' && s.sent > sentAtDown) { events['serving_again_s'] = now() - restartAt; break; }
+        await sleep(200);
+      }
+      await restarted;
+      log(`replica ${VICTIM} ready ${events['restart_ready_s']?.toFixed(1)} s after restart, UP ${events['marked_up_s']?.toFixed(1)} s, serving ${events['serving_again_s']?.toFixed(1)} s`);
+    })();
+    // The load runs at least until the replica serves again (or the deadline), so its return is under load.
+    await watch;
+    await load;
+    const during = Object.fromEntries((Object.keys(outcomes) as Outcome[]).map((k) => [k, outcomes[k] - before[k]]));
 
-  let missing = 0;
-  for (const id of acked) {
-    const r = await call(base, 'GET', `/documents/${id}`);
-    if (r?.status !== 200) missing++;
+    let missing = 0;
+    for (const id of acked) {
+      const r = await call(base, 'GET', `/documents/${id}`);
+      if (r?.status !== 200) missing++;
+    }
+    const round = (x: number | undefined) => (x === undefined ? null : +x.toFixed(2));
+    result['failure'] = {
+      load_s: KILL_LOAD_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
+      asks: usage.asks, failed_asks: usage.failed, replies: during,
+      marked_down_s: round(events['marked_down_s']), restart_ready_s: round(events['restart_ready_s']),
+      marked_up_after_restart_s: round(events['marked_up_s']), serving_again_after_restart_s: round(events['serving_again_s']),
+    };
+    result['replies_other'] = others.slice(0, 10);
+    log(`acknowledged ingests ${acked.length}, lost ${missing}; replies during the failure ${JSON.stringify(during)}`);
   }
-  const round = (x: number | undefined) => (x === undefined ? null : +x.toFixed(2));
-  result['failure'] = {
-    load_s: KILL_LOAD_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
-    asks: usage.asks, failed_asks: usage.failed, replies: during,
-    marked_down_s: round(events['marked_down_s']), restart_ready_s: round(events['restart_ready_s']),
-    marked_up_after_restart_s: round(events['marked_up_s']), serving_again_after_restart_s: round(events['serving_again_s']),
-  };
-  result['replies_other'] = others.slice(0, 10);
-  log(`acknowledged ingests ${acked.length}, lost ${missing}; replies during the failure ${JSON.stringify(during)}`);
+
+  // ------------------------------------------------------------------------------ the database stopped under load
+  if (PHASES.has('outage') && existsSync(path.join(dir, 'pg', 'port'))) {
+    const pg = (cmd: string) => run('bash', ['scripts/postgres.sh', cmd, path.join(dir, 'pg')], { cwd: ROOT });
+    const acked: string[] = [];
+    let unacked = 0;
+    let n = 0;
+    const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
+    const events: Record<string, number> = {};
+    let back = 0;
+    let stopAsking = false;
+    window = 'before';
+    const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
+      while (!stopAsking && Date.now() < DEADLINE) {
+        const i = n++;
+        if (i % 3 === 0) {
+          const name = codename('o', i);
+          const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
+          if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
+        } else {
+          const t = now();
+          const r = await call(base, 'POST', '/query', { query: question(codename('p', i % GROUPS)), max_new_tokens: NEW_TOKENS });
+          usage.asks++;
+          if (r?.status !== 200) usage.failed++;
+          else if (back > 0 && t >= back && events['serving_again_s'] === undefined) events['serving_again_s'] = now() - back;
+        }
+      }
+    }));
+    await sleep(PG_OUTAGE_S * 1000);
+    await pg('crash');
+    window = 'outage';
+    log(`PostgreSQL stopped (immediate) for ${PG_OUTAGE_S} s under load`);
+    await sleep(PG_OUTAGE_S * 1000);
+    await pg('restart');
+    back = now();
+    window = 'after';
+    log('PostgreSQL started again');
+    await sleep(PG_OUTAGE_S * 1000);
+    stopAsking = true;
+    await load;
+    window = undefined;
+    let missing = 0;
+    for (const id of acked) {
+      const r = await call(base, 'GET', `/documents/${id}`);
+      if (r?.status !== 200) missing++;
+    }
+    result['database_outage'] = {
+      outage_s: PG_OUTAGE_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
+      asks: usage.asks, failed_asks: usage.failed, replies: byWindow,
+      slowest_reply_s: Object.fromEntries(Object.entries(slowest).map(([k, v]) => [k, +v.toFixed(2)])),
+      serving_again_after_return_s: events['serving_again_s'] === undefined ? null : +events['serving_again_s'].toFixed(2),
+    };
+    log(`database outage: replies ${JSON.stringify(byWindow)}; acknowledged ingests ${acked.length}, lost ${missing}; ` +
+      `serving again ${events['serving_again_s']?.toFixed(1)} s after its return`);
+  }
 } catch (e) {
   failure = (e as Error).message;
   log(`failed: ${failure}`);
