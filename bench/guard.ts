@@ -12,7 +12,8 @@
  * and free heap returned to the OS before each window). With the models on a GPU
  * (RAGGUARD_EXECUTION_PROVIDER=webgpu), by NVML's device memory sampled every ms:
  *   overflow            a burst whose peak growth, by either meter, exceeds the workspace the budget
- *                       leaves that server (budget - weights - adapter slots - index - KV pool, its own
+ *                       leaves that server (budget - weights - adapter slots - index - the allocator's
+ *                       warm cache - KV pool: RagService.workspaceBytes, its own
  *                       figures: with the CUDA decoder its device bytes are the accountant's for the pool
  *                       that server allocated, which BENCH_GUARD_WORKSPACE_MB only approximates): the
  *                       process went over its budget.
@@ -66,7 +67,7 @@ const env: Record<string, string> = {
 const indexDir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-guard-'));
 const config = (extra: Record<string, string>): Config => loadConfig({ ...process.env, ...env, RAGGUARD_INDEX_DIR: indexDir, ...extra });
 
-// Load once, ingest the corpus, then size the budget: weights + index + KV pool + WORKSPACE.
+// Load once, ingest the corpus, then size the budget: what the server holds before its KV pool + KV pool + WORKSPACE.
 const first = config({});
 const models = await loadModels(first);
 // Where a request's runs allocate: the encoders' provider, and the decoder's unless it is the CUDA
@@ -97,7 +98,9 @@ async function measure<T>(work: () => Promise<T>): Promise<{ value: T; bytes: nu
   return { value: outer.value.value, bytes: outer.bytes, residentBytes: outer.value.bytes, top: base + outer.bytes };
 }
 const loader = await RagService.start(first, models);
-const staticBytes = loader.weightBytes + loader.adapterSlotBytes + loader.store.indexBytes;
+// What the server's budget holds before its KV pool (RagService.staticBytes: weights, adapter slots, index,
+// the allocator's warm cache), the same sum the server plans its own budget from.
+const staticBytes = loader.staticBytes;
 const budget = String(staticBytes + KV_POOL + WORKSPACE);
 const budgetEnv = { RAGGUARD_MEMORY_BUDGET: budget, RAGGUARD_KV_CACHE_BYTES: String(KV_POOL), RAGGUARD_CORPUS_DIR: '' };
 const guarded = new RagService(config({ ...budgetEnv, RAGGUARD_PROFILE_RUN: 'true' }), models, loader.store);
@@ -180,7 +183,7 @@ const on = await listen(guarded);
 const errors: number[] = [];
 const adapterErrors: number[] = [];
 const residentErrors: number[] = [];
-console.log(`budget ${mb(Number(budget))} MiB: weights+adapter slots+index ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)} ` +
+console.log(`budget ${mb(Number(budget))} MiB: weights+adapter slots+index+warm cache ${mb(staticBytes)}, KV pool ${mb(KV_POOL)}, workspace ${mb(WORKSPACE)} ` +
   `(as the guarded server sizes it: ${mb(guarded.workspaceBytes)}; the unguarded: ${mb(unguarded.workspaceBytes)})`);
 console.log(`adapters in the mix: ${usable.join(', ') || 'none (none fits this decoder)'}`);
 console.log(`profile run: ${profile.source === 'profile' ? `${JSON.stringify(profile.calibration)}, headroom ${profile.headroom.toFixed(3)}` : profile.reason}`);

@@ -267,7 +267,7 @@ export class RagService {
     if (this.gpu.latest().source === 'none') this.gpu.stop();
     const gpu = this.gpu.latest();
     const d = models.decoder.shape;
-    this.budget = planBudget(cfg, this.weightBytes + this.adapterSlotBytes + store.indexBytes + this.allocatorWarmBytes,
+    this.budget = planBudget(cfg, this.staticBytes,
       gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null, totalmem(),
       { bytesPerToken: models.decoder.kvBytesPerToken, maxPositions: d.maxPositions });
     const blockBytes = cfg.kvBlockSize * models.decoder.kvBytesPerToken;
@@ -318,9 +318,18 @@ export class RagService {
     return countingAllocator()?.warmLimit() ?? 0;
   }
 
+  /**
+   * What the budget holds before the KV pool and any request: the weights, the adapter slots, the index
+   * and the allocator's warm cache. The one sum the budget is planned from (planBudget), the workspace
+   * is left from, and bench:guard sizes its budget from: a component added here is counted by all three.
+   */
+  get staticBytes(): number {
+    return this.weightBytes + this.adapterSlotBytes + this.store.indexBytes + this.allocatorWarmBytes;
+  }
+
   /** What the budget leaves model runs now (the index grows with ingestion). */
   get workspaceBytes(): number {
-    return this.budget.budgetBytes - this.weightBytes - this.adapterSlotBytes - this.engine.pool.bytes - this.store.indexBytes - this.allocatorWarmBytes;
+    return this.budget.budgetBytes - this.staticBytes - this.engine.pool.bytes;
   }
 
   /** A query's shape for the guards, at its worst case: the full prompt budget, the longest pairs. */
