@@ -94,6 +94,40 @@ test('the store while the database is down: StoreUnavailableError and ready() wi
   }
 });
 
+/** The server's processes (the postmaster and its children) stopped or continued: a database that does not answer at all. */
+async function signalDatabase(signal: 'SIGSTOP' | 'SIGCONT'): Promise<void> {
+  const { readFile } = await import('node:fs/promises');
+  const postmaster = Number((await readFile(path.join(dir, 'data', 'postmaster.pid'), 'utf8')).split('\n')[0]);
+  const { stdout } = await run('ps', ['-o', 'pid=', '--ppid', String(postmaster)]);
+  const pids = [postmaster, ...stdout.split('\n').map((x) => Number(x.trim())).filter((x) => x > 0)];
+  for (const pid of signal === 'SIGSTOP' ? pids : [...pids].reverse()) process.kill(pid, signal);
+}
+
+test('a database that does not answer at all: the counts a probe reads give up after their wait, a search after its timeout; then it serves again', async () => {
+  const store = await PostgresStore.open(await database('outage_silent'), D, {
+    bm25: { k1: 1.2, b: 0.75 }, connectTimeoutMs: 1000, statementTimeoutMs: 500, poolSize: 2, log: () => undefined,
+  });
+  try {
+    await store.addBatch([{ doc: { docId: 'kept', title: 'Kept', bytes: 1 }, chunks: [{ text: 'kept text', tokens: 2 }], vectors: unit(3) }]);
+    await signalDatabase('SIGSTOP');
+    try {
+      // No answer, no error from the server: each call ends on this side's limits, never hangs (the write
+      // above left no cached counts).
+      await assert.rejects(store.counts(), (e) => e instanceof StoreUnavailableError && /did not answer within/.test(e.message));
+      await assert.rejects(store.searchDense(unit(3), 1, { collection: 'default' }), StoreUnavailableError);
+      const r = await store.ready();
+      assert.equal(r.ok, false);
+    } finally {
+      await signalDatabase('SIGCONT');
+    }
+    assert.deepEqual(await store.ready(), { ok: true });
+    assert.equal((await store.searchDense(unit(3), 1, { collection: 'default' }))[0]?.chunk.docId, 'kept');
+    assert.deepEqual(await store.counts(), { documents: 1, chunks: 1 });
+  } finally {
+    await store.close();
+  }
+});
+
 test('the service while the database is down: 503 store_unavailable with Retry-After, /healthz alive; serving again once it returns', async () => {
   const cfg = testConfig({
     RAGGUARD_STORE: await database('outage_service'), RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']),

@@ -56,6 +56,8 @@ export interface PostgresStoreOptions {
 const RETRY_AFTER_S = 2;
 /** How long the whole store's counts (GET /healthz) are reused. */
 const COUNTS_TTL_MS = 2000;
+/** How long a caller of the whole store's counts (a liveness probe) waits for the database. */
+const COUNTS_WAIT_MS = 1000;
 
 const UNIQUE_VIOLATION = '23505';
 const INSUFFICIENT_PRIVILEGE = '42501';
@@ -189,6 +191,10 @@ export class PostgresStore implements RetrievalStore {
   readonly residentBytes = 0;
   /** The whole store's counts and when they were read (GET /healthz reuses them for COUNTS_TTL_MS). */
   private cachedCounts: { at: number; counts: StoreCounts } | undefined;
+  /** The whole store's counts being read (probes at once share it). */
+  private countsRead: Promise<StoreCounts> | undefined;
+  /** Writes this instance finished (a counts read from before one is not kept). */
+  private writes = 0;
   /** Sent as one statement ahead of a search: its settings, for its transaction only. */
   private readonly searchPreamble: string;
   private readonly writePreamble: string;
@@ -314,19 +320,44 @@ export class PostgresStore implements RetrievalStore {
 
   /**
    * Documents and chunks from the collections' figures (kept by every write's transaction: no count(*)).
-   * The whole store's are reused for COUNTS_TTL_MS (GET /healthz probes them) and refreshed by this
-   * instance's own writes.
+   * The whole store's (GET /healthz probes them) are reused for COUNTS_TTL_MS, refreshed by this
+   * instance's own writes, read by one query however many probes ask at once, and waited for at most
+   * COUNTS_WAIT_MS: a liveness probe never hangs on a database that does not answer (it is told
+   * StoreUnavailableError, and the read goes on to refresh the figures when it can).
    */
   async counts(collection?: string): Promise<StoreCounts> {
+    if (collection !== undefined) return this.readCounts(collection);
     const now = Date.now();
-    if (collection === undefined && this.cachedCounts && now - this.cachedCounts.at < COUNTS_TTL_MS) return { ...this.cachedCounts.counts };
+    if (this.cachedCounts && now - this.cachedCounts.at < COUNTS_TTL_MS) return { ...this.cachedCounts.counts };
+    const writes = this.writes;
+    this.countsRead ??= this.readCounts().then((counts) => {
+      // Not kept when this instance wrote meanwhile (the figures may be from before the write).
+      if (writes === this.writes) this.cachedCounts = { at: now, counts };
+      return counts;
+    }).finally(() => {
+      this.countsRead = undefined;
+    });
+    const read = this.countsRead;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new StoreUnavailableError(
+        `PostgreSQL at ${this.where} did not answer within ${COUNTS_WAIT_MS} ms`, RETRY_AFTER_S)), COUNTS_WAIT_MS);
+      timer.unref();
+    });
+    read.catch(() => undefined); // a read given up on here still settles quietly
+    try {
+      return { ...(await Promise.race([read, late])) };
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  private async readCounts(collection?: string): Promise<StoreCounts> {
     const where = collection === undefined ? '' : 'WHERE collection = $1';
     const params = collection === undefined ? [] : [collection];
     const { rows } = await this.guard(() => this.pool.query<{ documents: string; chunks: string }>(
       `SELECT coalesce(sum(documents), 0) AS documents, coalesce(sum(chunks), 0) AS chunks FROM ragguard_collection_stats ${where}`, params));
-    const counts = { documents: Number(rows[0]!.documents), chunks: Number(rows[0]!.chunks) };
-    if (collection === undefined) this.cachedCounts = { at: now, counts };
-    return { ...counts };
+    return { documents: Number(rows[0]!.documents), chunks: Number(rows[0]!.chunks) };
   }
 
   async get(collection: string, docId: string): Promise<StoredDocument | undefined> {
@@ -468,6 +499,7 @@ export class PostgresStore implements RetrievalStore {
     try {
       return await this.transaction(this.writePreamble, work);
     } finally {
+      this.writes++;
       this.cachedCounts = undefined;
     }
   }
