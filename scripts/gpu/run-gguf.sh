@@ -117,7 +117,8 @@ has ref7b && record ref7b python3 scripts/gpu/agreement_reference.py "$MODELS/qw
 # ours: the bfloat16 checkpoint, FP8 made from it, and each GGUF file (F16 and the quantized types) with the
 # tensor-core products and with dequantized tiles; llama.cpp's logits on each GGUF file.
 agree7b() {
-  local m=qwen2-7b-bf16 sides=("ours:bf16=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "file:torch-bf16=$REF7B/logits-torch-bf16.f32") q
+  local m=qwen2-7b-bf16 q
+  local sides=("ours:bf16=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "file:torch-bf16=$REF7B/logits-torch-bf16.f32")
   for q in F16 $GGUF_TYPES_7B; do
     local f=$GGUF/$m-$q.gguf
     [[ -f $f ]] || continue
