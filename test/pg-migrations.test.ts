@@ -40,6 +40,9 @@ before(async () => {
   await admin.query(`CREATE ROLE ${OWNER} LOGIN; CREATE ROLE ${APP} LOGIN`);
 });
 after(async () => {
+  // On a server the caller runs (RAGGUARD_TEST_PG_URL), nothing of this file is left behind.
+  await admin?.query(`DROP DATABASE IF EXISTS ragguard_lp_${suffix} WITH (FORCE)`).catch(() => undefined);
+  await admin?.query(`DROP ROLE IF EXISTS ${APP}; DROP ROLE IF EXISTS ${OWNER}`).catch(() => undefined);
   await admin?.end();
   await server?.stop();
 });
