@@ -45,6 +45,23 @@ function freePort(): Promise<number> {
   });
 }
 
+/** Whether a statement goes through `url` (tried up to 100 times, 100 ms apart: a daemon still starting). */
+async function accepts(url: string): Promise<boolean> {
+  for (let i = 0; i < 100; i++) {
+    const c = new pg.Client({ connectionString: url });
+    try {
+      await c.connect();
+      await c.query('SELECT 1');
+      return true;
+    } catch {
+      await new Promise((r) => setTimeout(r, 100));
+    } finally {
+      await c.end().catch(() => undefined);
+    }
+  }
+  return false;
+}
+
 /** Starts PgBouncer in front of the server at `serverUrl` (its host, port and user). */
 export async function startPgBouncer(serverUrl: string, settings: Record<string, string | number> = {}): Promise<TestPgBouncer> {
   const bin = await binary();
@@ -75,21 +92,8 @@ export async function startPgBouncer(serverUrl: string, settings: Record<string,
     const child = asRoot ? spawn('runuser', ['-u', 'postgres', '--', bin, ...args], { stdio: 'ignore' }) : spawn(bin, args, { stdio: 'ignore' });
     const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
     const url = (db: string) => `postgres://${encodeURIComponent(user)}@127.0.0.1:${port}/${db}`;
-    // Daemonised: ready once it accepts a connection.
-    let ready = code === 0;
-    for (let i = 0; ready && i < 100; i++) {
-      const c = new pg.Client({ connectionString: url(server.pathname.slice(1) || 'postgres') });
-      try {
-        await c.connect();
-        await c.query('SELECT 1');
-        await c.end();
-        break;
-      } catch {
-        await c.end().catch(() => undefined);
-        if (i === 99) ready = false;
-        await new Promise((r) => setTimeout(r, 100));
-      }
-    }
+    // Daemonised: ready once it accepts a connection and passes a statement through.
+    const ready = code === 0 && await accepts(url(server.pathname.slice(1) || 'postgres'));
     if (ready) {
       return {
         port,
