@@ -384,7 +384,7 @@ export const VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_PG_HNSW_EF_CONSTRUCTION', default: '64',
-    doc: "pgvector's HNSW ef_construction (candidates while inserting) for the Postgres store's vector index, used when the schema is created; pgvector refuses less than 2 x RAGGUARD_PG_HNSW_M.",
+    doc: "pgvector's HNSW ef_construction (candidates while inserting) for the Postgres store's vector index, used when the schema is created; at least 2 x RAGGUARD_PG_HNSW_M (pgvector refuses less).",
     apply: int(4, 1000, (c, v) => (c.pgHnswEfConstruction = v)),
   },
   {
@@ -739,6 +739,7 @@ export function loadConfig(env: Readonly<Record<string, string | undefined>> = p
     if (c.chunkOverlapTokens >= c.chunkTokens) problems.push('RAGGUARD_CHUNK_OVERLAP: must be smaller than RAGGUARD_CHUNK_TOKENS');
     if (c.retrieval === 'hybrid' && c.rrfDenseWeight + c.rrfLexicalWeight === 0) problems.push('RAGGUARD_RRF_DENSE_WEIGHT, RAGGUARD_RRF_LEXICAL_WEIGHT: not both 0');
     if (c.defaultTopK > c.maxTopK) problems.push('RAGGUARD_TOP_K: must not exceed RAGGUARD_MAX_TOP_K');
+    if (c.pgHnswEfConstruction < 2 * c.pgHnswM) problems.push('RAGGUARD_PG_HNSW_EF_CONSTRUCTION: must be at least 2 x RAGGUARD_PG_HNSW_M (pgvector refuses less)');
     if (c.leakMinSpanMs > c.leakHorizonMs) problems.push('RAGGUARD_LEAK_MIN_SPAN_MS: must not exceed RAGGUARD_LEAK_HORIZON_MS');
     if (c.defaultRerankTopN > c.maxRerankTopN) problems.push('RAGGUARD_RERANK_TOP_N: must not exceed RAGGUARD_MAX_RERANK_TOP_N');
     if (c.adminKey !== '' && c.adminKey === c.apiKey) problems.push('RAGGUARD_ADMIN_KEY: must differ from RAGGUARD_API_KEY');
