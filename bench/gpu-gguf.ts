@@ -33,6 +33,8 @@ const GREEDY = Number(process.env.BENCH_GPU_GREEDY ?? 4);
 const GREEDY_NEW = 32;
 const REPS = Number(process.env.BENCH_GPU_REPS ?? 3);
 const LLAMA_BIN = process.env.LLAMA_BIN ?? '';
+/** Steps of up to this many rows through the quantized GEMV (cuda-runner.ts gemvRows; default the library's 8). */
+const QGEMV_ROWS = process.env.BENCH_GPU_QGEMV_ROWS ? Number(process.env.BENCH_GPU_QGEMV_ROWS) : undefined;
 /** Our quantized products of more than 8 rows, each measured (the first is the headline): mma, dequant (cuda-runner.ts quantGemm). */
 const QGEMM = (process.env.BENCH_GPU_QGEMM ?? 'mma').split(',').map((m): 'mma' | 'dequant' => {
   if (m !== 'mma' && m !== 'dequant') throw new Error(`BENCH_GPU_QGEMM: ${m} is neither mma nor dequant`);
@@ -73,7 +75,7 @@ async function ours(file: string, prompts: number[][], quantGemm: 'mma' | 'dequa
   const maxSeqs = Math.max(...LEVELS, GREEDY);
   const numBlocks = Math.ceil((maxSeqs * (PROMPT + NEW + BLOCK)) / BLOCK) + 64;
   console.error(`bench:gpu-gguf: loading ${file} (quantized products: ${quantGemm})`);
-  const runner = await CudaModelRunner.load(file, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs, quantGemm }, native ?? undefined);
+  const runner = await CudaModelRunner.load(file, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs, quantGemm, ...(QGEMV_ROWS !== undefined ? { gemvRows: QGEMV_ROWS } : {}) }, native ?? undefined);
   try {
     const rows: Ours[] = [];
     const gen = (engine: ReturnType<typeof engineFor>, ps: number[][], n: number) =>
@@ -93,7 +95,7 @@ async function ours(file: string, prompts: number[][], quantGemm: 'mma' | 'dequa
       }
       const tPp = median(pp), tTotal = median(total);
       const row = { concurrency: c, decode_tokens_per_s: Math.round((c * (NEW - 1)) / Math.max(tTotal - tPp, 1e-9)), t_pp_s: Number(tPp.toFixed(4)), t_total_s: Number(tTotal.toFixed(4)) };
-      console.log(JSON.stringify({ file: path.basename(file), engine: 'ragguard-cuda', quant_gemm: quantGemm, ...row }));
+      console.log(JSON.stringify({ file: path.basename(file), engine: 'ragguard-cuda', quant_gemm: quantGemm, qgemv_rows: QGEMV_ROWS ?? 8, ...row }));
       rows.push(row);
     }
     const greedy = (await gen(engineFor(runner, GREEDY), prompts.slice(0, GREEDY), GREEDY_NEW)).map((g) => g.ids);

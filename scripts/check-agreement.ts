@@ -18,8 +18,8 @@
  * llama.cpp on the same file: mean KL <= 1.1 x llama.cpp's + 0.001, top-1 >= llama.cpp's - 0.02 (the slack is
  * the noise of 132 positions; the scale is llama.cpp's own: its perplexity README's LLaMA-3-8B scoreboard,
  * CUDA, has mean KLD against FP16 of 0.0014 for Q8_0, 0.0055 Q6_K, 0.022 Q5_0 and 0.031 Q4_K_M). The dense
- * path (`ours:bf16`) must be within 1.1 x + 0.001 of transformers' own run in the checkpoint's dtype
- * (`file:torch-bf16`). Last line JSON; exit code 1 when a verdict fails.
+ * path (`ours:dense`, the checkpoint in its own dtype) must be within 1.1 x + 0.001 of transformers' own run in
+ * that dtype (`file:torch-dense`). Last line JSON; exit code 1 when a verdict fails.
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -55,7 +55,7 @@ export function verdicts(sides: ReadonlyMap<string, Agreement>): { pairs: Record
   for (const [name, ours] of sides) {
     if (!name.startsWith('ours:')) continue;
     const q = name.slice(5);
-    const peerName = q === 'bf16' ? 'file:torch-bf16' : `file:llama-${q.replace(/-dequant$/, '')}`;
+    const peerName = q === 'dense' ? 'file:torch-dense' : `file:llama-${q.replace(/-dequant$/, '')}`;
     const peer = sides.get(peerName);
     if (!peer) continue;
     const klBound = peer.mean_kl * KL_SLACK.factor + KL_SLACK.plus;

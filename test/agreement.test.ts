@@ -34,7 +34,7 @@ test('teacher-forced contexts: every prefix from the first compared position on'
 
 test('the verdict fails a side further from the reference than llama.cpp on the same file', () => {
   const side = (mean_kl: number, top1: number): Agreement => ({ rows: 10, top1, mean_kl, max_kl: mean_kl * 3, worst: { sequence: 0, position: 0 }, first_top1: 1 });
-  const good = verdicts(new Map([['ours:Q4_K_M', side(0.03, 0.95)], ['file:llama-Q4_K_M', side(0.031, 0.94)], ['ours:bf16', side(0.002, 1)], ['file:torch-bf16', side(0.0021, 1)]]));
+  const good = verdicts(new Map([['ours:Q4_K_M', side(0.03, 0.95)], ['file:llama-Q4_K_M', side(0.031, 0.94)], ['ours:dense', side(0.002, 1)], ['file:torch-dense', side(0.0021, 1)]]));
   assert.deepEqual(good.failures, []);
   assert.equal(good.pairs.length, 2);
   const bad = verdicts(new Map([['ours:Q8_0', side(0.02, 0.9)], ['file:llama-Q8_0', side(0.001, 0.99)]]));

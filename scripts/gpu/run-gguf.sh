@@ -18,9 +18,9 @@
 #   gguf7b    the same for the 7B checkpoint, plus a Q5_0 file with Q6_K embedding and head (Q5_0-Q6_K)
 #   check     scripts/check-cuda.ts on the F16 GGUF of the 0.5B checkpoint against torch's references (the
 #             whole GGUF path: packing, the quantized products, fused segments, graphs)
-#   ref7b     the float32 reference of the 7B checkpoint (scripts/gpu/agreement_reference.py): teacher-forced
-#             sequences and their float32 logits, and transformers' own bfloat16 logits
-#   agree7b   scripts/check-agreement.ts on it: ours (bfloat16 checkpoint, FP8, each GGUF file with both kinds
+#   ref, ref7b  the float32 reference of the 0.5B / 7B checkpoint (scripts/gpu/agreement_reference.py):
+#             teacher-forced sequences and their float32 logits, and transformers' own in the checkpoint's dtype
+#   agree, agree7b  scripts/check-agreement.ts on it: ours (the checkpoint, FP8, each GGUF file with both kinds
 #             of quantized product) and llama.cpp's (llama-logits on each GGUF file) against float32
 #   bench     npm run bench:gpu-gguf on the 0.5B Q4_K_M and Q8_0 files against llama-batched-bench (1, 8, 32,
 #             64 concurrent) and llama-server's greedy ids (BENCH_GPU_QGEMM=mma,dequant: both of our products)
@@ -112,26 +112,30 @@ if has gguf7b; then GGUF_MODELS=qwen2-7b-bf16 GGUF_TYPES=$GGUF_TYPES_7B record g
 # The F16 file holds the checkpoint's own float16 weights: torch's references apply as they are.
 has check && record check node --import tsx scripts/check-cuda.ts "$MODELS/qwen2-0.5b-f16=$GGUF/qwen2-0.5b-f16-F16.gguf"
 files() { local m=$1 q f=(); for q in $GGUF_TYPES; do f+=("$GGUF/$m-$q.gguf"); done; (IFS=,; echo "${f[*]}"); }
-REF7B=${REF7B:-/tmp/rg-agree/qwen2-7b-bf16}
-has ref7b && record ref7b python3 scripts/gpu/agreement_reference.py "$MODELS/qwen2-7b-bf16" "$REF7B"
-# ours: the bfloat16 checkpoint, FP8 made from it, and each GGUF file (F16 and the quantized types) with the
-# tensor-core products and with dequantized tiles; llama.cpp's logits on each GGUF file.
-agree7b() {
-  local m=qwen2-7b-bf16 q
-  local sides=("ours:bf16=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "file:torch-bf16=$REF7B/logits-torch-bf16.f32")
-  for q in F16 $GGUF_TYPES_7B; do
+# The float32 reference of a checkpoint in $AGREE/<model> (scripts/gpu/agreement_reference.py).
+AGREE=${AGREE:-/tmp/rg-agree}
+has ref && record ref python3 scripts/gpu/agreement_reference.py "$MODELS/qwen2-0.5b-f16" "$AGREE/qwen2-0.5b-f16"
+has ref7b && record ref7b python3 scripts/gpu/agreement_reference.py "$MODELS/qwen2-7b-bf16" "$AGREE/qwen2-7b-bf16"
+# agree MODEL TYPES: ours (the checkpoint in its own dtype, FP8 made from it, and each GGUF file, F16 and
+# TYPES, with the tensor-core products and with dequantized tiles) and llama.cpp's logits on each GGUF file,
+# against MODEL's float32 reference.
+agree() {
+  local m=$1 types=$2 q ref=$AGREE/$1
+  local sides=("ours:dense=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "file:torch-dense=$ref/logits-torch-bf16.f32")
+  for q in F16 $types; do
     local f=$GGUF/$m-$q.gguf
     [[ -f $f ]] || continue
-    if [[ ! -f $REF7B/llama-$q.f32 ]]; then
-      "$LLAMA/build/bin/llama-logits" "$f" "$REF7B/sequences.txt" "$REF7B/llama-$q.f32.part" > "$REF7B/llama-$q.log" 2>&1 &&
-        mv "$REF7B/llama-$q.f32.part" "$REF7B/llama-$q.f32" || { tail -5 "$REF7B/llama-$q.log"; return 1; }
+    if [[ ! -f $ref/llama-$q.f32 ]]; then
+      "$LLAMA/build/bin/llama-logits" "$f" "$ref/sequences.txt" "$ref/llama-$q.f32.part" > "$ref/llama-$q.log" 2>&1 &&
+        mv "$ref/llama-$q.f32.part" "$ref/llama-$q.f32" || { tail -5 "$ref/llama-$q.log"; return 1; }
     fi
-    sides+=("ours:$q=$f" "file:llama-$q=$REF7B/llama-$q.f32")
+    sides+=("ours:$q=$f" "file:llama-$q=$ref/llama-$q.f32")
     [[ $q == F16 ]] || sides+=("ours:$q-dequant=$f@dequant")
   done
-  node --import tsx scripts/check-agreement.ts "$REF7B" "${sides[@]}"
+  node --import tsx scripts/check-agreement.ts "$ref" "${sides[@]}"
 }
-has agree7b && record agree7b agree7b
+has agree && record agree agree qwen2-0.5b-f16 "$GGUF_TYPES"
+has agree7b && record agree7b agree qwen2-7b-bf16 "$GGUF_TYPES_7B"
 export BENCH_GPU_QGEMM=${BENCH_GPU_QGEMM:-mma,dequant}
 has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin record bench node --import tsx bench/gpu-gguf.ts
 if has fp8; then

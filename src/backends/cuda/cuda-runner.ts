@@ -45,6 +45,8 @@ export interface CudaRunnerOptions {
    * they read in shared memory) or dequant (the matrix dequantized tile by tile for cuBLAS: kept to compare).
    */
   quantGemm?: 'mma' | 'dequant';
+  /** Steps of up to this many rows multiply through the GEMV kernels (default: 8 for quantized matrices, 4 dense). */
+  gemvRows?: number;
   /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
@@ -207,6 +209,11 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
         native.quantUpload(h, s.kind, s.layer, s.row0, p.type, s.rows, s.cols, s.offset, p.bytes, p.bytes.length);
       }
       native.loadDone(h);
+      // Before the graphs are captured: they keep the product each batch size was captured with.
+      if (opts.gemvRows !== undefined) {
+        if (!native.setGemvRows) throw new Error('this CUDA library cannot set the GEMV rows');
+        native.setGemvRows(h, opts.gemvRows);
+      }
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
       const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets, opts.loraPool);
       if (buckets.length > 0) runner.graphBytes = native.captureGraphs(h, buckets);

@@ -46,90 +46,122 @@ inline size_t qplanes(int type, size_t rows, size_t cols, const uint8_t* base, Q
   return h + qalign256(units / 8 * l.h);
 }
 
-__device__ __forceinline__ float qhalf(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
-
 // The 4-bit element i (0..31) of a unit whose 16 bytes are in `b` (low nibbles 0..15, high 16..31).
 __device__ __forceinline__ int qnib(const uint8_t* b, int i) { return i < 16 ? b[i] & 15 : b[i - 16] >> 4; }
 
-template <int TY> __device__ __forceinline__ void unit32(const QPlanes& p, size_t u, float (&w)[32]);
+// A unit's bytes as loaded from the planes, before decoding: `q` its quantized bits (up to 64 bytes), `s` its
+// scale-plane bytes (up to 4), `h` its super-block's header (K-quants: d and dmin, or d). Loading and
+// decoding apart let a kernel issue the next unit's loads before it works on the current one (qmma_kernel);
+// unit32 is the two in a row.
+struct UnitRaw { uint4 q[4]; uint32_t s, h; };
 
-template <> __device__ __forceinline__ void unit32<QT_F16>(const QPlanes& p, size_t u, float (&w)[32]) {
+template <int TY> __device__ __forceinline__ void unit_load(const QPlanes& p, size_t u, UnitRaw& r);
+template <int TY> __device__ __forceinline__ void unit_decode(const UnitRaw& r, float (&w)[32]);
+
+template <int TY> __device__ __forceinline__ void unit32(const QPlanes& p, size_t u, float (&w)[32]) {
+  UnitRaw r;
+  unit_load<TY>(p, u, r);
+  unit_decode<TY>(r, w);
+}
+
+__device__ __forceinline__ float half_bits(uint32_t b) { return __half2float(__ushort_as_half((unsigned short)(b & 0xffffu))); }
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
+
+// F16 / BF16: 64 bytes a unit.
+template <> __device__ __forceinline__ void unit_load<QT_F16>(const QPlanes& p, size_t u, UnitRaw& r) {
   const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 64);
 #pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    const uint4 v = __ldg(q + g);
-    const __half* h = reinterpret_cast<const __half*>(&v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[8 * g + i] = __half2float(h[i]);
-  }
+  for (int g = 0; g < 4; ++g) r.q[g] = __ldg(q + g);
 }
-template <> __device__ __forceinline__ void unit32<QT_BF16>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 64);
+template <> __device__ __forceinline__ void unit_load<QT_BF16>(const QPlanes& p, size_t u, UnitRaw& r) { unit_load<QT_F16>(p, u, r); }
+template <> __device__ __forceinline__ void unit_decode<QT_F16>(const UnitRaw& r, float (&w)[32]) {
+  const __half* h = reinterpret_cast<const __half*>(r.q);
 #pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    const uint4 v = __ldg(q + g);
-    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[8 * g + i] = __bfloat162float(h[i]);
-  }
+  for (int i = 0; i < 32; ++i) w[i] = __half2float(h[i]);
 }
-template <> __device__ __forceinline__ void unit32<QT_Q8_0>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const float d = qhalf(p.s + 2 * u);
+template <> __device__ __forceinline__ void unit_decode<QT_BF16>(const UnitRaw& r, float (&w)[32]) {
+  const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(r.q);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) w[i] = __bfloat162float(h[i]);
+}
+// Q8_0 (and FP8 below): 32 bytes and a float16 scale.
+template <> __device__ __forceinline__ void unit_load<QT_Q8_0>(const QPlanes& p, size_t u, UnitRaw& r) {
+  r.s = ld_u16(p.s + 2 * u);
   const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    const uint4 v = __ldg(q + g);
-    const int8_t* b = reinterpret_cast<const int8_t*>(&v);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) w[16 * g + i] = d * (float)b[i];
-  }
+  r.q[0] = __ldg(q);
+  r.q[1] = __ldg(q + 1);
 }
-template <> __device__ __forceinline__ void unit32<QT_Q4_0>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const float d = qhalf(p.s + 2 * u);
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+template <> __device__ __forceinline__ void unit_decode<QT_Q8_0>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.s);
+  const int8_t* b = reinterpret_cast<const int8_t*>(r.q);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)b[i];
+}
+template <> __device__ __forceinline__ void unit_load<QT_Q4_0>(const QPlanes& p, size_t u, UnitRaw& r) {
+  r.s = ld_u16(p.s + 2 * u);
+  r.q[0] = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
+}
+template <> __device__ __forceinline__ void unit_decode<QT_Q4_0>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.s);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(r.q);
 #pragma unroll
   for (int i = 0; i < 32; ++i) w[i] = d * (float)(qnib(b, i) - 8);
 }
-template <> __device__ __forceinline__ void unit32<QT_Q4_1>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const float d = qhalf(p.s + 4 * u), m = qhalf(p.s + 4 * u + 2);
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+template <> __device__ __forceinline__ void unit_load<QT_Q4_1>(const QPlanes& p, size_t u, UnitRaw& r) {
+  r.s = ld_u32(p.s + 4 * u);
+  r.q[0] = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
+}
+template <> __device__ __forceinline__ void unit_decode<QT_Q4_1>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.s), m = half_bits(r.s >> 16);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(r.q);
 #pragma unroll
   for (int i = 0; i < 32; ++i) w[i] = fmaf(d, (float)qnib(b, i), m);
 }
-template <> __device__ __forceinline__ void unit32<QT_Q5_0>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const float d = qhalf(p.s + 2 * u);
-  // 20 bytes a unit: 4-byte aligned, read as five words (16 nibble bytes, then qh).
+// Q5_0: 20 bytes a unit, 4-byte aligned: five words (16 nibble bytes, then qh in q[1].x).
+template <> __device__ __forceinline__ void unit_load<QT_Q5_0>(const QPlanes& p, size_t u, UnitRaw& r) {
+  r.s = ld_u16(p.s + 2 * u);
   const uint32_t* q = reinterpret_cast<const uint32_t*>(p.q + u * 20);
-  uint32_t words[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) words[i] = __ldg(q + i);
-  const uint32_t qh = __ldg(q + 4);
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(words);
+  r.q[0] = make_uint4(__ldg(q), __ldg(q + 1), __ldg(q + 2), __ldg(q + 3));
+  r.q[1].x = __ldg(q + 4);
+}
+template <> __device__ __forceinline__ void unit_decode<QT_Q5_0>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.s);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(r.q);
+  const uint32_t qh = r.q[1].x;
 #pragma unroll
   // (int): qh is unsigned, and an unsigned q - 16 would wrap for q < 16 (a weight of 2^32 d).
   for (int i = 0; i < 32; ++i) w[i] = d * (float)((qnib(b, i) | (int)((qh >> i) & 1) << 4) - 16);
 }
-template <> __device__ __forceinline__ void unit32<QT_Q4_K>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const size_t sb = u >> 3;
-  const float d = qhalf(p.h + 4 * sb), dmin = qhalf(p.h + 4 * sb + 2);
+// Q4_K: the unit's 6-bit scale and min (two bytes of S), the super-block's d and dmin (four bytes of H).
+template <> __device__ __forceinline__ void unit_load<QT_Q4_K>(const QPlanes& p, size_t u, UnitRaw& r) {
+  r.h = ld_u32(p.h + 4 * (u >> 3));
+  r.s = ld_u16(p.s + 2 * u);
+  r.q[0] = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
+}
+template <> __device__ __forceinline__ void unit_decode<QT_Q4_K>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.h), dmin = half_bits(r.h >> 16);
   // d x a 6-bit scale is exact in float: the element is one rounding of scale q - min, as gguf.ts's.
-  const float scale = d * (float)p.s[2 * u], mn = dmin * (float)p.s[2 * u + 1];
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.q + u * 16));
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+  const float scale = d * (float)(r.s & 0xffu), mn = dmin * (float)((r.s >> 8) & 0xffu);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(r.q);
 #pragma unroll
   for (int i = 0; i < 32; ++i) w[i] = fmaf(scale, (float)qnib(b, i), -mn);
 }
-template <> __device__ __forceinline__ void unit32<QT_Q6_K>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const float d = qhalf(p.h + 2 * (u >> 3));
-  const float s0 = d * (float)(int8_t)p.s[2 * u], s1 = d * (float)(int8_t)p.s[2 * u + 1];
-  // 24 bytes a unit: 8-byte aligned (16 nibble bytes, then 8 bytes of 2-bit highs).
+// Q6_K: 24 bytes a unit, 8-byte aligned (16 nibble bytes, then 8 bytes of 2-bit highs in q[1].xy); two
+// signed 8-bit scales (S) and the super-block's d (H).
+template <> __device__ __forceinline__ void unit_load<QT_Q6_K>(const QPlanes& p, size_t u, UnitRaw& r) {
+  r.h = ld_u16(p.h + 2 * (u >> 3));
+  r.s = ld_u16(p.s + 2 * u);
   const uint2* q = reinterpret_cast<const uint2*>(p.q + u * 24);
-  uint2 parts[3];
-#pragma unroll
-  for (int i = 0; i < 3; ++i) parts[i] = __ldg(q + i);
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(parts);
+  const uint2 a = __ldg(q), b = __ldg(q + 1), c = __ldg(q + 2);
+  r.q[0] = make_uint4(a.x, a.y, b.x, b.y);
+  r.q[1].x = c.x;
+  r.q[1].y = c.y;
+}
+template <> __device__ __forceinline__ void unit_decode<QT_Q6_K>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.h);
+  const float s0 = d * (float)(int8_t)(r.s & 0xffu), s1 = d * (float)(int8_t)((r.s >> 8) & 0xffu);
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(r.q);
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int hi = (b[16 + (i & 7)] >> (2 * (i >> 3))) & 3;
@@ -139,16 +171,12 @@ template <> __device__ __forceinline__ void unit32<QT_Q6_K>(const QPlanes& p, si
 
 // FP8: 32 E4M3 bytes and a float16 scale a unit (per-block scales of 32 weights: a row's outliers cost only
 // their own block's resolution).
-template <> __device__ __forceinline__ void unit32<QT_FP8>(const QPlanes& p, size_t u, float (&w)[32]) {
-  const float d = qhalf(p.s + 2 * u);
-  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
+template <> __device__ __forceinline__ void unit_load<QT_FP8>(const QPlanes& p, size_t u, UnitRaw& r) { unit_load<QT_Q8_0>(p, u, r); }
+template <> __device__ __forceinline__ void unit_decode<QT_FP8>(const UnitRaw& r, float (&w)[32]) {
+  const float d = half_bits(r.s);
+  const __nv_fp8_e4m3* b = reinterpret_cast<const __nv_fp8_e4m3*>(r.q);
 #pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    const uint4 v = __ldg(q + g);
-    const __nv_fp8_e4m3* b = reinterpret_cast<const __nv_fp8_e4m3*>(&v);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) w[16 * g + i] = d * (float)b[i];
-  }
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)b[i];
 }
 
 // Quantizes `units` units of 32 source values (src_dtype 0 f32, 1 f16, 2 bf16) into FP8 units from unit
@@ -298,8 +326,10 @@ template <typename T, int TY>
 __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict__ X, QPlanes W, void* __restrict__ Y, bool y_f32,
                                                            int ldy, float* __restrict__ partial, int rows, int n, int k,
                                                            int steps_per_split) {
-  __shared__ __align__(16) T As[QMMA_BM][QMMA_LDS];
-  __shared__ __align__(16) T Bs[QMMA_BN][QMMA_LDS];
+  // Two stages: while the warps multiply one step's tiles, the next step's units and X rows are loaded
+  // (their global loads issued before the products, their decoding and shared stores after).
+  __shared__ __align__(16) T As[2][QMMA_BM][QMMA_LDS];
+  __shared__ __align__(16) T Bs[2][QMMA_BN][QMMA_LDS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, tig = lane & 3;
   const int n0 = blockIdx.x * QMMA_BN, m0 = blockIdx.y * QMMA_BM;
@@ -313,50 +343,71 @@ __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict_
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
   // This thread's unit of each W tile: row wr of the tile, its wu-th unit of the step (two threads a row
-  // read the row's two adjacent units: 32 contiguous bytes of a 4-bit plane).
-  const int wr = tid >> 1, wu = tid & 1, gn = n0 + wr;
-  for (int s = s0; s < s1; ++s) {
-    {
-      const int u = 2 * s + wu;
-      float w[32];
-      if (gn < n && u < upr) {
-        unit32<TY>(W, (size_t)gn * upr + u, w);
-      } else {
+  // read the row's two adjacent units: 32 contiguous bytes of a 4-bit plane). Out-of-range rows and units
+  // load a valid unit (clamped) and are zeroed after decoding: no branch around the loads.
+  const int wr = tid >> 1, wu = tid & 1;
+  const bool row_ok = n0 + wr < n;
+  const size_t wrow = (size_t)min(n0 + wr, n - 1) * upr;
+  constexpr int XV = QMMA_BM * (QMMA_BK / 8) / QMMA_THREADS;  // 16-byte pieces of the X tile a thread copies
+  UnitRaw raw;
+  uint4 xv[XV];
+  auto load = [&](int s) {
+    unit_load<TY>(W, wrow + min(2 * s + wu, upr - 1), raw);
 #pragma unroll
-        for (int i = 0; i < 32; ++i) w[i] = 0.f;
-      }
-      store32(&Bs[wr][wu * 32], w);
-    }
-    for (int i = tid; i < QMMA_BM * (QMMA_BK / 8); i += QMMA_THREADS) {
-      const int r = i / (QMMA_BK / 8), c = (i % (QMMA_BK / 8)) * 8;
+    for (int j = 0; j < XV; ++j) {
+      const int i = tid + j * QMMA_THREADS, r = i / (QMMA_BK / 8), c = (i % (QMMA_BK / 8)) * 8;
       const int gm = m0 + r, kk = s * QMMA_BK + c;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (gm < rows && kk < k) v = __ldg(reinterpret_cast<const uint4*>(X + (size_t)gm * k + kk));
-      *reinterpret_cast<uint4*>(&As[r][c]) = v;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(X + (size_t)min(gm, rows - 1) * k + min(kk, k - 8)));
+      xv[j] = gm < rows && kk < k ? v : make_uint4(0u, 0u, 0u, 0u);
     }
+  };
+  auto store = [&](int s, int buf) {
+    float w[32];
+    unit_decode<TY>(raw, w);
+    const float keep = row_ok && 2 * s + wu < upr ? 1.f : 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) w[i] *= keep;
+    store32(&Bs[buf][wr][wu * 32], w);
+#pragma unroll
+    for (int j = 0; j < XV; ++j) {
+      const int i = tid + j * QMMA_THREADS, r = i / (QMMA_BK / 8), c = (i % (QMMA_BK / 8)) * 8;
+      *reinterpret_cast<uint4*>(&As[buf][r][c]) = xv[j];
+    }
+  };
+  // (s0 < s1 for every split the host launches; the guard is the CTA's alike, so no thread skips a barrier.)
+  if (s0 < s1) {
+    load(s0);
+    store(s0, 0);
     __syncthreads();
+  }
+  for (int s = s0; s < s1; ++s) {
+    const int cur = (s - s0) & 1;
+    const int next = min(s + 1, s1 - 1);  // the last step loads its own again, into the idle buffer
+    load(next);
 #pragma unroll
     for (int kk = 0; kk < QMMA_BK; kk += 16) {
       uint32_t a[2][4], b[4][2];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         const int r = wm * 32 + mi * 16 + g;
-        a[mi][0] = lds32(&As[r][kk + 2 * tig]);
-        a[mi][1] = lds32(&As[r + 8][kk + 2 * tig]);
-        a[mi][2] = lds32(&As[r][kk + 2 * tig + 8]);
-        a[mi][3] = lds32(&As[r + 8][kk + 2 * tig + 8]);
+        a[mi][0] = lds32(&As[cur][r][kk + 2 * tig]);
+        a[mi][1] = lds32(&As[cur][r + 8][kk + 2 * tig]);
+        a[mi][2] = lds32(&As[cur][r][kk + 2 * tig + 8]);
+        a[mi][3] = lds32(&As[cur][r + 8][kk + 2 * tig + 8]);
       }
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         const int c = wn * 32 + ni * 8 + g;
-        b[ni][0] = lds32(&Bs[c][kk + 2 * tig]);
-        b[ni][1] = lds32(&Bs[c][kk + 2 * tig + 8]);
+        b[ni][0] = lds32(&Bs[cur][c][kk + 2 * tig]);
+        b[ni][1] = lds32(&Bs[cur][c][kk + 2 * tig + 8]);
       }
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
     }
+    // The other buffer was last read in the step before, whose barrier every thread has passed.
+    store(next, cur ^ 1);
     __syncthreads();
   }
   // Accumulator e of (mi, ni): row g (+8 for e >= 2), columns 2 tig and 2 tig + 1 of the 16 x 8 tile.
@@ -390,10 +441,10 @@ __global__ void qmma_reduce_kernel(const float* __restrict__ partial, int splits
 }
 
 // How many splits of the inner dimension a product of `ctas` CTAs and `ksteps` steps takes: enough CTAs for
-// two waves of the GPU's multiprocessors, each split at least 8 steps long, the partial sums within `scratch`.
+// two waves of the GPU's multiprocessors, each split at least 4 steps long, the partial sums within `scratch`.
 inline int qmma_splits(int ctas, int ksteps, int sms, size_t rows, size_t n, size_t scratch) {
   int s = (2 * sms + ctas - 1) / ctas;
-  s = std::min(s, std::max(1, ksteps / 8));
+  s = std::min(s, std::max(1, ksteps / 4));
   s = std::min(s, 16);
   while (s > 1 && (size_t)s * rows * n * 4 > scratch) --s;
   return std::max(s, 1);

@@ -1336,8 +1336,9 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
     if (e.cfg.quant_gemm == 0) {
       const int ctas_n = (sg.rows + QMMA_BN - 1) / QMMA_BN, ctas_m = (rows + QMMA_BM - 1) / QMMA_BM;
       const int ksteps = (k / 32 + 1) / 2;
-      const int splits = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, rows, sg.rows, (size_t)e.cfg.quant_tile_bytes);
-      const int per = (ksteps + splits - 1) / splits;
+      const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, rows, sg.rows, (size_t)e.cfg.quant_tile_bytes);
+      const int per = (ksteps + want - 1) / want;
+      const int splits = (ksteps + per - 1) / per;  // none empty
       float* partial = splits > 1 ? static_cast<float*>(e.qtile) : nullptr;
       const dim3 grid(ctas_n, ctas_m, splits);
       QTYPE_DISPATCH(sg.type, bad = 1,
