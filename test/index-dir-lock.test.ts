@@ -1,5 +1,6 @@
 /**
- * Two processes on one faiss index directory: the first holds it (index.lock), the second refuses to open
+ * Two processes on one faiss index directory (the store in plain processes, then two servers): the first
+ * holds it (index.lock), the second refuses to open
  * it, naming the holder's pid; a holder killed with SIGKILL leaves a stale lock that the next process
  * takes over; a close gives the directory back. Real processes (node running the store), not mocks.
  */
@@ -10,7 +11,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { IndexDirLockedError, LOCK_FILE } from '../src/retrieval/dir-lock.js';
 import { FaissStore } from '../src/retrieval/faiss-store.js';
-import { ROOT, tempDir } from './helpers.js';
+import { ROOT, smallCorpus, startServer, tempDir } from './helpers.js';
 
 const D = 4;
 
@@ -70,5 +71,20 @@ test('a second process on the index directory refuses to open it, naming the hol
   } finally {
     third.proc.kill('SIGKILL');
     await third.exited;
+  }
+});
+
+test('two servers on one index directory: the second stops at start, naming the first', async () => {
+  const env = { RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']) };
+  const first = await startServer(env);
+  try {
+    await assert.rejects(startServer(env), (e: Error) => {
+      assert.match(e.message, /server exited \(\d+\) before it was ready/);
+      assert.match(e.message, new RegExp(`is in use by process ${first.proc.pid} on `));
+      return true;
+    });
+  } finally {
+    first.proc.kill('SIGTERM');
+    await first.exited;
   }
 });
