@@ -1,8 +1,8 @@
 /**
  * Two processes on one faiss index directory (the store in plain processes, then two servers): the first
- * holds it (index.lock), the second refuses to open
- * it, naming the holder's pid; a holder killed with SIGKILL leaves a stale lock that the next process
- * takes over; a close gives the directory back. Real processes (node running the store), not mocks.
+ * holds it (index.lock), the second refuses to open it, naming the holder's pid; a holder killed with
+ * SIGKILL leaves a stale lock that the next process takes over; a close gives the directory back. Real
+ * processes, not mocks.
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
