@@ -67,12 +67,19 @@ export async function startPgBouncer(serverUrl: string, settings: Record<string,
   const bin = await binary();
   const server = new URL(serverUrl);
   const dir = await mkdtemp(path.join(tmpdir(), 'ragguard-pgbouncer-'));
-  // PgBouncer refuses to run as root: as root it runs as `postgres` (the package's user).
+  // PgBouncer refuses to run as root: as root it runs as `postgres` (the package's user), else as the
+  // user scripts/postgres.sh runs the test server as, else nobody.
   const asRoot = process.getuid?.() === 0;
+  let osUser = '';
   if (asRoot) {
-    const { stdout } = await run('id', ['-u', 'postgres']);
-    const { stdout: gid } = await run('id', ['-g', 'postgres']);
-    await chown(dir, Number(stdout.trim()), Number(gid.trim()));
+    for (const candidate of ['postgres', 'ragguard-pg', 'nobody']) {
+      const ids = await Promise.all([run('id', ['-u', candidate]), run('id', ['-g', candidate])]).catch(() => undefined);
+      if (!ids) continue;
+      osUser = candidate;
+      await chown(dir, Number(ids[0].stdout.trim()), Number(ids[1].stdout.trim()));
+      break;
+    }
+    if (!osUser) throw new Error('running as root, and no unprivileged user (postgres, ragguard-pg, nobody) to run pgbouncer as');
   }
   await chmod(dir, 0o755);
   const user = decodeURIComponent(server.username || 'postgres');
@@ -89,7 +96,7 @@ export async function startPgBouncer(serverUrl: string, settings: Record<string,
       `[databases]\n* = host=${server.hostname} port=${server.port || 5432}\n\n[pgbouncer]\n` +
       Object.entries(conf).map(([k, v]) => `${k} = ${v}`).join('\n') + '\n', { mode: 0o644 });
     const args = ['-d', path.join(dir, 'pgbouncer.ini')];
-    const child = asRoot ? spawn('runuser', ['-u', 'postgres', '--', bin, ...args], { stdio: 'ignore' }) : spawn(bin, args, { stdio: 'ignore' });
+    const child = asRoot ? spawn('runuser', ['-u', osUser, '--', bin, ...args], { stdio: 'ignore' }) : spawn(bin, args, { stdio: 'ignore' });
     const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
     const url = (db: string) => `postgres://${encodeURIComponent(user)}@127.0.0.1:${port}/${db}`;
     // Daemonised: ready once it accepts a connection and passes a statement through.
