@@ -52,7 +52,7 @@ export interface QueryInput {
   filter?: SearchFilter;
   sampling?: SamplingOptions;
   hooks?: QueryHooks;
-  /** Builds the prompt from the ranked chunks instead of the RAG template (a chat's messages: openai-routes.ts). */
+  /** Builds the prompt from the ranked chunks instead of the RAG template (a chat's messages: server/openai/chat.ts). */
   promptFor?: (chunks: readonly ContextChunk[], budget: number, between: () => Promise<void>) => Promise<AssembledPrompt>;
 }
 
