@@ -3,7 +3,8 @@
  * runs at the configured hnsw.ef_search (400), not at pgvector's default 40, because its settings are
  * made with SET LOCAL inside the search's own transaction. A session SET does not survive there (shown
  * first: the hazard is real in this setup), and on a graph where 40 candidates lose neighbours the
- * results through the pooler are those of ef_search 400 on a direct connection, not those of 40.
+ * results through the pooler are those of ef_search 400 on a direct connection, not those of 40, and so is
+ * their recall against exact search.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -11,7 +12,7 @@ import pg from 'pg';
 import { seededRandom } from '../src/generate/sampler.js';
 import { normalize } from '../src/retrieval/embedder.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
-import type { NewDocument } from '../src/retrieval/retrieval-store.js';
+import type { Hit, NewDocument } from '../src/retrieval/retrieval-store.js';
 import { startPgBouncer, type TestPgBouncer } from './pgbouncer.js';
 import { startTestPostgres, type TestPostgres } from './postgres.js';
 
@@ -63,7 +64,7 @@ test('every search through PgBouncer runs at the store\'s ef_search 400 with the
   }
 });
 
-test('on a graph where 40 candidates lose neighbours, searches through PgBouncer find what ef_search 400 finds', async () => {
+test('on a graph where 40 candidates lose neighbours, searches through PgBouncer find what ef_search 400 finds', async (t) => {
   const direct = await server.database();
   // A sparse graph (m 4, ef_construction 8) over random points: a scan of 40 candidates misses neighbours.
   const build = { bm25: BM25, hnswM: 4, hnswEfConstruction: 8, log: quiet };
@@ -71,8 +72,10 @@ test('on a graph where 40 candidates lose neighbours, searches through PgBouncer
   const next = seededRandom(400);
   const N = 3000;
   const batch: NewDocument[] = [];
+  const points: Float32Array[] = [];
   for (let i = 0; i < N; i++) {
-    batch.push({ doc: { docId: `d${i}`, title: `t${i}`, bytes: 1 }, chunks: [{ text: `p${i}`, tokens: 1 }], vectors: unit(next) });
+    points.push(unit(next));
+    batch.push({ doc: { docId: `d${i}`, title: `t${i}`, bytes: 1 }, chunks: [{ text: `p${i}`, tokens: 1 }], vectors: points[i]! });
     if (batch.length === 500) await writer.addBatch(batch.splice(0));
   }
   // The planner's statistics, as autovacuum would gather them: without, it scans exactly (a table it thinks small).
@@ -86,14 +89,27 @@ test('on a graph where 40 candidates lose neighbours, searches through PgBouncer
     const queries = Array.from({ length: 40 }, () => unit(next));
     const k = 20;
     let differ40 = 0;
+    const found = { pooled: 0, at400: 0, at40: 0 };
     for (const q of queries) {
       const [want, got, low] = await Promise.all([writer, pooled, at40].map((s) => s.searchDense(q, k, { collection: 'default' })));
-      const ids = (hits: typeof want) => hits.map((h) => h.chunk.docId).join(',');
+      const ids = (hits: Hit[] | undefined) => (hits ?? []).map((h) => h.chunk.docId).join(',');
       assert.equal(ids(got), ids(want), 'through PgBouncer the search found what ef_search 400 finds');
       if (ids(low) !== ids(want)) differ40++;
+      // Recall against exact search (every point scored here).
+      const exact = new Set(points.map((p, i) => ({ i, s: p.reduce((acc, x, j) => acc + x * q[j]!, 0) }))
+        .sort((a, b) => b.s - a.s).slice(0, k).map((x) => `d${x.i}`));
+      const hit = (hits: Hit[] | undefined) => (hits ?? []).filter((h) => exact.has(h.chunk.docId)).length;
+      found.pooled += hit(got);
+      found.at400 += hit(want);
+      found.at40 += hit(low);
     }
-    // The set tells the two apart: were the pooled search at 40, the assertion above would fail.
+    const recall = (n: number) => n / (k * queries.length);
+    // The set tells the two apart: were the pooled search at 40, the assertions above would fail.
     assert.ok(differ40 >= 5, `ef_search 40 differed from 400 on only ${differ40} of ${queries.length} queries: the set does not tell them apart`);
+    t.diagnostic(`recall@${k}: through PgBouncer ${recall(found.pooled).toFixed(3)}, direct at 400 ${recall(found.at400).toFixed(3)}, direct at 40 ${recall(found.at40).toFixed(3)}`);
+    assert.equal(recall(found.pooled), recall(found.at400), 'through PgBouncer: the recall of ef_search 400');
+    assert.ok(recall(found.pooled) > recall(found.at40) + 0.05,
+      `recall@${k} through PgBouncer ${recall(found.pooled).toFixed(3)}, at ef_search 40 ${recall(found.at40).toFixed(3)}: not told apart`);
   } finally {
     await Promise.all([writer.close(), at40.close(), pooled.close()]);
   }
