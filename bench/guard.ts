@@ -28,7 +28,7 @@
  *   served_fraction     200s / requests, guards on.
  * Last line: JSON.
  */
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -115,10 +115,11 @@ interface Ask {
   adapter?: string;
 }
 
-// The sample adapters this decoder can run (none for a decoder they were not made for).
-const adapters: (string | undefined)[] = [];
-for (const name of ['demo-r8', 'demo-qv-r4']) adapters.push(await guarded.adapters.inspect(name).then(() => name, () => undefined));
-const usable = adapters.filter((a) => a !== undefined);
+// The adapters under RAGGUARD_ADAPTER_DIR this decoder can run (setup's samples include some for the
+// default decoder and some for the small test one), by name.
+const names = guarded.adapters.unavailable ? [] : (await readdir(guarded.adapters.dir).catch(() => [] as string[])).sort();
+const usable: string[] = [];
+for (const name of names) if (await guarded.adapters.inspect(name).then(() => true, () => false)) usable.push(name);
 
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
 const random = seededRandom(7);
