@@ -7,7 +7,6 @@ import type { ServerResponse } from 'node:http';
 import { AdapterBusyError, AdapterInvalidError } from '../generate/adapters.js';
 import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
 import { BusyError, ClosedError, InvalidRequestError, RagguardError, TooLargeError } from '../runtime/errors.js';
-import { StoreUnavailableError } from '../retrieval/retrieval-store.js';
 import { RunInterrupted } from '../runtime/ort-direct.js';
 import { InvalidUtf8Error } from './json-body.js';
 
@@ -51,7 +50,6 @@ export function toHttpError(err: unknown): HttpError {
   if (err instanceof UnsupportedSamplingError) return new HttpError(422, 'unsupported_sampling', err.message);
   if (err instanceof AdapterBusyError) return new HttpError(503, 'adapters_busy', err.message, {}, { 'Retry-After': '1' });
   if (err instanceof AdapterInvalidError) return new HttpError(422, 'adapter_invalid', err.message);
-  if (err instanceof StoreUnavailableError) return new HttpError(503, 'store_unavailable', err.message, {}, { 'Retry-After': String(err.retryAfterSeconds) });
   const e = err as { status?: number; type?: string; message?: string };
   if (err instanceof InvalidUtf8Error) return new HttpError(400, 'invalid_json', err.message, { byte_offset: err.offset });
   if (e?.type === 'entity.parse.failed') return new HttpError(400, 'invalid_json', 'request body is not valid JSON');
