@@ -10,8 +10,8 @@
  *
  * Every call runs under the same admission queue and memory guard as the HTTP routes: a request that
  * can never fit the budget is refused (TooLargeError), the rest wait for their slot and workspace (or are
- * refused with a BusyError when none comes within RAGGUARD_QUEUE_TIMEOUT_MS). Every refusal is a
- * RagguardError with the `code` the HTTP routes answer with.
+ * refused with a BusyError when none comes within RAGGUARD_QUEUE_TIMEOUT_MS). These refusals are
+ * RagguardErrors with the `code` the HTTP routes answer with (runtime/errors.ts).
  */
 import type express from 'express';
 import { ConfigError, loadConfig, type Config } from './config/config.js';
