@@ -33,7 +33,7 @@ const USAGE = `usage:
   ragguard ingest <folder> --direct [--json]      (into RAGGUARD_INDEX_DIR, no server running on it)
   ragguard query "question" [--url URL] [--key KEY] [--top-k N] [--rerank-top-n N] [--max-tokens N] [--json]
   ragguard rerank --query "question" doc1 doc2 ... [--url URL] [--key KEY] [--top-n N] [--json]
-  ragguard migrate [--store URL] [--dimension N] [--status] [--json]   (the Postgres schema, RAGGUARD_STORE)`;
+  ragguard migrate [--store URL] [--dimension N] [--grant ROLE] [--status] [--json]   (the Postgres schema, RAGGUARD_STORE)`;
 
 class UsageError extends Error {}
 

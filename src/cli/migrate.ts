@@ -36,7 +36,10 @@ export async function migrateCommand(args: string[]): Promise<number> {
     if (!Number.isInteger(dimension) || dimension < 1 || dimension > 16000) throw new MigrateUsageError(`--dimension must be an integer in 1..16000, got '${values.dimension}'`);
   }
   const client = new pg.Client({ connectionString: url, ...(cfg.pgConnectTimeoutMs ? { connectionTimeoutMillis: cfg.pgConnectTimeoutMs } : {}) });
-  await client.connect();
+  const where = storeLabel(url);
+  await client.connect().catch((e: Error) => {
+    throw new Error(`cannot connect to PostgreSQL at ${where}: ${e.message}`);
+  });
   let version: number;
   try {
     version = await schemaVersion(client);
@@ -48,7 +51,6 @@ export async function migrateCommand(args: string[]): Promise<number> {
   } finally {
     await client.end();
   }
-  const where = storeLabel(url);
   if (values.status) {
     const report = { store: where, version, latest: SCHEMA_VERSION };
     process.stdout.write(values.json ? `${JSON.stringify(report)}\n` : `${where}: schema version ${version}, this build's ${SCHEMA_VERSION}${version < SCHEMA_VERSION ? ' (ragguard migrate brings it forward)' : ''}\n`);
