@@ -102,3 +102,20 @@ test('no HTTP status outside server/: the layers below it, and the library, refu
   }
   assert.deepEqual(found, []);
 });
+
+/**
+ * No `instanceof` of a backend's class (Cuda*, Ort*, the ONNX decoder) outside src/backends/: the rest
+ * reaches a backend through what every backend offers. Not met yet: the service's wiring
+ * (service/bootstrap.ts), the memory dashboard and the encoders still pick by class. Marked todo, so the
+ * run lists them without failing, until the backends stand behind one interface.
+ */
+test('no instanceof of a backend class outside backends/', { todo: 'the decoder and encoder backends behind one interface' }, () => {
+  const found: string[] = [];
+  for (const file of sources(SRC)) {
+    if (rel(file).split(path.sep)[0] === 'backends') continue;
+    code(readFileSync(file, 'utf8')).split('\n').forEach((line, i) => {
+      if (/\binstanceof\s+(Cuda\w+|Ort\w+|DecoderModel)\b/.test(line)) found.push(`${rel(file)}:${i + 1}: ${line.trim()}`);
+    });
+  }
+  assert.deepEqual(found, []);
+});
