@@ -154,6 +154,10 @@ if (PEER === '1') {
   log({ side: 'peer', ...peer });
 }
 
+// The tokenizer threads (and the encoders' device memory) would keep the process alive after the last line.
+await embedder.release();
+await reranker.release();
+
 const ratio = (a: unknown, b: unknown) => (typeof a === 'number' && typeof b === 'number' && b > 0 ? Number((a / b).toFixed(2)) : null);
 const peerEmbed = (peer?.['embed'] ?? []) as Record<string, number>[];
 const peerRerank = (peer?.['rerank'] ?? []) as Record<string, number>[];

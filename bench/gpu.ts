@@ -9,8 +9,8 @@
  * and 32 concurrent (a request starts as soon as one of the c in flight ends): decode tokens/s, TTFT p50
  * (a generate of one token for c prompts at once, as the baseline measures it), greedy ids compared with
  * torch's on the same prompts; and the ratio to each baseline. BENCH_GPU_BIG=dir (a 7B checkpoint) adds
- * decode at batch 1 as a fraction of the H200's measured 4.3 TB/s (weights + KV read per step over the
- * step time) and tokens/s at batch 64. BENCH_GPU_RAG=1 adds TTFT for a 2k-token prompt alone and with 32
+ * decode at batch 1 as a fraction of the card's peak memory bandwidth (gpu-common.ts cardPeak: the card
+ * named, H100 3.35 TB/s, H200 4.8 TB/s; weights + KV read per step over the step time) and tokens/s at batch 64. BENCH_GPU_RAG=1 adds TTFT for a 2k-token prompt alone and with 32
  * in flight. Each case prints a JSON line; the last line is the summary.
  */
 import { execFileSync } from 'node:child_process';
@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import type { StepProfile } from '../src/backends/cuda/binding.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
-import { BLOCK, engineFor, randomPrompts } from './gpu-common.js';
+import { BLOCK, cardPeak, engineFor, gpuName, randomPrompts } from './gpu-common.js';
 import { kvBytesPerToken } from '../src/backends/cuda/step-pack.js';
 import { Engine } from '../src/generate/engine.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
@@ -29,7 +29,7 @@ const NEW = Number(process.env.BENCH_GPU_NEW ?? 64);
 const PROMPT = Number(process.env.BENCH_GPU_PROMPT ?? 24);
 const LEVELS = (process.env.BENCH_GPU_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const MODES = process.env.BENCH_GPU_TORCH_MODES ?? 'eager,compiled';
-const BANDWIDTH = 4.3e12;
+const CARD = cardPeak(gpuName());
 /** BENCH_GPU_WEIGHTS=fp8: the checkpoints' matrices as FP8 made at load (RAGGUARD_CUDA_WEIGHTS=fp8). */
 const WEIGHTS = process.env.BENCH_GPU_WEIGHTS === 'fp8' ? 'fp8' as const : undefined; // measured copy bandwidth of the H200 (bytes read + written per second)
 
@@ -193,9 +193,10 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   runner.close();
   return {
     model: path.basename(dir), dtype: runner.dtype, weights: WEIGHTS ?? 'model', weights_bytes: runner.plan.weights,
-    batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, fraction_of_4_3TBps: Number((bytesPerStep / stepS / BANDWIDTH).toFixed(3)),
+    batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, card: CARD.card, peak_bytes_per_s: CARD.peak, bytes_per_s: Math.round(bytesPerStep / stepS),
+      fraction_of_peak: CARD.peak ? Number((bytesPerStep / stepS / CARD.peak).toFixed(3)) : null,
       // As the H200 figures of 2026-12-03 (4bccb38) counted it (the whole embedding table too), for comparison.
-      fraction_counting_embedding: Number(((bytesPerStep + unreadEmbedding) / stepS / BANDWIDTH).toFixed(3)) },
+      fraction_counting_embedding: CARD.peak ? Number(((bytesPerStep + unreadEmbedding) / stepS / CARD.peak).toFixed(3)) : null },
     batch64: { tokens_per_s: Math.round(b64.tokensPerS) },
     batch1_breakdown: breakdown,
     device_memory: memory, nvml_used_delta_at_load: nvmlDelta,
