@@ -10,7 +10,7 @@
 //   decode-sized steps (rows <= QGEMV_MAX_ROWS): qgemv_kernel, a warp per output row streaming its units
 //     once (the bytes a decode step reads are the quantized bytes), every row of X against each unit;
 //   larger steps (prefill, wide batches): qmma_kernel, tensor-core tiles that dequantize the units they
-//     read into shared memory (below); RAGGUARD_CUDA_QGEMM=dequant keeps the older way for comparison: the
+//     read into shared memory (below); the runner option quantGemm: 'dequant' keeps the older way for comparison: the
 //     matrix dequantized tile by tile into a bounded scratch and each tile multiplied by cuBLAS.
 // The embedding gathers and dequantizes only the rows of the step's tokens.
 
