@@ -127,6 +127,21 @@ describe('GGUF decoders on the CUDA backend', () => {
     }
   });
 
+  test('quantized products: the tensor-core kernel by default, dequantized tiles when asked; GEMV rows set before the graphs are captured', async (t) => {
+    if (!existsSync(QWEN)) return t.skip(`${QWEN} is not fetched (npm run setup)`);
+    const ck = plan(QWEN);
+    const opts = { numBlocks: 64, blockSize: 16, maxBatchedTokens: 256, maxSeqs: 8 };
+    const plain = standInCuda(ck.config);
+    (await CudaModelRunner.load(QWEN, opts, plain)).close();
+    assert.equal(plain.created!.quant_gemm, 0);
+    assert.deepEqual(plain.events, ['graphs']);
+    const asked = standInCuda(ck.config);
+    (await CudaModelRunner.load(QWEN, { ...opts, quantGemm: 'dequant', gemvRows: 2 }, asked)).close();
+    assert.equal(asked.created!.quant_gemm, 1);
+    // Graphs keep the product each batch size was captured with: the rows must be set first.
+    assert.deepEqual(asked.events, ['gemv:2', 'graphs']);
+  });
+
   test('RAGGUARD_DECODER=<file.gguf> on cuda: the decoder opens with the file\'s tokenizer and chat template, its budget figures from the quantized plan', async (t) => {
     if (!existsSync(QWEN)) return t.skip(`${QWEN} is not fetched (npm run setup)`);
     const ck = plan(QWEN);

@@ -83,6 +83,8 @@ export interface StandIn extends CudaBackend {
   live: number;
   /** The last engine's configuration. */
   created: NativeConfig | undefined;
+  /** Calls that shape the products, in order: `gemv:<rows>` (rg_set_gemv_rows) and `graphs` (their capture). */
+  readonly events: string[];
 }
 
 /** `config`: a config.json's object, or a config already parsed (a GGUF file's: gguf-checkpoint.ts planGguf). */
@@ -101,6 +103,7 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
     uploads: [],
     live: 0,
     created: undefined,
+    events: [],
     deviceCount: () => 1,
     plan: (cfg) => {
       const p = planOf(cfg);
@@ -119,7 +122,11 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
     setRope: () => {},
     loadTensor: () => {},
     loadDone: () => {},
-    captureGraphs: () => 0,
+    captureGraphs: () => {
+      s.events.push('graphs');
+      return 0;
+    },
+    setGemvRows: (_h, rows) => void s.events.push(`gemv:${rows}`),
     step: (_h, words, tokensOut, logitsOut) => new Promise((resolve) => setImmediate(() => {
       const T = words[0]!, S = words[1]!, W = words[2]!, P = words[3]!;
       const ids = words.subarray(4, 4 + T);
