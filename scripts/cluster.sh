@@ -3,11 +3,11 @@
 # (each its own port, RAGGUARD_STORE pointing at that Postgres) and HAProxy in front, hashing a prefix key
 # so that requests with the same prompt prefix reach the replica whose prefix cache holds it.
 #
-#   scripts/cluster.sh start [--replicas N] [--policy prefix|roundrobin] [--port P] [--dir DIR]
+#   scripts/cluster.sh start [--replicas N] [--policy prefix|roundrobin] [--balance-factor PCT] [--port P] [--dir DIR]
 #       prints the router's URL last on stdout; DIR (default .cache/cluster) holds the logs, pids, ports
 #       and haproxy.cfg. RAGGUARD_STORE=postgres://... in the environment: that Postgres is used and no
 #       embedded one is started. Every other RAGGUARD_* variable of the environment reaches the replicas.
-#   scripts/cluster.sh router [--policy P] [--dir DIR]  restart the router alone with another policy
+#   scripts/cluster.sh router [--policy P] [--balance-factor PCT] [--dir DIR]  restart the router alone with another policy
 #   scripts/cluster.sh replica I [--dir DIR]   (re)start replica I (1-based) on its port, wait for /readyz
 #   scripts/cluster.sh status [--dir DIR]      the router's view of each replica (UP/DOWN, requests sent)
 #   scripts/cluster.sh stop [--dir DIR]        stop the router, the replicas (SIGTERM: they drain) and the
@@ -16,7 +16,10 @@
 # The router (HAProxy, Debian package `haproxy`; apt-get install haproxy):
 #   prefix      balance hash on the header x-prefix-key when the client sends one, else on the body's first
 #               256 bytes (a /query's question, a chat's system prompt and first messages), consistent hashing
-#               so that a replica going away moves only its own share of keys
+#               so that a replica going away moves only its own share of keys, with bounded load: no replica
+#               takes more than --balance-factor percent (default 150) of the average number of
+#               requests in flight; past it a key goes to the next replica on the ring (HAProxy's
+#               hash-balance-factor), so chats sharing one long system prompt do not all queue on one replica
 #   roundrobin  for comparison
 #   Health: GET /readyz every second; two failures mark a replica DOWN (about 2 s after it dies), two
 #   successes take it back. A request whose connection is refused is retried on another replica; when no
@@ -33,11 +36,12 @@ free_port() {
 }
 
 cmd="${1:-}"; shift || true
-DIR="$ROOT/.cache/cluster"; REPLICAS=3; POLICY=prefix; PORT=""; INDEX=""
+DIR="$ROOT/.cache/cluster"; REPLICAS=3; POLICY=prefix; PORT=""; INDEX=""; HASH_BALANCE_FACTOR=150
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --replicas) REPLICAS="$2"; shift 2 ;;
     --policy) POLICY="$2"; shift 2 ;;
+    --balance-factor) HASH_BALANCE_FACTOR="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --dir) DIR="$2"; shift 2 ;;
     [0-9]*) INDEX="$1"; shift ;;
@@ -46,6 +50,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || die "--replicas takes a positive number"
 [[ "$POLICY" == prefix || "$POLICY" == roundrobin ]] || die "--policy is prefix or roundrobin"
+[[ "$HASH_BALANCE_FACTOR" =~ ^[0-9]+$ ]] && (( HASH_BALANCE_FACTOR == 0 || HASH_BALANCE_FACTOR >= 100 )) \
+  || die "--balance-factor is 0 (unbounded) or a percentage of at least 100"
 
 # alive PID: the process runs (a killed replica is a zombie until whoever adopted it reaps it: dead).
 alive() {
@@ -90,8 +96,12 @@ wait_routed() {
 haproxy_cfg() {
   local balance
   if [[ "$POLICY" == prefix ]]; then
-    balance='balance hash var(txn.prefix_key)
+    balance="balance hash var(txn.prefix_key)
   hash-type consistent
+  hash-balance-factor $HASH_BALANCE_FACTOR"
+    # 0: HAProxy's default, unbounded (the line is left out).
+    (( HASH_BALANCE_FACTOR > 0 )) || balance="${balance%$'\n'*}"
+    balance+='
   http-request set-var(txn.prefix_key) req.hdr(x-prefix-key) if { req.hdr(x-prefix-key) -m found }
   http-request set-var(txn.prefix_key) req.body,bytes(0,256) unless { var(txn.prefix_key) -m found }'
   else
@@ -220,6 +230,6 @@ case "$cmd" in
     log "stopped"
     ;;
   *)
-    die "usage: scripts/cluster.sh start [--replicas N] [--policy prefix|roundrobin] [--port P] [--dir DIR] | router [--policy P] | replica I | status | stop"
+    die "usage: scripts/cluster.sh start [--replicas N] [--policy prefix|roundrobin] [--balance-factor PCT] [--port P] [--dir DIR] | router [--policy P] [--balance-factor PCT] | replica I | status | stop"
     ;;
 esac
