@@ -2,7 +2,9 @@
 # Stand-ins for llama.cpp's llama-batched-bench and llama-server in DIR, for a dry run of bench:gpu-gguf on a
 # machine without a GPU (BENCH_GPU_GGUF_STANDIN=1 LLAMA_BIN=DIR): the batched bench prints its JSON lines
 # with made-up speeds; the server answers /health and /completion greedily as the tests' stand-in library
-# does (each token the last + 1), with top-2 log-probabilities. Plumbing only: no figure comes from them.
+# does (each token the last + 1), with top-2 log-probabilities, and /v1/chat/completions (bench:rag-gpu's
+# dry run) with max_tokens words, streamed as OpenAI chunks (usage last with stream_options.include_usage).
+# Plumbing only: no figure comes from them.
 set -euo pipefail
 dir=${1:?usage: llama-standin.sh DIR}
 mkdir -p "$dir"
@@ -24,6 +26,27 @@ http.createServer((req, res) => {
   req.on('data', (d) => (body += d));
   req.on('end', () => {
     const q = JSON.parse(body);
+    if (req.url === '/v1/chat/completions') {
+      const n = Math.max(1, q.max_tokens ?? 16);
+      const prompt = JSON.stringify(q.messages ?? []).length >> 2;
+      const usage = { prompt_tokens: prompt, completion_tokens: n, total_tokens: prompt + n };
+      if (!q.stream) {
+        res.setHeader('content-type', 'application/json');
+        res.end(JSON.stringify({ object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: ' tok'.repeat(n) }, finish_reason: 'length' }], usage }));
+        return;
+      }
+      res.setHeader('content-type', 'text/event-stream');
+      const chunk = (delta, finish) => res.write(`data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`);
+      let i = 0;
+      const tick = () => {
+        if (i++ < n) { chunk({ content: ' tok' }, null); setTimeout(tick, 2); return; }
+        chunk({}, 'length');
+        if (q.stream_options?.include_usage) res.write(`data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [], usage })}\n\n`);
+        res.end('data: [DONE]\n\n');
+      };
+      tick();
+      return;
+    }
     const tokens = [];
     let last = q.prompt[q.prompt.length - 1];
     for (let i = 0; i < q.n_predict; i++) tokens.push((last = last + 1));
