@@ -52,14 +52,15 @@
  * Every figure is of the card nvidia-smi names (`card`, in the summary and on each level's line).
  * BENCH_RAG_GPU_STANDIN=1: a dry run of the plumbing on a machine without a GPU: the decoder and encoders on
  * the CPU (RAGGUARD_*_EP=cpu), the profile run off (RAGGUARD_PROFILE_RUN=false, unless set), NVML absent
- * (null, with the reason), LLAMA_BIN pointing at scripts/gpu/llama-standin.sh's stand-ins, a small burst
- * (8 requests at 2 concurrent, 4 questions, 4-8 new tokens): no figure of it is a result.
+ * (null, with the reason), LLAMA_BIN pointing at scripts/gpu/llama-standin.sh's stand-ins (made in a
+ * temporary directory where LLAMA_BIN is not set), a small burst (8 requests at 2 concurrent, 4 questions,
+ * 4-8 new tokens): no figure of it is a result.
  * BENCH_RAG_GPU_SERVER_LOG=file keeps the server's log (stdout and stderr) there; otherwise it is read for
  * out-of-memory lines and removed.
  * Bounded: every request times out (BENCH_RAG_GPU_REQUEST_TIMEOUT_MS, 120 s), every wait has a limit, and
- * BENCH_RAG_GPU_DEADLINE_S (570; 1800 stand-in) stops the whole run (servers killed, an error line); the
- * servers are killed at the end and the process exits. Each level prints a JSON line; the last line is the
- * summary.
+ * BENCH_RAG_GPU_DEADLINE_S (540: one 600-s device call with its start; 1800 stand-in) stops the whole run
+ * (servers killed, the summary so far with an error); the servers are killed at the end and the process
+ * exits. Each level prints a JSON line; the last line is the summary.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
@@ -90,7 +91,7 @@ const QUESTION_LIMIT = Number(env['BENCH_RAG_GPU_QUESTIONS'] ?? (STANDIN ? 4 : I
 const SETTLE_MS = Number(env['BENCH_RAG_GPU_SETTLE_MS'] ?? 1000);
 const SAMPLE_MS = 50;
 const REQUEST_TIMEOUT_MS = Number(env['BENCH_RAG_GPU_REQUEST_TIMEOUT_MS'] ?? 120_000);
-const DEADLINE_S = Number(env['BENCH_RAG_GPU_DEADLINE_S'] ?? (STANDIN ? 1800 : 570));
+const DEADLINE_S = Number(env['BENCH_RAG_GPU_DEADLINE_S'] ?? (STANDIN ? 1800 : 540));
 /** The stand-in run makes its own stand-ins (scripts/gpu/llama-standin.sh) where LLAMA_BIN is not given. */
 const LLAMA_BIN = env['LLAMA_BIN'] ?? (STANDIN ? standIns() : '');
 const LLAMA_CTX = Number(env['BENCH_RAG_GPU_LLAMA_CTX'] ?? 2048);

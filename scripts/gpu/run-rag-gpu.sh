@@ -24,7 +24,7 @@
 #   raggpu  npm run bench:rag-gpu (bench/rag-gpu.ts) with RAGGUARD_DECODER=$DEFAULT_GGUF (/tmp/rg-default.gguf),
 #           RAGGUARD_EMBEDDER=$MINILM_DIR where step 3 put it (/tmp/rg-minilm), LLAMA_BIN=$LLAMA/build/bin
 #           (/tmp/rg-llama): bursts of 256 at 32 and 64 concurrent, the peer at -np 64; BENCH_RAG_GPU_* and
-#           RAGGUARD_* pass through; its deadline (BENCH_RAG_GPU_DEADLINE_S, 570 s) keeps it within one call.
+#           RAGGUARD_* pass through; its deadline (BENCH_RAG_GPU_DEADLINE_S, 540 s) keeps it within one call.
 #           BENCH_RAG_GPU_INDEX_DIR=/tmp/rg-rag-gpu-index keeps the index and calibration for a second run.
 # Output: $OUT/rag-gpu.log (everything), $OUT/rag-gpu.jsonl (each step's last JSON line).
 set -uo pipefail
