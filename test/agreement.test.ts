@@ -5,15 +5,14 @@
  * as llama.cpp on the same file.
  */
 import assert from 'node:assert/strict';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
-import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { oursAt, teacherForcedContexts, verdicts } from '../scripts/check-agreement.js';
 import { agreementOf, positionAgreement, type Agreement } from '../scripts/logit-compare.js';
-import { standInCuda, TINY, tinyTensors } from './cuda-standin.js';
+import { standInCuda, TINY, writeTinyCheckpoint } from './cuda-standin.js';
 
 test('one position: KL(reference || ours) in nats and top-1', () => {
   const same = positionAgreement([1, 2, 3], [1, 2, 3], 3);
@@ -47,8 +46,7 @@ test('the verdict fails a side further from the reference than llama.cpp on the 
 let dir: string;
 before(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'ragguard-agree-'));
-  await writeFile(path.join(dir, 'config.json'), JSON.stringify(TINY));
-  await writeFile(path.join(dir, 'model.safetensors'), writeSafetensors(tinyTensors()));
+  await writeTinyCheckpoint(dir);
 });
 after(() => rm(dir, { recursive: true, force: true }));
 

@@ -23,7 +23,7 @@ import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { sampleNext, type SamplerSettings } from '../src/generate/sampler.js';
 import { compileSchema, validates } from '../src/generate/structured/json-schema.js';
 import { TokenGrammar, TokenVocabulary } from '../src/generate/structured/token-mask.js';
-import { standInCuda, standInLogits, TINY, tinyTensors } from './cuda-standin.js';
+import { standInCuda, standInLogits, TINY, tinyTensors, writeTinyCheckpoint } from './cuda-standin.js';
 
 const tiny = TINY;
 
@@ -306,8 +306,7 @@ describe('the CUDA runner over a stand-in native library', () => {
 
   before(async () => {
     dir = await mkdtemp(path.join(tmpdir(), 'ragguard-cudarun-'));
-    await writeFile(path.join(dir, 'config.json'), JSON.stringify(tiny));
-    await writeFile(path.join(dir, 'model.safetensors'), writeSafetensors(tinyTensors()));
+    await writeTinyCheckpoint(dir);
   });
   after(() => rm(dir, { recursive: true, force: true }));
 

@@ -10,6 +10,9 @@ import type { CudaBackend, EngineHandle, NativeConfig, NativeMemory } from '../s
 import { parseConfig, type CudaModelConfig } from '../src/backends/cuda/hf-checkpoint.js';
 import { planDevice, SEQ_ARRAYS } from '../src/backends/cuda/step-pack.js';
 import { argmax } from '../src/generate/sampler.js';
+import { writeSafetensors } from '../src/runtime/safetensors.js';
+import { writeFile } from 'node:fs/promises';
+import path from 'node:path';
 
 /**
  * The stand-in model's logits after `last` (LoRA entry `lora`): 1 for (last + 1 + 10 x lora) mod vocab,
@@ -50,6 +53,12 @@ export function tinyTensors(): Map<string, { shape: number[]; values: Float32Arr
     add(p + 'mlp.down_proj.weight', [8, 12]);
   }
   return t;
+}
+
+/** TINY as a checkpoint directory (config.json and model.safetensors) in `dir`. */
+export async function writeTinyCheckpoint(dir: string): Promise<void> {
+  await writeFile(path.join(dir, 'config.json'), JSON.stringify(TINY));
+  await writeFile(path.join(dir, 'model.safetensors'), writeSafetensors(tinyTensors()));
 }
 
 /**
