@@ -3,7 +3,7 @@ import path from 'node:path';
 import { before, test } from 'node:test';
 import { chatContextPrompt } from '../src/generate/chat-prompt.js';
 import { ChatTemplate } from '../src/generate/chat-template.js';
-import { assemblePrompt, DEFAULT_TEMPLATE, GROUNDED_SYSTEM, PromptTooLongError, templateFromConfig, type ContextChunk } from '../src/generate/prompt.js';
+import { assemblePrompt, DEFAULT_TEMPLATE, GROUNDED_EXAMPLE, GROUNDED_SYSTEM, PromptTooLongError, templateFromConfig, type ContextChunk } from '../src/generate/prompt.js';
 import { TextTokenizer } from '../src/runtime/tokenizer.js';
 import { ROOT } from './helpers.js';
 
@@ -63,20 +63,25 @@ test('a question that cannot fit the budget is an error, not a silent cut', () =
   assert.throws(() => assemblePrompt(tok, DEFAULT_TEMPLATE, BOS, words(100), [], 50), PromptTooLongError);
 });
 
-test('a chat prompt opens its system message with the template\'s instruction, then the numbered context', async () => {
+test('a chat prompt opens its system message with the template\'s instruction, then the numbered context, then the worked example', async () => {
   const chat = ChatTemplate.forModel(tok, BOS); // the fallback template: system lines as they are
   const chunks: ContextChunk[] = [{ title: 'A', text: 'alpha text' }, { title: 'B', text: 'beta text' }];
   const user = [{ role: 'user' as const, content: 'why?' }];
+  const shot = [{ role: 'user' as const, content: GROUNDED_EXAMPLE.question }, { role: 'assistant' as const, content: GROUNDED_EXAMPLE.answer }];
   const p = await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, 500);
   const context = 'Context:\n[1] A: alpha text\n[2] B: beta text';
-  assert.deepEqual(p.ids, chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\n${context}` }, ...user]));
+  assert.deepEqual(p.ids, chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\n${context}` }, ...shot, ...user]));
   assert.deepEqual(p.included, [0, 1]);
-  // '' (a model's ragguard_prompt.system) leaves the context alone in the system message.
-  const bare = templateFromConfig({ ragguard_prompt: { system: '' } });
+  // '' (a model's ragguard_prompt.system) leaves the context alone in the system message; example null, no example.
+  const bare = templateFromConfig({ ragguard_prompt: { system: '', example: null } });
   assert.equal(bare.system, '');
+  assert.equal(bare.example, null);
   assert.deepEqual((await chatContextPrompt(chat, bare, user, chunks, 500)).ids, chat.encode([{ role: 'system', content: context }, ...user]));
-  // The instruction counts against the budget like the rest.
-  const tight = chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\nContext:\n[1] A: alpha text` }, ...user]).length;
+  // A model's own example replaces the default one; none given, the default stands.
+  assert.deepEqual(templateFromConfig({ ragguard_prompt: { example: { question: 'q?', answer: 'a.' } } }).example, { question: 'q?', answer: 'a.' });
+  assert.deepEqual(templateFromConfig({ ragguard_prompt: { system: 'x' } }).example, GROUNDED_EXAMPLE);
+  // The instruction and the example count against the budget like the rest.
+  const tight = chat.encode([{ role: 'system', content: `${GROUNDED_SYSTEM}\n\nContext:\n[1] A: alpha text` }, ...shot, ...user]).length;
   assert.deepEqual((await chatContextPrompt(chat, DEFAULT_TEMPLATE, user, chunks, tight)).included, [0]);
 });
 

@@ -7,7 +7,8 @@
  * self-trained decoder, which has no template). The system message opens with the template's
  * instruction (prompt.ts: GROUNDED_SYSTEM by default): on the first 30 tuning questions it took
  * Qwen2.5-Coder-0.5B-Instruct from 20 to 17 wrong of 30 (asking it to cite [n] as well made it copy
- * the numbered passages instead: 22 wrong).
+ * the numbered passages instead: 22 wrong). Then the template's worked example (GROUNDED_EXAMPLE), as a
+ * user and an assistant turn ahead of the conversation: it shows the answer's shape, the fact first.
  */
 import type { ChatMessage, ChatTemplate } from './chat-template.js';
 import type { AssembledPrompt, ContextChunk, PromptTemplate } from './prompt.js';
@@ -20,11 +21,12 @@ import type { AssembledPrompt, ContextChunk, PromptTemplate } from './prompt.js'
  */
 export async function chatContextPrompt(chat: ChatTemplate, t: PromptTemplate, messages: readonly ChatMessage[],
   chunks: readonly ContextChunk[], budget: number, between: () => Promise<void> = async () => {}): Promise<AssembledPrompt> {
+  const shot: ChatMessage[] = t.example ? [{ role: 'user', content: t.example.question }, { role: 'assistant', content: t.example.answer }] : [];
   // Replacement functions: a chunk's own text may hold `$&` and the like.
   const withContext = (ks: readonly number[]) => {
     const context = (t.system ? `${t.system}\n\n` : '') + t.head + ks.map((k, i) => t.marker.replace('{i}', () => String(i + 1)) +
       t.body.replace('{title}', () => chunks[k]!.title).replace('{text}', () => chunks[k]!.text)).join('');
-    return chat.encode([{ role: 'system', content: context.trimEnd() }, ...messages]);
+    return chat.encode([{ role: 'system', content: context.trimEnd() }, ...shot, ...messages]);
   };
   if (chunks.length > 0) {
     const all = chunks.map((_, k) => k);
