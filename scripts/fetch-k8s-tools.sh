@@ -15,7 +15,8 @@
 #   scripts/fetch-k8s-tools.sh --check  exit 0 when all three are there, 1 otherwise (builds nothing)
 # Exit 3: the Go module proxy cannot be reached (test/deploy.test.ts skips then, saying so); any other failure 1.
 #
-# A helm build from source takes minutes on 2 cores the first time (Go's build cache is kept in .cache/go too).
+# A helm build from source takes minutes on 2 cores the first time; Go's build cache (GOCACHE, by default in the
+# home directory) makes later builds, from another clone too, a matter of seconds.
 # Needs Go >= 1.24 (`go`, or /usr/local/go/bin/go) and the Go module proxy; nothing else.
 set -euo pipefail
 
@@ -39,9 +40,10 @@ if ! have_all; then
   GO="$(command -v go || true)"
   [[ -z "$GO" && -x /usr/local/go/bin/go ]] && GO=/usr/local/go/bin/go
   [[ -n "$GO" ]] || die "Go not found (apt-get install golang-go, or a Go toolchain in /usr/local/go)"
-  # The project's own caches, so that a clean clone's CI run and a developer's builds share nothing by accident
-  # and a second run finds everything; the machine's toolchain as it is (no toolchain download).
-  export GOMODCACHE="$ROOT/.cache/go/mod" GOCACHE="$ROOT/.cache/go/build" GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
+  # Go's own module and build caches (content-addressed, safe to share): a fresh clone on a machine that built
+  # the tools once relinks them in seconds instead of compiling helm again. The machine's toolchain as it is
+  # (no toolchain download).
+  export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
   mkdir -p "$TOOLS"
   # Whether the Go module proxy answers (a module the builds need anyway): exit 3 when it cannot be reached, so
   # that a caller can tell "no network" from "does not build".
