@@ -6,7 +6,7 @@
 #   helm         helm.sh/helm/v3/cmd/helm                  (renders the chart: helm template, helm lint)
 #   kubeconform  github.com/yannh/kubeconform/cmd/kubeconform (validates what helm renders against schemas)
 #   schemas      the Kubernetes OpenAPI document (api/openapi-spec/swagger.json of the module k8s.io/kubernetes,
-#                fetched with `go mod download`, ~60 MB once) turned into kubeconform's standalone strict JSON
+#                fetched with `go mod download`, an 18 MB zip once) turned into kubeconform's standalone strict JSON
 #                schemas by scripts/k8s-schemas.py: kubeconform's default location is on GitHub, not reachable
 #                here or in CI.
 #
