@@ -128,7 +128,7 @@ test('a database that does not answer at all: the counts a probe reads give up a
   }
 });
 
-test('the service while the database is down: 503 store_unavailable with Retry-After, /healthz alive; serving again once it returns', async () => {
+test('the service while the database is down: 503 store_unavailable with Retry-After, /healthz alive, /readyz 503 with the reason; serving and ready again once it returns', async () => {
   const cfg = testConfig({
     RAGGUARD_STORE: await database('outage_service'), RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']),
     RAGGUARD_PROFILE_RUN: 'false', RAGGUARD_PG_CONNECT_TIMEOUT_MS: '2000',
@@ -144,6 +144,7 @@ test('the service while the database is down: 503 store_unavailable with Retry-A
   try {
     const ok = await call('POST', '/query', { query: 'How are disk quotas enforced?', max_new_tokens: 2 });
     assert.equal(ok.status, 200);
+    assert.equal((await call('GET', '/readyz')).status, 200);
     assert.equal((await call('POST', '/documents', { doc_id: 'acked', text: 'An acknowledged document about zorblax.' })).status, 201);
     await stopDatabase();
     try {
@@ -159,11 +160,18 @@ test('the service while the database is down: 503 store_unavailable with Retry-A
       }
       const health = await call('GET', '/healthz');
       assert.equal(health.status, 200, 'the process is alive');
+      // Readiness takes the replica out of rotation, saying why.
+      const ready = await call('GET', '/readyz');
+      assert.equal(ready.status, 503, JSON.stringify(ready.body));
+      assert.equal(ready.body.error.code, 'store_unavailable');
+      assert.match(ready.body.error.message, /^not ready: /);
+      assert.ok(Number(ready.retryAfter) > 0);
     } finally {
       await startDatabase();
     }
     const again = await call('POST', '/query', { query: 'How are disk quotas enforced?', max_new_tokens: 2 });
     assert.equal(again.status, 200, JSON.stringify(again.body));
+    assert.equal((await call('GET', '/readyz')).status, 200, 'ready again');
     assert.equal((await call('GET', '/documents/acked')).status, 200, 'acknowledged before the outage: still there');
     assert.equal((await call('GET', '/documents/refused')).status, 404, 'refused during the outage: not there');
   } finally {

@@ -34,6 +34,9 @@ import { StructuredOutputs } from './structured.js';
  */
 export function createApp(service: RagService, opts: { logger?: Logger; lifecycle?: Lifecycle; admission?: Admission } = {}): express.Express {
   const lifecycle = opts.lifecycle ?? new Lifecycle();
+  // Readiness follows the store (Postgres answering); an in-process faiss index is always there.
+  const store = service.store;
+  if (store.ready) lifecycle.readiness = () => store.ready!();
   const { cfg } = service;
   const log = opts.logger ?? createLogger(cfg.logLevel);
   const metrics = metricsFor(service);

@@ -56,8 +56,18 @@ interface Tracked {
 
 const controllerOf = (t: Tracked): AbortController => (t.controller ??= new AbortController());
 
+/** Whether what the server depends on answers (the Postgres store's database); the reason when not. */
+export type Readiness = () => Promise<{ ok: true } | { ok: false; reason: string }>;
+
 export class Lifecycle {
+  /**
+   * Asked by GET /readyz once the server is up and not draining: a replica whose database does not answer
+   * is taken out of rotation (503 store_unavailable) rather than sent queries it can only refuse.
+   */
+  readiness: Readiness | undefined;
   private drainingSince: number | undefined;
+  /** One readiness check at a time: probes arriving together share it. */
+  private checking: ReturnType<Readiness> | undefined;
   private readonly inflight = new Map<ServerResponse, Tracked>();
   private refused = 0;
   private idleWaiters: (() => void)[] = [];
@@ -83,7 +93,15 @@ export class Lifecycle {
           res.status(503).set(retryAfter).json(shuttingDown('not ready (draining)').body());
           return;
         }
-        res.json({ status: 'ready' });
+        if (!this.readiness) {
+          res.json({ status: 'ready' });
+          return;
+        }
+        this.checking ??= this.readiness().finally(() => (this.checking = undefined));
+        void this.checking.then((r) => {
+          if (r.ok) res.json({ status: 'ready' });
+          else res.status(503).set(retryAfter).json(new HttpError(503, 'store_unavailable', `not ready: ${r.reason}`).body());
+        }, (e: Error) => res.status(503).set(retryAfter).json(new HttpError(503, 'store_unavailable', `not ready: ${e.message}`).body()));
         return;
       }
       if (PROBES.has(req.path)) return next();
