@@ -59,6 +59,18 @@ const controllerOf = (t: Tracked): AbortController => (t.controller ??= new Abor
 /** Whether what the server depends on answers (the Postgres store's database); the reason when not. */
 export type Readiness = () => Promise<{ ok: true } | { ok: false; reason: string }>;
 
+/** How long a readiness check may take before the probe is told not ready (a database that accepts and never answers). */
+const READY_WAIT_MS = 2000;
+
+function withinReadyWait(check: ReturnType<Readiness>): ReturnType<Readiness> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<{ ok: false; reason: string }>((resolve) => {
+    timer = setTimeout(() => resolve({ ok: false, reason: `the store did not answer within ${READY_WAIT_MS} ms` }), READY_WAIT_MS);
+    timer.unref();
+  });
+  return Promise.race([check, late]).finally(() => clearTimeout(timer));
+}
+
 export class Lifecycle {
   /**
    * Asked by GET /readyz once the server is up and not draining: a replica whose database does not answer
@@ -97,7 +109,7 @@ export class Lifecycle {
           res.json({ status: 'ready' });
           return;
         }
-        this.checking ??= this.readiness().finally(() => (this.checking = undefined));
+        this.checking ??= withinReadyWait(this.readiness()).finally(() => (this.checking = undefined));
         void this.checking.then((r) => {
           if (r.ok) res.json({ status: 'ready' });
           else res.status(503).set(retryAfter).json(new HttpError(503, 'store_unavailable', `not ready: ${r.reason}`).body());
