@@ -1,7 +1,7 @@
 /**
  * bench:rag-gpu (on the GPU host): the whole server on the GPU, end to end, against llama.cpp's llama-server
- * (CUDA build) on the same GGUF file and the same card, in one run (issue 38, "The server on the GPU, end to
- * end"). scripts/gpu/run-rag-gpu.sh runs it there (step raggpu) after building what it needs.
+ * (CUDA build) on the same GGUF file and the same card, in one run. scripts/gpu/run-rag-gpu.sh runs it there
+ * (step raggpu) after building what it needs.
  *
  *   LLAMA_BIN=<dir of llama-server> RAGGUARD_DECODER=<the default GGUF> npm run bench:rag-gpu
  *

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench:rag-gpu on the GPU host (issue 38, "The server on the GPU, end to end"): the server with the default
+# bench:rag-gpu on the GPU host, the server end to end: the server with the default
 # decoder on the CUDA backend and the embedder and reranker on the CUDA encoder, under the question set and
 # bursts of mixed-length streamed /query requests, with llama.cpp's llama-server (CUDA build) on the same GGUF
 # file as the peer in the same call. What is measured and how: bench/rag-gpu.ts's header.
