@@ -45,9 +45,9 @@ function freePort(): Promise<number> {
   });
 }
 
-/** Whether a statement goes through `url` (tried up to 100 times, 100 ms apart: a daemon still starting). */
+/** Whether a statement goes through `url` (tried up to 600 times, 100 ms apart: a daemon still starting, on a loaded machine). */
 async function accepts(url: string): Promise<boolean> {
-  for (let i = 0; i < 100; i++) {
+  for (let i = 0; i < 600; i++) {
     const c = new pg.Client({ connectionString: url });
     try {
       await c.connect();
