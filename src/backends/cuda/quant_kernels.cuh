@@ -230,16 +230,49 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_kernel(const T* __rest
   for (int c = lane; c < upr; c += 32) {
     float w[32];
     unit32<TY>(W, u0 + c, w);
+    if constexpr (std::is_same<T, __half>::value) {
+      // float16 activations: the unit's weights once as half pairs, then each row's partial sums of
+      // sixteen elements (two halves of the unit, eight products to a half lane) in paired half arithmetic
+      // (HFMA2: two products an instruction, no conversion of X), added in float. Converting every
+      // activation to float and multiplying in float costs about twice the instructions, and at 2-8 rows
+      // the kernel was bound by issuing them (the SASS: one HADD2.F32 and one FFMA an element a row), not
+      // by the bytes it reads. A partial of eight products stays far inside half's range (weights of a few
+      // hundredths times activations of at most thousands) and rounds about as finely as the float16
+      // weights themselves; bfloat16 activations (8 mantissa bits) keep the float products below.
+      __half2 wh[16];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows) break;
-      const T* x = X + (size_t)r * k + (size_t)c * 32;
+      for (int i = 0; i < 16; ++i) wh[i] = __floats2half2_rn(w[2 * i], w[2 * i + 1]);
 #pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        float xf[8];
-        load8(x + 8 * g, xf);
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        const uint4* x = reinterpret_cast<const uint4*>(X + (size_t)r * k + (size_t)c * 32);
+        const uint4 u[4] = {__ldg(x), __ldg(x + 1), __ldg(x + 2), __ldg(x + 3)};
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r] = fmaf(w[8 * g + e], xf[e], acc[r]);
+        for (int h = 0; h < 2; ++h) {
+          const __half2* xa = reinterpret_cast<const __half2*>(&u[2 * h]);
+          const __half2* xb = reinterpret_cast<const __half2*>(&u[2 * h + 1]);
+          const __half2* wa = wh + 8 * h;
+          __half2 p = __hmul2(wa[0], xa[0]);
+#pragma unroll
+          for (int i = 1; i < 4; ++i) p = __hfma2(wa[i], xa[i], p);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) p = __hfma2(wa[4 + i], xb[i], p);
+          const float2 f = __half22float2(p);
+          acc[r] += f.x + f.y;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        const T* x = X + (size_t)r * k + (size_t)c * 32;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          float xf[8];
+          load8(x + 8 * g, xf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r] = fmaf(w[8 * g + e], xf[e], acc[r]);
+        }
       }
     }
   }

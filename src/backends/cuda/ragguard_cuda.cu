@@ -32,6 +32,7 @@
 #include <cublas_v2.h>
 #include <mma.h>
 #include <algorithm>
+#include <type_traits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
