@@ -131,6 +131,28 @@ export const MIGRATIONS: readonly Migration[] = [
       }
     },
   },
+  {
+    version: 4,
+    name: 'per-key request and token counts in one-minute windows, shared by the replicas (server/limit-store.ts)',
+    async up(client) {
+      await client.query(`
+        CREATE TABLE ragguard_key_usage (
+          key_name text NOT NULL,
+          window_start timestamptz NOT NULL,
+          requests bigint NOT NULL DEFAULT 0,
+          tokens bigint NOT NULL DEFAULT 0,
+          PRIMARY KEY (key_name, window_start)
+        );`);
+      // The roles already given a server's rights on the store (ragguard migrate --grant) get the same here.
+      const { rows } = await client.query<{ grantee: string }>(
+        `SELECT DISTINCT grantee FROM information_schema.role_table_grants
+         WHERE table_name = 'ragguard_chunks' AND table_schema = current_schema() AND privilege_type = 'INSERT'
+           AND grantee <> current_user AND grantee <> 'PUBLIC'`);
+      for (const r of rows) {
+        await client.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ragguard_key_usage TO ${client.escapeIdentifier(r.grantee)}`);
+      }
+    },
+  },
 ];
 
 /** The version this build reads and writes. */

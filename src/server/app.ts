@@ -20,7 +20,7 @@ import { HttpError, toHttpError } from './errors.js';
 import { Lifecycle } from './shutdown.js';
 import { nextTurn } from '../runtime/turns.js';
 import { parseQuery } from './validate.js';
-import { chargeTokens, checkTokenBudget, KeyLimits, limitKeys } from './rate-limits.js';
+import { chargeTokens, checkTokenBudget, limitKeys, limitsFor } from './rate-limits.js';
 import { tenantOf } from './tenant.js';
 import { streamQuery } from './query-stream.js';
 import { runOptions } from './guarded.js';
@@ -56,7 +56,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   const handle = entry.handle.bind(app);
   entry.handle = (req, res, next) => front(req, res, () => handle(req, res, next));
   app.use(requestLogger(log, onDone));
-  app.use(cors(cfg), authenticate(cfg), limitKeys(new KeyLimits(metrics.keyEvents)));
+  app.use(cors(cfg), authenticate(cfg), limitKeys(limitsFor(service)));
   app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once. The
   // front door did this for POST /query; here for what it left to express.

@@ -206,6 +206,7 @@ export class ServerMetrics {
       },
       finished: (seq, now, failed) => {
         this.lastToken.delete(seq);
+        this.onSequenceEnded?.(seq, failed);
         this.promptTokens.inc(seq.promptIds.length);
         this.generationTokens.inc(seq.outputIds.length);
         if (failed) {
@@ -222,6 +223,9 @@ export class ServerMetrics {
       if (d.action !== 'reject') for (const s of d.reshaped) this.reshapes.labels(s.field).inc();
     };
   }
+
+  /** Told of every sequence leaving the engine (rate-limits.ts charges the unfinished ones to their key). */
+  onSequenceEnded: ((seq: Sequence, failed: boolean) => void) | undefined;
 
   /** Counts an app's admission queue in `admission_queue_requests`. */
   addQueue(admission: Admission): void {

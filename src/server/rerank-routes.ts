@@ -15,6 +15,8 @@
  * Each request runs as every model run does: the memory guard predicts its rerank stage (its pairs,
  * the longest pair's tokens) and may lower the pairs per run, never drop a document (413 where even
  * that cannot fit), then the admission queue and a workspace reservation (service/guarded-run.ts).
+ * The pairs' tokens (as in `usage`) are charged to the key's tokens per minute (rate-limits.ts); a key
+ * that has used them up gets 429 token_limit before anything runs.
  */
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
@@ -26,6 +28,7 @@ import { RERANK_BATCH, relevance } from '../retrieval/reranker.js';
 import { HttpError } from './errors.js';
 import { guardedRun } from '../service/guarded-run.js';
 import { metricsFor } from './metrics.js';
+import { chargeTokens, checkTokenBudget } from './rate-limits.js';
 import { parseBody, type ScoreBody } from './schemas.js';
 import { requestSignal } from './shutdown.js';
 import { schemasFor } from './validate.js';
@@ -58,6 +61,7 @@ export function rerankRoutes(service: RagService, admission: Admission): express
     if (model !== undefined && model !== rerankerId) {
       throw new HttpError(404, 'model_not_found', `the model '${model}' does not exist here; this route serves the reranker '${rerankerId}'`, { param: 'model' });
     }
+    checkTokenBudget(res);
     // Tokenized once here for the guard's shape and the usage; the reranker cuts over-long pairs itself.
     const lengths = pairs.map(([q, p]) => reranker.tokenizer.encodePair(q, p).ids.length);
     const truncated = lengths.flatMap((n, i) => (n > reranker.maxTokens ? [i] : []));
@@ -71,6 +75,8 @@ export function rerankRoutes(service: RagService, admission: Admission): express
     }, { signal });
     metrics.reranked(route, pairs.length);
     const tokens = lengths.reduce((a, n) => a + Math.min(n, reranker.maxTokens), 0);
+    // The key's tokens per minute count the pairs' tokens as scored (cut pairs at the reranker's limit).
+    chargeTokens(res, tokens);
     return { scores: scores.map(relevance), usage: { prompt_tokens: tokens, total_tokens: tokens }, truncated };
   };
 

@@ -3,6 +3,7 @@ import type { RequestHandler } from 'express';
 import { HttpError } from '../errors.js';
 import { guardedRun } from '../../service/guarded-run.js';
 import { runOptions } from '../guarded.js';
+import { chargeTokens, checkTokenBudget } from '../rate-limits.js';
 import { parseBody, type EmbeddingBody } from '../schemas.js';
 import { schemasFor } from '../validate.js';
 import type { OpenAiContext } from './common.js';
@@ -33,6 +34,7 @@ export function embeddingsHandler(ctx: OpenAiContext): RequestHandler {
   return async (req, res) => {
     const b = parseBody(schemasFor(cfg).embedding, req.body);
     checkModel(b.model, embedderId);
+    checkTokenBudget(res);
     if (b.dimensions !== undefined && b.dimensions !== embedder.dimension) {
       throw new HttpError(400, 'unsupported_dimensions',
         `the embedder '${embedderId}' gives ${embedder.dimension} dimensions and cannot give ${b.dimensions}`, { param: 'dimensions' });
@@ -48,6 +50,9 @@ export function embeddingsHandler(ctx: OpenAiContext): RequestHandler {
     // Under the admission queue alone: the memory model has no shape for a batch of embeddings.
     const { result: vectors } = await guardedRun(service, admission, { work: () => embedder.embedIds(rows, undefined, opts.signal) }, opts);
     const d = embedder.dimension;
+    const tokens = counts.reduce((a, n) => a + n, 0);
+    // The key's tokens per minute count the inputs embedded, as a generation's count its prompt.
+    chargeTokens(res, tokens);
     res.json({
       object: 'list',
       model: embedderId,
@@ -56,7 +61,7 @@ export function embeddingsHandler(ctx: OpenAiContext): RequestHandler {
         const embedding = b.encoding_format === 'base64' ? Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString('base64') : Array.from(v);
         return { object: 'embedding', index: i, embedding };
       }),
-      usage: { prompt_tokens: counts.reduce((a, n) => a + n, 0), total_tokens: counts.reduce((a, n) => a + n, 0) },
+      usage: { prompt_tokens: tokens, total_tokens: tokens },
     });
   };
 }
