@@ -12,12 +12,16 @@
  */
 
 import type { EncoderDims } from '../runtime/encoder-session.js';
-import { dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/decoder-shape.js';
-import { bufferCapacity, type KvLayout } from '../backends/ort/decoder-model.js';
+import { bufferCapacity, dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/decoder-shape.js';
+import type { DecoderMemoryLayout } from '../backends/backend.js';
 import { loraSlots, slotCapacity } from '../generate/lora.js';
 
 
-export interface DecoderDims {
+/**
+ * The decoder as the memory model sizes it: its shape, and what its backend says of its runs
+ * (DecoderBackend.memoryLayout: KV layout, in-place runs, LoRA path, preallocated), never its class.
+ */
+export interface DecoderDims extends DecoderMemoryLayout {
   numLayers: number;
   hiddenSize: number;
   numHeads: number;
@@ -27,21 +31,8 @@ export interface DecoderDims {
   vocabSize: number;
   /** The decoder's KV and activation type; float32 when absent. */
   kvDtype?: KvDtype;
-  /** How the decoder's graph takes its KV cache (decoder-model.ts); 'optimum' when absent. */
-  kvLayout?: KvLayout;
   /** Positions the model takes at most (bounds a genai buffer's capacity). */
   maxPositions?: number;
-  /** genai runs write the KV buffer in place and hand nothing back (the direct C-API path). */
-  kvInPlace?: boolean;
-  /** Every projection has a LoRA path (lora.ts): its output, zeros without an adapter, is one more buffer. */
-  lora?: boolean;
-  /** Adapters can run (their slots exist): the modules' largest rank, RAGGUARD_MAX_LORA_RANK. */
-  loraMaxRank?: number;
-  /**
-   * Every buffer of the decoder's runs is allocated at start-up and counted there (the CUDA backend: its
-   * activation workspace is sized from max_num_batched_tokens): a request's decoder runs add nothing.
-   */
-  preallocated?: boolean;
 }
 
 /** A request as the guards see it, after prompt assembly. */

@@ -20,9 +20,9 @@
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
+import type { EncoderBackend, EncoderDevice } from '../backends/backend.js';
+import type { CudaEncoder } from '../backends/cuda/encoder-runner.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import type { EncoderRuns } from '../runtime/encoder-session.js';
 import type { ConcreteProvider } from '../runtime/session.js';
 import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
 import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
@@ -93,7 +93,7 @@ export function selectOutput(names: readonly string[], rankOf: (name: string) =>
 export class Embedder {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly session: EncoderRuns,
+    private readonly session: EncoderBackend,
     readonly files: ModelFiles,
     readonly dimension: number,
     readonly maxTokens: number,
@@ -104,6 +104,8 @@ export class Embedder {
     readonly vocabSize: number,
     /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
     private readonly pool?: TokenizerPool,
+    /** The native CUDA encoder it runs on, or undefined on ONNX Runtime (the GPU host's checks read its plan and figures). */
+    readonly cuda?: CudaEncoder,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}): Promise<Embedder> {
@@ -119,7 +121,7 @@ export class Embedder {
     const tokenizer = await TextTokenizer.load(dir);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
-    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
+    const { runs: session, cuda } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
     const padId = cfg.pad_token_id ?? 0;
     try {
       const output = selectOutput(session.outputNames, (name) => session.outputInfo(name).rank, dir);
@@ -134,7 +136,7 @@ export class Embedder {
       if (!output.pooled && cfg.hidden_size !== undefined && dimension !== cfg.hidden_size) {
         throw new Error(`embedder ${dir}: output '${output.name}' has width ${dimension}, config.json's hidden_size is ${cfg.hidden_size}`);
       }
-      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize, await tokenizerPool(dir, ep, extras));
+      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize, await tokenizerPool(dir, ep, extras), cuda);
     } catch (e) {
       await session.release();
       throw e;
@@ -151,9 +153,9 @@ export class Embedder {
     return this.session.provider;
   }
 
-  /** The native CUDA encoder this embedder runs on, or undefined on ONNX Runtime (its device figures: /debug/memory). */
-  get cuda(): CudaEncoder | undefined {
-    return this.session instanceof CudaEncoder ? this.session : undefined;
+  /** Its exact device figures where its backend allocated every buffer at load (the CUDA encoder); undefined where its load is measured. */
+  get device(): EncoderDevice | undefined {
+    return this.session.device;
   }
 
   /** Texts per model run by default: the CUDA encoder's rows, else 32. */

@@ -5,8 +5,9 @@
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import { CudaEncoder } from '../backends/cuda/encoder-runner.js';
-import type { EncoderDims, EncoderRuns } from '../runtime/encoder-session.js';
+import type { EncoderBackend, EncoderDevice } from '../backends/backend.js';
+import type { CudaEncoder } from '../backends/cuda/encoder-runner.js';
+import type { EncoderDims } from '../runtime/encoder-session.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
 import type { ConcreteProvider } from '../runtime/session.js';
 import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
@@ -36,7 +37,7 @@ export const RERANK_BATCH = 16;
 export class Reranker {
   private constructor(
     readonly tokenizer: TextTokenizer,
-    private readonly session: EncoderRuns,
+    private readonly session: EncoderBackend,
     readonly files: ModelFiles,
     /** Longest pair fed to the model; longer passages are cut (the query is kept whole). */
     readonly maxTokens: number,
@@ -45,6 +46,8 @@ export class Reranker {
     readonly dims: EncoderDims,
     /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
     private readonly pool?: TokenizerPool,
+    /** The native CUDA encoder it runs on, or undefined on ONNX Runtime (the GPU host's checks read its plan and figures). */
+    readonly cuda?: CudaEncoder,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}, maxTokens = 256): Promise<Reranker> {
@@ -52,9 +55,9 @@ export class Reranker {
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const longest = Math.min(maxTokens, cfg.max_position_embeddings ?? 512);
-    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
+    const { runs: session, cuda } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
-    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras));
+    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras), cuda);
   }
 
   /** Frees the model (and stops the tokenizer threads); the reranker is unusable afterwards. */
@@ -67,9 +70,9 @@ export class Reranker {
     return this.session.provider;
   }
 
-  /** The native CUDA encoder this reranker runs on, or undefined on ONNX Runtime. */
-  get cuda(): CudaEncoder | undefined {
-    return this.session instanceof CudaEncoder ? this.session : undefined;
+  /** Its exact device figures where its backend allocated every buffer at load (the CUDA encoder); undefined where its load is measured. */
+  get device(): EncoderDevice | undefined {
+    return this.session.device;
   }
 
   /** Pairs per model run by default: the CUDA encoder's rows, else RERANK_BATCH. */

@@ -5,8 +5,6 @@
  */
 import { tokenMaskMemory } from '../generate/structured/token-mask.js';
 import { totalmem } from 'node:os';
-import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
-import { DecoderModel } from '../backends/ort/decoder-model.js';
 import type { Admission } from '../guards/admission.js';
 import type { GpuReading } from '../guards/nvml.js';
 import { processMemory, type ProcessMemory } from '../guards/process-memory.js';
@@ -115,25 +113,13 @@ function snake(m: ProcessMemory): MemorySnapshot['process'] {
 }
 
 /**
- * The decoder's bytes: measured at load on ONNX Runtime; on the CUDA backend the native accountant's
- * figures (what it allocated, by part), exact.
+ * The decoder's bytes, as its backend says (DecoderBackend.memoryDetail): measured at load on ONNX
+ * Runtime; on the CUDA backend the native accountant's figures (what it allocated, by part), exact.
  */
 function decoderComponent(service: RagService): Component {
   const { models, loads } = service;
-  const d = models.decoder;
-  const runner = service.engine.runner;
-  if (runner instanceof CudaModelRunner) {
-    const m = runner.memory();
-    return {
-      name: 'decoder', bytes: loads.decoder.bytes, how: 'exact',
-      detail: `CUDA backend (${runner.dtype}): weights ${m.weights}, activation workspace ${m.workspace} (max_num_batched_tokens), ` +
-        `cuBLAS workspace ${m.cublas_workspace}, decode graphs ${m.graphs} bytes on the GPU, ${m.host_pinned} pinned on the host; ` +
-        `its KV pool is kv_pool; the GPU has ${m.device_free} of ${m.device_total} bytes free`,
-    };
-  }
   const loaded = `${loads.decoder.hostBytes} bytes resident on the host and ${loads.decoder.deviceBytes} on the GPU (NVML) added by its load`;
-  const onnx = d instanceof DecoderModel ? `; onnx weights ${d.files.onnxBytes} bytes on disk` : '';
-  return { name: 'decoder', bytes: loads.decoder.bytes, how: 'measured', detail: `${loaded}${onnx}` };
+  return { name: 'decoder', bytes: loads.decoder.bytes, ...models.decoder.memoryDetail(service.engine.runner, loaded) };
 }
 
 /**
@@ -146,18 +132,13 @@ function encoderComponent(service: RagService, name: 'embedder' | 'reranker'): C
   const load = service.loads[name];
   const loaded = `${load.hostBytes} bytes resident on the host and ${load.deviceBytes} on the GPU (NVML) added by its load`;
   const onnx = `onnx weights ${model.files.onnxBytes} bytes on disk`;
-  const cuda = model.cuda;
-  if (!cuda) {
+  const device = model.device;
+  if (!device) {
     const first = name === 'embedder' ? "; loaded first, so it includes ONNX Runtime's own start-up" : '';
     return { name, bytes: load.bytes, how: 'measured', detail: `${loaded}; ${onnx}${first}` };
   }
-  const m = cuda.memory();
-  return {
-    name, bytes: load.bytes, how: 'measured',
-    detail: `CUDA encoder (float16, ${cuda.shape.head} head): weights ${m.weights}, activations ${m.activations} (runs of ${cuda.limits.maxRows} sequences, ` +
-      `${cuda.limits.maxTokens} tokens), cuBLAS workspace ${m.cublas_workspace} bytes on the GPU (exact), ${m.host_pinned} pinned on the host; ` +
-      `${load.hostBytes} bytes resident on the host added by its load (tokenizer, CUDA libraries, staging); ${onnx}; the GPU has ${m.device_free} of ${m.device_total} bytes free`,
-  };
+  const host = `${load.hostBytes} bytes resident on the host added by its load (tokenizer, CUDA libraries, staging); ${onnx}`;
+  return { name, bytes: load.bytes, how: 'measured', detail: device.memoryDetail(host) };
 }
 
 /** Constrained decoding's host memory: cached token masks (at most 32 MiB) and the tokenizer's sorted texts. */

@@ -8,10 +8,9 @@
 import type { Config } from '../config/config.js';
 import type { AdapterRegistry } from '../generate/adapters.js';
 import { BlockManager } from '../generate/block-manager.js';
+import type { DecoderBackend, DecoderRuntime } from '../backends/backend.js';
 import { CudaDecoder, type CudaDecoderLimits } from '../backends/cuda/cuda-decoder.js';
-import { CudaModelRunner } from '../backends/cuda/cuda-runner.js';
 import { DecoderModel } from '../backends/ort/decoder-model.js';
-import { OrtModelRunner } from '../backends/ort/ort-runner.js';
 import { ggufDecoderDir, ggufOptionsFor, isGguf } from '../backends/ort/convert/gguf-decoder.js';
 import { exportDecoderDir } from '../backends/ort/convert/export-decoder.js';
 import { Engine } from '../generate/engine.js';
@@ -31,13 +30,15 @@ import { applySessionSettings } from '../runtime/ort-direct.js';
 import { autoTokenizerThreads } from '../runtime/tokenizer-pool.js';
 import path from 'node:path';
 
-/** The decoder on ONNX Runtime (CPU, WebGPU) or on the native CUDA backend. */
-export type Decoder = DecoderModel | CudaDecoder;
+/**
+ * The decoder, behind what every decoder backend offers (backends/backend.ts): ONNX Runtime's
+ * (DecoderModel: CPU, WebGPU) or the native CUDA backend's (CudaDecoder).
+ */
+export type Decoder = DecoderBackend;
 
 /** How the decoder runs, for /healthz and the start-up log: its KV layout and run path. */
-export function decoderRuntime(d: Decoder): { layout: string; run_path: string; run_path_reason?: string } {
-  if (d instanceof CudaDecoder) return { layout: 'paged (one device allocation, by block)', run_path: `cuda ${d.dtype}` };
-  return { layout: d.layout, run_path: d.runPath.path, ...(d.runPath.reason ? { run_path_reason: d.runPath.reason } : {}) };
+export function decoderRuntime(d: Decoder): DecoderRuntime {
+  return d.runtime();
 }
 
 export interface Models {
@@ -54,9 +55,9 @@ export interface Models {
  * load added on the host (tokenizer, the CUDA libraries, the pinned staging).
  */
 export function encoderLoadBytes(model: Embedder | Reranker, measured: LoadBytes): LoadBytes {
-  const cuda = model.cuda;
-  if (!cuda) return measured;
-  const device = cuda.plan.total;
+  const exact = model.device;
+  if (!exact) return measured;
+  const device = exact.deviceBytes;
   return { bytes: measured.hostBytes + device, hostBytes: measured.hostBytes, deviceBytes: device };
 }
 
@@ -129,7 +130,8 @@ export function wireEngine(cfg: Config, models: Models, adapters: AdapterRegistr
   const d = decoder.shape;
   // Until the CUDA decoder's runner exists, its plan's figures (the budget sizes the pool from them), taken
   // once the registry has asked for its slots (their scratch is in the workspace).
-  let loads = decoder instanceof CudaDecoder ? { ...models.loads, decoder: decoder.loadBytes() } : models.loads;
+  const planned = decoder.plannedLoadBytes();
+  let loads = planned ? { ...models.loads, decoder: planned } : models.loads;
   const budget = planBudget(cfg, held(loads), gpuTotalBytes, totalHostBytes, { bytesPerToken: decoder.kvBytesPerToken, maxPositions: d.maxPositions });
   const blockBytes = cfg.kvBlockSize * decoder.kvBytesPerToken;
   const numBlocks = Math.floor(budget.kvPoolBytes / blockBytes);
@@ -141,13 +143,12 @@ export function wireEngine(cfg: Config, models: Models, adapters: AdapterRegistr
   // The CUDA decoder allocates everything now, for this pool; its figures become the accountant's
   // (graphs included), so the workspace the budget leaves is exact.
   const pool = { numBlocks, blockSize: cfg.kvBlockSize };
-  const runner = decoder instanceof CudaDecoder ? decoder.createRunner(numBlocks) : new OrtModelRunner(decoder, pool);
-  if (runner instanceof CudaModelRunner) loads = { ...models.loads, decoder: CudaDecoder.loadBytes(runner) };
+  const runner = decoder.createRunner(numBlocks, cfg.kvBlockSize);
+  const counted = decoder.runnerLoadBytes(runner);
+  if (counted) loads = { ...models.loads, decoder: counted };
   const engine = new Engine(runner, blocks, { ...pool, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens });
-  const memoryModel = new MemoryModel(models.reranker.dims, decoder instanceof CudaDecoder ? { ...d, preallocated: true } : {
-    ...d, kvLayout: decoder.layout, kvInPlace: decoder.runPath.path === 'direct', lora: decoder.loraSlots !== null,
-    loraMaxRank: adapters.pool ? cfg.maxLoraRank : 0,
-  }, cfg.kvBlockSize, RERANK_BATCH, { embed: models.embedder.cuda !== undefined, rerank: models.reranker.cuda !== undefined });
+  const memoryModel = new MemoryModel(models.reranker.dims, { ...d, ...decoder.memoryLayout(adapters.pool ? cfg.maxLoraRank : 0) },
+    cfg.kvBlockSize, RERANK_BATCH, { embed: models.embedder.device !== undefined, rerank: models.reranker.device !== undefined });
   memoryModel.calibrate(memoryModel.calibration, cfg.minHeadroom); // analytic figures until a profile run
   const guard = new MemoryGuard(memoryModel, () => {
     const kv = blocks.stats();
@@ -165,7 +166,7 @@ export async function calibrateGuard(cfg: Config, models: Models, guard: MemoryG
   onProgress: (done: number, of: number) => void): Promise<ProfileReport> {
   const { embedder, reranker, decoder } = models;
   // The CUDA decoder's and encoders' runs allocate nothing (all at start-up): only the others' placement picks the meter.
-  const measured = [embedder.cuda ? undefined : embedder, reranker.cuda ? undefined : reranker, decoder instanceof CudaDecoder ? undefined : decoder]
+  const measured = [embedder.device ? undefined : embedder, reranker.device ? undefined : reranker, decoder.preallocated ? undefined : decoder]
     .filter((m) => m !== undefined);
   if (measured.length === 0) {
     return { source: 'analytic', reason: 'every model runs on the CUDA backend, whose runs allocate nothing beyond what start-up allocated' };
@@ -190,8 +191,8 @@ export async function calibrateGuard(cfg: Config, models: Models, guard: MemoryG
       () => profileMemory(guard.model, {
         embed: (b, s) => embedder.profileRun(b, s),
         rerank: (b, s) => reranker.profileRun(b, s),
-        // The CUDA decoder's runs add nothing to what start-up allocated (memory-model.ts `preallocated`).
-        decoder: (r, s, c) => (decoder instanceof DecoderModel ? decoder.profileRun(r, s, c) : Promise.resolve()),
+        // A preallocated decoder's (the CUDA decoder's) runs add nothing to what start-up allocated: its profileRun resolves at once.
+        decoder: (r, s, c) => decoder.profileRun(r, s, c),
       }, limits, meter, onProgress));
   if (profile.source === 'profile') guard.model.calibrate(profile.calibration, Math.max(cfg.minHeadroom, profile.headroom));
   return profile;

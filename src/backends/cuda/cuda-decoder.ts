@@ -13,7 +13,8 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import type { DecoderShape } from '../../generate/decoder-shape.js';
-import type { AdapterHost } from '../../generate/adapters.js';
+import type { ModelRunner } from '../../generate/model-runner.js';
+import type { DecoderBackend, DecoderMemoryLayout, DecoderRuntime, MemoryDetail } from '../backend.js';
 import { loraSlots, type LoraSlot } from '../../generate/lora.js';
 import type { LoadBytes } from '../../runtime/load-bytes.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
@@ -39,8 +40,10 @@ export interface CudaDecoderLimits {
   maxLoraRank?: number;
 }
 
-export class CudaDecoder implements AdapterHost {
+export class CudaDecoder implements DecoderBackend {
   readonly provider = 'cuda' as const;
+  /** Every device byte is allocated at start-up: a request's runs add nothing (the memory model's `preallocated`). */
+  readonly preallocated = true;
   /** The device LoRA slots' projections (lora.ts), or null where the limits ask for none. */
   readonly loraSlots: readonly LoraSlot[] | null;
   readonly loraUnavailable = 'the CUDA decoder has no LoRA slots (RAGGUARD_MAX_LORAS is 0)';
@@ -107,6 +110,21 @@ export class CudaDecoder implements AdapterHost {
     return kvBytesPerToken(this.checkpoint.config, this.dtype);
   }
 
+  /** Its KV layout and run path, for /healthz and the start-up log. */
+  runtime(): DecoderRuntime {
+    return { layout: 'paged (one device allocation, by block)', run_path: `cuda ${this.dtype}` };
+  }
+
+  /** Nothing of its runs for the memory model to size: every buffer is allocated at start-up. */
+  memoryLayout(): DecoderMemoryLayout {
+    return { preallocated: true };
+  }
+
+  /** Its runs add nothing to what start-up allocated: nothing for the profile run to measure. */
+  profileRun(): Promise<void> {
+    return Promise.resolve();
+  }
+
   /** The runner's options; LoRA slots only with a pool the adapter registry asked for (adapters on). */
   private options(numBlocks: number, loraPool?: CudaLoraPool): CudaRunnerOptions {
     const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
@@ -129,7 +147,7 @@ export class CudaDecoder implements AdapterHost {
    * own device memory (weights included): a server makes one; a benchmark comparing services over the same
    * models (bench:guard) makes one per service.
    */
-  createRunner(numBlocks: number): CudaModelRunner {
+  createRunner(numBlocks: number, _blockSize?: number): CudaModelRunner { // the block size is its limits' own
     const runner = CudaModelRunner.create(this.native, this.checkpoint, this.tokenizer, this.options(numBlocks, this.pendingPool));
     this.pendingPool = undefined;
     this.runners.add(runner);
@@ -143,6 +161,28 @@ export class CudaDecoder implements AdapterHost {
   loadBytes(): LoadBytes {
     const bytes = this.staticBytes();
     return { bytes, hostBytes: 0, deviceBytes: bytes };
+  }
+
+  /** loadBytes: its plan's figures, exact, before a runner exists. */
+  plannedLoadBytes(): LoadBytes {
+    return this.loadBytes();
+  }
+
+  /** A runner's figures as the native accountant counts them (graphs included); undefined for a runner not of this backend. */
+  runnerLoadBytes(runner: ModelRunner): LoadBytes | undefined {
+    return runner instanceof CudaModelRunner ? CudaDecoder.loadBytes(runner) : undefined;
+  }
+
+  /** The native accountant's figures by part, exact; what its load added where `runner` is not one of its own. */
+  memoryDetail(runner: ModelRunner, loaded: string): MemoryDetail {
+    if (!(runner instanceof CudaModelRunner)) return { how: 'measured', detail: loaded };
+    const m = runner.memory();
+    return {
+      how: 'exact',
+      detail: `CUDA backend (${runner.dtype}): weights ${m.weights}, activation workspace ${m.workspace} (max_num_batched_tokens), ` +
+        `cuBLAS workspace ${m.cublas_workspace}, decode graphs ${m.graphs} bytes on the GPU, ${m.host_pinned} pinned on the host; ` +
+        `its KV pool is kv_pool; the GPU has ${m.device_free} of ${m.device_total} bytes free`,
+    };
   }
 
   /** What a runner holds besides its KV pool and LoRA slots, as the native accountant counts it (graphs included). */

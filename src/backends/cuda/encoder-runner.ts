@@ -12,7 +12,8 @@
  * runs' workspaces from overlapping) and hold no CPU core while the device works.
  */
 import path from 'node:path';
-import type { EncoderOutput, EncoderRuns } from '../../runtime/encoder-session.js';
+import type { EncoderOutput } from '../../runtime/encoder-session.js';
+import type { EncoderBackend, EncoderDevice } from '../backend.js';
 import type { LoadBytes } from '../../runtime/load-bytes.js';
 import { readJson } from '../../runtime/model-dir.js';
 import { RunInterrupted } from '../../runtime/ort-direct.js';
@@ -79,7 +80,7 @@ export function splitRuns(lengths: readonly number[], maxRows: number, maxTokens
   return runs;
 }
 
-export class CudaEncoder implements EncoderRuns {
+export class CudaEncoder implements EncoderBackend, EncoderDevice {
   readonly provider = 'cuda' as const;
   readonly preallocated = true;
   readonly outputNames: readonly string[];
@@ -168,6 +169,24 @@ export class CudaEncoder implements EncoderRuns {
   /** The accountant's device figures and the device's free/total. */
   memory(): EncoderNativeMemory {
     return this.native.memory(this.handle);
+  }
+
+  /** Its exact figures (EncoderBackend): every buffer was allocated at load. */
+  get device(): EncoderDevice {
+    return this;
+  }
+
+  /** Device bytes allocated at load: weights, every run's activations, cuBLAS workspace (the plan's total). */
+  get deviceBytes(): number {
+    return this.plan.total;
+  }
+
+  /** /debug/memory's line: its device bytes by part as the native accountant allocated them, `host` among them. */
+  memoryDetail(host: string): string {
+    const m = this.memory();
+    return `CUDA encoder (float16, ${this.shape.head} head): weights ${m.weights}, activations ${m.activations} (runs of ${this.limits.maxRows} sequences, ` +
+      `${this.limits.maxTokens} tokens), cuBLAS workspace ${m.cublas_workspace} bytes on the GPU (exact), ${m.host_pinned} pinned on the host; ` +
+      `${host}; the GPU has ${m.device_free} of ${m.device_total} bytes free`;
   }
 
   /** What the encoder holds: its device bytes (all allocated at load) and the pinned host staging. */

@@ -38,10 +38,18 @@ import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, t
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../../runtime/session.js';
 import { gatedRun } from '../../runtime/run-gate.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
-import { kvArray, kvBytesPerToken, type DecoderShape, type KvArray, type KvDtype } from '../../generate/decoder-shape.js';
+import { bufferCapacity, kvArray, kvBytesPerToken, type DecoderShape, type KvArray, type KvDtype, type KvLayout } from '../../generate/decoder-shape.js';
 import { GREEDY_IDS, LAST_POSITIONS } from './convert/gqa-builder.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from '../../generate/lora.js';
 import { LoraPool, type DecoderAdapter } from '../../generate/lora-pool.js';
+import type { DecoderBackend, DecoderMemoryLayout, DecoderRuntime, MemoryDetail } from '../backend.js';
+import type { ModelRunner } from '../../generate/model-runner.js';
+import { OrtModelRunner } from './ort-runner.js';
+import { presentData, type ForwardInput, type ForwardOutput, type KvTensor, type OrtDecoder } from './forward.js';
+
+// Where they were declared first: tests, scripts and benchmarks import them from here.
+export { bufferCapacity, type KvLayout } from '../../generate/decoder-shape.js';
+export { presentData, type ForwardInput, type ForwardOutput, type KvTensor } from './forward.js';
 
 
 interface DecoderConfig {
@@ -78,8 +86,6 @@ interface GenerationConfig {
   bos_token_id?: number;
 }
 
-export type KvLayout = 'optimum' | 'genai';
-
 export interface DecoderLoadOptions extends SessionExtras {
   /** genai layout on the CPU: run through ONNX Runtime's C API with buffers in place (default true). */
   direct?: boolean;
@@ -87,56 +93,6 @@ export interface DecoderLoadOptions extends SessionExtras {
   directOptions?: DirectSessionOptions;
 }
 
-/**
- * A KV tensor as runs take and return it: onnxruntime-node's, or one in ONNX Runtime's own host
- * memory (a direct session's). A genai run on a direct session returns its past tensors themselves.
- */
-export type KvTensor = ort.Tensor | HostTensor;
-
-/** One forward pass: `tokens[r]` new tokens (equal counts) on top of row r's `lengths[r]` cached ones. */
-export interface ForwardInput {
-  tokens: readonly (readonly number[])[];
-  lengths: readonly number[];
-  /**
-   * A padded prefill (`paddedPrefill` models only, every length 0): row r's real tokens are the first
-   * counts[r] of tokens[r], the rest padding that its mask leaves out. Its logits are those of its last
-   * real token, its KV past counts[r] is the pads' (never to be stored or read). Absent: all real.
-   */
-  counts?: readonly number[];
-  /**
-   * Flat [k0, v0, k1, v1, ...] holding the rows' cached KV as `kvPlacement` lays it out in `width`
-   * positions (DecoderModel.pastWidth); absent: zeroed (genai) or zero-length (optimum) tensors.
-   */
-  past?: readonly KvTensor[];
-  width: number;
-  /** Each row's LoRA adapter (undefined: the base model); absent: no row has one. */
-  adapters?: readonly (DecoderAdapter | undefined)[];
-  /** Stops the run (RunInterrupted) once aborted: its KV outputs are then partial, not to be kept. */
-  signal?: AbortSignal;
-}
-
-export interface ForwardOutput {
-  /** Logits of each row's last position, [batch, vocab]; valid until the model's next forward (they may view its output buffer). */
-  lastLogits: Float32Array;
-  /**
-   * Each row's argmax of `lastLogits` (the first index of the largest), taken by the graph where it has
-   * the greedy_ids output (gqa-builder.ts's float32 graphs); absent otherwise.
-   */
-  greedyIds?: readonly number[];
-  /**
-   * Flat [k0, v0, ...], each [batch, kv_heads, width, head_dim]; the caller disposes them (the past
-   * tensors themselves where the run wrote in place). On the host, or on the device where the
-   * provider keeps them there (`presentOnDevice`).
-   */
-  present: KvTensor[];
-  /** Positions in `present`. */
-  width: number;
-}
-
-/** Capacity of a genai past buffer: room for `tokens` and some steps to come, in 64-position steps. */
-export function bufferCapacity(tokens: number, maxPositions: number): number {
-  return Math.min(Math.ceil((tokens + 16) / 64) * 64, Math.max(tokens, maxPositions));
-}
 
 /** A run's LoRA feeds and the tensors made for it alone (the row index). */
 interface LoraFeeds {
@@ -144,7 +100,9 @@ interface LoraFeeds {
   made: KvTensor[];
 }
 
-export class DecoderModel {
+export class DecoderModel implements OrtDecoder, DecoderBackend {
+  /** Its runs allocate their buffers as they go: the guard predicts them and the profile run measures them. */
+  readonly preallocated = false;
   /** The kv-tail graph on this model's provider (onnx-graph.ts), made on first use. */
   private tail: Promise<ort.InferenceSession> | undefined;
   /** present.N.key|value in the flat [k0, v0, k1, v1, ...] order of past and present tensors. */
@@ -252,6 +210,36 @@ export class DecoderModel {
 
   get provider(): ConcreteProvider {
     return this.loaded?.provider ?? 'cpu'; // direct sessions are CPU sessions
+  }
+
+  /** Its KV layout and run path, for /healthz and the start-up log. */
+  runtime(): DecoderRuntime {
+    const { path, reason } = this.runPath;
+    return { layout: this.layout, run_path: path, ...(reason ? { run_path_reason: reason } : {}) };
+  }
+
+  /** What the memory model sizes its runs by: the KV layout, in-place runs, the LoRA path. */
+  memoryLayout(loraMaxRank: number): DecoderMemoryLayout {
+    return { kvLayout: this.layout, kvInPlace: this.runPath.path === 'direct', lora: this.loraSlots !== null, loraMaxRank };
+  }
+
+  /** Nothing planned: what its load added is measured (guards/process-memory.ts measureLoad). */
+  plannedLoadBytes(): undefined {
+    return undefined;
+  }
+
+  /** The engine's runner over a host KV pool of `numBlocks` blocks of `blockSize` tokens. */
+  createRunner(numBlocks: number, blockSize: number): OrtModelRunner {
+    return new OrtModelRunner(this, { numBlocks, blockSize });
+  }
+
+  /** Its runners keep no accounts of their own: the load's measurement stands. */
+  runnerLoadBytes(): undefined {
+    return undefined;
+  }
+
+  memoryDetail(_runner: ModelRunner, loaded: string): MemoryDetail {
+    return { how: 'measured', detail: `${loaded}; onnx weights ${this.files.onnxBytes} bytes on disk` };
   }
 
   /** True when present KV outputs stay in device memory between runs. */
@@ -598,12 +586,4 @@ interface RunResult {
   reused: boolean;
   present: KvTensor[];
   release(): void;
-}
-
-/** Host present tensors' data (device-resident ones come back through DecoderModel.kvTail). */
-export function presentData(present: readonly KvTensor[]): KvArray[] {
-  return present.map((t) => {
-    if (t.location !== 'cpu') throw new Error(`present KV is in ${t.location}: read it through kvTail`);
-    return t.data as KvArray;
-  });
 }

@@ -21,9 +21,8 @@
  */
 import { Engine, type EngineBlockManager } from '../../generate/engine.js';
 import { metered } from '../../runtime/run-meter.js';
-import type { DecoderModel, KvTensor } from './decoder-model.js';
+import { presentData, type KvTensor, type OrtDecoder } from './forward.js';
 import { KvCachePool, type GatherRow } from './kv-pool.js';
-import { presentData } from './decoder-model.js';
 import type { KvPoolInfo, ModelRunner, RunnerStats, RunnerStep, SampleExtras, StepSink } from '../../generate/model-runner.js';
 import { tokenLogprobs } from '../../generate/logprobs.js';
 import { plainGreedy, sampleNext } from '../../generate/sampler.js';
@@ -87,13 +86,13 @@ export class OrtModelRunner implements ModelRunner {
    */
   private readonly pacer: Pacer;
 
-  constructor(readonly model: DecoderModel, opts: OrtRunnerOptions) {
+  constructor(readonly model: OrtDecoder, opts: OrtRunnerOptions) {
     this.lazy = (opts.kvWriteBack ?? (model.presentOnDevice ? 'lazy' : 'eager')) === 'lazy';
     this.kv = new KvCachePool(model.shape, opts.numBlocks, opts.blockSize);
     this.pacer = new Pacer(opts.paceSliceMs);
   }
 
-  get shape(): DecoderModel['shape'] {
+  get shape(): OrtDecoder['shape'] {
     return this.model.shape;
   }
 
@@ -101,7 +100,7 @@ export class OrtModelRunner implements ModelRunner {
     return this.model.eosIds;
   }
 
-  get tokenizer(): DecoderModel['tokenizer'] {
+  get tokenizer(): OrtDecoder['tokenizer'] {
     return this.model.tokenizer;
   }
 
@@ -366,6 +365,6 @@ export class OrtModelRunner implements ModelRunner {
 }
 
 /** An engine over an ONNX Runtime decoder: its runner made for the block pool the options describe. */
-export function ortEngine(model: DecoderModel, blocks: EngineBlockManager, opts: SchedulerLimits & OrtRunnerOptions): Engine {
+export function ortEngine(model: OrtDecoder, blocks: EngineBlockManager, opts: SchedulerLimits & OrtRunnerOptions): Engine {
   return new Engine(new OrtModelRunner(model, opts), blocks, opts);
 }
