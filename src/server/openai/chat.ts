@@ -18,7 +18,7 @@ import { chatLogprobs } from '../openai-logprobs.js';
 import { chargeTokens, checkTokenBudget } from '../rate-limits.js';
 import { tenantOf } from '../tenant.js';
 import { generateReply } from './generate.js';
-import { newId, now, steering, streamError, usage, type OpenAiContext, type Usage } from './common.js';
+import { failStream, finishStream, newId, now, steering, usage, type OpenAiContext, type Usage } from './common.js';
 
 export function chatHandler(ctx: OpenAiContext): RequestHandler {
   const { service, admission, chat, outputs, generationModel, checkContext, params, maxPositions } = ctx;
@@ -116,12 +116,9 @@ export function chatHandler(ctx: OpenAiContext): RequestHandler {
         res.json(shapes.reply([g], u, guard, r.citations));
         return;
       }
-      sse.send(shapes.last(0, r.finish_reason, g));
-      if (includeUsage) sse.send(shapes.usageChunk(u));
-      sse.sendRaw('[DONE]');
+      finishStream(sse, shapes, [g], u, includeUsage);
     } catch (e) {
-      if (!sse || !sse.started) throw e;
-      streamError(sse, e);
+      failStream(sse, e);
     } finally {
       sse?.end();
     }

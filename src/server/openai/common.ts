@@ -135,3 +135,26 @@ export function streamError(sse: SseStream, e: unknown): void {
   if (err.status >= 500) console.error('stream failed:', e);
   sse.send(openaiErrorBody(err));
 }
+
+/** The closing chunks a streamed reply ends with (ReplyShapes, generate.ts; the chat's own). */
+export interface ClosingShapes {
+  /** Choice `index`'s closing chunk. */
+  last(index: number, reason: string, g?: Generation): object;
+  usageChunk(u: Usage): object;
+}
+
+/**
+ * A stream's epilogue, as OpenAI ends one: each choice's closing chunk (choice i is `gens[i]`, with its
+ * finish reason), the usage chunk where stream_options.include_usage asked, then `data: [DONE]`.
+ */
+export function finishStream(sse: SseStream, shapes: ClosingShapes, gens: readonly Generation[], u: Usage, includeUsage: boolean): void {
+  gens.forEach((g, i) => sse.send(shapes.last(i, g.finishReason, g)));
+  if (includeUsage) sse.send(shapes.usageChunk(u));
+  sse.sendRaw('[DONE]');
+}
+
+/** A reply's failure: thrown on (to the route's error handler) until its stream started, one error event after. */
+export function failStream(sse: SseStream | undefined, e: unknown): void {
+  if (!sse || !sse.started) throw e;
+  streamError(sse, e);
+}

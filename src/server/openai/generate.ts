@@ -11,14 +11,11 @@ import type { SamplingParams } from '../../generate/sequence.js';
 import type { TokenLogprobs } from '../../generate/logprobs.js';
 import { chargeTokens } from '../rate-limits.js';
 import { tenantOf } from '../tenant.js';
-import { streamError, usage, type OpenAiContext, type Usage } from './common.js';
+import { failStream, finishStream, usage, type ClosingShapes, type OpenAiContext, type Usage } from './common.js';
 
-export interface ReplyShapes {
+export interface ReplyShapes extends ClosingShapes {
   /** Choice `index`'s next text, and the logprobs of the tokens it completes (where asked). */
   chunk(index: number, text: string, first: boolean, logprobs?: readonly TokenLogprobs[]): object;
-  /** Choice `index`'s closing chunk; `g`, its generation, where one was made here. */
-  last(index: number, reason: string, g?: Generation): object;
-  usageChunk(u: Usage): object;
   reply(gens: readonly Generation[], u: Usage, guard: Record<string, unknown>): object;
   /** Choice `index`'s chunks for generated text (null: its end) where they are not one content chunk each (tool calls). */
   chunks?(index: number, text: string | null, first: boolean): object[];
@@ -88,12 +85,9 @@ export async function generateReply(ctx: OpenAiContext, res: Response, ids: numb
       sse.send(shapes.chunk(i, '', first[i]!, p.logprobs === undefined ? undefined : held[i]!.splice(0)));
       first[i] = false;
     }
-    gens.forEach((g, i) => sse.send(shapes.last(i, g.finishReason, g)));
-    if (includeUsage) sse.send(shapes.usageChunk(u));
-    sse.sendRaw('[DONE]');
+    finishStream(sse, shapes, gens, u, includeUsage);
   } catch (e) {
-    if (!sse || !sse.started) throw e;
-    streamError(sse, e);
+    failStream(sse, e);
   } finally {
     sse?.end();
   }
