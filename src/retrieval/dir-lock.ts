@@ -12,9 +12,10 @@
  * its own token, so only the latest holder's release removes the file.
  */
 import { randomBytes } from 'node:crypto';
-import { open, readFile, rename, unlink, utimes, stat } from 'node:fs/promises';
+import { readFile, rename, unlink, utimes, stat } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import path from 'node:path';
+import { writeSynced } from './synced-file.js';
 
 export const LOCK_FILE = 'index.lock';
 const REFRESH_MS = 10_000;
@@ -64,13 +65,7 @@ export async function lockDir(dir: string): Promise<DirLock> {
   const body = `${JSON.stringify(me)}\n`;
   for (let attempt = 0; ; attempt++) {
     try {
-      const fh = await open(file, 'wx');
-      try {
-        await fh.writeFile(body);
-        await fh.sync();
-      } finally {
-        await fh.close();
-      }
+      await writeSynced(file, 'wx', body);
       break;
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'EEXIST' || attempt >= 5) throw e;
@@ -87,13 +82,7 @@ export async function lockDir(dir: string): Promise<DirLock> {
     // Taken over by replacing the file whole (rename is atomic), then re-read: of two processes
     // taking over at once, the one whose token is in the file holds it; the other tries again.
     const tmp = `${file}.${me.token}`;
-    const fh = await open(tmp, 'w');
-    try {
-      await fh.writeFile(body);
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
+    await writeSynced(tmp, 'w', body);
     await rename(tmp, file);
     if ((await readHolder(file))?.token === me.token) break;
   }

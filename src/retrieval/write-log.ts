@@ -19,6 +19,7 @@ import { createHash } from 'node:crypto';
 import { open, readdir, readFile, rm, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { CorruptSnapshotError } from './snapshot.js';
+import { synced } from './synced-file.js';
 
 const MAGIC = Buffer.from('RAGGUARD-LOG-1\n');
 const FRAME = 4 + 8 + 32;
@@ -43,13 +44,9 @@ function digest(seq: Buffer, body: Uint8Array): Buffer {
   return createHash('sha256').update(seq).update(body).digest();
 }
 
-async function syncDir(dir: string): Promise<void> {
-  const fh = await open(dir, 'r');
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
+/** A directory's entries on disk (a new segment's name). */
+function syncDir(dir: string): Promise<void> {
+  return synced(dir, 'r', async () => undefined);
 }
 
 export class WriteLog {
@@ -237,13 +234,7 @@ export class WriteLog {
     return this.current;
   }
 
-  private static async cut(file: string, length: number): Promise<void> {
-    const fh = await open(file, 'r+');
-    try {
-      await fh.truncate(length);
-      await fh.datasync();
-    } finally {
-      await fh.close();
-    }
+  private static cut(file: string, length: number): Promise<void> {
+    return synced(file, 'r+', (fh) => fh.truncate(length), 'datasync');
   }
 }
