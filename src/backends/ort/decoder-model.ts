@@ -100,6 +100,10 @@ interface LoraFeeds {
   made: KvTensor[];
 }
 
+/**
+ * The ONNX Runtime decoder: what its runner runs (OrtDecoder, forward.ts) and, to the layers above, a
+ * DecoderBackend (backends/backend.ts) whose runner is an OrtModelRunner over a host KV pool.
+ */
 export class DecoderModel implements OrtDecoder, DecoderBackend {
   /** Its runs allocate their buffers as they go: the guard predicts them and the profile run measures them. */
   readonly preallocated = false;
