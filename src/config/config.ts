@@ -170,6 +170,12 @@ export interface Config {
   intraOpSpin: 'off' | 'runs';
   /** One query through the server before it reports ready (server/warmup.ts). */
   warmup: boolean;
+  /** OTEL_EXPORTER_OTLP_ENDPOINT: the OTLP/HTTP base URL ('' = none). */
+  otlpEndpoint: string;
+  /** Where spans are exported (OTLP over HTTP): OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else the base URL's /v1/traces; '' = tracing off. */
+  otlpTracesEndpoint: string;
+  /** OTEL_SERVICE_NAME: the service.name of the spans' resource. */
+  serviceName: string;
 }
 
 interface Variable {
@@ -710,7 +716,39 @@ export const VARIABLES: readonly Variable[] = [
     doc: 'Before it reports ready (GET /readyz 200), the server sends itself one query (1 new token, request id warmup) over loopback, so that every request path\'s code is compiled before the first client: a fresh server\'s first burst was otherwise about twice as slow to shed as its second.',
     apply: bool((c, v) => (c.warmup = v)),
   },
+  {
+    name: 'OTEL_EXPORTER_OTLP_ENDPOINT', default: '',
+    doc: "OpenTelemetry traces (runtime/tracing.ts, docs/observability.md): the OTLP/HTTP base URL of a collector (e.g. http://127.0.0.1:4318); spans are POSTed to its /v1/traces in OTLP/HTTP's JSON encoding (the SDK's @opentelemetry/exporter-trace-otlp-http). A span per request (its id, route and status) and one per stage: admission (the guard's decision), embed, search, rerank, prompt, generate, prefill and decode. '' with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT '' = tracing off: the SDK is not loaded and every span is the API's no-op. The exporter's other OTEL_EXPORTER_OTLP_* variables (headers, timeout, compression) are read by the SDK itself.",
+    apply: (c, raw) => {
+      c.otlpEndpoint = raw === '' ? '' : httpUrl(raw);
+      c.otlpTracesEndpoint = c.otlpEndpoint === '' ? '' : `${c.otlpEndpoint.replace(/\/+$/, '')}/v1/traces`;
+    },
+  },
+  {
+    name: 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', default: '',
+    doc: "The OTLP/HTTP URL spans are POSTed to, as it is (e.g. http://127.0.0.1:4318/v1/traces); set, it wins over OTEL_EXPORTER_OTLP_ENDPOINT, and turns tracing on by itself.",
+    apply: (c, raw) => {
+      if (raw !== '') c.otlpTracesEndpoint = httpUrl(raw);
+    },
+  },
+  {
+    name: 'OTEL_SERVICE_NAME', default: 'ragguard',
+    doc: "The service.name of the spans' resource (where tracing is on): what a trace viewer lists them under.",
+    apply: str((c, v) => (c.serviceName = v.trim())),
+  },
 ];
+
+/** An http(s) URL, as given; refused otherwise. */
+function httpUrl(raw: string): string {
+  let u: URL;
+  try {
+    u = new URL(raw.trim());
+  } catch {
+    throw new Error(`expected an http:// or https:// URL, got '${raw}'`);
+  }
+  if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error(`expected an http:// or https:// URL, got '${raw}'`);
+  return raw.trim();
+}
 
 function apiKey(v: string): string {
   if (v !== '' && (v.length < 8 || /\s/.test(v))) throw new Error('expected at least 8 characters and no whitespace');
