@@ -8,6 +8,10 @@
  * ModelRunner (model-runner.ts) executes each scheduled step on its backend (ONNX Runtime on the CPU or
  * WebGPU, or the native CUDA decoder) and reports each sequence's next token. Which runner runs is
  * invisible here, to the scheduler, the block manager and the guards.
+ *
+ * Traced (runtime/tracing.ts, where it is on): each sequence's `prefill` span, from its first scheduled
+ * step to its first token, and its `decode` span, from there to its end (the tokens it generated), both
+ * children of the context its generate() was called in. Off, the engine keeps no trace state.
  */
 import type { FinishReason, Generation } from './generation.js';
 import type { ModelRunner, KvPoolInfo, RunnerStats, RunnerStep, SampleExtras, StepSink, TokenDecoder } from './model-runner.js';
@@ -16,6 +20,7 @@ import { OutputText } from './output-text.js';
 import { Scheduler, type KvBlockSpace, type SchedulerLimits } from './scheduler.js';
 import { Sequence, type SamplingParams } from './sequence.js';
 import type { EngineObserver } from './engine-observer.js';
+import { activeContext, endSpan, startSpan, type Context, type Span } from '../runtime/tracing.js';
 
 export interface BlockTableView {
   /** Physical block ids in logical order. */
@@ -42,6 +47,13 @@ export interface EngineOptions extends SchedulerLimits {
 export class PromptNeverFitsError extends Error {}
 /** The runner cannot generate as the request asks (rather than generating something else). */
 export class UnsupportedSamplingError extends Error {}
+
+/** A traced sequence's spans, and the context they are children of (its generate() call's). */
+interface SeqTrace {
+  parent: Context;
+  prefill?: Span;
+  decode?: Span;
+}
 
 interface Pending {
   resolve(g: Generation): void;
@@ -81,6 +93,8 @@ export class Engine {
   readonly scheduler: Scheduler;
   private readonly counters = { steps: 0, preemptions: 0, schedulerMicros: 0, prefills: 0, decodeRows: 0, cancelled: 0 };
   private readonly pending = new Map<Sequence, Pending>();
+  /** Traced sequences' spans (empty where tracing is off). */
+  private readonly traces = new Map<Sequence, SeqTrace>();
   private nextId = 0;
   private loop: Promise<void> | undefined;
   private readonly sink: StepSink = {
@@ -151,6 +165,8 @@ export class Engine {
       hooks: { signal, onToken: hooks.onToken && ((e) => hooks.onToken!(i, e)) },
     })));
     if (n > 1) seqs[0]!.forks = seqs.slice(1);
+    const parent = activeContext();
+    if (parent) for (const seq of seqs) this.traces.set(seq, { parent });
     this.scheduler.add(seqs[0]!);
     this.loop ??= this.run();
     const all = Promise.all(done);
@@ -212,6 +228,7 @@ export class Engine {
       }
       if (plan.decodes.length === 0 && plan.prefills.length === 0) continue;
       for (const seq of plan.prefills) seq.cachedPrefix ??= seq.numComputed;
+      if (this.traces.size > 0) for (const seq of plan.prefills) this.tracePrefill(seq);
       this.counters.prefills += plan.prefills.length;
       this.counters.decodeRows += plan.decodes.length;
       const stepSeqs = [...plan.prefills, ...plan.decodes];
@@ -297,6 +314,7 @@ export class Engine {
       for (const f of extras?.forks ?? []) this.adopt(seq, f.seq, f.next, f.logprobs);
     }
     this.observer?.token(seq, performance.now());
+    if (this.traces.size > 0) this.traceFirstToken(seq);
     if (this.runner.eosIds.has(next) && !seq.params.ignoreEos) return 'stop';
     seq.outputIds.push(next);
     if (extras?.logprobs) seq.logprobs.push(extras.logprobs);
@@ -346,6 +364,7 @@ export class Engine {
     // A failed run may have left the sequence's blocks without their KV: they must not serve prefix hits.
     this.scheduler.finish(seq, { failed: error !== undefined && !aborted });
     this.observer?.finished(seq, performance.now(), error !== undefined);
+    if (this.traces.size > 0) this.traceEnd(seq, error);
     const p = this.pending.get(seq);
     this.pending.delete(seq);
     if (!p) return;
@@ -367,6 +386,35 @@ export class Engine {
     } catch (e) {
       p.reject(e instanceof Error ? e : new Error(String(e)));
     }
+  }
+
+  /** Scheduled to prefill: its prefill span starts (a preempted one's recompute is an event of its decode). */
+  private tracePrefill(seq: Sequence): void {
+    const t = this.traces.get(seq);
+    if (!t) return;
+    if (t.decode) t.decode.addEvent('recompute', { 'ragguard.preemptions': seq.preemptions });
+    else t.prefill ??= startSpan('prefill', { 'gen_ai.usage.input_tokens': seq.promptIds.length, 'ragguard.cached_prompt_tokens': seq.cachedPrefix ?? 0 }, t.parent);
+  }
+
+  /** Its first token: prefill ends, decode begins (a fork, sampled at its parent's prefill, has decode alone). */
+  private traceFirstToken(seq: Sequence): void {
+    const t = this.traces.get(seq);
+    if (!t || t.decode) return;
+    endSpan(t.prefill);
+    t.decode = startSpan('decode', {}, t.parent);
+  }
+
+  /** It left the engine: its open spans end, decode with the tokens it generated and why it stopped. */
+  private traceEnd(seq: Sequence, error: Error | undefined): void {
+    const t = this.traces.get(seq);
+    if (!t) return;
+    this.traces.delete(seq);
+    endSpan(t.prefill, t.decode ? undefined : error);
+    endSpan(t.decode, error, {
+      'gen_ai.usage.output_tokens': seq.outputIds.length,
+      ...(seq.finishReason ? { 'gen_ai.response.finish_reasons': [seq.finishReason] } : {}),
+      'ragguard.preemptions': seq.preemptions,
+    });
   }
 }
 

@@ -12,6 +12,8 @@ import { Startup } from '../service/startup.js';
 import type { Logger } from './logging.js';
 import { Lifecycle } from './shutdown.js';
 import { AppHandoff, startingApp } from './starting.js';
+import { startTracing, stopTracing } from '../runtime/tracing.js';
+import { traceRequests } from './request-trace.js';
 
 /**
  * The service, its app and what they bring (ONNX Runtime, faiss, koffi, the model code): loaded once
@@ -21,6 +23,9 @@ const serviceModules = () => Promise.all([
   import('../service/rag.js'), import('./app.js'), import('./startup-log.js'), import('./warmup.js'),
   import('../guards/budget.js'), import('../runtime/thread-priority.js'),
 ]);
+
+/** How long the shutdown waits for the last spans to reach the collector. */
+const TRACE_FLUSH_MS = 5000;
 
 export interface ServeOptions {
   logger: Logger;
@@ -49,7 +54,10 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
   const startup = new Startup();
   const lifecycle = new Lifecycle();
   const handoff = new AppHandoff(startup, startingApp(cfg, startup, log));
-  const server = http.createServer(handoff.listener);
+  // OpenTelemetry traces where an endpoint is set (runtime/tracing.ts): the SDK loads only then, and
+  // each request gets its root span (request-trace.ts); otherwise the listener is the handoff's own.
+  if (await startTracing(cfg)) log.info({ endpoint: cfg.otlpTracesEndpoint, service: cfg.serviceName }, 'OpenTelemetry traces on (OTLP over HTTP)');
+  const server = http.createServer(traceRequests(handoff.listener));
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.port, cfg.host, () => {
@@ -105,6 +113,7 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
       log.info({ signal: sig, phase: startup.phase }, `${sig} while starting (${startup.describe()}): stopping without serving`);
       server.close();
       server.closeAllConnections();
+      await flushTraces();
       return 0;
     }
     log.info({ signal: sig, in_flight: lifecycle.inFlight, grace_ms: cfg.shutdownGraceMs },
@@ -123,7 +132,11 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
     server.close();
     server.closeAllConnections();
     service.gpu.stop();
+    // The drained requests' spans go out before the exit (the exporter then shuts down).
+    await flushTraces();
     return code;
   };
+  const flushTraces = () => stopTracing(TRACE_FLUSH_MS).catch((e: unknown) =>
+    log.warn({ err: e, endpoint: cfg.otlpTracesEndpoint }, `could not export the last spans: ${e instanceof Error ? e.message : String(e)}`));
   return { server, port, startup, ready, stop, lifecycle };
 }

@@ -12,11 +12,16 @@
  *
  * With the guards off (RAGGUARD_GUARDS=false) nothing is predicted or reserved: the work runs on the
  * shape as asked, under the admission queue alone.
+ *
+ * Traced (runtime/tracing.ts): an `admission` span from the decision to the work's start (the wait for a
+ * slot and for workspace), with the decision and what was reshaped; the work's own spans are its
+ * siblings under the request's, whichever request's callback the queue hands the slot on from.
  */
 import type { Admission, AdmissionTicket } from '../guards/admission.js';
 import type { RequestShape } from '../guards/memory-model.js';
 import type { Decision } from '../guards/policy.js';
 import { TooLargeError } from '../runtime/errors.js';
+import { bindActive, endSpan, startSpan, type Span } from '../runtime/tracing.js';
 import type { QueryInput, QueryResult, RagService } from './rag.js';
 
 export type Admitted = Exclude<Decision, { action: 'reject' }>;
@@ -62,18 +67,55 @@ export interface GuardedResult<T> {
 
 /** Decides, queues, reserves and runs `req`'s work: the one guarded run (this module's header). */
 export async function guardedRun<T>(service: RagService, admission: Admission, req: GuardedRequest<T>, opts: RunOptions = {}): Promise<GuardedResult<T>> {
-  const decision = service.cfg.guards && req.shape ? decide(service, req.shape(), req.floor) : undefined;
-  const result = await admission.run(async () => {
-    if (opts.signal?.aborted) throw opts.signal.reason instanceof Error ? opts.signal.reason : new Error('aborted');
-    if (!decision) return req.work(undefined);
-    const release = await service.guard.reserve(decision.prediction.reserveBytes, service.cfg.queueTimeoutMs, opts.signal);
-    try {
-      return await req.work(decision.shape);
-    } finally {
-      release();
-    }
-  }, opts.signal, opts.ticket);
+  const span = startSpan('admission');
+  let decision: Admitted | undefined;
+  try {
+    decision = service.cfg.guards && req.shape ? decide(service, req.shape(), req.floor) : undefined;
+  } catch (e) {
+    endSpan(span, e, { 'ragguard.guard.decision': 'reject' });
+    throw e;
+  }
+  if (span) span.setAttributes(decisionAttributes(decision));
+  let waiting: Span | undefined = span;
+  const started = () => {
+    endSpan(waiting);
+    waiting = undefined;
+  };
+  let result: T;
+  try {
+    // Bound to this request's context: the queue may start it from another request's callback.
+    result = await admission.run(bindActive(async () => {
+      if (opts.signal?.aborted) throw opts.signal.reason instanceof Error ? opts.signal.reason : new Error('aborted');
+      if (!decision) {
+        started();
+        return req.work(undefined);
+      }
+      const release = await service.guard.reserve(decision.prediction.reserveBytes, service.cfg.queueTimeoutMs, opts.signal);
+      try {
+        started();
+        return await req.work(decision.shape);
+      } finally {
+        release();
+      }
+    }), opts.signal, opts.ticket);
+  } catch (e) {
+    // Refused or timed out while waiting (a failure of the work itself is the work's spans').
+    if (waiting) endSpan(waiting, e);
+    throw e;
+  }
   return { result, guard: decision ? guardReport(service, decision, req.asRun?.(result, decision.shape) ?? decision.shape) : { decision: 'off' } };
+}
+
+/** The admission span's attributes: the guard's decision, what it reshaped, the bytes it predicted and reserved. */
+function decisionAttributes(decision: Admitted | undefined): Record<string, string | number | string[]> {
+  if (!decision) return { 'ragguard.guard.decision': 'off' };
+  return {
+    'ragguard.guard.decision': decision.action,
+    'ragguard.guard.reshaped': decision.reshaped.map((r) => `${r.field}:${r.from}->${r.to}`),
+    'ragguard.guard.predicted_bytes': decision.prediction.workspaceBytes + decision.prediction.kvBytes,
+    'ragguard.guard.reserved_bytes': decision.prediction.reserveBytes,
+    'ragguard.guard.peak_stage': decision.prediction.peakStage,
+  };
 }
 
 /** A retrieval-augmented query (QueryInput), guarded: reshaped as the guard decided (queryOnShape). */

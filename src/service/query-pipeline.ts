@@ -2,7 +2,8 @@
  * The query pipeline: embed -> search -> prune/dedupe -> rerank -> prompt inside a token budget ->
  * generate, and the citations of what went into the prompt. It is given its parts (models, retriever,
  * engine, adapters) and knows nothing of how they were built or where they run (bootstrap.ts wires
- * them); each stage is timed. It runs the query as it is given: the guard's decision and the admission
+ * them); each stage is timed, and where tracing is on a span of its own (runtime/tracing.ts: embed,
+ * search, rerank, prompt, generate; the engine's prefill and decode are generate's children). It runs the query as it is given: the guard's decision and the admission
  * queue are the guarded run's (guarded-run.ts), which calls it through RagService.query.
  */
 import type { Config } from '../config/config.js';
@@ -23,6 +24,7 @@ import { RERANK_BATCH, type Reranker } from '../retrieval/reranker.js';
 import { DEFAULT_COLLECTION, type Hit, type SearchFilter } from '../retrieval/retrieval-store.js';
 import type { Retriever } from '../retrieval/retriever.js';
 import type { TextTokenizer } from '../runtime/tokenizer.js';
+import { inSpan } from '../runtime/tracing.js';
 import { nextTurn } from '../runtime/turns.js';
 
 /** The sampler's per-request fields beyond temperature and seed (sequence.ts). */
@@ -140,15 +142,20 @@ export class QueryPipeline {
     const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0];
     signal?.throwIfAborted();
     let t = performance.now();
-    const qv = await embedder.embed([q.query], undefined, signal);
+    const qv = await inSpan('embed', () => embedder.embed([q.query], undefined, signal));
     const embedMs = ms(t);
     // Retrieval and prompt assembly (a few ms of the main thread each) on turns of their own (runtime/turns.ts).
     await nextTurn();
 
     t = performance.now();
     // A turn between the lexical and the dense search as well (retriever.ts).
-    const { hits, pruned } = await retriever.searchPaced(qv, q.query, q.topK, q.filter ?? { collection: DEFAULT_COLLECTION }, nextTurn);
-    const unique = dedupe(pruned, cfg.dedupeJaccard);
+    const filter = q.filter ?? { collection: DEFAULT_COLLECTION };
+    const { hits, pruned, unique } = await inSpan('search', async (span) => {
+      const found = await retriever.searchPaced(qv, q.query, q.topK, filter, nextTurn);
+      const kept = dedupe(found.pruned, cfg.dedupeJaccard);
+      span?.setAttributes({ 'ragguard.top_k': q.topK, 'ragguard.collection': filter.collection, 'ragguard.hits': found.hits.length, 'ragguard.after_prune': found.pruned.length, 'ragguard.after_dedupe': kept.length });
+      return { ...found, unique: kept };
+    });
     const searchMs = ms(t);
 
     signal?.throwIfAborted();
@@ -156,7 +163,8 @@ export class QueryPipeline {
     const titled = (h: Hit) => `${h.chunk.title}\n${h.chunk.text}`;
     // Rerank off: the first stage's order and scores stand, and no pair is scored.
     const { scores, pairTokens, runs: rerankRuns } = cfg.rerank
-      ? await reranker.score(q.query, unique.map(titled), q.rerankBatch, signal)
+      ? await inSpan('rerank', () => reranker.score(q.query, unique.map(titled), q.rerankBatch, signal),
+        { 'ragguard.rerank.pairs': unique.length, 'ragguard.rerank.batch': q.rerankBatch ?? RERANK_BATCH })
       : { scores: unique.map((h) => h.score), pairTokens: 0, runs: [] };
     const ranked = unique
       .map((hit, i) => ({ hit, score: scores[i]! }))
@@ -171,9 +179,13 @@ export class QueryPipeline {
     const budget = Math.min(q.promptBudget ?? cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
     const chunks = ranked.map((r) => ({ title: r.hit.chunk.title, text: r.hit.chunk.text }));
     // A turn of the event loop between two encodings of a long prompt (turns.ts).
-    const prompt = q.promptFor ? await q.promptFor(chunks, budget, nextTurn)
-      : this.chat ? await chatContextPrompt(this.chat, this.template, [{ role: 'user', content: q.query }], chunks, budget, nextTurn)
-        : assemblePrompt(decoder.tokenizer, this.template, this.promptBosId, q.query, chunks, budget);
+    const prompt = await inSpan('prompt', async (span) => {
+      const p = q.promptFor ? await q.promptFor(chunks, budget, nextTurn)
+        : this.chat ? await chatContextPrompt(this.chat, this.template, [{ role: 'user', content: q.query }], chunks, budget, nextTurn)
+          : assemblePrompt(decoder.tokenizer, this.template, this.promptBosId, q.query, chunks, budget);
+      span?.setAttributes({ 'ragguard.prompt.budget_tokens': budget, 'ragguard.prompt.tokens': p.ids.length, 'ragguard.prompt.chunks': p.included.length, 'ragguard.prompt.truncated': p.truncated.length });
+      return p;
+    });
     const citations = prompt.included.map((i) => {
       const { hit, score } = ranked[i]!;
       return {
@@ -189,14 +201,21 @@ export class QueryPipeline {
     });
     q.hooks?.onCitations?.(citations);
     // The adapter loads for generation only (nothing before it uses it) and is released right after.
-    const lease = q.adapter === undefined ? undefined : await adapters.acquire(q.adapter, signal);
-    let gen: Generation;
-    try {
-      const hooks = { ...q.hooks, signal };
-      gen = await engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter, ...(q.cacheSalt === undefined ? {} : { cacheSalt: q.cacheSalt }) }, hooks);
-    } finally {
-      lease?.release();
-    }
+    const { gen, lease } = await inSpan('generate', async (span) => {
+      const lease = q.adapter === undefined ? undefined : await adapters.acquire(q.adapter, signal);
+      let gen: Generation;
+      try {
+        const hooks = { ...q.hooks, signal };
+        gen = await engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter, ...(q.cacheSalt === undefined ? {} : { cacheSalt: q.cacheSalt }) }, hooks);
+      } finally {
+        lease?.release();
+      }
+      span?.setAttributes({
+        'gen_ai.usage.input_tokens': prompt.ids.length, 'gen_ai.usage.output_tokens': gen.ids.length, 'gen_ai.response.finish_reasons': [gen.finishReason],
+        'ragguard.cached_prompt_tokens': gen.cachedTokens ?? 0, ...(q.adapter === undefined ? {} : { 'ragguard.adapter': q.adapter }),
+      });
+      return { gen, lease };
+    }, { 'gen_ai.request.max_tokens': q.maxNewTokens, 'gen_ai.request.temperature': q.temperature });
     const generateMs = ms(t);
     growth.record(processMemory());
 

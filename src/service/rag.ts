@@ -22,6 +22,7 @@ import { processMemory } from '../guards/process-memory.js';
 import type { ProfileReport } from '../guards/profile.js';
 import { mallocStats, trimMalloc } from '../runtime/malloc.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
+import { inSpan } from '../runtime/tracing.js';
 import { chunkSections, type Section } from '../retrieval/chunker.js';
 import { embeddingText, readCorpus } from '../retrieval/corpus.js';
 import { Retriever } from '../retrieval/retriever.js';
@@ -265,7 +266,12 @@ export class RagService {
 
   /** Chunks, embeds and adds the documents, visible once one snapshot for the whole batch is durable. */
   ingest(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
-    const run = this.ingestTail.then(() => this.ingestNow(docs, signal));
+    // Traced (runtime/tracing.ts): an `ingest` span from its turn to its durable snapshot.
+    const run = this.ingestTail.then(() => inSpan('ingest', async (span) => {
+      const done = await this.ingestNow(docs, signal);
+      span?.setAttributes({ 'ragguard.documents': done.length, 'ragguard.chunks': done.reduce((n, d) => n + d.chunks, 0) });
+      return done;
+    }));
     this.ingestTail = run.then(() => undefined, () => undefined); // nothing of the result kept
     return run;
   }
