@@ -161,7 +161,9 @@ describe('auth', () => {
       errorIs(await request(keyed)[method](path).set('Authorization', 'Bearer nope-nope-nope').send({}), 401, 'invalid_api_key');
       errorIs(await request(keyed)[method](path).set('Authorization', `Basic ${API}`).send({}), 401, 'invalid_api_key');
     }
-    await request(keyed).get('/metrics').set('Authorization', `Bearer ${API}`).expect(200);
+    // /metrics is the operator's: the API key is 403 there, the admin key passes.
+    errorIs(await request(keyed).get('/metrics').set('Authorization', `Bearer ${API}`), 403, 'forbidden');
+    await request(keyed).get('/metrics').set('Authorization', `Bearer ${ADMIN}`).expect(200);
     await request(keyed).get('/documents').set('Authorization', `Bearer ${ADMIN}`).expect(200);
     // Authorized, then validated as usual.
     errorIs(await request(keyed).post('/query').set('Authorization', `Bearer ${API}`).send({}), 400, 'invalid_body');

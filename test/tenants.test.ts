@@ -33,6 +33,7 @@ const KEY_B = 'tenant-b-key-000002';
 const KEY_SLOW = 'slow-key-000000003';
 const KEY_THRIFTY = 'thrifty-key-000004';
 const OPERATOR = 'operator-key-000005';
+const ADMIN = 'admin-key-0000000006';
 const sha = (k: string) => createHash('sha256').update(k).digest('hex');
 
 const KEYS = [
@@ -71,7 +72,7 @@ async function startStack(store: 'faiss' | 'postgres'): Promise<() => Promise<vo
   const pgServer = store === 'postgres' ? await startTestPostgres() : undefined;
   const cfg = testConfig({
     RAGGUARD_INDEX_DIR: path.join(dir, 'index'), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache']), RAGGUARD_PROFILE_RUN: 'false',
-    RAGGUARD_KEYS_FILE: keysFile, RAGGUARD_API_KEY: OPERATOR, ...(pgServer ? { RAGGUARD_STORE: await pgServer.database() } : {}),
+    RAGGUARD_KEYS_FILE: keysFile, RAGGUARD_API_KEY: OPERATOR, RAGGUARD_ADMIN_KEY: ADMIN, ...(pgServer ? { RAGGUARD_STORE: await pgServer.database() } : {}),
   });
   models ??= await loadModels(cfg);
   const service = await RagService.start(cfg, models);
@@ -308,12 +309,14 @@ describe('on the faiss store: limits and the prefix cache', () => {
         const wait = Number(r.headers.get('retry-after'));
         assert.ok(Number.isInteger(wait) && wait >= 1 && wait <= 60, `Retry-After ${wait} for ${used} tokens`);
       }
-      const metrics = await call(OPERATOR, 'GET', '/metrics');
+      // /metrics is an admin route: the operator's API key is not an admin key here.
+      assert.equal((await call(OPERATOR, 'GET', '/metrics')).status, 403);
+      const metrics = await call(ADMIN, 'GET', '/metrics');
       assert.match(metrics.text, new RegExp(`^ragguard:key_tokens_total\\{key="thrifty"[^}]*\\} ${used}$`, 'm'));
       assert.match(metrics.text, /^ragguard:key_limited_total\{key="thrifty",code="token_limit"[^}]*\} 3$/m);
       assert.match(metrics.text, /^ragguard:key_limited_total\{key="slow",code="rate_limited"[^}]*\} 1$/m);
       assert.match(metrics.text, /^ragguard:key_requests_total\{key="alpha"[^}]*\} \d+$/m);
-      for (const secret of [KEY_A, KEY_B, KEY_SLOW, KEY_THRIFTY, OPERATOR, sha(KEY_B)]) assert.ok(!metrics.text.includes(secret), 'no key in /metrics');
+      for (const secret of [KEY_A, KEY_B, KEY_SLOW, KEY_THRIFTY, OPERATOR, ADMIN, sha(KEY_B)]) assert.ok(!metrics.text.includes(secret), 'no key in /metrics');
     });
 
     test('the windows on a fake clock: a key\'s requests and tokens start again with each minute; a refused request takes nothing', async () => {

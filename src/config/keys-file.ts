@@ -9,8 +9,12 @@
  * `key` or `key_sha256` (the hex SHA-256 of the key, so the file need not hold the secret); `collections`
  * a list (the first is the key's default) or "*" (every collection; its default is 'default'); the limits
  * per minute are optional (absent: none); `admin` keys may write documents (in their collections) and
- * read /debug/*. Parsed and checked here, at start-up: a bad entry stops the start naming it.
+ * read /debug/* and /metrics. Parsed and checked here, at start-up: a bad entry stops the start naming it.
+ * Read again on SIGHUP or when the file changes (server/key-reload.ts, readKeysFile below): a bad file
+ * then keeps the keys in force and says why.
  */
+import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 
 /** A collection name (as schemas.ts takes them); kept here too so that config stays below the server. */
 const COLLECTION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
@@ -88,4 +92,19 @@ export function parseKeysFile(text: string, sha256: (key: string) => string): Te
     hashes.set(k.sha256, k.name);
   });
   return keys;
+}
+
+/** The keys of the keys file at `file` (read and parsed now); throws naming the file and what is wrong. */
+export function readKeysFile(file: string): TenantKey[] {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new Error(`cannot read ${file}: ${(e as Error).message}`);
+  }
+  try {
+    return parseKeysFile(text, (k) => createHash('sha256').update(k).digest('hex'));
+  } catch (e) {
+    throw new Error(`${file}: ${(e as Error).message}`);
+  }
 }

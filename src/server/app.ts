@@ -9,7 +9,9 @@ import { guardedQuery } from '../service/guarded-run.js';
 import { checkQueryShape } from '../service/request-shape.js';
 import type { RagService } from '../service/rag.js';
 import { frontDoor, healthReport, letIn } from './front-door.js';
-import { authenticate, cors } from './auth.js';
+import { authenticate, cors, healthCaller } from './auth.js';
+import { scopedMemory } from './tenant-views.js';
+import { reloadKeysOnChange } from './key-reload.js';
 import { memorySnapshot } from './debug-memory.js';
 import { documentsRouter } from './documents.js';
 import { multipartUpload, postDocuments, uploadJson } from './document-intake.js';
@@ -56,6 +58,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   const handle = entry.handle.bind(app);
   entry.handle = (req, res, next) => front(req, res, () => handle(req, res, next));
   app.use(requestLogger(log, onDone));
+  // RAGGUARD_KEYS_FILE read again on SIGHUP and when it changes (key-reload.ts); authenticate reads the keys per request.
+  reloadKeysOnChange(cfg, (m, error) => (error ? log.error(m) : log.info(m)));
   app.use(cors(cfg), authenticate(cfg), limitKeys(limitsFor(service)));
   app.use(lifecycle.middleware());
   // Shed load before reading the body or tokenizing anything: a full server answers 503 at once. The
@@ -74,14 +78,16 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.use(jsonBody(cfg.maxDocumentBytes));
 
   // Also answered at the front door (front-door.ts); here for the paths it leaves to express ('/healthz/').
-  app.get('/healthz', async (_req, res) => {
-    res.json(await healthReport(service, admission));
+  const caller = healthCaller(cfg);
+  app.get('/healthz', async (req, res) => {
+    res.json(await healthReport(service, admission, caller(req.get('authorization'))));
   });
 
-  app.get('/metrics', metricsHandler(metrics));
+  // Admin routes (auth.ts); a collection-scoped admin key sees its own figures (tenant-views.ts).
+  app.get('/metrics', metricsHandler(metrics, () => cfg.keys));
   app.get(['/debug/memory', '/debug/memory.html'], dashboardIfHtml);
-  app.get('/debug/memory', (_req, res) => {
-    res.json(memorySnapshot(service, admission, service.gpu.latest()));
+  app.get('/debug/memory', async (_req, res) => {
+    res.json(await scopedMemory(memorySnapshot(service, admission, service.gpu.latest()), service, tenantOf(res)));
   });
 
   app.post('/query', async (req, res) => {

@@ -2,16 +2,19 @@
  * Who may call what, and from which web origins.
  *
  * Three classes of route:
- *   open    health and readiness (GET /healthz, /readyz): a load balancer probes them without a key;
+ *   open    health and readiness (GET /healthz, /readyz): a load balancer probes them without a key
+ *           (/healthz gives the store's counts only to an admin key: healthCaller below);
  *           and the memory page's shell (GET /debug/memory.html), which holds no data;
- *   admin   document writes (POST, PUT, DELETE under /documents) and everything under /debug/;
+ *   admin   document writes (POST, PUT, DELETE under /documents), GET /metrics and everything under
+ *           /debug/ (a collection-scoped admin key sees its own figures there: tenant-views.ts);
  *   api     everything else.
  * With RAGGUARD_API_KEY set, api routes need `Authorization: Bearer <key>` (the admin key also
  * passes). With RAGGUARD_ADMIN_KEY set, admin routes need the admin key: the API key there is 403
  * (known, not allowed); without an admin key they take the API key. RAGGUARD_KEYS_FILE adds keys
  * scoped to collections, each with its limits (tenant.ts); its `admin` keys open admin routes too.
  * None set: all open (the default host is loopback). A missing or unknown key is 401 with
- * `WWW-Authenticate: Bearer`.
+ * `WWW-Authenticate: Bearer`. The keys file's keys are read from `cfg.keys` as it is at each request:
+ * a reload (key-reload.ts: SIGHUP, or the file changing) replaces it and the next request sees it.
  *
  * CORS is off (no CORS headers at all, so browsers keep other origins out) unless
  * RAGGUARD_CORS_ORIGINS names origins (or `*`). A preflight is answered before authentication:
@@ -44,6 +47,8 @@ export function routeClass(method: string, path: string): RouteClass {
   // fragment): a browser cannot send a bearer key when it navigates.
   if ((method === 'GET' || method === 'HEAD') && path === '/debug/memory.html') return 'open';
   if (path === '/debug' || path.startsWith('/debug/')) return 'admin';
+  // Every key's name and usage, the server's load and memory: an operator's, not a tenant's.
+  if (path === '/metrics') return 'admin';
   if ((path === '/documents' || path.startsWith('/documents/')) && WRITES.has(method)) return 'admin';
   return 'api';
 }
@@ -82,21 +87,55 @@ function knownKeys(cfg: AuthConfig): KnownKey[] {
  * route when no key is configured, go on as the open tenant (every collection).
  */
 export function identifier(cfg: AuthConfig): (method: string, path: string, authorization: string | undefined) => HttpError | Tenant {
-  const keys = knownKeys(cfg);
+  const current = currentKeys(cfg);
   return (method, path, authorization) => {
     const cls = routeClass(method, path);
+    const keys = current();
     if (cls === 'open' || keys.length === 0) return OPEN_TENANT;
     const token = bearer(authorization);
     if (token === undefined) return unauthorized('unauthorized', `${method} ${path} needs an API key: send 'Authorization: Bearer <key>'`);
-    const presented = digest(token);
-    // Every key compared, in constant time each, so that the time taken does not say which one matched.
-    let found: Tenant | undefined;
-    for (const k of keys) if (timingSafeEqual(presented, k.digest) && found === undefined) found = k.tenant;
+    const found = match(keys, token);
     if (!found) return unauthorized('invalid_api_key', 'the key sent is not a valid key for this server');
     if (cls === 'admin' && !found.admin) {
       return new HttpError(403, 'forbidden', `${method} ${path} needs an admin key (RAGGUARD_ADMIN_KEY, or admin in RAGGUARD_KEYS_FILE); the key '${found.name}' is not one`);
     }
     return found;
+  };
+}
+
+/** The configured keys as they are now: recomputed when a reload replaced `cfg.keys` (compared by identity, per request). */
+function currentKeys(cfg: AuthConfig): () => KnownKey[] {
+  let seen = cfg.keys;
+  let keys = knownKeys(cfg);
+  return () => {
+    if (cfg.keys !== seen) {
+      seen = cfg.keys;
+      keys = knownKeys(cfg);
+    }
+    return keys;
+  };
+}
+
+/** The tenant whose key `token` is; every key compared, in constant time each, so that the time taken does not say which one matched. */
+function match(keys: readonly KnownKey[], token: string): Tenant | undefined {
+  const presented = digest(token);
+  let found: Tenant | undefined;
+  for (const k of keys) if (timingSafeEqual(presented, k.digest) && found === undefined) found = k.tenant;
+  return found;
+}
+
+/**
+ * Who calls an open route (GET /healthz) with the Authorization header given: the key's tenant, the
+ * open tenant where no key is configured (everyone is the operator then), undefined for an anonymous
+ * caller or a key that is not one (an open route never refuses).
+ */
+export function healthCaller(cfg: AuthConfig): (authorization: string | undefined) => Tenant | undefined {
+  const current = currentKeys(cfg);
+  return (authorization) => {
+    const keys = current();
+    if (keys.length === 0) return OPEN_TENANT;
+    const token = bearer(authorization);
+    return token ? match(keys, token) : undefined;
   };
 }
 

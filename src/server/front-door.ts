@@ -19,7 +19,9 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Admission } from '../guards/admission.js';
 import { decoderRuntime, type RagService } from '../service/rag.js';
-import { authorizer, corsHeaders } from './auth.js';
+import { authorizer, corsHeaders, healthCaller } from './auth.js';
+import { healthCounts } from './tenant-views.js';
+import type { Tenant } from './tenant.js';
 import { sendJson, toHttpError, type HttpError } from './errors.js';
 import { errorState, routedOutcome, trackRequest, type Logger, type RequestDone } from './logging.js';
 import { pathOf, type Lifecycle } from './shutdown.js';
@@ -29,10 +31,10 @@ import { nextTurn, noteArrival } from '../runtime/turns.js';
  * GET /healthz's body: liveness, the store's counts, the models' providers, the queue and the KV pool. A
  * store that does not answer (Postgres down) is said, not a failed probe: the process itself is alive.
  */
-export async function healthReport(service: RagService, admission: Admission): Promise<Record<string, unknown>> {
+export async function healthReport(service: RagService, admission: Admission, caller?: Tenant): Promise<Record<string, unknown>> {
   const { embedder, reranker, decoder } = service.models;
-  const counts = await service.store.counts().then((c) => ({ documents: c.documents, chunks: c.chunks }),
-    (e: Error) => ({ documents: null, chunks: null, store_error: e.message }));
+  // The counts only for an admin key (tenant-views.ts); `caller` undefined: an anonymous prober.
+  const counts = await healthCounts(service, caller);
   return {
     status: 'ok',
     ...counts,
@@ -74,6 +76,7 @@ export interface FrontDoorDeps {
  */
 export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerResponse & { locals?: Record<string, unknown> }, express: () => void) => void {
   const refusal = authorizer(d.service.cfg);
+  const caller = healthCaller(d.service.cfg);
   const cors = corsHeaders(d.service.cfg);
 
   const reply = (req: IncomingMessage, res: ServerResponse, path: string, route: string, status: number,
@@ -87,7 +90,7 @@ export function frontDoor(d: FrontDoorDeps): (req: IncomingMessage, res: ServerR
     const path = pathOf(req);
     if (path === '/healthz' && (req.method === 'GET' || req.method === 'HEAD')) {
       // A probe: open to all, answered while draining too (shutdown.ts).
-      void healthReport(d.service, d.admission).then((body) => reply(req, res, path, '/healthz', 200, body, {}));
+      void healthReport(d.service, d.admission, caller(req.headers.authorization)).then((body) => reply(req, res, path, '/healthz', 200, body, {}));
       return;
     }
     if (path !== '/query' || req.method !== 'POST') return express();

@@ -19,7 +19,10 @@ import type { Admission } from '../guards/admission.js';
 import type { RagService } from '../service/rag.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
 import { mallocStats } from '../runtime/malloc.js';
+import type { TenantKey } from '../config/keys-file.js';
 import type { LimitEvents } from './rate-limits.js';
+import { scopedMetrics, visibleKeyNames } from './tenant-views.js';
+import { tenantOf } from './tenant.js';
 
 export const PREFIX = 'ragguard:';
 
@@ -260,10 +263,14 @@ export function metricsFor(service: RagService): ServerMetrics {
   return m;
 }
 
-export function metricsHandler(metrics: ServerMetrics) {
+/**
+ * GET /metrics (an admin route: auth.ts). An admin key scoped to collections reads the per-key series of
+ * its own keys only (tenant-views.ts); `keys`: the keys file's keys as they are now (reloads included).
+ */
+export function metricsHandler(metrics: ServerMetrics, keys: () => readonly TenantKey[] = () => []) {
   return async (_req: Request, res: Response, next: NextFunction): Promise<void> => {
     try {
-      const text = await metrics.registry.metrics();
+      const text = scopedMetrics(await metrics.registry.metrics(), visibleKeyNames(tenantOf(res), keys()));
       res.type(metrics.registry.contentType).send(text);
     } catch (e) {
       next(e);
