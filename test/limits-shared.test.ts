@@ -16,7 +16,10 @@ import pg from 'pg';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { metricsFor } from '../src/server/metrics.js';
-import { limitsFor } from '../src/server/rate-limits.js';
+import { KeyLimits, limitsFor } from '../src/server/rate-limits.js';
+import { PostgresUsageStore } from '../src/server/limit-store.js';
+import { HttpError, toHttpError } from '../src/server/errors.js';
+import { keyTenant } from '../src/server/tenant.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { holdRuns, tempDir, testConfig } from './helpers.js';
 import { startTestPostgres, type TestPostgres } from './postgres.js';
@@ -213,6 +216,24 @@ describe('limits shared by three replicas through PostgreSQL', () => {
       assert.ok(spent >= promptTokens + 1 && spent < promptTokens + 200, `charged ${spent} for a prompt of ${promptTokens} tokens`);
     } finally {
       metrics.onSequenceEnded = told;
+    }
+  });
+
+  test('a database that does not answer: a limited key gets 503 store_unavailable with Retry-After, not a 500', async () => {
+    const store = new PostgresUsageStore('postgres://ragguard@127.0.0.1:1/none', { connectTimeoutMs: 1000 });
+    try {
+      const limits = new KeyLimits(store, {}, () => undefined);
+      const t = keyTenant({ name: 'k', sha256: '', collections: '*', ratePerMinute: 5, tokensPerMinute: undefined, admin: false }, false);
+      const e = await limits.admitRequest(t).then(() => assert.fail('counted without a database'), (err: unknown) => toHttpError(err));
+      assert.ok(e instanceof HttpError);
+      assert.equal(e.status, 503);
+      assert.equal(e.code, 'store_unavailable');
+      assert.ok(Number(e.headers['Retry-After']) >= 1);
+      // A key without limits is never counted: no database needed.
+      const free = keyTenant({ name: 'f', sha256: '', collections: '*', ratePerMinute: undefined, tokensPerMinute: undefined, admin: false }, false);
+      assert.equal(await limits.admitRequest(free), undefined);
+    } finally {
+      await store.close();
     }
   });
 });

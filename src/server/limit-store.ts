@@ -111,8 +111,9 @@ export class PostgresUsageStore implements UsageStore {
       return await this.pool.query<R>(text, values);
     } catch (e) {
       // The database not answering is the store's outage (503 with Retry-After), not a bug of the request.
+      // Not an SQLSTATE (no code, or a socket's: ECONNREFUSED), or a connection, resource or operator class.
       const code = (e as { code?: string }).code;
-      if (code === undefined || /^(08|53|57)/.test(code)) {
+      if (code === undefined || !/^[0-9A-Z]{5}$/.test(code) || /^(08|53|57)/.test(code)) {
         throw new StoreUnavailableError(`the per-key limits' counts could not be read from PostgreSQL: ${(e as Error).message}`, 2, { cause: e });
       }
       throw e;
