@@ -116,6 +116,10 @@ export class PostgresUsageStore implements UsageStore {
       if (code === undefined || !/^[0-9A-Z]{5}$/.test(code) || /^(08|53|57)/.test(code)) {
         throw new StoreUnavailableError(`the per-key limits' counts could not be read from PostgreSQL: ${(e as Error).message}`, 2, { cause: e });
       }
+      if (code === '42501') {
+        throw new Error(`this role may not count per-key limits in ragguard_key_usage (${(e as Error).message}): ` +
+          'GRANT SELECT, INSERT, UPDATE, DELETE ON ragguard_key_usage TO the server\'s role', { cause: e });
+      }
       throw e;
     }
   }
