@@ -19,9 +19,11 @@ import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
-import { activeContext, inSpan, startSpan, tracingOn } from '../src/runtime/tracing.js';
+import { activeContext, inSpan, startSpan, startTracing, stopTracing, tracingOn } from '../src/runtime/tracing.js';
+import { createApp } from '../src/server/app.js';
 import { traceRequests } from '../src/server/request-trace.js';
-import { ROOT, smallCorpus, startServer, tempDir } from './helpers.js';
+import { RagService } from '../src/service/rag.js';
+import { ROOT, smallCorpus, sseEvents, startServer, tempDir, testConfig } from './helpers.js';
 
 describe('tracing configuration', () => {
   test('off by default: no endpoint, nothing loaded, every helper runs its work as it is', async () => {
@@ -163,16 +165,31 @@ function attr(span: OtlpSpan, key: string): unknown {
 }
 
 function post(port: number, route: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Record<string, unknown> }> {
+  return postRaw(port, route, body, headers).then((r) => ({ ...r, body: JSON.parse(r.text) as Record<string, unknown> }));
+}
+
+function postRaw(port: number, route: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; headers: http.IncomingHttpHeaders; text: string }> {
   const data = Buffer.from(JSON.stringify(body));
   return new Promise((resolve, reject) => {
     const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: route, headers: { 'content-type': 'application/json', 'content-length': data.length, ...headers } }, (res) => {
       let s = '';
       res.on('data', (c: Buffer) => (s += c.toString()));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: JSON.parse(s) as Record<string, unknown> }));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: s }));
     });
     req.on('error', reject);
     req.end(data);
   });
+}
+
+/** The spans the collector wrote, once one carries `requestId` (a minute at most, a loaded machine): all of them, and that root. */
+async function traceOf(collector: Collector, requestId: string): Promise<{ spans: OtlpSpan[]; root: OtlpSpan }> {
+  let spans: OtlpSpan[] = [];
+  for (const t0 = Date.now(); Date.now() - t0 < 60_000; await new Promise((r) => setTimeout(r, 100))) {
+    spans = readSpans(await readFile(collector.file, 'utf8').catch(() => ''));
+    const root = spans.find((s) => attr(s, 'ragguard.request_id') === requestId);
+    if (root) return { spans, root };
+  }
+  assert.fail(`no span with the request id ${requestId} reached the collector; it holds ${spans.map((s) => s.name).join(', ') || 'nothing'}\n${collector.log()}`);
 }
 
 describe('traces in a real OpenTelemetry Collector', () => {
@@ -204,15 +221,8 @@ describe('traces in a real OpenTelemetry Collector', () => {
     assert.equal(code, 0, server.log());
     assert.doesNotMatch(server.log(), /could not export the last spans/);
 
-    // The file exporter writes every 100 ms: wait for the request's root span (a minute at most, a loaded machine).
-    let spans: OtlpSpan[] = [];
-    let root: OtlpSpan | undefined;
-    for (const t0 = Date.now(); Date.now() - t0 < 60_000; await new Promise((r) => setTimeout(r, 100))) {
-      spans = readSpans(await readFile(collector.file, 'utf8').catch(() => ''));
-      root = spans.find((s) => attr(s, 'ragguard.request_id') === 'trace-test-1');
-      if (root) break;
-    }
-    assert.ok(root, `no span with the request id reached the collector; it holds ${spans.map((s) => s.name).join(', ') || 'nothing'}\n${collector.log()}`);
+    // The file exporter writes every 100 ms.
+    const { spans, root } = await traceOf(collector, 'trace-test-1');
     assert.equal(root.name, 'POST /query');
     assert.equal(root.parentSpanId ?? '', '', 'the request span is a root');
     assert.equal(root.service, 'ragguard-trace-test');
@@ -220,7 +230,7 @@ describe('traces in a real OpenTelemetry Collector', () => {
     assert.equal(attr(root, 'http.route'), '/query');
     assert.equal(attr(root, 'http.response.status_code'), 200);
 
-    const trace = spans.filter((s) => s.traceId === root!.traceId);
+    const trace = spans.filter((s) => s.traceId === root.traceId);
     const one = (name: string) => {
       const found = trace.filter((s) => s.name === name);
       assert.equal(found.length, 1, `spans named ${name} in the request's trace: ${trace.map((s) => s.name).join(', ')}`);
@@ -254,11 +264,57 @@ describe('traces in a real OpenTelemetry Collector', () => {
     // Within 2 ms: the SDK takes a span's start from Date.now() (whole milliseconds) and its end from the
     // monotonic clock after it, so two spans' times may differ from their true order by under a millisecond.
     const SLACK = 2_000_000n;
-    const at = (s: OtlpSpan, end = false) => BigInt(end ? s.endTimeUnixNano : s.startTimeUnixNano) + (end ? 0n : SLACK);
+    const at = (s: OtlpSpan, end = false) => BigInt(end ? s.endTimeUnixNano : s.startTimeUnixNano);
+    const notAfter = (a: bigint, b: bigint) => a <= b + SLACK;
     const inOrder = [admission, embed, search, rerank, prompt, generate];
-    for (let i = 1; i < inOrder.length; i++) assert.ok(at(inOrder[i - 1]!, true) <= at(inOrder[i]!), `${inOrder[i - 1]!.name} ends before ${inOrder[i]!.name} starts`);
-    assert.ok(at(prefill) >= at(generate) && at(prefill, true) <= at(decode) && at(decode, true) <= at(generate, true), 'prefill then decode, inside generate');
-    assert.ok(at(root) <= at(admission) && at(generate, true) <= at(root, true), 'every stage inside the request');
+    for (let i = 1; i < inOrder.length; i++) assert.ok(notAfter(at(inOrder[i - 1]!, true), at(inOrder[i]!)), `${inOrder[i - 1]!.name} ends before ${inOrder[i]!.name} starts`);
+    assert.ok(notAfter(at(generate), at(prefill)) && notAfter(at(prefill, true), at(decode)) && notAfter(at(decode, true), at(generate, true)), 'prefill then decode, inside generate');
+    assert.ok(notAfter(at(root), at(admission)) && notAfter(at(generate, true), at(root, true)), 'every stage inside the request');
     for (const s of trace) assert.notEqual(s.status?.code, 2, `${s.name} is not an error`);
+  });
+
+  test('in process, a reshaped and streamed query: the admission span names what the guard reshaped; the stream has the same spans', async (t) => {
+    if (unavailable) return t.skip(unavailable);
+    collector ??= await startCollector();
+    const service = await RagService.start(testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache', 'quotas', 'ipv6']) }));
+    // The same models and index under a budget whose workspace fits the reranker only in batches of 4 (guard.test.ts).
+    const asked = { query: 'How do I set disk quotas for a user?', top_k: 40, rerank_top_n: 2, max_new_tokens: 8, stream: true };
+    const shape = { ...service.requestShape({ query: asked.query, topK: 40, rerankTopN: 2, maxNewTokens: 8, temperature: 0 }), promptTokens: 128 };
+    const room = service.guard.model.predict({ ...shape, rerankBatch: 4 }).reserveBytes;
+    const fixed = service.weightBytes + service.adapterSlotBytes + service.store.indexBytes + service.engine.pool.bytes + service.allocatorWarmBytes;
+    const cfg = { ...service.cfg, memoryBudget: { bytes: fixed + room }, kvCacheBytes: service.engine.pool.bytes, promptBudgetTokens: 128 };
+    const tight = new RagService(cfg, service.models, service.store);
+    tight.guard.model.calibrate(service.guard.model.calibration, service.guard.model.headroom);
+
+    assert.equal(await startTracing({ otlpTracesEndpoint: `http://127.0.0.1:${collector.port}/v1/traces`, serviceName: 'ragguard-in-process' }), true);
+    const server = http.createServer(traceRequests(createApp(tight)));
+    try {
+      await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+      const reply = await postRaw((server.address() as net.AddressInfo).port, '/query', asked, { 'X-Request-Id': 'trace-test-2' });
+      assert.equal(reply.status, 200, reply.text);
+      const done = JSON.parse(sseEvents(reply.text).find(([e]) => e === 'done')![1]) as { guard: { reshaped: unknown }; usage: { completion_tokens: number } };
+      assert.deepEqual(done.guard.reshaped, [{ field: 'rerank_batch', from: 16, to: 4 }]);
+      await new Promise((r) => server.close(r));
+      await stopTracing();
+      assert.equal(tracingOn(), false);
+
+      const { spans, root } = await traceOf(collector, 'trace-test-2');
+      assert.equal(root.name, 'POST /query');
+      assert.equal(root.service, 'ragguard-in-process');
+      assert.equal(attr(root, 'http.response.status_code'), 200);
+      const trace = spans.filter((s) => s.traceId === root.traceId);
+      assert.deepEqual(trace.map((s) => s.name).sort(), ['POST /query', 'admission', 'decode', 'embed', 'generate', 'prefill', 'prompt', 'rerank', 'search']);
+      const named = (n: string) => trace.find((s) => s.name === n)!;
+      for (const n of ['admission', 'embed', 'search', 'rerank', 'prompt', 'generate']) assert.equal(named(n).parentSpanId, root.spanId, n);
+      for (const n of ['prefill', 'decode']) assert.equal(named(n).parentSpanId, named('generate').spanId, n);
+      assert.equal(attr(named('admission'), 'ragguard.guard.decision'), 'admit');
+      assert.deepEqual(attr(named('admission'), 'ragguard.guard.reshaped'), ['rerank_batch:16->4']);
+      assert.equal(attr(named('rerank'), 'ragguard.rerank.batch'), 4);
+      assert.equal(attr(named('decode'), 'gen_ai.usage.output_tokens'), done.usage.completion_tokens);
+    } finally {
+      server.close();
+      await stopTracing();
+      await service.close();
+    }
   });
 });
