@@ -294,6 +294,9 @@ describe('traces in a real OpenTelemetry Collector', () => {
       assert.equal(reply.status, 200, reply.text);
       const done = JSON.parse(sseEvents(reply.text).find(([e]) => e === 'done')![1]) as { guard: { reshaped: unknown }; usage: { completion_tokens: number } };
       assert.deepEqual(done.guard.reshaped, [{ field: 'rerank_batch', from: 16, to: 4 }]);
+      // A generation without retrieval (an OpenAI route): admission, then the engine's spans under the request.
+      const completion = await post((server.address() as net.AddressInfo).port, '/v1/completions', { model: 'decoder-gqa', prompt: 'apt-get', max_tokens: 4 }, { 'X-Request-Id': 'trace-test-3' });
+      assert.equal(completion.status, 200, JSON.stringify(completion.body));
       await new Promise((r) => server.close(r));
       await stopTracing();
       assert.equal(tracingOn(), false);
@@ -311,6 +314,14 @@ describe('traces in a real OpenTelemetry Collector', () => {
       assert.deepEqual(attr(named('admission'), 'ragguard.guard.reshaped'), ['rerank_batch:16->4']);
       assert.equal(attr(named('rerank'), 'ragguard.rerank.batch'), 4);
       assert.equal(attr(named('decode'), 'gen_ai.usage.output_tokens'), done.usage.completion_tokens);
+
+      const v1 = await traceOf(collector, 'trace-test-3');
+      assert.equal(v1.root.name, 'POST /v1/completions');
+      const v1Trace = v1.spans.filter((x) => x.traceId === v1.root.traceId);
+      assert.deepEqual(v1Trace.map((x) => x.name).sort(), ['POST /v1/completions', 'admission', 'decode', 'prefill']);
+      for (const x of v1Trace.filter((y) => y !== v1.root)) assert.equal(x.parentSpanId, v1.root.spanId, x.name);
+      const usage = completion.body['usage'] as { completion_tokens: number };
+      assert.equal(attr(v1Trace.find((x) => x.name === 'decode')!, 'gen_ai.usage.output_tokens'), usage.completion_tokens);
     } finally {
       server.close();
       await stopTracing();
