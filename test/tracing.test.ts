@@ -225,6 +225,7 @@ describe('traces in a real OpenTelemetry Collector', () => {
     const { spans, root } = await traceOf(collector, 'trace-test-1');
     assert.equal(root.name, 'POST /query');
     assert.equal(root.parentSpanId ?? '', '', 'the request span is a root');
+    assert.equal(root.kind, 2, 'SERVER');
     assert.equal(root.service, 'ragguard-trace-test');
     assert.equal(attr(root, 'http.request.method'), 'POST');
     assert.equal(attr(root, 'http.route'), '/query');
@@ -295,7 +296,9 @@ describe('traces in a real OpenTelemetry Collector', () => {
       const done = JSON.parse(sseEvents(reply.text).find(([e]) => e === 'done')![1]) as { guard: { reshaped: unknown }; usage: { completion_tokens: number } };
       assert.deepEqual(done.guard.reshaped, [{ field: 'rerank_batch', from: 16, to: 4 }]);
       // A generation without retrieval (an OpenAI route): admission, then the engine's spans under the request.
-      const completion = await post((server.address() as net.AddressInfo).port, '/v1/completions', { model: 'decoder-gqa', prompt: 'apt-get', max_tokens: 4 }, { 'X-Request-Id': 'trace-test-3' });
+      const completion = await post((server.address() as net.AddressInfo).port, '/v1/completions', { model: 'decoder-gqa', prompt: 'apt-get', max_tokens: 4 },
+        // A caller's W3C trace context: the request's span continues its trace.
+        { 'X-Request-Id': 'trace-test-3', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' });
       assert.equal(completion.status, 200, JSON.stringify(completion.body));
       await new Promise((r) => server.close(r));
       await stopTracing();
@@ -317,6 +320,9 @@ describe('traces in a real OpenTelemetry Collector', () => {
 
       const v1 = await traceOf(collector, 'trace-test-3');
       assert.equal(v1.root.name, 'POST /v1/completions');
+      assert.equal(v1.root.traceId, '0af7651916cd43dd8448eb211c80319c');
+      assert.equal(v1.root.parentSpanId, 'b7ad6b7169203331');
+      assert.equal(v1.root.kind, 2, 'SERVER');
       const v1Trace = v1.spans.filter((x) => x.traceId === v1.root.traceId);
       assert.deepEqual(v1Trace.map((x) => x.name).sort(), ['POST /v1/completions', 'admission', 'decode', 'prefill']);
       for (const x of v1Trace.filter((y) => y !== v1.root)) assert.equal(x.parentSpanId, v1.root.spanId, x.name);

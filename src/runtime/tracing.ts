@@ -14,7 +14,7 @@
  * (the guard's decision, service/guarded-run.ts), embed, search, rerank, prompt, generate
  * (service/query-pipeline.ts), prefill and decode (generate/engine.ts). Every layer may import this one.
  */
-import { context, SpanStatusCode, trace, type Attributes, type Context, type Span } from '@opentelemetry/api';
+import { context, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span } from '@opentelemetry/api';
 
 export type { Attributes, Context, Span } from '@opentelemetry/api';
 /** The parent that makes a span a root (a trace of its own): a context with no span in it. */
@@ -49,10 +49,10 @@ export function tracingOn(): boolean {
  */
 export async function startTracing(cfg: TracingConfig): Promise<boolean> {
   if (on || cfg.otlpTracesEndpoint === '') return on;
-  const [{ BasicTracerProvider, BatchSpanProcessor }, { OTLPTraceExporter }, { resourceFromAttributes }, { AsyncLocalStorageContextManager }] =
+  const [{ BasicTracerProvider, BatchSpanProcessor }, { OTLPTraceExporter }, { resourceFromAttributes }, { AsyncLocalStorageContextManager }, { W3CTraceContextPropagator }] =
     await Promise.all([
       import('@opentelemetry/sdk-trace-base'), import('@opentelemetry/exporter-trace-otlp-http'),
-      import('@opentelemetry/resources'), import('@opentelemetry/context-async-hooks'),
+      import('@opentelemetry/resources'), import('@opentelemetry/context-async-hooks'), import('@opentelemetry/core'),
     ]);
   const exporter = new OTLPTraceExporter({ url: cfg.otlpTracesEndpoint });
   const p = new BasicTracerProvider({
@@ -62,6 +62,8 @@ export async function startTracing(cfg: TracingConfig): Promise<boolean> {
     spanProcessors: [new BatchSpanProcessor(exporter)],
   });
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  // A caller's W3C traceparent continues its trace (remoteParent).
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
   trace.setGlobalTracerProvider(p);
   provider = p;
   on = true;
@@ -95,6 +97,14 @@ export async function stopTracing(timeoutMs = 5000): Promise<void> {
   }
 }
 
+/**
+ * The parent a request's span starts under: the caller's span where its headers carry a W3C traceparent
+ * (a gateway's trace continues here), else none (the request's span is a root, a trace of its own).
+ */
+export function remoteParent(headers: Readonly<Record<string, string | string[] | undefined>>): Context {
+  return on ? propagation.extract(ROOT_CONTEXT, headers) : ROOT_CONTEXT;
+}
+
 /** Exports what is buffered now (a test, or before a pause). */
 export async function flushTracing(): Promise<void> {
   await provider?.forceFlush();
@@ -109,11 +119,11 @@ export function activeContext(): Context | undefined {
 
 /**
  * A span started now, a child of `parent` (default: the active context's span), not made active: the
- * caller ends it (endSpan). undefined when off.
+ * caller ends it (endSpan). `server`: the span of a request the process serves (kind SERVER). undefined when off.
  */
-export function startSpan(name: string, attributes?: Attributes, parent?: Context): Span | undefined {
+export function startSpan(name: string, attributes?: Attributes, parent?: Context, server = false): Span | undefined {
   if (!on) return undefined;
-  return tracer().startSpan(name, attributes ? { attributes } : {}, parent ?? context.active());
+  return tracer().startSpan(name, { ...(attributes ? { attributes } : {}), ...(server ? { kind: SpanKind.SERVER } : {}) }, parent ?? context.active());
 }
 
 /** Ends `span`, with `error` recorded as its exception and status where given. */

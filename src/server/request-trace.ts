@@ -1,13 +1,14 @@
 /**
  * The root span of each HTTP request, where tracing is on (runtime/tracing.ts): started as the request
- * arrives, before the front door and express, active while it is handled (its request and response
+ * arrives, before the front door and express (a root, or the child of the caller's span where it sends a
+ * W3C traceparent), active while it is handled (its request and response
  * bound to it, so that a body read or a queue's callback stays under it) and ended when the reply is sent
  * or the client goes away. It carries the request's id (the reply's X-Request-Id, logging.ts), its
  * route and its status; the service's spans (admission, embed, search, rerank, prompt, generate, prefill,
  * decode) are its children. Probes and /metrics are not traced. Off: the listener is returned as it is.
  */
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
-import { bindEmitters, endSpan, ROOT_CONTEXT, startSpan, tracingOn, withSpan } from '../runtime/tracing.js';
+import { bindEmitters, endSpan, remoteParent, startSpan, tracingOn, withSpan } from '../runtime/tracing.js';
 import { pathOf } from './shutdown.js';
 
 /** Never traced: probes and scrapes come every few seconds and say nothing about a request's time. */
@@ -20,8 +21,8 @@ export function traceRequests(listener: RequestListener): RequestListener {
     const path = pathOf(req);
     if (UNTRACED.has(path) || !tracingOn()) return listener(req, res);
     const method = req.method ?? 'GET';
-    // A root: a trace of its own per request (no incoming traceparent is followed).
-    const span = startSpan(method, { 'http.request.method': method, 'url.path': path }, ROOT_CONTEXT);
+    // A root, a trace of its own, unless the caller sent a W3C traceparent: then a child of its span.
+    const span = startSpan(method, { 'http.request.method': method, 'url.path': path }, remoteParent(req.headers), true);
     if (!span) return listener(req, res);
     bindEmitters(span, req, res);
     let ended = false;
