@@ -17,6 +17,7 @@
  *   unreadable      empty, looping or gibberish (bench/answers.ts)
  *   echoed          the answer repeats a run of 5+ words of the prompt's instruction (prompt.ts)
  *   gold_doc_cited  the answering document is among the citations; gold_doc_first: it is the first one
+ *   fact_in_context the gold fact occurs in the cited chunks' titles and texts (what a copied span can reach)
  *   length          words of the answer (p50, mean, p95), completion tokens (mean), and the fraction cut
  *                   at max_new_tokens (finish_reason length)
  *   /query latency  p50, p95
@@ -32,6 +33,8 @@
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer.
  * A decoding policy per request: BENCH_RAG_MAX_NEW_TOKENS=n sends max_new_tokens, BENCH_RAG_STOP a stop
  * sequence (a JSON array for several, e.g. '["\n\n"]'); left out, the server's defaults answer.
+ * RAGGUARD_QUERY_COPY_SPAN=off|first|ticks (the server's setting, config.ts) constrains the answers' code spans to
+ * the cited chunks (src/generate/span-answer.ts); the JSON line names it (query_copy_span).
  * Prints tables; the last line is JSON.
  */
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -70,18 +73,18 @@ function recall(ranks: readonly number[]): Recall {
 
 const rankOf = (docIds: readonly string[], want: string) => docIds.indexOf(want) + 1;
 
-interface Answered { ms: number; answer: string; cited: boolean; first: boolean; tokens: number; cut: boolean }
+interface Answered { ms: number; answer: string; cited: boolean; first: boolean; tokens: number; cut: boolean; context: string }
 
-interface Tally { lat: number[]; words: number[]; tokens: number[]; correct: number; unreadable: number; echoed: number; cited: number; first: number; cut: number; samples: string[] }
+interface Tally { lat: number[]; words: number[]; tokens: number[]; correct: number; unreadable: number; echoed: number; cited: number; first: number; cut: number; inContext: number; samples: string[] }
 
-const newTally = (): Tally => ({ lat: [], words: [], tokens: [], correct: 0, unreadable: 0, echoed: 0, cited: 0, first: 0, cut: 0, samples: [] });
+const newTally = (): Tally => ({ lat: [], words: [], tokens: [], correct: 0, unreadable: 0, echoed: 0, cited: 0, first: 0, cut: 0, inContext: 0, samples: [] });
 
 function summarize(t: Tally) {
   const n = t.lat.length;
   const mean = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0) / (xs.length || 1);
   return {
     n, exact_fact: round(t.correct / n), unreadable: round(t.unreadable / n), echoed: round(t.echoed / n),
-    gold_doc_cited: round(t.cited / n), gold_doc_first: round(t.first / n),
+    gold_doc_cited: round(t.cited / n), gold_doc_first: round(t.first / n), fact_in_context: round(t.inContext / n),
     words_p50: quantile(t.words, 0.5), words_mean: round(mean(t.words), 1), words_p95: quantile(t.words, 0.95),
     completion_tokens_mean: round(mean(t.tokens), 1), cut_at_limit: round(t.cut / n),
     p50_ms: round(quantile(t.lat, 0.5), 1), p95_ms: round(quantile(t.lat, 0.95), 1),
@@ -184,12 +187,12 @@ async function main(): Promise<void> {
       const ask = async (q: Question, adapter?: string): Promise<Answered> => {
         const t0 = performance.now();
         const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...policy, ...(adapter ? { adapter } : {}) }) });
-        const body = (await res.json()) as { answer?: string; citations?: { doc_id: string }[]; finish_reason?: string; usage?: { completion_tokens?: number }; error?: { code: string } };
+        const body = (await res.json()) as { answer?: string; citations?: { doc_id: string; title: string; text: string }[]; finish_reason?: string; usage?: { completion_tokens?: number }; error?: { code: string } };
         if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
         const citations = body.citations ?? [];
         return {
           ms: performance.now() - t0, answer: body.answer ?? '', cited: citations.some((c) => c.doc_id === q.doc_id), first: citations[0]?.doc_id === q.doc_id,
-          tokens: body.usage?.completion_tokens ?? 0, cut: body.finish_reason === 'length',
+          tokens: body.usage?.completion_tokens ?? 0, cut: body.finish_reason === 'length', context: citations.map((c) => `${c.title}\n${c.text}`).join('\n'),
         };
       };
       const chosen = answerSplits.flatMap((sp) => splits[sp].slice(0, limit));
@@ -218,7 +221,9 @@ async function main(): Promise<void> {
             if (r.cited) t.cited++;
             if (r.first) t.first++;
             if (r.cut) t.cut++;
-            log.push(JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer }));
+            const inContext = isCorrect(r.context, q.answer, q.accept);
+            if (inContext) t.inContext++;
+            log.push(JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, in_context: inContext, cut: r.cut, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer }));
             if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
           }
         }
@@ -254,7 +259,7 @@ async function main(): Promise<void> {
     console.log(JSON.stringify({
       questions: questions.length, heldout_questions: splits.heldout.length, documents: store.documentCount, chunks: store.chunkCount,
       embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
-      retrieval: cfg.retrieval, rerank: cfg.rerank,
+      retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan,
       ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
       answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers.exact_fact - answers.exact_fact) : null } : {}),
       ...(answerSplits.length > 1 ? { answers_by_split: bySplit } : {}),

@@ -91,6 +91,8 @@ export interface Config {
   maxN: number;
   /** Upper bound on prompt tokens given to the decoder (context + question + template). */
   promptBudgetTokens: number;
+  /** /query answers' code spans copied from the prompt's chunks; 'first': the answer opens with one (generate/span-answer.ts). */
+  queryCopySpan: 'off' | 'first' | 'ticks';
   maxQueryTokens: number;
   /** Hits scoring below best - pruneMargin (cosine) are dropped before rerank. */
   pruneMargin: number;
@@ -459,6 +461,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_PROMPT_BUDGET', default: '768', doc: 'Most prompt tokens (template + context + question) given to the decoder.',
     apply: int(32, 32768, (c, v) => (c.promptBudgetTokens = v)),
+  },
+  {
+    name: 'RAGGUARD_QUERY_COPY_SPAN', default: 'off',
+    doc: 'Grounded by construction, for /query answers (decoders with a chat template, no response_format; /v1 routes are never constrained): `ticks`, every `code span` of the answer is copied verbatim from a chunk in its prompt; `first`, the answer must also open with one, then one line at most; `off`, unconstrained (generate/span-answer.ts).',
+    apply: oneOf(['off', 'first', 'ticks'] as const, (c, v) => (c.queryCopySpan = v)),
   },
   {
     name: 'RAGGUARD_MAX_QUERY_TOKENS', default: '64', doc: 'Longest query, in decoder tokens; longer ones get 413.',

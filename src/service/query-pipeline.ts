@@ -15,6 +15,7 @@ import type { Engine, GenerateHooks } from '../generate/engine.js';
 import type { FinishReason, Generation } from '../generate/generation.js';
 import { assemblePrompt, templateFromConfig, type AssembledPrompt, type ContextChunk, type PromptTemplate } from '../generate/prompt.js';
 import type { SamplingParams } from '../generate/sequence.js';
+import { spanAnswerGrammar } from '../generate/span-answer.js';
 import type { GrowthTracker } from '../guards/growth.js';
 import type { RequestShape } from '../guards/memory-model.js';
 import { processMemory } from '../guards/process-memory.js';
@@ -89,7 +90,7 @@ export interface QueryResult {
 
 /** What the pipeline runs on: whatever built them. */
 export interface PipelineParts {
-  cfg: Pick<Config, 'dedupeJaccard' | 'rerank' | 'promptBudgetTokens'>;
+  cfg: Pick<Config, 'dedupeJaccard' | 'rerank' | 'promptBudgetTokens'> & Partial<Pick<Config, 'queryCopySpan'>>;
   embedder: Pick<Embedder, 'embed' | 'inputIds'>;
   reranker: Pick<Reranker, 'score' | 'maxTokens'>;
   /** The decoder as the pipeline sees it: its tokenizer, its positions, its BOS. */
@@ -200,13 +201,16 @@ export class QueryPipeline {
       };
     });
     q.hooks?.onCitations?.(citations);
+    // RAGGUARD_QUERY_COPY_SPAN: a /query answer (not a chat's, not a response_format's) opens with a span of these chunks.
+    const copySpan = cfg.queryCopySpan && cfg.queryCopySpan !== 'off' && this.chat && !q.promptFor && q.sampling?.grammar === undefined
+      ? await spanAnswerGrammar(engine.runner, prompt.included.map((i) => chunks[i]!), cfg.queryCopySpan) : undefined;
     // The adapter loads for generation only (nothing before it uses it) and is released right after.
     const { gen, lease } = await inSpan('generate', async (span) => {
       const lease = q.adapter === undefined ? undefined : await adapters.acquire(q.adapter, signal);
       let gen: Generation;
       try {
         const hooks = { ...q.hooks, signal };
-        gen = await engine.generate(prompt.ids, { ...q.sampling, maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter, ...(q.cacheSalt === undefined ? {} : { cacheSalt: q.cacheSalt }) }, hooks);
+        gen = await engine.generate(prompt.ids, { ...q.sampling, ...(copySpan ? { grammar: copySpan } : {}), maxNewTokens: q.maxNewTokens, temperature: q.temperature, seed: q.seed, adapter: lease?.adapter, ...(q.cacheSalt === undefined ? {} : { cacheSalt: q.cacheSalt }) }, hooks);
       } finally {
         lease?.release();
       }
