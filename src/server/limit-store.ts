@@ -20,6 +20,16 @@ import { StoreUnavailableError } from '../retrieval/retrieval-store.js';
 
 export const WINDOW_MS = 60_000;
 
+export type LimitCode = 'rate_limited' | 'token_limit';
+
+/** What the limits tell as they decide (metrics.ts counts them by key name). */
+export interface LimitEvents {
+  /** A request let in, and tokens charged, by key name. */
+  request?(key: string): void;
+  tokens?(key: string, n: number): void;
+  limited?(key: string, code: LimitCode): void;
+}
+
 /** A key's window after a count. */
 export interface WindowUsage {
   /** Whether the request was counted (false: the window already held its cap). */

@@ -20,7 +20,7 @@ import type { RagService } from '../service/rag.js';
 import { countingAllocator } from '../runtime/ort-allocator.js';
 import { mallocStats } from '../runtime/malloc.js';
 import type { TenantKey } from '../config/keys-file.js';
-import type { LimitEvents } from './rate-limits.js';
+import type { LimitEvents } from './limit-store.js';
 import { scopedMetrics, visibleKeyNames } from './tenant-views.js';
 import { tenantOf } from './tenant.js';
 
@@ -192,7 +192,7 @@ export class ServerMetrics {
 
     // Per API key, by the key's name (RAGGUARD_KEYS_FILE; 'api', 'admin' for the single keys, 'open' without keys): never the key itself.
     this.keyRequests = new Counter({ name: name('key_requests_total'), help: 'Requests let in past authentication and the rate limit, by API key name.', labelNames: ['key'], registers: [r] });
-    this.keyTokens = new Counter({ name: name('key_tokens_total'), help: 'Prompt plus generated tokens charged, by API key name.', labelNames: ['key'], registers: [r] });
+    this.keyTokens = new Counter({ name: name('key_tokens_total'), help: 'Tokens charged (a generation\'s prompt plus generated; the input of embeddings, rerank and score), by API key name.', labelNames: ['key'], registers: [r] });
     this.keyLimited = new Counter({ name: name('key_limited_total'), help: 'Requests refused 429 by a per-key limit, by API key name and code (rate_limited, token_limit).', labelNames: ['key', 'code'], registers: [r] });
 
     this.rerankPairs = new Counter({ name: name('rerank_pairs_total'), help: 'Pairs scored by the reranker for /v1/rerank and /v1/score (rerank-routes.ts).', labelNames: ['route'], registers: [r] });

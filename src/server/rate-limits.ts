@@ -23,18 +23,11 @@ import type { Sequence } from '../generate/sequence.js';
 import type { RagService } from '../service/rag.js';
 import { routeClass } from './auth.js';
 import { HttpError } from './errors.js';
-import { MemoryUsageStore, PostgresUsageStore, type UsageStore } from './limit-store.js';
+import { MemoryUsageStore, PostgresUsageStore, type LimitEvents, type UsageStore } from './limit-store.js';
 import { metricsFor } from './metrics.js';
 import { tenantOf, type Tenant } from './tenant.js';
 
-export type LimitCode = 'rate_limited' | 'token_limit';
-
-export interface LimitEvents {
-  /** A request let in, and tokens charged, by key name. */
-  request?(key: string): void;
-  tokens?(key: string, n: number): void;
-  limited?(key: string, code: LimitCode): void;
-}
+export type { LimitCode, LimitEvents } from './limit-store.js';
 
 const seconds = (ms: number) => Math.max(1, Math.ceil(ms / 1000));
 
