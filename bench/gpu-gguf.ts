@@ -14,6 +14,10 @@
  * that step says whether it was a near-tie (under NEAR_TIE nats: activation quantization in llama.cpp's
  * products decides those).
  *
+ * Ours is measured once per variant, the first the headline (the rest beside it as ragguard_<variant>):
+ * BENCH_GPU_QGEMM (mma, dequant: the products of more than 8 rows) times BENCH_GPU_QGEMV_MATH (float, half2:
+ * the GEMV's products with float16 activations), e.g. BENCH_GPU_QGEMV_MATH=half2,float.
+ *
  * BENCH_GPU_GGUF_STANDIN=1 runs the whole script on a machine without a GPU (the stand-in library of the
  * tests for ours, LLAMA_BIN pointing at stand-ins: scripts/gpu/llama-standin.sh): a dry run of the script's
  * plumbing, not a figure. Each case prints a JSON line; the last line is the summary.
@@ -40,6 +44,15 @@ const QGEMM = (process.env.BENCH_GPU_QGEMM ?? 'mma').split(',').map((m): 'mma' |
   if (m !== 'mma' && m !== 'dequant') throw new Error(`BENCH_GPU_QGEMM: ${m} is neither mma nor dequant`);
   return m;
 });
+/** The GEMV's products with float16 activations, each measured with each QGEMM (cuda-runner.ts qgemvMath): float, half2. */
+const QGEMV_MATH = (process.env.BENCH_GPU_QGEMV_MATH ?? 'float').split(',').map((m): 'float' | 'half2' => {
+  if (m !== 'float' && m !== 'half2') throw new Error(`BENCH_GPU_QGEMV_MATH: ${m} is neither float nor half2`);
+  return m;
+});
+interface Variant { quantGemm: 'mma' | 'dequant'; qgemvMath: 'float' | 'half2' }
+/** Every way of ours measured, the first the headline: QGEMM x QGEMV_MATH. */
+const VARIANTS: Variant[] = QGEMM.flatMap((quantGemm) => QGEMV_MATH.map((qgemvMath) => ({ quantGemm, qgemvMath })));
+const label = (v: Variant) => (v.qgemvMath === 'float' ? v.quantGemm : `${v.quantGemm}+${v.qgemvMath}`);
 /** llama.cpp's top-1/top-2 log-probability gap (nats) under which two engines' greedy choices may part. */
 const NEAR_TIE = 0.1;
 
@@ -70,12 +83,13 @@ function describeFile(file: string): Record<string, unknown> {
 
 interface Ours { concurrency: number; decode_tokens_per_s: number; t_pp_s: number; t_total_s: number }
 
-async function ours(file: string, prompts: number[][], quantGemm: 'mma' | 'dequant'): Promise<{ rows: Ours[]; greedy: number[][]; memory: unknown }> {
+async function ours(file: string, prompts: number[][], variant: Variant): Promise<{ rows: Ours[]; greedy: number[][]; memory: unknown }> {
+  const { quantGemm, qgemvMath } = variant;
   const native = process.env.BENCH_GPU_GGUF_STANDIN ? await standIn(file) : undefined;
   const maxSeqs = Math.max(...LEVELS, GREEDY);
   const numBlocks = Math.ceil((maxSeqs * (PROMPT + NEW + BLOCK)) / BLOCK) + 64;
-  console.error(`bench:gpu-gguf: loading ${file} (quantized products: ${quantGemm})`);
-  const runner = await CudaModelRunner.load(file, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs, quantGemm, ...(QGEMV_ROWS !== undefined ? { gemvRows: QGEMV_ROWS } : {}) }, native ?? undefined);
+  console.error(`bench:gpu-gguf: loading ${file} (quantized products: ${quantGemm}, GEMV products: ${qgemvMath})`);
+  const runner = await CudaModelRunner.load(file, { numBlocks, blockSize: BLOCK, maxBatchedTokens: 2048, maxSeqs, quantGemm, qgemvMath, ...(QGEMV_ROWS !== undefined ? { gemvRows: QGEMV_ROWS } : {}) }, native ?? undefined);
   try {
     const rows: Ours[] = [];
     const gen = (engine: ReturnType<typeof engineFor>, ps: number[][], n: number) =>
@@ -95,7 +109,7 @@ async function ours(file: string, prompts: number[][], quantGemm: 'mma' | 'dequa
       }
       const tPp = median(pp), tTotal = median(total);
       const row = { concurrency: c, decode_tokens_per_s: Math.round((c * (NEW - 1)) / Math.max(tTotal - tPp, 1e-9)), t_pp_s: Number(tPp.toFixed(4)), t_total_s: Number(tTotal.toFixed(4)) };
-      console.log(JSON.stringify({ file: path.basename(file), engine: 'ragguard-cuda', quant_gemm: quantGemm, qgemv_rows: QGEMV_ROWS ?? 8, ...row }));
+      console.log(JSON.stringify({ file: path.basename(file), engine: 'ragguard-cuda', quant_gemm: quantGemm, qgemv_math: qgemvMath, qgemv_rows: QGEMV_ROWS ?? 8, ...row }));
       rows.push(row);
     }
     const greedy = (await gen(engineFor(runner, GREEDY), prompts.slice(0, GREEDY), GREEDY_NEW)).map((g) => g.ids);
@@ -187,20 +201,20 @@ for (const file of files) {
   f.close();
   const prompts = randomPrompts(Math.max(...LEVELS, GREEDY), PROMPT, vocab, 11);
   const all: Awaited<ReturnType<typeof ours>>[] = [];
-  for (const m of QGEMM) all.push(await ours(file, prompts, m));
+  for (const v of VARIANTS) all.push(await ours(file, prompts, v));
   const mine = all[0]!;
   const bb = batchedBench(file);
   const greedy = !LLAMA_BIN ? { error: 'LLAMA_BIN is not set' } : GREEDY > 0 ? await llamaGreedy(file, prompts.slice(0, GREEDY)) : { error: 'BENCH_GPU_GREEDY=0' };
   const rows = LEVELS.map((c) => {
     const o = mine.rows.find((r) => r.concurrency === c)!;
     const l = 'rows' in bb ? bb.rows.find((r) => r.pl === c) : undefined;
-    const others = Object.fromEntries(QGEMM.slice(1).map((m, i) => {
+    const others = Object.fromEntries(VARIANTS.slice(1).map((v, i) => {
       const x = all[i + 1]!.rows.find((r) => r.concurrency === c)!;
-      return [`ragguard_${m}`, { decode_tokens_per_s: x.decode_tokens_per_s, t_pp_s: x.t_pp_s }];
+      return [`ragguard_${label(v)}`, { decode_tokens_per_s: x.decode_tokens_per_s, t_pp_s: x.t_pp_s }];
     }));
     return {
       concurrency: c,
-      ragguard: { quant_gemm: QGEMM[0], decode_tokens_per_s: o.decode_tokens_per_s, t_pp_s: o.t_pp_s },
+      ragguard: { quant_gemm: VARIANTS[0]!.quantGemm, qgemv_math: VARIANTS[0]!.qgemvMath, decode_tokens_per_s: o.decode_tokens_per_s, t_pp_s: o.t_pp_s },
       ...others,
       llama_batched_bench: l ? { decode_tokens_per_s: Math.round(l.speed_tg), t_pp_s: Number(l.t_pp.toFixed(4)) } : null,
       ratio: l ? Number((o.decode_tokens_per_s / l.speed_tg).toFixed(2)) : null,

@@ -41,6 +41,9 @@ test('the verdict fails a side further from the reference than llama.cpp on the 
   assert.match(bad.failures[0]!, /ours:Q8_0 is further from the float32 reference than file:llama-Q8_0/);
   // A side with no peer in the run has no verdict.
   assert.equal(verdicts(new Map([['ours:Q6_K', side(1, 0)]])).pairs.length, 0);
+  // Each way of running the file (dequantized tiles, the GEMV's half products) answers to llama.cpp on that file.
+  const ways = verdicts(new Map([['ours:Q4_K_M-half2', side(0.05, 0.9)], ['ours:Q4_K_M-dequant', side(0.03, 0.95)], ['file:llama-Q4_K_M', side(0.031, 0.94)]]));
+  assert.deepEqual(ways.pairs.map((p) => [p.ours, p.peer, p.ok]), [['ours:Q4_K_M-half2', 'file:llama-Q4_K_M', false], ['ours:Q4_K_M-dequant', 'file:llama-Q4_K_M', true]]);
 });
 
 let dir: string;

@@ -22,7 +22,7 @@ import { planDevice } from '../src/backends/cuda/step-pack.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import { GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type GgufValueType } from '../src/runtime/gguf.js';
-import { standInCuda } from './cuda-standin.js';
+import { standInCuda, TINY, writeTinyCheckpoint } from './cuda-standin.js';
 
 const QWEN = 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf';
 const SMOL = 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf';
@@ -140,6 +140,27 @@ describe('GGUF decoders on the CUDA backend', () => {
     assert.equal(asked.created!.quant_gemm, 1);
     // Graphs keep the product each batch size was captured with: the rows must be set first.
     assert.deepEqual(asked.events, ['gemv:2', 'graphs']);
+  });
+
+  test('the GEMV\'s half products: asked of a GGUF decoder, set before the graphs; float (nothing set) by default; refused for a dense checkpoint', async (t) => {
+    if (!existsSync(QWEN)) return t.skip(`${QWEN} is not fetched (npm run setup)`);
+    const ck = plan(QWEN);
+    const opts = { numBlocks: 64, blockSize: 16, maxBatchedTokens: 256, maxSeqs: 8 };
+    const half = standInCuda(ck.config);
+    (await CudaModelRunner.load(QWEN, { ...opts, qgemvMath: 'half2' }, half)).close();
+    assert.deepEqual(half.events, ['qgemv-math:1', 'graphs']);
+    const plain = standInCuda(ck.config);
+    (await CudaModelRunner.load(QWEN, { ...opts, qgemvMath: 'float' }, plain)).close();
+    assert.deepEqual(plain.events, ['graphs']);
+    const dir = await mkdtemp(path.join(tmpdir(), 'rg-qgemv-math-'));
+    try {
+      await writeTinyCheckpoint(dir);
+      const dense = standInCuda(TINY);
+      await assert.rejects(CudaModelRunner.load(dir, { ...opts, qgemvMath: 'half2' }, dense), /for a GGUF decoder/);
+      assert.equal(dense.live, 0);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   test('RAGGUARD_DECODER=<file.gguf> on cuda: the decoder opens with the file\'s tokenizer and chat template, its budget figures from the quantized plan', async (t) => {

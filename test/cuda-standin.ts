@@ -92,7 +92,10 @@ export interface StandIn extends CudaBackend {
   live: number;
   /** The last engine's configuration. */
   created: NativeConfig | undefined;
-  /** Calls that shape the products, in order: `gemv:<rows>` (rg_set_gemv_rows) and `graphs` (their capture). */
+  /**
+   * Calls that shape the products, in order: `gemv:<rows>` (rg_set_gemv_rows), `qgemv-math:<mode>`
+   * (rg_set_qgemv_math) and `graphs` (their capture).
+   */
   readonly events: string[];
 }
 
@@ -136,6 +139,7 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
       return 0;
     },
     setGemvRows: (_h, rows) => void s.events.push(`gemv:${rows}`),
+    setQgemvMath: (_h, mode) => void s.events.push(`qgemv-math:${mode}`),
     step: (_h, words, tokensOut, logitsOut) => new Promise((resolve) => setImmediate(() => {
       const T = words[0]!, S = words[1]!, W = words[2]!, P = words[3]!;
       const ids = words.subarray(4, 4 + T);

@@ -65,6 +65,12 @@ export interface CudaBackend {
    */
   setGemvRows?(h: EngineHandle, rows: number): void;
   /**
+   * A GGUF decoder's GEMV products where activations are float16: 0 in float (the default), 1 in paired half
+   * arithmetic (rg_set_qgemv_math); graphs captured afterwards keep it. Benchmarks and the agreement check
+   * compare the two.
+   */
+  setQgemvMath?(h: EngineHandle, mode: 0 | 1): void;
+  /**
    * Writes one LoRA slot of an entry: A [in, capacity] and B [capacity, out] float32 (cuda-lora.ts pads
    * them), or zeros where both are null. `projection` is the slot's index in a layer (LORA_PROJECTIONS).
    */
@@ -115,6 +121,7 @@ function bind(file: string): CudaBackend {
   const profileRead = lib.func('int rg_profile_read(void *h, _Out_ double *out, int32_t n)');
   const graphTime = lib.func('int rg_graph_time(void *h, int32_t batch, int32_t reps, _Out_ float *ms)');
   const setGemvRows = lib.func('int rg_set_gemv_rows(void *h, int32_t rows)');
+  const setQgemvMath = lib.func('int rg_set_qgemv_math(void *h, int32_t mode)');
   const loraWrite = lib.func('int rg_lora_write(void *h, int layer, int projection, int entry, const float *a, const float *b)');
   const quantUpload = lib.func('int rg_quant_upload(void *h, int kind, int layer, int row0, int type, int rows, int cols, int64_t offset, const uint8_t *data, int64_t nbytes)');
   const { check, async } = nativeCalls('CUDA backend', () => lastError());
@@ -159,6 +166,7 @@ function bind(file: string): CudaBackend {
       return ms[0]!;
     },
     setGemvRows: (h, rows) => void check(setGemvRows(h, rows), 'rg_set_gemv_rows'),
+    setQgemvMath: (h, mode) => void check(setQgemvMath(h, mode), 'rg_set_qgemv_math'),
     loraWrite(h, layer, projection, entry, a, b) {
       check(loraWrite(h, layer, projection, entry, a, b), `writing LoRA entry ${entry}`);
     },

@@ -47,6 +47,12 @@ export interface CudaRunnerOptions {
   quantGemm?: 'mma' | 'dequant';
   /** Steps of up to this many rows multiply through the GEMV kernels (default: 8 for quantized matrices, 4 dense). */
   gemvRows?: number;
+  /**
+   * A GGUF decoder's GEMV products (steps of up to 8 rows) where activations are float16: float (the default)
+   * or half2 (paired half arithmetic, sixteen-element partials added in float: about half the instructions a
+   * row; not the default until a GPU run has measured it and the agreement check has held it).
+   */
+  qgemvMath?: 'float' | 'half2';
   /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
@@ -213,6 +219,11 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       if (opts.gemvRows !== undefined) {
         if (!native.setGemvRows) throw new Error('this CUDA library cannot set the GEMV rows');
         native.setGemvRows(h, opts.gemvRows);
+      }
+      if (opts.qgemvMath !== undefined && opts.qgemvMath !== 'float') {
+        if (ckpt.quant?.mode !== 'gguf') throw new Error(`qgemvMath ${opts.qgemvMath} is for a GGUF decoder`);
+        if (!native.setQgemvMath) throw new Error('this CUDA library cannot set the GEMV products');
+        native.setQgemvMath(h, 1);
       }
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
       const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets, opts.loraPool);

@@ -215,8 +215,9 @@ constexpr int QGEMV_WARPS = 4;
 
 // Y[r, row0 + j] = X[r, :] . W[j, :] for the `rows` (<= R) rows of a decode step: a warp per output row j
 // of this segment, its lanes over the row's units; Y's rows are `ldy` apart (a segment writes its columns
-// of a fused output: q|k|v, gate|up). float output (the head's logits) or the model's type.
-template <typename T, int R, int TY>
+// of a fused output: q|k|v, gate|up). float output (the head's logits) or the model's type. H2 (float16
+// activations only; rg_set_qgemv_math): the products in paired half arithmetic, below.
+template <typename T, int R, int TY, bool H2>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_kernel(const T* __restrict__ X, QPlanes W, void* __restrict__ Y,
                                                                bool y_f32, int ldy, int rows, int n, int k) {
   const int lane = threadIdx.x & 31;
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_kernel(const T* __rest
   for (int c = lane; c < upr; c += 32) {
     float w[32];
     unit32<TY>(W, u0 + c, w);
-    if constexpr (std::is_same<T, __half>::value) {
+    if constexpr (H2 && std::is_same<T, __half>::value) {
       // float16 activations: the unit's weights once as half pairs, then each row's partial sums of
       // sixteen elements (two halves of the unit, eight products to a half lane) in paired half arithmetic
       // (HFMA2: two products an instruction, no conversion of X), added in float. Converting every
@@ -238,7 +239,9 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_kernel(const T* __rest
       // the kernel was bound by issuing them (the SASS: one HADD2.F32 and one FFMA an element a row), not
       // by the bytes it reads. A partial of eight products stays far inside half's range (weights of a few
       // hundredths times activations of at most thousands) and rounds about as finely as the float16
-      // weights themselves; bfloat16 activations (8 mantissa bits) keep the float products below.
+      // weights themselves; bfloat16 activations (8 mantissa bits) keep the float products below. Not the
+      // default until a GPU run has measured it and the agreement check has held it (bench:gpu-gguf
+      // BENCH_GPU_QGEMV_MATH, check-agreement.ts @half2).
       __half2 wh[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) wh[i] = __floats2half2_rn(w[2 * i], w[2 * i + 1]);

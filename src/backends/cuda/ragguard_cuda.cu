@@ -1187,6 +1187,9 @@ struct Engine {
   // Steps of at most this many rows multiply through gemv_kernel instead of cuBLAS (rg_set_gemv_rows;
   // graphs keep what they were captured with).
   int gemv_rows = GEMV_MAX_ROWS;
+  // The quantized GEMV's products with float16 activations: float (false, the default) or paired half
+  // arithmetic (rg_set_qgemv_math; quant_kernels.cuh qgemv_kernel H2).
+  bool qgemv_half2 = false;
   size_t elt() const { return 2; }
   size_t kv_plane_elems() const { return (size_t)cfg.num_blocks * cfg.num_kv_heads * cfg.block_size * cfg.head_dim; }
   void* kplane(int layer) const { return kv + (size_t)(2 * layer) * kv_plane_elems() * elt(); }
@@ -1305,7 +1308,10 @@ void qmat_dims(const rg_config& c, int kind, int& n, int& k) {
 template <typename T, int R, int TY>
 void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, bool f32, int ldy, int rows, int k) {
   const int grid = (sg.rows + QGEMV_WARPS - 1) / QGEMV_WARPS;
-  qgemv_kernel<T, R, TY><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
+  if (std::is_same<T, __half>::value && e.qgemv_half2)
+    qgemv_kernel<T, R, TY, true><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
+  else
+    qgemv_kernel<T, R, TY, false><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
 }
 
 // Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
@@ -2018,6 +2024,16 @@ int rg_set_gemv_rows(void* h, int32_t rows) {
   const int most = e->quantized() ? QGEMV_MAX_ROWS : GEMV_MAX_ROWS;
   if (rows < 0 || rows > most) return fail("gemv rows must be 0.." + std::to_string(most));
   e->gemv_rows = rows;
+  return 0;
+}
+
+// The quantized GEMV's products where activations are float16: 0 in float (the default), 1 in paired half
+// arithmetic (16-element partials added in float). A GGUF decoder only; graphs captured afterwards keep it.
+int rg_set_qgemv_math(void* h, int32_t mode) {
+  auto* e = static_cast<Engine*>(h);
+  if (!e->quantized()) return fail("the GEMV's half products are for a quantized decoder");
+  if (mode != 0 && mode != 1) return fail("qgemv math must be 0 (float) or 1 (half pairs)");
+  e->qgemv_half2 = mode == 1;
   return 0;
 }
 
