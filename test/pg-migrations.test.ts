@@ -3,6 +3,7 @@
  * CLI, as an operator runs it) creates the schema as the role that owns the database and grants a server
  * role select, insert, update and delete only; the store then opens, writes and searches as that role,
  * which cannot change the schema. Before the migration that role is refused, naming `ragguard migrate`.
+ * The same role counts a key with limits (ragguard_key_usage).
  * A database made before migrations (the old schema, global BM25 figures, ASCII-only terms) is brought
  * forward at open and then scores exactly as a new database holding the same documents.
  */
@@ -18,6 +19,10 @@ import { normalize } from '../src/retrieval/embedder.js';
 import { STOPWORDS } from '../src/retrieval/lexical.js';
 import { MIGRATIONS, SCHEMA_VERSION } from '../src/retrieval/pg-schema.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
+import { HttpError } from '../src/server/errors.js';
+import { PostgresUsageStore } from '../src/server/limit-store.js';
+import { KeyLimits } from '../src/server/rate-limits.js';
+import { keyTenant } from '../src/server/tenant.js';
 import type { NewDocument } from '../src/retrieval/retrieval-store.js';
 import { ROOT } from './helpers.js';
 import { startTestPostgres, type TestPostgres } from './postgres.js';
@@ -76,7 +81,7 @@ async function ragguard(args: string[]): Promise<{ code: number; stdout: string;
   }
 }
 
-test('ragguard migrate as the owner; the server role with DML rights only opens, writes and searches, and cannot change the schema', async () => {
+test('ragguard migrate as the owner; the server role with DML rights only opens, writes, searches and counts a limited key, and cannot change the schema', async () => {
   const db = `ragguard_lp_${suffix}`;
   await admin.query(`CREATE DATABASE ${db} OWNER ${OWNER}`);
   const base = new URL(server.url);
@@ -118,6 +123,33 @@ test('ragguard migrate as the owner; the server role with DML rights only opens,
     assert.deepEqual(await store.counts(), { documents: 3, chunks: 3 });
   } finally {
     await store.close();
+  }
+
+  // A key with limits is counted through the same role (ragguard_key_usage is in --grant's rights): a
+  // request counted, the next refused at its cap, tokens charged, and old windows deleted.
+  const usage = new PostgresUsageStore(appUrl);
+  try {
+    const limits = new KeyLimits(usage, {}, (m) => assert.fail(m));
+    const t = keyTenant({ name: 'lp', sha256: '', collections: '*', ratePerMinute: 1, tokensPerMinute: 1000, admin: false }, false);
+    // Within one window of the database's clock (this machine's), so that the cap is not met in the next.
+    const left = 60_000 - (Date.now() % 60_000);
+    if (left < 5000) await new Promise((r) => setTimeout(r, left + 200));
+    const first = await limits.admitRequest(t);
+    assert.ok(first !== undefined && !(first instanceof HttpError), String(first));
+    limits.chargeTokens(t, 7);
+    await limits.settled('lp');
+    const second = await limits.admitRequest(t);
+    assert.ok(second instanceof HttpError && second.code === 'rate_limited', String(second));
+    assert.deepEqual(await usage.usage('lp').then((u) => [u.requests, u.tokens]), [1, 7]);
+  } finally {
+    await usage.close();
+  }
+  const pruner = new pg.Client({ connectionString: appUrl });
+  await pruner.connect();
+  try {
+    await pruner.query("DELETE FROM ragguard_key_usage WHERE window_start < clock_timestamp() - interval '1 hour'");
+  } finally {
+    await pruner.end();
   }
 });
 

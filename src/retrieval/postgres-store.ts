@@ -608,7 +608,8 @@ export async function migrateDatabase(url: string, opts: { dimension: number; hn
 
 /**
  * What a server's role needs on a migrated schema, and no more: select, insert, update and delete on the
- * store's tables, usage of their sequences (`ragguard migrate --grant ROLE`).
+ * store's tables (the per-key limits' counts in ragguard_key_usage included), usage of their sequences
+ * (`ragguard migrate --grant ROLE`).
  */
 export async function grantServerRole(url: string, role: string): Promise<void> {
   const client = new pg.Client({ connectionString: url });
@@ -616,7 +617,7 @@ export async function grantServerRole(url: string, role: string): Promise<void> 
   try {
     const r = client.escapeIdentifier(role);
     await client.query(`BEGIN;
-      GRANT SELECT, INSERT, UPDATE, DELETE ON ragguard_documents, ragguard_chunks, ragguard_terms, ragguard_collection_stats TO ${r};
+      GRANT SELECT, INSERT, UPDATE, DELETE ON ragguard_documents, ragguard_chunks, ragguard_terms, ragguard_collection_stats, ragguard_key_usage TO ${r};
       GRANT SELECT ON ragguard_schema_migrations TO ${r};
       GRANT USAGE, SELECT ON SEQUENCE ragguard_documents_seq_seq, ragguard_chunks_id_seq TO ${r};
       COMMIT`);
