@@ -6,8 +6,8 @@
  * up; a collection it may not use is 403 (a document there 404); keys over their request or token limit
  * get 429 with Retry-After; and an identical prompt finds no cached prefix blocks of another tenant.
  * Isolation and the 403/404s run on both stores (faiss, and a real PostgreSQL with pgvector started by
- * test/postgres.ts); the limits' arithmetic is checked on a fake clock too; the keys file's validation
- * through loadConfig.
+ * test/postgres.ts); over HTTP the limits count on a stopped clock (no test straddles two minutes' windows)
+ * and their arithmetic is checked on a moving fake clock too; the keys file's validation through loadConfig.
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -21,7 +21,7 @@ import { seededRandom } from '../src/generate/sampler.js';
 import { createApp } from '../src/server/app.js';
 import { HttpError } from '../src/server/errors.js';
 import { MemoryUsageStore } from '../src/server/limit-store.js';
-import { KeyLimits } from '../src/server/rate-limits.js';
+import { KeyLimits, limitsFor } from '../src/server/rate-limits.js';
 import { keyTenant } from '../src/server/tenant.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createLogger } from '../src/server/logging.js';
@@ -63,9 +63,9 @@ let base: string;
 /**
  * The service on `store` behind a real HTTP server, the keys file and the operator key configured, and
  * each tenant's random documents ingested through its own key: A names no collection (its default), B
- * names its own.
+ * names its own. `clock`: what the per-key limits' windows are cut by (the faiss store's memory counts).
  */
-async function startStack(store: 'faiss' | 'postgres'): Promise<() => Promise<void>> {
+async function startStack(store: 'faiss' | 'postgres', clock?: () => number): Promise<() => Promise<void>> {
   const dir = await tempDir();
   const keysFile = path.join(dir, 'keys.json');
   await writeFile(keysFile, JSON.stringify(KEYS));
@@ -77,6 +77,7 @@ async function startStack(store: 'faiss' | 'postgres'): Promise<() => Promise<vo
   models ??= await loadModels(cfg);
   const service = await RagService.start(cfg, models);
   assert.equal(service.store.kind, store);
+  if (clock) limitsFor(service, { clock });
   const server: Server = createApp(service, { logger: createLogger('silent') }).listen(0, '127.0.0.1');
   await new Promise((r) => server.once('listening', r));
   base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
@@ -273,10 +274,17 @@ for (const store of ['faiss', 'postgres'] as const) {
   });
 }
 
+/**
+ * The limits' clock over HTTP: stopped 10 s into a minute, so that the requests of a test never straddle
+ * two windows (on a loaded machine a minute may turn between a key's first request and its second) and
+ * Retry-After is known exactly.
+ */
+const STOPPED_CLOCK = Date.UTC(2026, 11, 5, 12, 0, 10);
+
 describe('on the faiss store: limits and the prefix cache', () => {
   let stop: (() => Promise<void>) | undefined;
   before(async () => {
-    stop = await startStack('faiss');
+    stop = await startStack('faiss', () => STOPPED_CLOCK);
   });
   after(async () => {
     await stop?.();
@@ -288,8 +296,8 @@ describe('on the faiss store: limits and the prefix cache', () => {
       const r = await call(KEY_SLOW, 'GET', '/documents');
       assert.equal(r.status, 429);
       assert.equal((r.body['error'] as Record<string, unknown>)['code'], 'rate_limited');
-      const wait = Number(r.headers.get('retry-after'));
-      assert.ok(Number.isInteger(wait) && wait >= 1 && wait <= 60, `Retry-After ${wait}`);
+      assert.equal(r.headers.get('retry-after'), '50', 'the seconds to the window\'s end');
+      assert.equal((r.body['error'] as Record<string, unknown>)['retry_after_seconds'], 50);
       // Other keys are not held back by it.
       assert.equal((await call(KEY_A, 'GET', '/documents?limit=1')).status, 200);
     });
@@ -306,8 +314,7 @@ describe('on the faiss store: limits and the prefix cache', () => {
         assert.equal(r.status, 429, `${route}: ${r.text}`);
         assert.equal((r.body['error'] as Record<string, unknown>)['code'], 'token_limit');
         // Until the minute's window ends.
-        const wait = Number(r.headers.get('retry-after'));
-        assert.ok(Number.isInteger(wait) && wait >= 1 && wait <= 60, `Retry-After ${wait} for ${used} tokens`);
+        assert.equal(r.headers.get('retry-after'), '50', `Retry-After for ${used} tokens`);
       }
       // /metrics is an admin route: the operator's API key is not an admin key here.
       assert.equal((await call(OPERATOR, 'GET', '/metrics')).status, 403);

@@ -113,18 +113,28 @@ export class KeyLimits {
 
 const perService = new WeakMap<RagService, KeyLimits>();
 
+/** How a service's limits are made (tests): `clock` the milliseconds the memory store's windows are cut by (Date.now). */
+export interface LimitsOptions {
+  clock?: () => number;
+}
+
 /**
  * One set of limits per service (every app over it counts into it), counting in the Postgres store's
  * database when the service's store is Postgres, else in this process. The engine's observer
- * (metrics.ts) tells it of sequences that ended unfinished.
+ * (metrics.ts) tells it of sequences that ended unfinished. `opts` apply where the limits are made, at
+ * the service's first call (createApp's): a test gives its clock before it makes the app; options given
+ * once the limits exist are an error, not ignored. The Postgres store counts by the database's clock.
  */
-export function limitsFor(service: RagService): KeyLimits {
+export function limitsFor(service: RagService, opts?: LimitsOptions): KeyLimits {
   let l = perService.get(service);
-  if (l) return l;
+  if (l) {
+    if (opts) throw new Error('limitsFor: the service\'s limits are made already; give their options before createApp');
+    return l;
+  }
   const { cfg } = service;
   const store: UsageStore = service.store.kind === 'postgres'
     ? new PostgresUsageStore(cfg.store, { connectTimeoutMs: cfg.pgConnectTimeoutMs, statementTimeoutMs: cfg.pgStatementTimeoutMs })
-    : new MemoryUsageStore();
+    : new MemoryUsageStore(opts?.clock);
   const metrics = metricsFor(service);
   l = new KeyLimits(store, metrics.keyEvents);
   metrics.onSequenceEnded = (seq, failed) => l!.sequenceEnded(seq, failed);
