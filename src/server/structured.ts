@@ -1,82 +1,59 @@
 /**
- * The requests' structured-output fields made into what the engine runs: response_format into a
- * token grammar (structured/), tools and tool_choice into the messages, template extras and grammar
- * of a chat (tool-calls.ts), and the model's reply back into OpenAI's message and stream shapes.
- *
- * Compiled grammars are kept by schema (least recently used out past MAX_GRAMMARS), so a schema asked
- * for again reuses its cached masks. The tokenizer's vocabulary is built once, at start-up in the
- * background (warm()), or by the first request that needs it.
+ * The requests' structured-output fields as the engine takes them, and the model's reply back in
+ * OpenAI's shapes: response_format and a forced tool call are handed to the grammar compiler
+ * (generate/structured/grammars.ts), its refusals said in HTTP here; tools and tool_choice become the
+ * messages and template extras of a chat (tool-calls.ts); the reply's text becomes OpenAI's message,
+ * tool calls and stream deltas.
  */
 import { randomBytes } from 'node:crypto';
 import type { ChatMessage, ChatTemplate, RenderExtras } from '../generate/chat-template.js';
 import type { ModelRunner } from '../generate/model-runner.js';
-import { anyObjectSchema, compileSchema, SchemaNotSupportedError, type CompiledSchema } from '../generate/structured/json-schema.js';
-import { TokenGrammar, vocabularyFor, type TokenVocabulary } from '../generate/structured/token-mask.js';
 import {
-  forcedCallOpening, forcedCallSchema, parseToolCalls, toolFormatOf, toolSystemText, ToolCallStream,
+  ConstrainedDecodingUnavailableError, GrammarCompiler, SchemaNotSupportedError, type OutputFormat,
+} from '../generate/structured/grammars.js';
+import type { TokenGrammar } from '../generate/structured/token-mask.js';
+import {
+  forcedCallOpening, parseToolCalls, toolFormatOf, toolSystemText, ToolCallStream,
   type ParsedToolCall, type ToolFormat, type ToolFunction, type ToolStreamEvent,
 } from '../generate/tool-calls.js';
 import { HttpError } from './errors.js';
 import type { ChatCompletionBody } from './schemas.js';
 
-const MAX_GRAMMARS = 64;
-
 export type ResponseFormat = NonNullable<ChatCompletionBody['response_format']>;
 
-export class StructuredOutputs {
-  private readonly grammars = new Map<string, TokenGrammar>();
+/** The grammar compiler's refusals in HTTP: 400 naming the schema's keyword, 422 for a decoder without constrained decoding. */
+function asHttp(e: unknown): unknown {
+  if (e instanceof SchemaNotSupportedError) return new HttpError(400, 'unsupported_schema', e.message, { param: e.at, keyword: e.keyword });
+  if (e instanceof ConstrainedDecodingUnavailableError) return new HttpError(422, 'unsupported_sampling', e.message);
+  return e;
+}
 
-  constructor(private readonly runner: Pick<ModelRunner, 'tokenizer' | 'eosIds' | 'shape'>) {}
+/** The routes' grammars: the compiler's, with its refusals as HTTP errors. */
+export class StructuredOutputs {
+  private readonly compiler: GrammarCompiler;
+
+  constructor(runner: Pick<ModelRunner, 'tokenizer' | 'eosIds' | 'shape'>) {
+    this.compiler = new GrammarCompiler(runner);
+  }
 
   /** Starts building the vocabulary (a failure is reported to the request that needs it). */
   warm(): void {
-    this.vocabulary().catch(() => {});
-  }
-
-  private vocabulary(): Promise<TokenVocabulary> {
-    return vocabularyFor(this.runner.tokenizer, this.runner.shape.vocabSize, this.runner.eosIds);
+    this.compiler.warm();
   }
 
   /** The grammar of a response_format (undefined for text or none). */
-  async forFormat(f: ResponseFormat | undefined): Promise<TokenGrammar | undefined> {
-    if (!f || f.type === 'text') return undefined;
-    if (f.type === 'json_object') return this.grammar('json_object', () => anyObjectSchema());
-    const schema = f.json_schema.schema ?? {};
-    return this.forSchema(schema, 'response_format.json_schema.schema');
+  forFormat(f: ResponseFormat | OutputFormat | undefined): Promise<TokenGrammar | undefined> {
+    return this.compiler.forFormat(f).catch((e: unknown) => { throw asHttp(e); });
   }
 
   /** The grammar of a JSON schema; a 400 naming the keyword where it is outside the supported subset. */
-  async forSchema(schema: unknown, param: string): Promise<TokenGrammar> {
-    return this.grammar(JSON.stringify(schema), () => {
-      try {
-        return compileSchema(schema, param);
-      } catch (e) {
-        if (e instanceof SchemaNotSupportedError) {
-          throw new HttpError(400, 'unsupported_schema', `${e.message}`, { param: e.at, keyword: e.keyword });
-        }
-        throw e;
-      }
-    });
+  forSchema(schema: unknown, param: string): Promise<TokenGrammar> {
+    return this.compiler.forSchema(schema, param).catch((e: unknown) => { throw asHttp(e); });
   }
 
-  private async grammar(key: string, compile: () => CompiledSchema): Promise<TokenGrammar> {
-    const hit = this.grammars.get(key);
-    if (hit) {
-      this.grammars.delete(key);
-      this.grammars.set(key, hit);
-      return hit;
-    }
-    const schema = compile();
-    let vocab: TokenVocabulary;
-    try {
-      vocab = await this.vocabulary();
-    } catch (e) {
-      throw new HttpError(422, 'unsupported_sampling', `constrained decoding is not available for this decoder: ${(e as Error).message}`);
-    }
-    const g = new TokenGrammar(schema, vocab);
-    this.grammars.set(key, g);
-    if (this.grammars.size > MAX_GRAMMARS) this.grammars.delete(this.grammars.keys().next().value!);
-    return g;
+  /** The grammar of a forced call to one of `tools` (to `name` where the request names it). */
+  forToolCall(tools: readonly ToolFunction[], format: ToolFormat, name?: string): Promise<TokenGrammar> {
+    return this.compiler.forToolCall(tools, format, name).catch((e: unknown) => { throw asHttp(e); });
   }
 }
 
@@ -146,7 +123,7 @@ export async function planChat(b: ChatCompletionBody, chat: ChatTemplate, output
     plan.tools = { format, forced, named: named !== undefined };
   }
   if (forced) {
-    plan.grammar = await outputs.forSchema(forcedCallSchema(fns, format, named), 'tools');
+    plan.grammar = await outputs.forToolCall(fns, format, named);
     plan.extras.suffix = forcedCallOpening(format);
   } else {
     plan.grammar = await outputs.forFormat(b.response_format);
