@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import * as ort from 'onnxruntime-node';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../src/runtime/onnx-graph.js';
+import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../src/backends/ort/onnx-graph.js';
 import { externalDataFiles, int64s, readInitializers, Writer, writeModel } from '../src/runtime/onnx-proto.js';
 import { ROOT } from './helpers.js';
 

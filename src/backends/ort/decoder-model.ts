@@ -33,7 +33,7 @@ import * as ort from 'onnxruntime-node';
 import type { ExecutionProvider } from '../../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../../runtime/model-dir.js';
 import { halfsToFloats } from '../../runtime/float16.js';
-import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from '../../runtime/onnx-graph.js';
+import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from './onnx-graph.js';
 import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, type DirectSessionOptions, type SessionValueInfo } from '../../runtime/ort-direct.js';
 import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../../runtime/session.js';
 import { gatedRun } from '../../runtime/run-gate.js';

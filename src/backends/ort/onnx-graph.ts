@@ -8,9 +8,9 @@
  * (onnxruntime-node 1.30 cannot download a 'gpu-buffer' tensor through Tensor.getData: it aborts).
  */
 
-import { int64s, ONNX_INT64, writeModel, type Dim } from './onnx-proto.js';
+import { int64s, ONNX_INT64, writeModel, type Dim } from '../../runtime/onnx-proto.js';
 
-export { ONNX_FLOAT, ONNX_FLOAT16 } from './onnx-proto.js';
+export { ONNX_FLOAT, ONNX_FLOAT16 } from '../../runtime/onnx-proto.js';
 
 export function kvTailModel(count: number, elemType: number): Uint8Array {
   const dims: Dim[] = ['batch', 'kv_heads', 'positions', 'head_dim'];
