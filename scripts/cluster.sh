@@ -14,8 +14,10 @@
 #                                              embedded Postgres, remove DIR
 #
 # The router (HAProxy, Debian package `haproxy`; apt-get install haproxy):
-#   prefix      balance hash on the header x-prefix-key when the client sends one, else on the body's first
-#               256 bytes (a /query's question, a chat's system prompt and first messages), consistent hashing
+#   prefix      balance hash on the header x-ragguard-prefix-key (the key POST /v1/route-key gives: the
+#               prompt's KV block chain through its first user message), else x-prefix-key (the client's
+#               own: a conversation or tenant id), else on the body's first 256 bytes (a /query's question,
+#               a chat's system prompt and first messages); consistent hashing
 #               so that a replica going away moves only its own share of keys, with bounded load: no replica
 #               takes more than --balance-factor percent (default 150) of the average number of
 #               requests in flight; past it a key goes to the next replica on the ring (HAProxy's
@@ -102,7 +104,8 @@ haproxy_cfg() {
     # 0: HAProxy's default, unbounded (the line is left out).
     (( HASH_BALANCE_FACTOR > 0 )) || balance="${balance%$'\n'*}"
     balance+='
-  http-request set-var(txn.prefix_key) req.hdr(x-prefix-key) if { req.hdr(x-prefix-key) -m found }
+  http-request set-var(txn.prefix_key) req.hdr(x-ragguard-prefix-key) if { req.hdr(x-ragguard-prefix-key) -m found }
+  http-request set-var(txn.prefix_key) req.hdr(x-prefix-key) if !{ var(txn.prefix_key) -m found } { req.hdr(x-prefix-key) -m found }
   http-request set-var(txn.prefix_key) req.body,bytes(0,256) unless { var(txn.prefix_key) -m found }'
   else
     balance='balance roundrobin'
@@ -139,6 +142,8 @@ backend replicas
   $balance
   option httpchk GET /readyz
   http-check expect status 200
+  # Which replica answered (a client or a test attributes prefix-cache hits to it).
+  http-response set-header x-ragguard-replica %[srv_name]
   default-server inter 1s fastinter 500ms downinter 1s fall 2 rise 2
 $(for i in $(seq 1 "$REPLICAS"); do echo "  server r$i 127.0.0.1:$(cat "$DIR/replica-$i/port") check"; done)
 

@@ -29,6 +29,8 @@ import type { Logger } from './server/logging.js';
 
 // A file (PDF, DOCX, HTML, Markdown, text) as a document for ingest: `rag.ingest([await fileDocument(f)])`.
 export { BusyError, ClosedError, ConfigError, fileDocument, InvalidRequestError, loadConfig, RagguardError, RagService, TooLargeError, UnreadableFileError, UnsupportedFileError };
+// The router's prefix key of a tokenized prompt (docs/deploy-cluster.md#prefix-key), for a client that tokenizes itself.
+export { commonPrefix, ROUTE_KEY_HEADER, routeKey, type RouteKey, type RouteKeyOptions } from './service/route-key.js';
 export type { ChatMessage, Citation, Config, DocumentInput, FileDocument, FileInput, FinishReason, IngestResult, QueryResult, SamplingOptions, SearchFilter };
 
 export interface RagguardOptions {

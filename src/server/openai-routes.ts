@@ -7,6 +7,7 @@
  *   POST /v1/chat/completions   messages through the model's chat template (chat-template.ts); the
  *                               `rag` extension grounds the answer on the index and adds `citations`
  *   POST /v1/completions        a text prompt, continued
+ *   POST /v1/route-key          the router's prefix key for such a body (openai/route-key.ts)
  *   POST /v1/embeddings         the embedder's vectors (float or base64, as the official client asks), of
  *                               texts or of token ids of the embedder's own vocabulary (as vLLM takes them)
  *   POST /v1/rerank, /v1/score  the reranker (rerank-routes.ts)
@@ -33,6 +34,7 @@ import { openaiContext, openaiErrorBody } from './openai/common.js';
 import { completionsHandler } from './openai/completions.js';
 import { embeddingsHandler } from './openai/embeddings.js';
 import { modelsHandler, openapiHandler } from './openai/models.js';
+import { routeKeyHandler } from './openai/route-key.js';
 
 export { openaiErrorBody };
 
@@ -44,6 +46,7 @@ export function openaiRoutes(service: RagService, admission: Admission, outputs 
   router.post('/v1/embeddings', embeddingsHandler(ctx));
   router.post('/v1/completions', completionsHandler(ctx));
   router.post('/v1/chat/completions', chatHandler(ctx));
+  router.post('/v1/route-key', routeKeyHandler(ctx));
   router.use(rerankRoutes(service, admission));
 
   // OpenAI's clients read error.type (and param): added to our {code, message}.
