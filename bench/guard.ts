@@ -39,7 +39,6 @@ import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
 import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
-import { CudaDecoder } from '../src/backends/cuda/cuda-decoder.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
@@ -75,10 +74,10 @@ const first = config({});
 const models = await loadModels(first);
 // Where a request's runs allocate: the encoders' provider, and the decoder's unless it is the CUDA
 // backend, whose every device byte is allocated at start-up (its runs add nothing: `preallocated`).
-const cudaDecoder = models.decoder instanceof CudaDecoder;
-const onGpu = [models.embedder, models.reranker].some((m) => m.provider !== 'cpu') || (!cudaDecoder && models.decoder.provider !== 'cpu');
+const preallocated = models.decoder.preallocated;
+const onGpu = [models.embedder, models.reranker].some((m) => m.provider !== 'cpu') || (!preallocated && models.decoder.provider !== 'cpu');
 // With the CUDA decoder, NVML also watches the device throughout: it must not grow past what the accountant allocated.
-const device = cudaDecoder ? gpuPeakMeter(nvmlReader()) : undefined;
+const device = preallocated ? gpuPeakMeter(nvmlReader()) : undefined;
 // The profile run's meter (predictions are calibrated on it) and, on the host, resident memory beside it.
 const meter = onGpu ? gpuPeakMeter(nvmlReader()) : hostMeter(first);
 const resident = onGpu ? meter : hostPeakMeter();
