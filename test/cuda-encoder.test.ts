@@ -288,15 +288,17 @@ describe('accounting', () => {
     const reranker = await Reranker.load(RERANKER, 'cuda', { cuda: limits });
     const host = { bytes: 1000, hostBytes: 1000, deviceBytes: 0 };
     const loads = { ...base.loads, embedder: encoderLoadBytes(embedder, host), reranker: encoderLoadBytes(reranker, host) };
-    assert.equal(loads.embedder.deviceBytes, embedder.cuda!.plan.total);
-    assert.equal(loads.embedder.bytes, 1000 + embedder.cuda!.plan.total);
+    const plan = (embedder.device as CudaEncoder).plan;
+    assert.equal(embedder.device!.deviceBytes, plan.total);
+    assert.equal(loads.embedder.deviceBytes, plan.total);
+    assert.equal(loads.embedder.bytes, 1000 + plan.total);
     const service = await RagService.start({ ...cfg, profileRun: false }, { ...base, embedder, reranker, loads });
     try {
       assert.ok(service.weightBytes >= loads.embedder.bytes + loads.reranker.bytes);
       const m = memorySnapshot(service, new Admission({ concurrency: 4, maxQueue: 4, timeoutMs: 1000 }), { source: 'none', reason: 'test', at: Date.now() });
       const e = m.components.find((c) => c.name === 'embedder')!;
       assert.equal(e.bytes, loads.embedder.bytes);
-      assert.match(e.detail!, new RegExp(`CUDA encoder \\(float16, embedding head\\): weights ${embedder.cuda!.plan.weights}, activations ${embedder.cuda!.plan.activations} \\(runs of 16 sequences, 2048 tokens\\)`));
+      assert.match(e.detail!, new RegExp(`CUDA encoder \\(float16, embedding head\\): weights ${plan.weights}, activations ${plan.activations} \\(runs of 16 sequences, 2048 tokens\\)`));
       assert.match(m.components.find((c) => c.name === 'reranker')!.detail!, /CUDA encoder \(float16, pair head\)/);
       // A query through the service runs both on the device stand-in.
       const before = native.runs.length;

@@ -21,7 +21,6 @@
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import type { EncoderBackend, EncoderDevice } from '../backends/backend.js';
-import type { CudaEncoder } from '../backends/cuda/encoder-runner.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
 import type { ConcreteProvider } from '../runtime/session.js';
 import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
@@ -104,8 +103,6 @@ export class Embedder {
     readonly vocabSize: number,
     /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
     private readonly pool?: TokenizerPool,
-    /** The native CUDA encoder it runs on, or undefined on ONNX Runtime (the GPU host's checks read its plan and figures). */
-    readonly cuda?: CudaEncoder,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}): Promise<Embedder> {
@@ -121,7 +118,7 @@ export class Embedder {
     const tokenizer = await TextTokenizer.load(dir);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
-    const { runs: session, cuda } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
+    const { runs: session } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
     const padId = cfg.pad_token_id ?? 0;
     try {
       const output = selectOutput(session.outputNames, (name) => session.outputInfo(name).rank, dir);
@@ -136,7 +133,7 @@ export class Embedder {
       if (!output.pooled && cfg.hidden_size !== undefined && dimension !== cfg.hidden_size) {
         throw new Error(`embedder ${dir}: output '${output.name}' has width ${dimension}, config.json's hidden_size is ${cfg.hidden_size}`);
       }
-      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize, await tokenizerPool(dir, ep, extras), cuda);
+      return new Embedder(tokenizer, session, files, dimension, maxTokens, pooling, output, padId, vocabSize, await tokenizerPool(dir, ep, extras));
     } catch (e) {
       await session.release();
       throw e;

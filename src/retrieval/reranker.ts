@@ -6,7 +6,6 @@
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
 import type { EncoderBackend, EncoderDevice } from '../backends/backend.js';
-import type { CudaEncoder } from '../backends/cuda/encoder-runner.js';
 import type { EncoderDims } from '../runtime/encoder-session.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
 import type { ConcreteProvider } from '../runtime/session.js';
@@ -46,8 +45,6 @@ export class Reranker {
     readonly dims: EncoderDims,
     /** Threads that tokenize large calls (the CUDA encoder's; none on ONNX Runtime). */
     private readonly pool?: TokenizerPool,
-    /** The native CUDA encoder it runs on, or undefined on ONNX Runtime (the GPU host's checks read its plan and figures). */
-    readonly cuda?: CudaEncoder,
   ) {}
 
   static async load(dir: string, ep: ExecutionProvider, extras: EncoderLoadExtras = {}, maxTokens = 256): Promise<Reranker> {
@@ -55,9 +52,9 @@ export class Reranker {
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const longest = Math.min(maxTokens, cfg.max_position_embeddings ?? 512);
-    const { runs: session, cuda } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
+    const { runs: session } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
-    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras), cuda);
+    return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras));
   }
 
   /** Frees the model (and stops the tokenizer threads); the reranker is unusable afterwards. */
