@@ -22,7 +22,16 @@
  *    timeouts); seconds from the database's return to the first query answered 200; acknowledged ingests
  *    read back after it (lost: goal 0). Only when the cluster started its own PostgreSQL.
  *
- * BENCH_CLUSTER_PHASES (cache,kill,outage): which of the three run.
+ * 4. The router restarted: the same load; after BENCH_CLUSTER_ROUTER_S (10) seconds HAProxy is reloaded
+ *    gracefully (haproxy -sf: the new process takes the listener, the old one finishes what it holds), then
+ *    BENCH_CLUSTER_ROUTER_S later stopped hard (SIGTERM: HAProxy's hard stop, its connections cut) and
+ *    started again BENCH_CLUSTER_ROUTER_DOWN_S (5) seconds later from the same haproxy.cfg, as a crashed or
+ *    redeployed router comes back; the load goes on BENCH_CLUSTER_ROUTER_S after it. Every reply by window
+ *    (before, reload, down, after) and status, the slowest, seconds from the start to the first query
+ *    answered 200 and to every replica UP in the new router's checks, acknowledged ingests read back (lost:
+ *    goal 0). A client sees connection errors while no router listens, and retries them (PUT is idempotent).
+ *
+ * BENCH_CLUSTER_PHASES (cache,kill,outage,router): which of the four run.
  *
  * Models: the small test models (test/helpers.ts TEST_ENV) by default, to fit a 2-core machine;
  * BENCH_CLUSTER_DEFAULT_MODELS=1 for the configuration's defaults. Bounded: every request has a timeout
@@ -52,7 +61,9 @@ const DEADLINE = Date.now() + num('BENCH_CLUSTER_DEADLINE_S', 1200) * 1000;
 const DEFAULT_MODELS = process.env['BENCH_CLUSTER_DEFAULT_MODELS'] === '1';
 const VICTIM = 2;
 const PG_OUTAGE_S = num('BENCH_CLUSTER_PG_OUTAGE_S', 20);
-const PHASES = new Set((process.env['BENCH_CLUSTER_PHASES'] ?? 'cache,kill,outage').split(',').map((x) => x.trim()));
+const ROUTER_S = num('BENCH_CLUSTER_ROUTER_S', 10);
+const ROUTER_DOWN_S = num('BENCH_CLUSTER_ROUTER_DOWN_S', 5);
+const PHASES = new Set((process.env['BENCH_CLUSTER_PHASES'] ?? 'cache,kill,outage,router').split(',').map((x) => x.trim()));
 const RETRIES = 6;
 
 const run = promisify(execFile);
@@ -72,8 +83,8 @@ const outcomes: Record<Outcome, number> = { ok: 0, retryable: 0, connection: 0, 
 const others: string[] = [];
 /** Raw replies (every attempt) by window and "status code", while a window is set (the outage phase). */
 let window: string | undefined;
-const byWindow: Record<string, Record<string, number>> = {};
-const slowest: Record<string, number> = {};
+let byWindow: Record<string, Record<string, number>> = {};
+let slowest: Record<string, number> = {};
 function tally(status: string, seconds: number): void {
   if (!window) return;
   const w = (byWindow[window] ??= {});
@@ -323,6 +334,90 @@ try {
     };
     log(`database outage: replies ${JSON.stringify(byWindow)}; acknowledged ingests ${acked.length}, lost ${missing}; ` +
       `serving again ${events['serving_again_s']?.toFixed(1)} s after its return`);
+  }
+
+  // ------------------------------------------------------------------------------ the router restarted under load
+  if (PHASES.has('router')) {
+    byWindow = {};
+    slowest = {};
+    const acked: string[] = [];
+    let unacked = 0;
+    let n = 0;
+    const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
+    const events: Record<string, number> = {};
+    let startedAt = 0;
+    let stopAsking = false;
+    const cfg = path.join(dir, 'haproxy.cfg');
+    const pidOf = () => Number(readFileSync(path.join(dir, 'haproxy.pid'), 'utf8').trim().split('\n').pop());
+    const gone = async (pid: number) => {
+      for (let i = 0; i < 100; i++) {
+        try { process.kill(pid, 0); } catch { return; }
+        await sleep(100);
+      }
+    };
+    window = 'before';
+    const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
+      while (!stopAsking && Date.now() < DEADLINE) {
+        const i = n++;
+        if (i % 3 === 0) {
+          const name = codename('h', i);
+          const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
+          if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
+        } else {
+          const t = now();
+          const r = await call(base, 'POST', '/query', { query: question(codename('p', i % GROUPS)), max_new_tokens: NEW_TOKENS });
+          usage.asks++;
+          if (r?.status !== 200) usage.failed++;
+          else if (startedAt > 0 && t >= startedAt && events['serving_again_s'] === undefined) events['serving_again_s'] = now() - startedAt;
+        }
+      }
+    }));
+    await sleep(ROUTER_S * 1000);
+    // Graceful reload: a new process on the same listener, the old one (-sf) finishes its requests and exits.
+    const old = pidOf();
+    window = 'reload';
+    let t = now();
+    await run('haproxy', ['-D', '-f', cfg, '-sf', String(old)]);
+    await gone(old);
+    events['reload_old_exited_s'] = now() - t;
+    log(`HAProxy reloaded (haproxy -sf ${old}); the old process exited after ${events['reload_old_exited_s'].toFixed(1)} s`);
+    await sleep(ROUTER_S * 1000);
+    // Hard stop, down for ROUTER_DOWN_S, started again.
+    const pid = pidOf();
+    process.kill(pid, 'SIGTERM');
+    await gone(pid);
+    window = 'down';
+    log(`HAProxy stopped (SIGTERM, pid ${pid}) for ${ROUTER_DOWN_S} s under load`);
+    await sleep(ROUTER_DOWN_S * 1000);
+    t = now();
+    await run('haproxy', ['-D', '-f', cfg]);
+    startedAt = t;
+    window = 'after';
+    log('HAProxy started again');
+    while (Date.now() < DEADLINE && events['all_up_s'] === undefined) {
+      const states = await serverStates(statsPort).catch(() => new Map<string, { status: string; sent: number }>());
+      if (states.size === REPLICAS && [...states.values()].every((s) => s.status === 'UP')) events['all_up_s'] = now() - t;
+      else await sleep(100);
+    }
+    await sleep(ROUTER_S * 1000);
+    stopAsking = true;
+    await load;
+    window = undefined;
+    let missing = 0;
+    for (const id of acked) {
+      const r = await call(base, 'GET', `/documents/${id}`);
+      if (r?.status !== 200) missing++;
+    }
+    const round = (x: number | undefined) => (x === undefined ? null : +x.toFixed(2));
+    result['router_restart'] = {
+      window_s: ROUTER_S, down_s: ROUTER_DOWN_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
+      asks: usage.asks, failed_asks: usage.failed, replies: byWindow,
+      slowest_reply_s: Object.fromEntries(Object.entries(slowest).map(([k, v]) => [k, +v.toFixed(2)])),
+      reload_old_exited_s: round(events['reload_old_exited_s']),
+      all_replicas_up_after_start_s: round(events['all_up_s']), serving_again_after_start_s: round(events['serving_again_s']),
+    };
+    log(`router restart: replies ${JSON.stringify(byWindow)}; acknowledged ingests ${acked.length}, lost ${missing}; ` +
+      `every replica UP ${events['all_up_s']?.toFixed(1)} s and a query answered ${events['serving_again_s']?.toFixed(1)} s after the start`);
   }
 } catch (e) {
   failure = (e as Error).message;
