@@ -8,8 +8,9 @@
  *
  * `key` or `key_sha256` (the hex SHA-256 of the key, so the file need not hold the secret); `collections`
  * a list (the first is the key's default) or "*" (every collection; its default is 'default'); the limits
- * per minute are optional (absent: none); `admin` keys may write documents (in their collections) and
- * read /debug/* and /metrics. Parsed and checked here, at start-up: a bad entry stops the start naming it.
+ * per minute are optional (absent: none); `adapters` optional, the LoRA adapters (names under
+ * RAGGUARD_ADAPTER_DIR) the key may generate with, a list ([] = the base decoder only) or "*" (absent: every
+ * one); `admin` keys may write documents (in their collections) and read /debug/* and /metrics. Parsed and checked here, at start-up: a bad entry stops the start naming it.
  * Read again on SIGHUP or when the file changes (server/key-reload.ts, readKeysFile below): a bad file
  * then keeps the keys in force and says why.
  */
@@ -20,7 +21,9 @@ import { readFileSync } from 'node:fs';
 const COLLECTION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const HEX64 = /^[0-9a-f]{64}$/i;
-const FIELDS = new Set(['name', 'key', 'key_sha256', 'collections', 'rate_per_minute', 'tokens_per_minute', 'admin']);
+/** An adapter's name (as generate/adapters.ts takes them). */
+const ADAPTER = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+const FIELDS = new Set(['name', 'key', 'key_sha256', 'collections', 'rate_per_minute', 'tokens_per_minute', 'admin', 'adapters']);
 
 export interface TenantKey {
   /** Names the key in logs and metrics (never the key itself), and its tenant's prefix-cache salt. */
@@ -34,6 +37,8 @@ export interface TenantKey {
   /** Prompt plus generated tokens per minute; undefined = no limit. */
   tokensPerMinute: number | undefined;
   admin: boolean;
+  /** The LoRA adapters it may generate with; '*' or undefined (the field absent) = every one, [] = none. */
+  adapters?: readonly string[] | '*';
 }
 
 function limit(v: unknown, field: string): number | undefined {
@@ -63,9 +68,15 @@ function entry(e: unknown, at: string, sha256: (key: string) => string): TenantK
     else throw new Error(`collections must be "*" or a non-empty list of names matching ${COLLECTION.source}`);
     const admin = o['admin'] ?? false;
     if (typeof admin !== 'boolean') throw new Error('admin must be true or false');
+    const a = o['adapters'];
+    let adapters: readonly string[] | '*' | undefined;
+    if (a === undefined || a === '*') adapters = a;
+    else if (Array.isArray(a) && a.every((x) => typeof x === 'string' && ADAPTER.test(x))) adapters = [...new Set(a as string[])];
+    else throw new Error(`adapters must be "*" or a list (possibly empty) of names matching ${ADAPTER.source}`);
     return {
       name, sha256: typeof key === 'string' ? sha256(key) : (hashed as string).toLowerCase(), collections,
       ratePerMinute: limit(o['rate_per_minute'], 'rate_per_minute'), tokensPerMinute: limit(o['tokens_per_minute'], 'tokens_per_minute'), admin,
+      ...(adapters === undefined ? {} : { adapters }),
     };
   } catch (err) {
     throw new Error(`${where}: ${(err as Error).message}`);

@@ -23,7 +23,7 @@ import { Lifecycle } from './shutdown.js';
 import { nextTurn } from '../runtime/turns.js';
 import { parseQuery } from './validate.js';
 import { chargeTokens, checkTokenBudget, limitKeys, limitsFor } from './rate-limits.js';
-import { tenantOf } from './tenant.js';
+import { checkAdapter, tenantOf } from './tenant.js';
 import { streamQuery } from './query-stream.js';
 import { runOptions } from './guarded.js';
 import { openaiRoutes } from './openai-routes.js';
@@ -93,6 +93,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   app.post('/query', async (req, res) => {
     await nextTurn(); // one request's preparation per turn of the event loop (turns.ts)
     const q = parseQuery(req.body, cfg, tenantOf(res));
+    // The key's right to its adapter, as to its collection, is decided first (403 before 429, before the files).
+    if (q.adapter !== undefined) checkAdapter(tenantOf(res), q.adapter);
     checkTokenBudget(res);
     // response_format: the answer generated under its grammar (json_object or a schema).
     if (q.responseFormat) q.sampling = { ...q.sampling, grammar: await outputs.forFormat(q.responseFormat) };

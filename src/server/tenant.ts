@@ -7,6 +7,10 @@
  * learn which ids exist elsewhere. A request that names no collection gets the key's default (its first).
  * The search itself runs inside the one collection decided here (retrieval-store.ts SearchFilter), so
  * no other tenant's chunk reaches a prompt, a citation or a stream.
+ *
+ * A key may be held to a list of LoRA adapters (`adapters` in the keys file): naming another one (/query's
+ * `adapter`, an OpenAI `model`) is 403 adapter_forbidden, decided before the adapter's files are looked at,
+ * so that a key learns nothing of the adapters outside its list; /v1/models lists only its own.
  */
 import type { Response } from 'express';
 import type { TenantKey } from '../config/keys-file.js';
@@ -20,6 +24,8 @@ export interface Tenant {
   admin: boolean;
   ratePerMinute: number | undefined;
   tokensPerMinute: number | undefined;
+  /** The LoRA adapters it may generate with; '*' = every one. */
+  adapters: readonly string[] | '*';
   /**
    * Mixed into the prefix cache's block hashes (prefix-hash.ts): blocks cached for one tenant are never
    * found by another's identical prompt (vLLM's cache_salt). Undefined for the keys that see everything
@@ -30,15 +36,16 @@ export interface Tenant {
 
 /** Every route open (no key configured), or an open route. */
 export const OPEN_TENANT: Tenant = Object.freeze({
-  name: 'open', collections: '*', admin: true, ratePerMinute: undefined, tokensPerMinute: undefined, cacheSalt: undefined,
+  name: 'open', collections: '*', admin: true, ratePerMinute: undefined, tokensPerMinute: undefined, adapters: '*', cacheSalt: undefined,
 });
 
 /** RAGGUARD_API_KEY ('api') or RAGGUARD_ADMIN_KEY ('admin'): every collection, no limits. */
 export const operatorTenant = (name: string, admin: boolean): Tenant =>
-  Object.freeze({ name, collections: '*', admin, ratePerMinute: undefined, tokensPerMinute: undefined, cacheSalt: undefined });
+  Object.freeze({ name, collections: '*', admin, ratePerMinute: undefined, tokensPerMinute: undefined, adapters: '*', cacheSalt: undefined });
 
 export const keyTenant = (k: TenantKey, admin: boolean): Tenant => Object.freeze({
   name: k.name, collections: k.collections, admin, ratePerMinute: k.ratePerMinute, tokensPerMinute: k.tokensPerMinute,
+  adapters: k.adapters ?? '*',
   // The name is unique in the file; the prefix keeps it apart from any other use of a salt.
   cacheSalt: `key:${k.name}`,
 });
@@ -66,4 +73,15 @@ export function collectionFor(t: Tenant, named: string | undefined, param = 'col
     throw new HttpError(403, 'collection_forbidden', `the key '${t.name}' may not use the collection '${named}'`, { collection: named, param });
   }
   return named;
+}
+
+export function mayUseAdapter(t: Tenant, adapter: string): boolean {
+  return t.adapters === '*' || t.adapters.includes(adapter);
+}
+
+/** 403 adapter_forbidden unless the key may generate with `adapter`; `param` names the field at fault. */
+export function checkAdapter(t: Tenant, adapter: string, param = 'adapter'): void {
+  if (!mayUseAdapter(t, adapter)) {
+    throw new HttpError(403, 'adapter_forbidden', `the key '${t.name}' may not use the adapter '${adapter}'`, { adapter, param });
+  }
 }

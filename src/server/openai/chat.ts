@@ -26,8 +26,8 @@ export function chatHandler(ctx: OpenAiContext): RequestHandler {
   const { decoder } = service.models;
   return async (req, res) => {
     const b = parseBody(schemasFor(cfg).chatCompletion, req.body);
-    const adapter = await generationModel(b.model);
     const tenant = tenantOf(res);
+    const adapter = await generationModel(b.model, tenant);
     // Where a rag collection is named, the key's right to it is decided first (403 before 429).
     const filter = b.rag ? searchFilter(b.rag.collection, b.rag.filter, tenant) : undefined;
     checkTokenBudget(res);

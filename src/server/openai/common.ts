@@ -16,6 +16,7 @@ import { SseStream } from '../sse.js';
 import type { SamplingParams } from '../../generate/sequence.js';
 import { AdapterInvalidError, AdapterNotFoundError } from '../../generate/adapters.js';
 import { type StructuredOutputs } from '../structured.js';
+import { checkAdapter, mayUseAdapter, OPEN_TENANT, type Tenant } from '../tenant.js';
 
 /** OpenAI's error `type` for a status. */
 function errorType(status: number): string {
@@ -60,10 +61,13 @@ export interface OpenAiContext {
   maxPositions: number;
   /** 404 model_not_found unless `model` is `want`. */
   checkModel(model: string, want: string): void;
-  /** The base decoder (undefined) or a LoRA adapter's name, checked against its files before anything runs. */
-  generationModel(model: string): Promise<string | undefined>;
-  /** Adapter directories under RAGGUARD_ADAPTER_DIR that this decoder can serve. */
-  adapterNames(): Promise<string[]>;
+  /**
+   * The base decoder (undefined) or a LoRA adapter's name, checked against its files before anything runs;
+   * 403 adapter_forbidden first where `tenant`'s key may not use it (tenant.ts).
+   */
+  generationModel(model: string, tenant?: Tenant): Promise<string | undefined>;
+  /** Adapter directories under RAGGUARD_ADAPTER_DIR that this decoder can serve (those `tenant`'s key may use). */
+  adapterNames(tenant?: Tenant): Promise<string[]>;
   /** The prompt and its answer's room must fit the decoder's positions. */
   checkContext(promptTokens: number, maxTokens: number): void;
   /** A body's sampling parameters. */
@@ -83,8 +87,10 @@ export function openaiContext(service: RagService, admission: Admission, outputs
   };
 
   /** The base decoder (undefined) or a LoRA adapter's name, checked against its files before anything runs. */
-  const generationModel = async (model: string): Promise<string | undefined> => {
+  const generationModel = async (model: string, tenant: Tenant = OPEN_TENANT): Promise<string | undefined> => {
     if (model === decoderId) return undefined;
+    // Before the files: a key learns nothing of adapters outside its list (any other name is 403 to it).
+    checkAdapter(tenant, model, 'model');
     try {
       await service.adapters.inspect(model);
       return model;
@@ -98,9 +104,9 @@ export function openaiContext(service: RagService, admission: Admission, outputs
   };
 
   /** Adapter directories (a PEFT adapter_config.json in each) under RAGGUARD_ADAPTER_DIR; none where adapters cannot run. */
-  const adapterNames = async (): Promise<string[]> => {
+  const adapterNames = async (tenant: Tenant = OPEN_TENANT): Promise<string[]> => {
     if (service.adapters.unavailable) return [];
-    const names = await readdir(service.adapters.dir).catch(() => [] as string[]);
+    const names = (await readdir(service.adapters.dir).catch(() => [] as string[])).filter((n) => mayUseAdapter(tenant, n));
     // Only adapters this decoder can serve (the directory may hold adapters of other models, as setup's
     // does for the default and the small test decoder); inspect is cached by the files' size and time.
     const ok = await Promise.all(names.map((n) => service.adapters.inspect(n).then(() => true, () => false)));

@@ -6,6 +6,7 @@ import { schemasFor } from '../validate.js';
 import type { TokenLogprobs } from '../../generate/logprobs.js';
 import { completionLogprobs } from '../openai-logprobs.js';
 import { checkTokenBudget } from '../rate-limits.js';
+import { tenantOf } from '../tenant.js';
 import { generateReply } from './generate.js';
 import { newId, now, steering, type OpenAiContext } from './common.js';
 
@@ -15,7 +16,7 @@ export function completionsHandler(ctx: OpenAiContext): RequestHandler {
   const { decoder } = service.models;
   return async (req, res) => {
     const b = parseBody(schemasFor(cfg).completion, req.body);
-    const adapter = await generationModel(b.model);
+    const adapter = await generationModel(b.model, tenantOf(res));
     checkTokenBudget(res);
     const maxTokens = b.max_tokens ?? 16; // OpenAI's default for completions
     const text = typeof b.prompt === 'string' ? b.prompt : b.prompt[0]!;

@@ -1,14 +1,15 @@
-/** GET /v1/models: the decoder, embedder and reranker by their directory names, and the adapters this decoder can serve. */
+/** GET /v1/models: the decoder, embedder and reranker by their directory names, and the adapters this decoder can serve (those the key may use). */
 import path from 'node:path';
 import type { RequestHandler } from 'express';
 import { openapiDocument } from '../openapi.js';
 import { schemasFor } from '../validate.js';
+import { tenantOf } from '../tenant.js';
 import type { OpenAiContext } from './common.js';
 
 export function modelsHandler(ctx: OpenAiContext): RequestHandler {
   const { service, decoderId, embedderId, rerankerId, started, adapterNames } = ctx;
   return async (_req, res) => {
-    const adapters = await adapterNames();
+    const adapters = await adapterNames(tenantOf(res));
     res.json({
       object: 'list',
       data: [
