@@ -30,14 +30,14 @@
  * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only); BENCH_RAG_RETRIEVAL=0 the retrieval tables (answers only). For prompt work on the tuning split (never the
  * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead (all: both splits, each reported
  * apart), BENCH_RAG_LIMIT=n the first n of each, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
- * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer.
+ * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer (each as it comes).
  * A decoding policy per request: BENCH_RAG_MAX_NEW_TOKENS=n sends max_new_tokens, BENCH_RAG_STOP a stop
  * sequence (a JSON array for several, e.g. '["\n\n"]'); left out, the server's defaults answer.
  * RAGGUARD_QUERY_COPY_SPAN=off|first|ticks (the server's setting, config.ts) constrains the answers' code spans to
  * the cited chunks (src/generate/span-answer.ts); the JSON line names it (query_copy_span).
  * Prints tables; the last line is JSON.
  */
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { appendFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -197,7 +197,9 @@ async function main(): Promise<void> {
       };
       const chosen = answerSplits.flatMap((sp) => splits[sp].slice(0, limit));
       asked = chosen.length;
-      const log: string[] = [];
+      // Written as answered (a long run can be read, or stopped, midway).
+      const logFile = process.env['BENCH_RAG_LOG'];
+      if (logFile) await writeFile(logFile, '');
       try {
         await ask(chosen[0]!); // warm-up, not counted
         if (adapter) await ask(chosen[0]!, adapter);
@@ -223,11 +225,11 @@ async function main(): Promise<void> {
             if (r.cut) t.cut++;
             const inContext = isCorrect(r.context, q.answer, q.accept);
             if (inContext) t.inContext++;
-            log.push(JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, in_context: inContext, cut: r.cut, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer }));
+            const entry = JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, in_context: inContext, cut: r.cut, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer });
+            if (logFile) await appendFile(logFile, `${entry}\n`);
             if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
           }
         }
-        if (process.env['BENCH_RAG_LOG']) await writeFile(process.env['BENCH_RAG_LOG'], `${log.join('\n')}\n`);
         for (const sp of answerSplits) {
           for (const run of runs) {
             const t = tally.get(`${sp}|${run.adapter ?? ''}`);
