@@ -31,7 +31,9 @@ const LEVELS = (process.env.BENCH_GPU_CONCURRENCY ?? '1,8,32').split(',').map(Nu
 const MODES = process.env.BENCH_GPU_TORCH_MODES ?? 'eager,compiled';
 const CARD = cardPeak(gpuName());
 /** BENCH_GPU_WEIGHTS=fp8: the checkpoints' matrices as FP8 made at load (RAGGUARD_CUDA_WEIGHTS=fp8). */
-const WEIGHTS = process.env.BENCH_GPU_WEIGHTS === 'fp8' ? 'fp8' as const : undefined; // measured copy bandwidth of the H200 (bytes read + written per second)
+const WEIGHTS = process.env.BENCH_GPU_WEIGHTS === 'fp8' ? 'fp8' as const : undefined;
+/** BENCH_GPU_FP8_GEMM=cublaslt (with BENCH_GPU_WEIGHTS=fp8): FP8 products of more than 8 rows through cuBLASLt (cuda-runner.ts fp8Gemm). */
+const FP8_GEMM = process.env.BENCH_GPU_FP8_GEMM === 'cublaslt' ? 'cublaslt' as const : undefined;
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -104,7 +106,7 @@ process.on('exit', (code) => {
 async function benchModel(dir: string): Promise<Record<string, unknown>> {
   const maxSeqs = Math.max(...LEVELS);
   console.error(`bench:gpu: loading ${dir}`);
-  const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs, weights: WEIGHTS });
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 4096, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs, weights: WEIGHTS, ...(FP8_GEMM ? { fp8Gemm: FP8_GEMM } : {}) });
   const prompts = randomPrompts(REQUESTS, PROMPT, runner.shape.vocabSize, 11);
   const ours: Record<number, { tokens_per_s: number; ttft_ms_p50: number; outputs: number[][] }> = {};
   let breakdown: Record<string, unknown> | undefined;
@@ -168,7 +170,7 @@ function perStepMs(profile: StepProfile | null): Record<string, number> | null {
 async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const nvml = nvmlReader();
   const before = usedBytes(nvml.read());
-  const runner = await CudaModelRunner.load(dir, { numBlocks: 2048, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs: 64, weights: WEIGHTS });
+  const runner = await CudaModelRunner.load(dir, { numBlocks: 2048, blockSize: BLOCK, maxBatchedTokens: 4096, maxSeqs: 64, weights: WEIGHTS, ...(FP8_GEMM ? { fp8Gemm: FP8_GEMM } : {}) });
   const nvmlDelta = usedBytes(nvml.read()) - before;
   const prompts = randomPrompts(64, 128, runner.shape.vocabSize, 5);
   const perToken = kvBytesPerToken(runner.checkpoint.config, runner.dtype);
@@ -192,7 +194,7 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const memory = runner.memory();
   runner.close();
   return {
-    model: path.basename(dir), dtype: runner.dtype, weights: WEIGHTS ?? 'model', weights_bytes: runner.plan.weights,
+    model: path.basename(dir), dtype: runner.dtype, weights: WEIGHTS ?? 'model', ...(FP8_GEMM ? { fp8_gemm: FP8_GEMM, fp8_gemm_note: runner.fp8GemmNote() } : {}), weights_bytes: runner.plan.weights,
     batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, card: CARD.card, peak_bytes_per_s: CARD.peak, bytes_per_s: Math.round(bytesPerStep / stepS),
       fraction_of_peak: CARD.peak ? Number((bytesPerStep / stepS / CARD.peak).toFixed(3)) : null,
       // As the H200 figures of 2026-12-03 (4bccb38) counted it (the whole embedding table too), for comparison.

@@ -33,7 +33,7 @@ build() {
   fi
   echo "[cuda] $nvcc: $src -> $out"
   # shellcheck disable=SC2086
-  "$nvcc" -O3 -std=c++17 $archs -Xcompiler -fPIC,-Wall -shared -o "$out" "$src" "${link[@]}" -l:libcublas.so.13
+  "$nvcc" -O3 -std=c++17 $archs -Xcompiler -fPIC,-Wall -shared -o "$out" "$src" "${link[@]}" -l:libcublas.so.13 -l:libcublasLt.so.13
   echo "[cuda] built $out"
 }
 # Arguments pick the libraries (decoder, encoder); both without.

@@ -67,6 +67,27 @@ describe('FP8 weights (RAGGUARD_CUDA_WEIGHTS=fp8)', () => {
     }
   });
 
+  test('fp8Gemm cublaslt: the library told before the segments are registered; each segment keeps a float scale a row after its planes, counted', () => {
+    const ck = checkpoint();
+    const native = standInCuda(ck.config);
+    const opts = { numBlocks: 16, blockSize: 16, maxBatchedTokens: 64, maxSeqs: 4, weights: 'fp8' as const, fp8Gemm: 'cublaslt' as const };
+    const runner = CudaModelRunner.create(native, ck, { decode: () => '' }, opts);
+    try {
+      assert.equal(native.events[0], 'fp8-gemm:1');
+      const plain = withFp8(ck), rows = withFp8(ck, { rowScales: true });
+      assert.equal(native.created!.quant_bytes, rows.quant!.bytes);
+      rows.quant!.segments.forEach((s, i) => {
+        const p = plain.quant!.segments[i]!;
+        assert.equal(s.packedBytes, p.packedBytes + Math.ceil((s.rows * 4) / 256) * 256, `${s.name}: its planes and a float a row`);
+      });
+      assert.deepEqual(native.uploads.map((u) => u.bytes), rows.quant!.segments.map((s) => s.packedBytes));
+      assert.equal(runner.fp8GemmNote(), '');
+    } finally {
+      runner.close();
+    }
+    assert.throws(() => CudaModelRunner.create(standInCuda(ck.config), ck, { decode: () => '' }, { ...opts, weights: undefined }), /for FP8 weights/);
+  });
+
   test('refused by name: a GGUF decoder, widths not whole 32-weight blocks, a checkpoint already quantized', () => {
     const gguf = { ...checkpoint(), quant: { mode: 'gguf' as const, segments: [], bytes: 0, tileBytes: 0 } };
     assert.throws(() => withFp8(gguf), (e: Error) => e instanceof CheckpointError && /a GGUF file keeps its own block types/.test(e.message));

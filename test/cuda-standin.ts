@@ -93,8 +93,8 @@ export interface StandIn extends CudaBackend {
   /** The last engine's configuration. */
   created: NativeConfig | undefined;
   /**
-   * Calls that shape the products, in order: `gemv:<rows>` (rg_set_gemv_rows), `qgemv-math:<mode>`
-   * (rg_set_qgemv_math) and `graphs` (their capture).
+   * Calls that shape the products, in order: `fp8-gemm:<mode>` (rg_set_fp8_gemm), `gemv:<rows>`
+   * (rg_set_gemv_rows), `qgemv-math:<mode>` (rg_set_qgemv_math) and `graphs` (their capture).
    */
   readonly events: string[];
 }
@@ -140,6 +140,8 @@ export function standInCuda(config: Record<string, unknown> | CudaModelConfig, o
     },
     setGemvRows: (_h, rows) => void s.events.push(`gemv:${rows}`),
     setQgemvMath: (_h, mode) => void s.events.push(`qgemv-math:${mode}`),
+    setFp8Gemm: (_h, mode) => void s.events.push(`fp8-gemm:${mode}`),
+    fp8GemmNote: () => '',
     step: (_h, words, tokensOut, logitsOut) => new Promise((resolve) => setImmediate(() => {
       const T = words[0]!, S = words[1]!, W = words[2]!, P = words[3]!;
       const ids = words.subarray(4, 4 + T);

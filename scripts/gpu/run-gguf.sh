@@ -31,7 +31,8 @@
 #             RAGGUARD_DECODER_EP=cuda (held-out answers, /query p50/p95); needs the full pack (scripts/gpu/pack.sh:
 #             ONNX Runtime and faiss for the encoders and the index; source .gpu/enter.sh before this script)
 #   fp8       bench:gpu's 7B figures (batch 1 tokens/s and bandwidth, batch 64) with bfloat16 weights and with
-#             RAGGUARD_CUDA_WEIGHTS=fp8 (BENCH_GPU_WEIGHTS=fp8) on the same checkpoint (models7b first)
+#             RAGGUARD_CUDA_WEIGHTS=fp8 (BENCH_GPU_WEIGHTS=fp8) on the same checkpoint (models7b first), and FP8 with
+#             its wide products through cuBLASLt (BENCH_GPU_FP8_GEMM=cublaslt: a scale a weight row and a token)
 # Output: $OUT/gguf.log (everything), $OUT/gguf.jsonl (each step's last JSON line).
 #   e.g. STEPS="llama build models gguf check" bash scripts/gpu/run-gguf.sh; then STEPS="bench" ...
 set -uo pipefail
@@ -123,7 +124,7 @@ has ref7b && record ref7b python3 scripts/gpu/agreement_reference.py "$MODELS/qw
 # against MODEL's float32 reference.
 agree() {
   local m=$1 types=$2 q ref=$AGREE/$1
-  local sides=("ours:dense=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "file:torch-dense=$ref/logits-torch-bf16.f32")
+  local sides=("ours:dense=$MODELS/$m" "ours:fp8=$MODELS/$m@fp8" "ours:fp8-cublaslt=$MODELS/$m@fp8lt" "file:torch-dense=$ref/logits-torch-bf16.f32")
   for q in F16 $types; do
     local f=$GGUF/$m-$q.gguf
     [[ -f $f ]] || continue
@@ -145,6 +146,7 @@ has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin r
 if has fp8; then
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record fp8-bf16 node --import tsx bench/gpu.ts
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 BENCH_GPU_WEIGHTS=fp8 record fp8 node --import tsx bench/gpu.ts
+  BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 BENCH_GPU_WEIGHTS=fp8 BENCH_GPU_FP8_GEMM=cublaslt record fp8-cublaslt node --import tsx bench/gpu.ts
 fi
 if has rag; then
   DEFAULT_GGUF=${DEFAULT_GGUF:-/tmp/rg-default.gguf}

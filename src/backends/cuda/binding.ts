@@ -71,6 +71,14 @@ export interface CudaBackend {
    */
   setQgemvMath?(h: EngineHandle, mode: 0 | 1): void;
   /**
+   * FP8 weights' products of more rows than the GEMV takes: 0 the tensor-core tiles (default), 1 cuBLASLt's FP8
+   * GEMM with a scale a weight row and a token (rg_set_fp8_gemm). Before the FP8 segments are registered: it
+   * changes their packing (withFp8 rowScales).
+   */
+  setFp8Gemm?(h: EngineHandle, mode: 0 | 1): void;
+  /** What cuBLASLt's FP8 path could not do (shapes it had no algorithm for ran the tiles), or ''. */
+  fp8GemmNote?(h: EngineHandle): string;
+  /**
    * Writes one LoRA slot of an entry: A [in, capacity] and B [capacity, out] float32 (cuda-lora.ts pads
    * them), or zeros where both are null. `projection` is the slot's index in a layer (LORA_PROJECTIONS).
    */
@@ -122,6 +130,8 @@ function bind(file: string): CudaBackend {
   const graphTime = lib.func('int rg_graph_time(void *h, int32_t batch, int32_t reps, _Out_ float *ms)');
   const setGemvRows = lib.func('int rg_set_gemv_rows(void *h, int32_t rows)');
   const setQgemvMath = lib.func('int rg_set_qgemv_math(void *h, int32_t mode)');
+  const setFp8Gemm = lib.func('int rg_set_fp8_gemm(void *h, int32_t mode)');
+  const fp8GemmNote = lib.func('const char *rg_fp8_gemm_note(void *h)');
   const loraWrite = lib.func('int rg_lora_write(void *h, int layer, int projection, int entry, const float *a, const float *b)');
   const quantUpload = lib.func('int rg_quant_upload(void *h, int kind, int layer, int row0, int type, int rows, int cols, int64_t offset, const uint8_t *data, int64_t nbytes)');
   const { check, async } = nativeCalls('CUDA backend', () => lastError());
@@ -167,6 +177,8 @@ function bind(file: string): CudaBackend {
     },
     setGemvRows: (h, rows) => void check(setGemvRows(h, rows), 'rg_set_gemv_rows'),
     setQgemvMath: (h, mode) => void check(setQgemvMath(h, mode), 'rg_set_qgemv_math'),
+    setFp8Gemm: (h, mode) => void check(setFp8Gemm(h, mode), 'rg_set_fp8_gemm'),
+    fp8GemmNote: (h) => String(fp8GemmNote(h) ?? ''),
     loraWrite(h, layer, projection, entry, a, b) {
       check(loraWrite(h, layer, projection, entry, a, b), `writing LoRA entry ${entry}`);
     },

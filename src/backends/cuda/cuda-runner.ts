@@ -53,6 +53,13 @@ export interface CudaRunnerOptions {
    * row; not the default until a GPU run has measured it and the agreement check has held it).
    */
   qgemvMath?: 'float' | 'half2';
+  /**
+   * FP8 weights' products of more than 8 rows: mma (the default: the tensor-core tiles, the weights with a scale
+   * per 32) or cublaslt (cuBLASLt's FP8 GEMM, the weights with a scale a row and each step's activations
+   * quantized to FP8 with a scale a token, both applied in its epilogue; not the default until a GPU run has
+   * measured it and the agreement check has held it).
+   */
+  fp8Gemm?: 'mma' | 'cublaslt';
   /** Decode batch sizes up to this replay CUDA graphs (0: none). Default: maxSeqs. */
   graphMaxBatch?: number;
   cublasWorkspaceBytes?: number;
@@ -182,7 +189,9 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
    * synchronously: start-up only) and captures the decode graphs.
    */
   static create(native: CudaBackend, opened: Checkpoint, tokenizer: TokenDecoder, opts: CudaRunnerOptions): CudaModelRunner {
-    const ckpt = opts.weights === 'fp8' && opened.quant?.mode !== 'fp8' ? withFp8(opened) : opened;
+    const lt = opts.fp8Gemm === 'cublaslt';
+    if (lt && opts.weights !== 'fp8') throw new Error("fp8Gemm 'cublaslt' is for FP8 weights (weights: 'fp8')");
+    const ckpt = opts.weights === 'fp8' && opened.quant?.mode !== 'fp8' ? withFp8(opened, { rowScales: lt }) : opened;
     const c = ckpt.config;
     const dtype = CudaModelRunner.dtypeFor(ckpt, opts.dtype);
     const limits = CudaModelRunner.limitsFor(ckpt, opts);
@@ -206,6 +215,10 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     const h = native.create(cfg);
     try {
       native.setRope(h, ckpt.invFreq);
+      if (lt) {
+        if (!native.setFp8Gemm) throw new Error("this CUDA library cannot run FP8 products through cuBLASLt");
+        native.setFp8Gemm(h, 1); // before the segments are registered: they are packed with a scale a row
+      }
       // FP8: each fused matrix's place first; the checkpoint's tensors are quantized into it as they load.
       for (const s of ckpt.quant?.mode === 'fp8' ? ckpt.quant.segments : []) native.quantUpload(h, s.kind, s.layer, 0, s.deviceType, s.rows, s.cols, s.offset, null, s.packedBytes);
       for (const t of ckpt.loads) native.loadTensor(h, t.kind, t.layer, t.dstOffset, t.file, t.fileOffset, t.count, SRC_DTYPE[t.dtype]);
@@ -337,6 +350,11 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
    * `gemvRows` (0-4) sets how many rows a step may have to multiply through the GEMV kernel rather than
    * cuBLAS while it runs (the library's default is restored after); null where the library cannot.
    */
+  /** What cuBLASLt's FP8 path could not do (fp8Gemm 'cublaslt': shapes it had no algorithm for ran the tiles), or ''. */
+  fp8GemmNote(): string {
+    return this.native.fp8GemmNote?.(this.handle) ?? '';
+  }
+
   async profiled<T>(work: () => Promise<T>, gemvRows?: number): Promise<{ value: T; profile: StepProfile | null }> {
     const { profile, profileRead, setGemvRows } = this.native;
     if (!profile || !profileRead || (gemvRows !== undefined && !setGemvRows)) return { value: await work(), profile: null };

@@ -5,6 +5,10 @@
  * (ragguard_cuda.cu load_fp8), so the host never holds a converted copy. The products are the quantized
  * ones of GGUF decoders (quant_kernels.cuh: a GEMV for decode-sized steps, tiles dequantized for cuBLAS
  * above), so FP8 halves the bytes a decode step reads against bfloat16. Norms and biases stay dense.
+ *
+ * `rowScales` (the runner option fp8Gemm 'cublaslt'): one scale a row instead (every unit of a row holds it),
+ * and the row's scale also as float after the segment's planes, where cuBLASLt's FP8 GEMM reads it as its
+ * outer-vector scale; those bytes are part of the segment (quant.bytes counts them).
  */
 import { FP8_E4M3, planeOffsets } from './gguf-blocks.js';
 import { quantTileBytes } from './gguf-checkpoint.js';
@@ -13,7 +17,7 @@ import { CheckpointError, WeightKind, type Checkpoint, type QuantSegment, type W
 const align256 = (n: number) => Math.ceil(n / 256) * 256;
 
 /** The checkpoint with its matrices planned as FP8 segments (one per fused weight, filled at load). */
-export function withFp8(ck: Checkpoint): Checkpoint {
+export function withFp8(ck: Checkpoint, opts: { rowScales?: boolean } = {}): Checkpoint {
   if (ck.quant) throw new CheckpointError(`${ck.dir}: RAGGUARD_CUDA_WEIGHTS=fp8 converts float16/bfloat16 checkpoints; a GGUF file keeps its own block types`);
   const c = ck.config;
   const H = c.hiddenSize, q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim, I = c.intermediateSize;
@@ -21,7 +25,7 @@ export function withFp8(ck: Checkpoint): Checkpoint {
   const segments: QuantSegment[] = [];
   let offset = 0;
   const add = (kind: WeightKindId, layer: number, rows: number, cols: number, name: string) => {
-    const packedBytes = planeOffsets(FP8_E4M3, rows, cols).bytes;
+    const packedBytes = planeOffsets(FP8_E4M3, rows, cols).bytes + (opts.rowScales ? align256(rows * 4) : 0);
     segments.push({ name, kind, layer, row0: 0, rows, cols, ggmlType: FP8_E4M3, deviceType: FP8_E4M3, file: '', fileOffset: 0, fileBytes: 0, offset, packedBytes });
     offset += align256(packedBytes);
   };

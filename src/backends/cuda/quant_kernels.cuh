@@ -210,6 +210,82 @@ __global__ void fp8_pack_kernel(const void* __restrict__ src, int src_dtype, QPl
   dst[1] = out[1];
 }
 
+// The largest |value| over a CTA's threads (blockDim.x a multiple of 32, at most 1024), for every thread.
+__device__ __forceinline__ float block_amax(float v) {
+  __shared__ float red[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = 0.f;
+  for (int i = 0; i < (int)(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
+  __syncthreads();  // red is reused by the next call
+  return m;
+}
+
+// FP8 with one scale a row (runner option fp8Gemm 'cublaslt': the scale cuBLASLt applies in its epilogue as an
+// outer vector): a CTA per row of the chunk (`k` values of src each): the row's largest |value| / 448 rounded up
+// to float16 (so nothing saturates, and the unit scales the GEMV and the tensor-core tiles read hold it exactly),
+// written as every unit's scale and, as float, into row_scale[row]; each value rounded to the nearest E4M3.
+__global__ void fp8_pack_rows_kernel(const void* __restrict__ src, int src_dtype, QPlanes P, size_t row_begin, int k,
+                                     float* __restrict__ row_scale) {
+  const size_t base = (size_t)blockIdx.x * k;
+  auto val = [&](size_t e) -> float {
+    return src_dtype == 0 ? reinterpret_cast<const float*>(src)[e]
+         : src_dtype == 1 ? __half2float(reinterpret_cast<const __half*>(src)[e])
+                          : __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[e]);
+  };
+  float amax = 0.f;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(val(base + i)));
+  amax = block_amax(amax);
+  const __half hs = __float2half_ru(amax / 448.f);
+  const float s = __half2float(hs);
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  const size_t row = row_begin + blockIdx.x;
+  const int upr = k / 32;
+  for (int c = threadIdx.x; c < upr; c += blockDim.x) {
+    const size_t u = row * upr + c;
+    *reinterpret_cast<__half*>(const_cast<uint8_t*>(P.s) + 2 * u) = hs;
+    uint4 out[2];
+    __nv_fp8_e4m3* q = reinterpret_cast<__nv_fp8_e4m3*>(out);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) q[j] = __nv_fp8_e4m3(val(base + (size_t)c * 32 + j) * inv);
+    uint4* dst = reinterpret_cast<uint4*>(const_cast<uint8_t*>(P.q) + u * 32);
+    dst[0] = out[0];
+    dst[1] = out[1];
+  }
+  if (threadIdx.x == 0) row_scale[row] = s;
+}
+
+// A step's activations as FP8 for cuBLASLt, one scale a row (a token): a CTA per row of X ([rows, k], the model's
+// type, rows `ldx` apart): scale = the row's largest |value| / 448 (1 for a row of zeros), each value rounded to
+// the nearest E4M3 into out [rows, k] and the scale into scale[row].
+template <typename T>
+__global__ void act_fp8_kernel(const T* __restrict__ X, int ldx, int k, uint8_t* __restrict__ out, float* __restrict__ scale) {
+  const T* x = X + (size_t)blockIdx.x * ldx;
+  float amax = 0.f;
+  for (int i = threadIdx.x * 8; i < k; i += blockDim.x * 8) {
+    float f[8];
+    load8(x + i, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+  }
+  amax = block_amax(amax);
+  const float s = amax > 0.f ? amax / 448.f : 1.f;
+  const float inv = 1.f / s;
+  uint8_t* o = out + (size_t)blockIdx.x * k;
+  for (int i = threadIdx.x * 8; i < k; i += blockDim.x * 8) {
+    float f[8];
+    load8(x + i, f);
+    uint2 v;
+    __nv_fp8_e4m3* q = reinterpret_cast<__nv_fp8_e4m3*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = __nv_fp8_e4m3(f[j] * inv);
+    *reinterpret_cast<uint2*>(o + i) = v;
+  }
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+}
+
 constexpr int QGEMV_MAX_ROWS = 8;
 constexpr int QGEMV_WARPS = 4;
 

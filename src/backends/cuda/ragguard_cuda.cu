@@ -30,8 +30,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <mma.h>
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <type_traits>
 #include <cstdint>
 #include <cstdio>
@@ -1116,7 +1119,8 @@ struct Engine {
   std::vector<Layer> layers;
   // A GGUF decoder's quantized matrices: segments of output rows (q, k and v are three segments of the
   // fused q|k|v, each of its own type), carved from the end of the weights' allocation.
-  struct QSeg { int type, row0, rows, cols; QPlanes p; };
+  // rscale: an FP8 matrix's float scale a row (fp8_lt only; cuBLASLt's outer-vector scale), else null.
+  struct QSeg { int type, row0, rows, cols; QPlanes p; const float* rscale = nullptr; };
   std::vector<std::vector<QSeg>> qmats;  // by qmat_index(kind, layer)
   char* qarea = nullptr;
   size_t qused = 0;
@@ -1190,6 +1194,16 @@ struct Engine {
   // The quantized GEMV's products with float16 activations: float (false, the default) or paired half
   // arithmetic (rg_set_qgemv_math; quant_kernels.cuh qgemv_kernel H2).
   bool qgemv_half2 = false;
+  // FP8 products of more than gemv_rows rows through cuBLASLt (rg_set_fp8_gemm 1, before the weights load):
+  // the weights are packed with one scale a row (fp8_pack_rows_kernel), each step's activations quantized a
+  // row at a time (act_fp8_kernel), and cuBLASLt's FP8 GEMM applies both scales in its epilogue
+  // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F). A shape cuBLASLt has no algorithm for goes through
+  // qmma_kernel, and fp8_lt_note says so.
+  bool fp8_lt = false;
+  cublasLtHandle_t lt = nullptr;
+  struct LtPlan { cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr; cublasLtMatmulAlgo_t algo{}; bool ok = false; };
+  std::map<std::tuple<int, int, int, int>, LtPlan> lt_plans;  // (M, N, K, output type)
+  std::string fp8_lt_note;
   size_t elt() const { return 2; }
   size_t kv_plane_elems() const { return (size_t)cfg.num_blocks * cfg.num_kv_heads * cfg.block_size * cfg.head_dim; }
   void* kplane(int layer) const { return kv + (size_t)(2 * layer) * kv_plane_elems() * elt(); }
@@ -1314,6 +1328,71 @@ void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, boo
     qgemv_kernel<T, R, TY, false><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
 }
 
+// cuBLASLt's FP8 GEMM for an M x N x K product of FP8 weights [M, K] (row scales) and FP8 activations [N, K]
+// (token scales) into `ytype` with rows `ld` apart: its descriptors and algorithm, made once a shape. Null where
+// cuBLASLt has none (e.fp8_lt_note says why; the caller uses qmma_kernel).
+Engine::LtPlan* lt_plan(Engine& e, int M, int N, int K, int ld, cudaDataType_t ytype) {
+  const auto key = std::make_tuple(M, N, K, (int)ytype * 1000003 + ld);
+  auto it = e.lt_plans.find(key);
+  if (it != e.lt_plans.end()) return it->second.ok ? &it->second : nullptr;
+  Engine::LtPlan& p = e.lt_plans[key];
+  auto none = [&](const std::string& why) -> Engine::LtPlan* {
+    if (e.fp8_lt_note.empty()) e.fp8_lt_note = why + " (" + std::to_string(M) + " x " + std::to_string(N) + " x " + std::to_string(K) + ")";
+    return nullptr;
+  };
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  if (cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return none("cublasLtMatmulDescCreate failed");
+  if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS)
+    return none("this cuBLASLt takes no outer-vector FP8 scales");
+  if (cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, M, K) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, N, K) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p.c, ytype, M, N, ld) != CUBLAS_STATUS_SUCCESS)
+    return none("cublasLtMatrixLayoutCreate failed");
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return none("cublasLtMatmulPreferenceCreate failed");
+  const uint64_t ws = (uint64_t)e.cfg.cublas_workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(e.lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found < 1) return none("cuBLASLt has no FP8 algorithm with outer-vector scales, status " + std::to_string((int)st));
+  p.algo = res.algo;
+  p.ok = true;
+  return &p;
+}
+
+// Y[:, row0 .. row0 + M) = X . W^T for an FP8 segment with row scales through cuBLASLt, the activations
+// quantized a row at a time into e.qtile (in chunks of rows that fit it). 0 done; 1 no algorithm for a shape
+// (nothing was launched for it: the caller runs qmma_kernel); < 0 an error.
+template <typename T>
+int fp8_lt_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size_t ysz, int ldy, int rows, int k, cudaDataType_t ytype) {
+  const size_t cap = (size_t)e.cfg.quant_tile_bytes;
+  const int chunk = (int)std::min<size_t>((size_t)rows, (cap - 4096) / ((size_t)k + 4));
+  if (chunk < 1) return 1;
+  uint8_t* x8 = static_cast<uint8_t*>(e.qtile);
+  float* xs = reinterpret_cast<float*>(x8 + qalign256((size_t)chunk * k));
+  // Every chunk's plan first, so that a shape without an algorithm launches nothing.
+  for (int r0 = 0; r0 < rows; r0 += chunk)
+    if (!lt_plan(e, sg.rows, std::min(chunk, rows - r0), k, ldy, ytype)) return 1;
+  const float alpha = 1.f, beta = 0.f;
+  for (int r0 = 0; r0 < rows; r0 += chunk) {
+    const int nr = std::min(chunk, rows - r0);
+    act_fp8_kernel<T><<<nr, 256, 0, e.stream>>>(static_cast<const T*>(X) + (size_t)r0 * k, k, k, x8, xs);
+    Engine::LtPlan* p = lt_plan(e, sg.rows, nr, k, ldy, ytype);
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sg.rscale, sizeof(sg.rscale)));
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof(xs)));
+    char* d = y + (size_t)r0 * ldy * ysz;
+    CUBLAS_TRY(cublasLtMatmul(e.lt, p->op, &alpha, sg.p.q, p->a, x8, p->b, &beta, d, p->c, d, p->c, &p->algo,
+                              e.cublas_ws, (size_t)e.cfg.cublas_workspace_bytes, e.stream));
+  }
+  return 0;
+}
+
 // Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
 // (each writes its columns of Y). Up to e.gemv_rows rows through qgemv_kernel, which reads the quantized
 // bytes once; more through qmma_kernel on the tensor cores (e.qtile holds split partial sums), or, with
@@ -1339,6 +1418,11 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
         else launch_qgemv<T, 8, TY>(e, sg, X, y, f32, n, rows, k))
       if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
       continue;
+    }
+    if (sg.type == QT_FP8 && sg.rscale && e.fp8_lt) {
+      const int r = fp8_lt_project<T>(e, sg, X, y, ysz, n, rows, k, ytype);
+      if (r < 0) return r;
+      if (r == 0) continue;
     }
     if (e.cfg.quant_gemm == 0) {
       const int ctas_n = (sg.rows + QMMA_BN - 1) / QMMA_BN, ctas_m = (rows + QMMA_BM - 1) / QMMA_BM;
@@ -1558,9 +1642,15 @@ int load_fp8(Engine& e, int kind, int layer, int64_t dst_offset, const char* pat
   if (segs.size() != 1 || segs[0].type != QT_FP8 || segs[0].rows != n) return fail("no FP8 segment registered for this weight");
   if (dst_offset < 0 || dst_offset % k || count % 32 || (size_t)(dst_offset + count) > (size_t)n * k) return fail("tensor does not fit its FP8 weight in whole rows");
   const size_t src_elt = src_dtype == 0 ? 4 : 2;
-  const size_t chunk = 64ull << 20;  // a multiple of 32 elements of every source type
-  if (!e.stage_h && cudaMallocHost(&e.stage_h, chunk) != cudaSuccess) { e.stage_h = nullptr; return fail("staging allocation failed"); }
-  if (!e.stage_d && cudaMalloc(&e.stage_d, chunk) != cudaSuccess) { e.stage_d = nullptr; return fail("staging allocation failed"); }
+  // A multiple of 32 elements of every source type; with a scale a row (fp8_lt), whole rows.
+  const size_t row_bytes = (size_t)k * src_elt;
+  const size_t chunk = e.fp8_lt ? std::max<size_t>(1, (64ull << 20) / row_bytes) * row_bytes : 64ull << 20;
+  if (e.fp8_lt && !segs[0].rscale) return fail("an FP8 weight for cuBLASLt was registered without its row scales");
+  if (e.fp8_lt && count % k) return fail("an FP8 weight for cuBLASLt loads in whole rows");
+  // The staging buffers are 64 MiB whatever the chunk (a row wider than that cannot load).
+  if (chunk > (64ull << 20)) return fail("an FP8 row is wider than the 64 MiB staging buffer");
+  if (!e.stage_h && cudaMallocHost(&e.stage_h, 64ull << 20) != cudaSuccess) { e.stage_h = nullptr; return fail("staging allocation failed"); }
+  if (!e.stage_d && cudaMalloc(&e.stage_d, 64ull << 20) != cudaSuccess) { e.stage_d = nullptr; return fail("staging allocation failed"); }
   const int fd = open(path, O_RDONLY);
   if (fd < 0) return fail(std::string("cannot open ") + path);
   const size_t bytes = (size_t)count * src_elt;
@@ -1576,7 +1666,12 @@ int load_fp8(Engine& e, int kind, int layer, int64_t dst_offset, const char* pat
     if (rc) break;
     if (cudaMemcpy(e.stage_d, e.stage_h, nb, cudaMemcpyHostToDevice) != cudaSuccess) { rc = fail("weight upload failed"); break; }
     const size_t units = nb / src_elt / 32, u0 = ((size_t)dst_offset + done / src_elt) / 32;
-    fp8_pack_kernel<<<(unsigned)((units + 255) / 256), 256>>>(e.stage_d, src_dtype, segs[0].p, u0, units);
+    if (e.fp8_lt) {
+      const size_t rows_in = nb / row_bytes, row0 = ((size_t)dst_offset + done / src_elt) / k;
+      fp8_pack_rows_kernel<<<(unsigned)rows_in, 256>>>(e.stage_d, src_dtype, segs[0].p, row0, k, const_cast<float*>(segs[0].rscale));
+    } else {
+      fp8_pack_kernel<<<(unsigned)((units + 255) / 256), 256>>>(e.stage_d, src_dtype, segs[0].p, u0, units);
+    }
     if (cudaDeviceSynchronize() != cudaSuccess) rc = fail("FP8 quantization failed");
     done += nb;
   }
@@ -1770,6 +1865,13 @@ void rg_destroy(void* h) {
   cudaFreeHost(e->h_step);
   cudaFreeHost(e->stage_h);
   cudaFree(e->stage_d);
+  for (auto& kv : e->lt_plans) {
+    if (kv.second.op) cublasLtMatmulDescDestroy(kv.second.op);
+    if (kv.second.a) cublasLtMatrixLayoutDestroy(kv.second.a);
+    if (kv.second.b) cublasLtMatrixLayoutDestroy(kv.second.b);
+    if (kv.second.c) cublasLtMatrixLayoutDestroy(kv.second.c);
+  }
+  if (e->lt) cublasLtDestroy(e->lt);
   cublasDestroy(e->blas);
   cudaStreamDestroy(e->stream);
   delete e;
@@ -2027,6 +2129,25 @@ int rg_set_gemv_rows(void* h, int32_t rows) {
   return 0;
 }
 
+// FP8 products of more rows than the GEMV takes: 0 qmma_kernel (the default), 1 cuBLASLt's FP8 GEMM with a
+// scale a weight row and a scale a token (Engine::fp8_lt). Before the weights are registered and loaded: it
+// changes how they are packed (a scale a row, kept as float after the planes: rg_quant_upload's nbytes).
+int rg_set_fp8_gemm(void* h, int32_t mode) {
+  auto* e = static_cast<Engine*>(h);
+  if (e->cfg.quantized != 2) return fail("cuBLASLt's FP8 products are for FP8 weights (rg_config.quantized 2)");
+  if (mode != 0 && mode != 1) return fail("fp8 gemm must be 0 (qmma) or 1 (cuBLASLt)");
+  for (const auto& segs : e->qmats)
+    if (!segs.empty()) return fail("rg_set_fp8_gemm: the FP8 weights are registered already");
+  if (mode == 1 && !e->lt) {
+    if (cublasLtCreate(&e->lt) != CUBLAS_STATUS_SUCCESS) return fail("cublasLtCreate failed");
+  }
+  e->fp8_lt = mode == 1;
+  return 0;
+}
+
+// What cuBLASLt's FP8 path could not do (a shape it has no algorithm for: those products ran qmma_kernel), or "".
+const char* rg_fp8_gemm_note(void* h) { return static_cast<Engine*>(h)->fp8_lt_note.c_str(); }
+
 // The quantized GEMV's products where activations are float16: 0 in float (the default), 1 in paired half
 // arithmetic (16-element partials added in float). A GGUF decoder only; graphs captured afterwards keep it.
 int rg_set_qgemv_math(void* h, int32_t mode) {
@@ -2162,8 +2283,11 @@ int rg_quant_upload(void* h, int kind, int layer, int row0, int type, int rows, 
   if (offset < 0 || offset % 256) return fail("quantized segment offset must be 256-aligned");
   QPlanes p;
   const size_t bytes = qplanes(type, rows, cols, reinterpret_cast<const uint8_t*>(e->qarea) + offset, &p);
-  if ((int64_t)bytes != nbytes) return fail("packed segment is " + std::to_string(nbytes) + " bytes, its layout " + std::to_string(bytes));
-  if ((size_t)offset + bytes > (size_t)c.quant_bytes) return fail("quantized segment runs past quant_bytes");
+  // FP8 weights for cuBLASLt (rg_set_fp8_gemm) keep a float scale a row after the planes.
+  const size_t rscale_bytes = type == QT_FP8 && e->fp8_lt ? qalign256((size_t)rows * 4) : 0;
+  if ((int64_t)(bytes + rscale_bytes) != nbytes)
+    return fail("packed segment is " + std::to_string(nbytes) + " bytes, its layout " + std::to_string(bytes + rscale_bytes));
+  if ((size_t)offset + bytes + rscale_bytes > (size_t)c.quant_bytes) return fail("quantized segment runs past quant_bytes");
   std::vector<Engine::QSeg>& segs = e->qmats[e->qmat_index(kind, layer)];
   for (const auto& sg : segs) {
     if (row0 < sg.row0 + sg.rows && sg.row0 < row0 + rows) return fail("quantized segment overlaps one uploaded before");
@@ -2173,10 +2297,11 @@ int rg_quant_upload(void* h, int kind, int layer, int row0, int type, int rows, 
   } else {
     // An FP8 matrix's place, filled by rg_load_tensor as the checkpoint's tensors arrive.
     if (type != QT_FP8) return fail("only an FP8 segment is registered without data");
-    CUDA_TRY(cudaMemset(e->qarea + offset, 0, bytes));
+    CUDA_TRY(cudaMemset(e->qarea + offset, 0, bytes + rscale_bytes));
   }
-  segs.push_back(Engine::QSeg{type, row0, rows, cols, p});
-  e->qused += bytes;
+  const float* rscale = rscale_bytes ? reinterpret_cast<const float*>(e->qarea + offset + bytes) : nullptr;
+  segs.push_back(Engine::QSeg{type, row0, rows, cols, p, rscale});
+  e->qused += bytes + rscale_bytes;
   e->qready = false;
   return 0;
 }
