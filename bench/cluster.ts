@@ -104,8 +104,10 @@ async function call(base: string, method: string, p: string, body?: unknown, hea
         method, headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
         body: body === undefined ? undefined : JSON.stringify(body), signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
       });
-    } catch {
-      tally('connection error', now() - sent);
+    } catch (e) {
+      // The cause's code (ECONNREFUSED: nothing listens; UND_ERR_SOCKET: the connection closed under the request).
+      const cause = (e as { cause?: { code?: string } }).cause?.code;
+      tally(`connection error${cause ? ` ${cause}` : ''}`, now() - sent);
       outcomes.connection++;
       await sleep(500);
       continue;
@@ -349,9 +351,12 @@ try {
     let stopAsking = false;
     const cfg = path.join(dir, 'haproxy.cfg');
     const pidOf = () => Number(readFileSync(path.join(dir, 'haproxy.pid'), 'utf8').trim().split('\n').pop());
+    // Until the process has exited: a zombie (a daemon reparented to a reaper that has not reaped it yet)
+    // answers kill(pid, 0) but is gone, as scripts/cluster.sh's alive() reads it.
     const gone = async (pid: number) => {
       for (let i = 0; i < 100; i++) {
         try { process.kill(pid, 0); } catch { return; }
+        try { if (readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.startsWith('Z')) return; } catch { return; }
         await sleep(100);
       }
     };
@@ -382,11 +387,11 @@ try {
     events['reload_old_exited_s'] = now() - t;
     log(`HAProxy reloaded (haproxy -sf ${old}); the old process exited after ${events['reload_old_exited_s'].toFixed(1)} s`);
     await sleep(ROUTER_S * 1000);
-    // Hard stop, down for ROUTER_DOWN_S, started again.
+    // Hard stop, down for ROUTER_DOWN_S, started again (its replies, the requests it cut included: 'down').
     const pid = pidOf();
+    window = 'down';
     process.kill(pid, 'SIGTERM');
     await gone(pid);
-    window = 'down';
     log(`HAProxy stopped (SIGTERM, pid ${pid}) for ${ROUTER_DOWN_S} s under load`);
     await sleep(ROUTER_DOWN_S * 1000);
     t = now();

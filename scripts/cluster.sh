@@ -127,6 +127,9 @@ defaults
   retries 2
   retry-on conn-failure
   option redispatch 1
+  # On a reload (haproxy -sf) the old process keeps its idle keep-alive connections until their next
+  # request, answered with Connection: close, instead of closing them under a client that is sending one.
+  option idle-close-on-response
   # The router's own errors in ragguard's shape ({error: {code, message}}), retryable, not HAProxy's HTML pages.
   http-error status 502 content-type application/json string "{\\"error\\":{\\"code\\":\\"bad_gateway\\",\\"message\\":\\"the replica failed before it answered (retry)\\"}}" hdr retry-after 1
   http-error status 503 content-type application/json string "{\\"error\\":{\\"code\\":\\"no_replica\\",\\"message\\":\\"no replica is ready (retry)\\"}}" hdr retry-after 1
