@@ -29,7 +29,7 @@
  *
  * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only); BENCH_RAG_RETRIEVAL=0 the retrieval tables (answers only). For prompt work on the tuning split (never the
  * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead (all: both splits, each reported
- * apart), BENCH_RAG_LIMIT=n the first n of each, BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
+ * apart), BENCH_RAG_LIMIT=n the first n of each, BENCH_RAG_IDS=id,id,... only those questions (of the chosen split), BENCH_RAG_INDEX_DIR=dir keeps the index there (built on the first run, loaded after: the
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer (each as it comes).
  * A decoding policy per request: BENCH_RAG_MAX_NEW_TOKENS=n sends max_new_tokens, BENCH_RAG_STOP a stop
  * sequence (a JSON array for several, e.g. '["\n\n"]'); left out, the server's defaults answer.
@@ -195,7 +195,8 @@ async function main(): Promise<void> {
           tokens: body.usage?.completion_tokens ?? 0, cut: body.finish_reason === 'length', context: citations.map((c) => `${c.title}\n${c.text}`).join('\n'),
         };
       };
-      const chosen = answerSplits.flatMap((sp) => splits[sp].slice(0, limit));
+      const only = process.env['BENCH_RAG_IDS'] ? new Set(process.env['BENCH_RAG_IDS'].split(',').map((x) => x.trim())) : undefined;
+      const chosen = answerSplits.flatMap((sp) => splits[sp].filter((q) => !only || only.has(q.id)).slice(0, limit));
       asked = chosen.length;
       // Written as answered (a long run can be read, or stopped, midway).
       const logFile = process.env['BENCH_RAG_LOG'];
