@@ -46,8 +46,10 @@ export function routeKeyHandler(ctx: OpenAiContext): RequestHandler {
       ids = chat.encodeText(typeof b.prompt === 'string' ? b.prompt : b.prompt[0]!);
       stableEnd = ids.length;
     }
-    const adapter = await generationModel(model);
-    const salt = tenantOf(res).cacheSalt;
+    // As the generation routes decide it: an adapter outside the key's list is 403 here too.
+    const tenant = tenantOf(res);
+    const adapter = await generationModel(model, tenant);
+    const salt = tenant.cacheSalt;
     const k = routeKey(ids, stableEnd, {
       blockSize: cfg.kvBlockSize, maxBlocks, ...(adapter === undefined ? {} : { adapter }), ...(salt === undefined ? {} : { salt }),
     });
