@@ -136,6 +136,8 @@ export interface Config {
   kvWatermark: number;
   blockTableBuckets: number[];
   prefixCaching: boolean;
+  /** POST /v1/route-key: the key's cap in KV blocks when the request names none (0: up to the first user message). */
+  routeKeyBlocks: number;
   maxNumSeqs: number;
   maxNumBatchedTokens: number;
   /** Leak check: requests in the growth window, and the growth that flags it. */
@@ -600,6 +602,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_PREFIX_CACHING', default: 'true', doc: 'Share full KV blocks across sequences with the same prefix.',
     apply: bool((c, v) => (c.prefixCaching = v)),
+  },
+  {
+    name: 'RAGGUARD_ROUTE_KEY_BLOCKS', default: '0',
+    doc: "POST /v1/route-key's cap on the router's prefix key, in KV blocks of the prompt, when the request gives no ?max_blocks: 0 = up to the end of the first user message (docs/deploy-cluster.md).",
+    apply: int(0, 1 << 20, (c, v) => (c.routeKeyBlocks = v)),
   },
   {
     name: 'RAGGUARD_MAX_NUM_SEQS', default: '32', doc: 'Sequences decoding together in one batch at most.',

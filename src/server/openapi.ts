@@ -77,6 +77,14 @@ export function openapiDocument(s: Schemas): Record<string, unknown> {
       '/v1/rerank': post('Rerank documents against a query with the cross-encoder (Jina/Cohere shape)', 'rerank',
         '{id, model, results: [{index, relevance_score, document?: {text}}], usage}'),
       '/v1/score': post('Score text pairs with the cross-encoder (vLLM\'s shape)', 'score', '{id, object: list, model, data: [{index, object: score, score}], usage}'),
+      '/v1/route-key': {
+        post: {
+          summary: "The router's prefix key for a chat or completion body (nothing runs on the model): send it as x-ragguard-prefix-key with the conversation's requests",
+          parameters: [{ name: 'max_blocks', in: 'query', required: false, schema: { type: 'integer', minimum: 0 }, description: 'cap the key at the first N KV blocks (default RAGGUARD_ROUTE_KEY_BLOCKS; 0 = up to the end of the first user message)' }],
+          requestBody: { required: true, content: { 'application/json': { schema: { type: 'object', description: 'a /v1/chat/completions body (messages) or a /v1/completions body (prompt)' } } } },
+          responses: { 200: ok('{key, header, blocks, tokens, prompt_tokens, block_size}'), ...errors },
+        },
+      },
       '/v1/models': get('The served models'),
       '/healthz': get('Liveness and index counts'),
       '/debug/memory': get('Memory by component'),

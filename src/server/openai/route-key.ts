@@ -17,8 +17,9 @@ import { tenantOf } from '../tenant.js';
 import { commonPrefix, ROUTE_KEY_HEADER, routeKey } from '../../service/route-key.js';
 import type { OpenAiContext } from './common.js';
 
-function maxBlocksOf(q: unknown): number {
-  const raw = typeof q === 'string' ? q : process.env['RAGGUARD_ROUTE_KEY_BLOCKS'] ?? '0';
+function maxBlocksOf(q: unknown, configured: number): number {
+  if (typeof q !== 'string') return configured;
+  const raw = q;
   const n = Number(raw);
   if (!Number.isInteger(n) || n < 0) throw new HttpError(400, 'invalid_body', `max_blocks must be a non-negative integer, not '${raw}'`, { param: 'max_blocks' });
   return n;
@@ -28,7 +29,7 @@ export function routeKeyHandler(ctx: OpenAiContext): RequestHandler {
   const { service, chat, outputs, generationModel } = ctx;
   const { cfg } = service;
   return async (req, res) => {
-    const maxBlocks = maxBlocksOf(req.query['max_blocks']);
+    const maxBlocks = maxBlocksOf(req.query['max_blocks'], cfg.routeKeyBlocks);
     let ids: number[];
     let stableEnd: number;
     let model: string;
