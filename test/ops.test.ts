@@ -74,6 +74,9 @@ describe('/metrics', () => {
     const delta = (name: string, labels = '') => sample(after, name, labels) - sample(before, name, labels, 0);
     const { prompt_tokens: p, completion_tokens: c } = q.body.usage as { prompt_tokens: number; completion_tokens: number };
     assert.equal(delta('ragguard:prompt_tokens_total'), p);
+    // Every prompt token is looked up in the prefix cache; a hit is a token whose KV block was reused.
+    assert.equal(delta('ragguard:prefix_cache_queries'), p);
+    assert.ok(delta('ragguard:prefix_cache_hits') <= p);
     assert.equal(delta('ragguard:generation_tokens_total'), c);
     assert.equal(delta('ragguard:time_to_first_token_seconds_count'), 1);
     // One interval per sampled token after the first (the end-of-sequence token, when sampled, is one).
@@ -88,6 +91,21 @@ describe('/metrics', () => {
     assert.equal(delta('ragguard:http_requests_total', 'route="/query",status="200"'), 1);
     assert.equal(sample(after, 'ragguard:num_requests_running'), 0);
     assert.equal(sample(after, 'ragguard:admission_queue_requests', 'state="waiting"'), 0);
+  });
+
+  test('prefix-cache counters: the same query again reuses its prompt\'s full KV blocks, counted as hits', async () => {
+    const ask = () => request(app).post('/query').send({ query: 'How do I list the packages installed on Debian?', max_new_tokens: 2 }).expect(200);
+    await ask();
+    const before = (await request(app).get('/metrics').expect(200)).text;
+    const q = await ask();
+    const after = (await request(app).get('/metrics').expect(200)).text;
+    const delta = (name: string) => sample(after, name, '') - sample(before, name, '', 0);
+    const p = (q.body.usage as { prompt_tokens: number }).prompt_tokens;
+    assert.equal(delta('ragguard:prefix_cache_queries'), p);
+    const hits = delta('ragguard:prefix_cache_hits');
+    const block = service.cfg.kvBlockSize;
+    // Every full block of the repeated prompt but a last one that holds its final token is reused.
+    assert.ok(hits >= Math.floor((p - 1) / block) * block - block && hits > 0 && hits <= p, `${hits} hits of ${p} prompt tokens (blocks of ${block})`);
   });
 });
 

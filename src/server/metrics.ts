@@ -42,6 +42,8 @@ export class ServerMetrics {
   private readonly tpot: Histogram;
   private readonly e2e: Histogram;
   private readonly promptTokens: Counter;
+  private readonly prefixQueries: Counter;
+  private readonly prefixHits: Counter;
   private readonly generationTokens: Counter;
   private readonly success: Counter<'finished_reason'>;
   private readonly failed: Counter;
@@ -72,6 +74,9 @@ export class ServerMetrics {
     new Counter({ name: name('num_preemptions_total'), help: 'Cumulative number of preemptions from the engine.', registers: [r],
       collect() { this.reset(); this.inc(engine.stats.preemptions); } });
     this.promptTokens = new Counter({ name: name('prompt_tokens_total'), help: 'Number of prefill tokens processed.', registers: [r] });
+    // vLLM v1's prefix-cache counters (tokens): the hit rate is hits / queries over a window.
+    this.prefixQueries = new Counter({ name: name('prefix_cache_queries'), help: 'Prompt tokens looked up in the prefix cache.', registers: [r] });
+    this.prefixHits = new Counter({ name: name('prefix_cache_hits'), help: 'Prompt tokens found in the prefix cache (their KV blocks reused, not computed).', registers: [r] });
     this.generationTokens = new Counter({ name: name('generation_tokens_total'), help: 'Number of generation tokens processed.', registers: [r] });
     this.success = new Counter({ name: name('request_success_total'), help: 'Count of successfully processed requests.', labelNames: ['finished_reason'], registers: [r] });
     this.ttft = new Histogram({ name: name('time_to_first_token_seconds'), help: 'Histogram of time to first token in seconds.', buckets: TTFT_BUCKETS, registers: [r] });
@@ -211,6 +216,8 @@ export class ServerMetrics {
         this.lastToken.delete(seq);
         this.onSequenceEnded?.(seq, failed);
         this.promptTokens.inc(seq.promptIds.length);
+        this.prefixQueries.inc(seq.promptIds.length);
+        this.prefixHits.inc(seq.cachedPrefix ?? 0);
         this.generationTokens.inc(seq.outputIds.length);
         if (failed) {
           this.failed.inc();
