@@ -54,15 +54,22 @@ async function routerSees(name: string, state: 'UP' | 'DOWN'): Promise<void> {
  * Asks n times through the router (the i-th ask: asks(i), ASK by default), each reply citing zorblax first;
  * how many each replica answered.
  */
+/**
+ * Sends n queries one after another; how many each replica answered, by the router's x-ragguard-replica
+ * header on each reply. Not by HAProxy's session counters: a request retried on a fresh connection (an idle
+ * keep-alive connection the replica had just closed: retry-on conn-failure) counts a session on each try.
+ */
 async function askCited(n: number, asks: (i: number) => object = () => ASK, headers: Record<string, string> = {}): Promise<Record<string, number>> {
-  const before = await routed();
+  const answered: Record<string, number> = Object.fromEntries(Object.keys(await routed()).map((s) => [s, 0]));
   for (let i = 0; i < n; i++) {
     const res = await fetch(base + '/query', { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(asks(i)) });
     assert.equal(res.status, 200);
+    const replica = res.headers.get('x-ragguard-replica');
+    assert.ok(replica, 'the router names the replica that answered');
+    answered[replica] = (answered[replica] ?? 0) + 1;
     assert.equal(((await res.json()) as { citations: { doc_id: string }[] }).citations[0]!.doc_id, 'zorblax');
   }
-  const after = await routed();
-  return Object.fromEntries(Object.keys(after).map((s) => [s, after[s]!.sent - (before[s]?.sent ?? 0)]));
+  return answered;
 }
 
 before(async () => {

@@ -5,6 +5,7 @@
  * open by the test: model loading by a loader that waits for it, the ingest by the run gate.
  */
 import assert from 'node:assert/strict';
+import { connect } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import request from 'supertest';
 import type { Config } from '../src/config/config.js';
@@ -118,6 +119,29 @@ describe('a server that is still starting', () => {
     assert.ok((await request(base).get('/debug/memory').expect(200)).body.budget.bytes > 0);
     assert.equal(serving.startup.ready, true);
     assert.deepEqual(Object.keys(serving.startup.durations()).sort(), ['ingesting', 'loading', 'total', 'warming']);
+  });
+
+  test('an idle keep-alive connection outlives Node\'s 5 s default (RAGGUARD_KEEPALIVE_TIMEOUT_MS), so a router reusing it is not cut', async () => {
+    assert.ok(serving, 'the server of the test before');
+    assert.equal(cfg.keepAliveTimeoutMs, 65000);
+    const socket = connect(serving.port, '127.0.0.1');
+    let closed = false;
+    socket.on('close', () => (closed = true));
+    let got = '';
+    socket.on('data', (d: Buffer) => (got += d.toString('latin1')));
+    const get = async () => {
+      const from = got.length;
+      socket.write('GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n');
+      while (!/HTTP\/1\.1 200[\s\S]*\r\n\r\n[\s\S]*\}/.test(got.slice(from))) {
+        assert.equal(closed, false, 'the connection was closed');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    };
+    await get();
+    await new Promise((r) => setTimeout(r, 6000));
+    assert.equal(closed, false, 'closed while idle for 6 s');
+    await get();
+    socket.destroy();
   });
 });
 

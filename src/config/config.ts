@@ -166,6 +166,8 @@ export interface Config {
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** On SIGTERM/SIGINT: how long requests in flight may take to finish before they are stopped. */
   shutdownGraceMs: number;
+  /** How long an idle keep-alive connection stays open (Node's server.keepAliveTimeout). */
+  keepAliveTimeoutMs: number;
   /** Linux: nice value of every thread but the event loop's (runtime/thread-priority.ts); 0 = unchanged. */
   workerThreadNice: number;
   /** Intra-op threads of each CPU session through the C API (0 = ONNX Runtime's default). */
@@ -704,6 +706,11 @@ export const VARIABLES: readonly Variable[] = [
   {
     name: 'RAGGUARD_LOG_LEVEL', default: 'info', doc: 'JSON log level (pino): fatal, error, warn, info, debug, trace or silent.',
     apply: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, (c, v) => (c.logLevel = v)),
+  },
+  {
+    name: 'RAGGUARD_KEEPALIVE_TIMEOUT_MS', default: '65000',
+    doc: "How long an idle keep-alive connection stays open. Longer than a router's or load balancer's own idle timeout (HAProxy's idle server connections, an ALB's 60 s), so that the router closes an idle connection first: closed by the server (Node's default is 5 s) just as the router reuses it, the request fails and is retried, with HAProxy's redispatch on another replica (its prefix cache lost).",
+    apply: int(1000, 290000, (c, v) => (c.keepAliveTimeoutMs = v)),
   },
   {
     name: 'RAGGUARD_SHUTDOWN_GRACE_MS', default: '10000',

@@ -58,6 +58,10 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
   // each request gets its root span (request-trace.ts); otherwise the listener is the handoff's own.
   if (await startTracing(cfg)) log.info({ endpoint: cfg.otlpTracesEndpoint, service: cfg.serviceName }, 'OpenTelemetry traces on (OTLP over HTTP)');
   const server = http.createServer(traceRequests(handoff.listener));
+  // Idle keep-alive connections outlive the router's own (RAGGUARD_KEEPALIVE_TIMEOUT_MS); the headers'
+  // timeout stays above it, as Node asks, so that a connection is never cut while its next request arrives.
+  server.keepAliveTimeout = cfg.keepAliveTimeoutMs;
+  server.headersTimeout = cfg.keepAliveTimeoutMs + 1000;
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.port, cfg.host, () => {
