@@ -14,7 +14,7 @@ elif [[ ! -f $out/node.xz || $node_bin -nt $out/node.xz ]]; then
   xz -T2 -6 -c "$node_bin" > "$out/node.xz"
 fi
 tar -cJf "$out/modules.txz" node_modules/tsx node_modules/esbuild node_modules/@esbuild/linux-x64 node_modules/koffi \
-  node_modules/@koromix/koffi-linux-x64 node_modules/@huggingface/tokenizers node_modules/.bin/tsx
+  node_modules/@koromix/koffi-linux-x64 node_modules/@huggingface/tokenizers node_modules/@opentelemetry/api node_modules/.bin/tsx
 cat > "$out/enter.sh" <<'ENTER'
 # Sourced on the GPU host: node and the CUDA path's packages (scripts/gpu/pack-cuda.sh).
 _g=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
