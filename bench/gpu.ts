@@ -191,6 +191,11 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const b64engine = engineFor(runner, 64);
   await closedLoop(b64engine, prompts.slice(0, 8), 8, 4);
   const b64 = await closedLoop(b64engine, prompts, 64, n);
+  // Where a 64-row step's time goes: its graph replayed alone, and 32 steps launched directly, by phase
+  // (what separates FP8's products from bfloat16's at this width). Prompts of 4 tokens: one short prefill step
+  // among the 33 profiled.
+  const b64GraphMs = runner.graphTime(64, 50);
+  const b64Prof = await runner.profiled(() => closedLoop(b64engine, randomPrompts(64, 4, runner.shape.vocabSize, 17), 64, 32));
   const memory = runner.memory();
   runner.close();
   return {
@@ -199,7 +204,8 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
       fraction_of_peak: CARD.peak ? Number((bytesPerStep / stepS / CARD.peak).toFixed(3)) : null,
       // As the H200 figures of 2026-12-03 (4bccb38) counted it (the whole embedding table too), for comparison.
       fraction_counting_embedding: CARD.peak ? Number(((bytesPerStep + unreadEmbedding) / stepS / CARD.peak).toFixed(3)) : null },
-    batch64: { tokens_per_s: Math.round(b64.tokensPerS) },
+    batch64: { tokens_per_s: Math.round(b64.tokensPerS), step_ms: Number(((64 * 1000) / b64.tokensPerS).toFixed(3)), graph_ms: Number(b64GraphMs.toFixed(3)),
+      direct_step_ms: Number(((b64Prof.value.seconds * 1000) / 32).toFixed(3)), direct_ms_by_phase: perStepMs(b64Prof.profile) },
     batch1_breakdown: breakdown,
     device_memory: memory, nvml_used_delta_at_load: nvmlDelta,
     // NVML sees the accountant's bytes plus the CUDA context and cuBLAS's own handle state.

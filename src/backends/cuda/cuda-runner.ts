@@ -345,16 +345,16 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
     return this.native.graphTime?.(this.handle, batch, reps) ?? Number.NaN;
   }
 
-  /**
-   * Benchmarks: runs `work` with steps launched directly and timed by phase (no graphs meanwhile).
-   * `gemvRows` (0-4) sets how many rows a step may have to multiply through the GEMV kernel rather than
-   * cuBLAS while it runs (the library's default is restored after); null where the library cannot.
-   */
   /** What cuBLASLt's FP8 path could not do (fp8Gemm 'cublaslt': shapes it had no algorithm for ran the tiles), or ''. */
   fp8GemmNote(): string {
     return this.native.fp8GemmNote?.(this.handle) ?? '';
   }
 
+  /**
+   * Benchmarks: runs `work` with steps launched directly and timed by phase (no graphs meanwhile).
+   * `gemvRows` (0-4) sets how many rows a step may have to multiply through the GEMV kernel rather than
+   * cuBLAS while it runs (the library's default is restored after); null where the library cannot.
+   */
   async profiled<T>(work: () => Promise<T>, gemvRows?: number): Promise<{ value: T; profile: StepProfile | null }> {
     const { profile, profileRead, setGemvRows } = this.native;
     if (!profile || !profileRead || (gemvRows !== undefined && !setGemvRows)) return { value: await work(), profile: null };
