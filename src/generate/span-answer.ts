@@ -15,14 +15,15 @@
  *   free   anything, EOS included; "`" opens a span.
  * Which characters keep the span a substring: a suffix automaton over the chunks (joined by a character no
  * token holds), so a step is one transition and a token's check is its length. A mask is a walk of the
- * vocabulary's sorted texts (structured/token-mask.ts: TokenVocabulary) that reuses the automaton state of
- * the prefix a text shares with the one before, and jumps past every text below a refused prefix, so
- * inside a span it visits only the tokens that are substrings of the context (a few thousand of 150k); in
- * free text every token without a backtick is allowed at once and only the others are walked.
+ * vocabulary's sorted texts as a trie (structured/token-mask.ts: walkTokenTrie, the JSON masks' walk too)
+ * that reuses the automaton state of the prefix a text shares with the one before, and jumps past every
+ * text below a refused prefix, so inside a span it visits only the tokens that are substrings of the
+ * context (a few thousand of 150k); in free text every token without a backtick is allowed at once and
+ * only the others are walked.
  *
  * Pure logic, no model: test/span-answer.test.ts checks it against a brute-force reference.
  */
-import { maskHas, vocabularyFor, type TokenGrammar, type TokenMask, type TokenVocabulary } from './structured/token-mask.js';
+import { maskHas, vocabularyFor, walkTokenTrie, type TokenGrammar, type TokenMask, type TokenVocabulary } from './structured/token-mask.js';
 
 /** Longest copied span, in characters (a whole sentence in backticks is not an answer's fact). */
 export const SPAN_MAX_CHARS = 80;
@@ -164,44 +165,14 @@ export function spanMask(v: TokenVocabulary, sam: SubstringAutomaton, state: Spa
   return m;
 }
 
-/** Sets the bits of the texts (sorted, ids alongside) the constraint reads whole from `state`. */
+/** Sets the bits of the texts (sorted, ids alongside) the constraint reads whole from `state` (the token trie's walk). */
 function walk(sam: SubstringAutomaton, state: SpanState, texts: readonly string[], ids: Int32Array, m: TokenMask, closeOnly: boolean, maxChars: number): void {
-  const n = texts.length;
-  const states: SpanState[] = [state];
-  let prev = '';
-  let i = 0;
-  while (i < n) {
-    const s = texts[i]!;
-    let k = 0;
-    const shared = Math.min(prev.length, s.length, states.length - 1);
-    while (k < shared && prev.charCodeAt(k) === s.charCodeAt(k)) k++;
-    states.length = k + 1;
-    let dead = -1;
-    for (; k < s.length; k++) {
-      const nx = advanceChar(sam, states[k]!, s.charCodeAt(k), maxChars);
-      if (!nx) {
-        dead = k;
-        break;
-      }
-      states.push(nx);
-    }
-    if (dead < 0) {
-      if (!closeOnly || states[s.length]!.phase === 'free') m[ids[i]! >>> 5]! |= 1 << (ids[i]! & 31);
-      prev = s;
-      i++;
-      continue;
-    }
-    // Every text below the refused prefix is refused too: past their block (sorted by code units).
-    const prefix = s.slice(0, dead + 1);
-    prev = s.slice(0, dead);
-    let lo = i + 1, hi = n;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (texts[mid]!.startsWith(prefix)) lo = mid + 1;
-      else hi = mid;
-    }
-    i = lo;
-  }
+  walkTokenTrie<SpanState>(state, texts, ids, {
+    step: (s, text, k) => advanceChar(sam, s, text.charCodeAt(k), maxChars),
+    read: (id, end) => {
+      if (!closeOnly || end.phase === 'free') m[id >>> 5]! |= 1 << (id & 31);
+    },
+  });
 }
 
 /** The constraint for one prompt's chunks: starts a guide per sequence (what sequence.ts asks of params.grammar). */

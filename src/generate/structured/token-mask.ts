@@ -160,9 +160,50 @@ export interface AllowedTokens {
  * which sort last in their block (a vocabulary's many CJK first characters are skipped in one jump).
  */
 function walk(state: State, texts: readonly string[], ids: Int32Array, m: TokenMask, asciiLiterals: boolean, costLimit: number, out: AllowedTokens): void {
+  walkTokenTrie<State>(state, texts, ids, {
+    step: (st, text, k) => {
+      const next = advance(st, text[k]!);
+      return next.length === 0 ? undefined : next;
+    },
+    read: (id, end) => {
+      // Over the limit, the token is left out but its block is not: a longer text may close sooner.
+      const cost = charsToClose(end);
+      if (cost <= costLimit) {
+        maskSet(m, id);
+        out.count++;
+        if (cost > out.maxCost) out.maxCost = cost;
+      }
+    },
+    ...(asciiLiterals ? { refusesLaterSiblings: (c: number) => c >= 0x80 } : {}),
+  });
+}
+
+/** What walkTokenTrie asks of an automaton over characters (states of type S). */
+export interface TokenTrieAutomaton<S> {
+  /** The state after character `k` of `text` (a UTF-16 code unit) from `state`, or undefined where it is refused. */
+  step(state: S, text: string, k: number): S | undefined;
+  /** Token `id`'s whole text was read, ending in state `end`. */
+  read(id: number, end: S): void;
+  /**
+   * Where a refused character (code unit `c`) refuses every character sorting after it at the same
+   * place too: the walk then jumps past all those siblings at once. Absent: only its own block.
+   */
+  refusesLaterSiblings?(c: number): boolean;
+}
+
+/**
+ * The walk of a vocabulary's sorted texts as a token trie (texts sorted by UTF-16 code units, ids
+ * alongside: TokenVocabulary.texts and .ids, or a subset in the same order): runs the automaton from
+ * `start` over each text one character at a time, reusing the states of the prefix it shares with the
+ * text before, and calls `read` for every text it reads whole. Where a character is refused, every text
+ * below that prefix is refused too, so the walk jumps past their block (a binary search) and visits only
+ * the live part of the trie. The JSON masks (TokenVocabulary.mask) and the copied-span constraint's
+ * (span-answer.ts: spanMask) are both this walk.
+ */
+export function walkTokenTrie<S>(start: S, texts: readonly string[], ids: Int32Array, automaton: TokenTrieAutomaton<S>): void {
   const n = texts.length;
   // states[k]: after the first k characters of `prev`.
-  const states: State[] = [state];
+  const states: S[] = [start];
   let prev = '';
   let i = 0;
   while (i < n) {
@@ -173,27 +214,21 @@ function walk(state: State, texts: readonly string[], ids: Int32Array, m: TokenM
     states.length = k + 1;
     let dead = -1;
     for (; k < s.length; k++) {
-      const next = advance(states[k]!, s[k]!);
-      if (next.length === 0) {
+      const next = automaton.step(states[k]!, s, k);
+      if (next === undefined) {
         dead = k;
         break;
       }
       states.push(next);
     }
     if (dead < 0) {
-      // Over the limit, the token is left out but its block is not: a longer text may close sooner.
-      const cost = charsToClose(states[s.length]!);
-      if (cost <= costLimit) {
-        maskSet(m, ids[i]!);
-        out.count++;
-        if (cost > out.maxCost) out.maxCost = cost;
-      }
+      automaton.read(ids[i]!, states[s.length]!);
       prev = s;
       i++;
       continue;
     }
-    // Every text below the refused prefix is refused too: past their block.
-    const prefix = s.slice(0, asciiLiterals && s.charCodeAt(dead) >= 0x80 ? dead : dead + 1);
+    // Every text below the refused prefix is refused too: past their block (sorted by code units).
+    const prefix = s.slice(0, automaton.refusesLaterSiblings?.(s.charCodeAt(dead)) ? dead : dead + 1);
     prev = s.slice(0, dead);
     let lo = i + 1, hi = n;
     while (lo < hi) {
