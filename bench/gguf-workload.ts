@@ -8,7 +8,7 @@ import path from 'node:path';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
-import { applySessionSettings } from '../src/runtime/ort-direct.js';
+import { applySessionSettings } from '../src/backends/ort/ort-direct.js';
 
 export interface GgufWorkload {
   cfg: Config;

@@ -42,7 +42,7 @@ import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guar
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
-import { countingAllocator } from '../src/runtime/ort-allocator.js';
+import { countingAllocator } from '../src/backends/ort/ort-allocator.js';
 import { createApp } from '../src/server/app.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

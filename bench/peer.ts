@@ -29,7 +29,7 @@ import type { ExecutionProvider } from '../src/config/config.js';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 
-import { sessionOptions } from '../src/runtime/session.js';
+import { sessionOptions } from '../src/backends/ort/session.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');

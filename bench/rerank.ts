@@ -22,8 +22,8 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../src/config/config.js';
 import { Reranker } from '../src/retrieval/reranker.js';
-import { countingAllocator, installHostAccounting } from '../src/runtime/ort-allocator.js';
-import { applySessionSettings } from '../src/runtime/ort-direct.js';
+import { countingAllocator, installHostAccounting } from '../src/backends/ort/ort-allocator.js';
+import { applySessionSettings } from '../src/backends/ort/ort-direct.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 

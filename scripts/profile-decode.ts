@@ -18,7 +18,7 @@ import { loadConfig } from '../src/config/config.js';
 import { isGguf, ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
 import { loraSlots } from '../src/generate/lora.js';
 import { readJson } from '../src/runtime/model-dir.js';
-import { DirectSession, directUnavailable, type HostTensor } from '../src/runtime/ort-direct.js';
+import { DirectSession, directUnavailable, type HostTensor } from '../src/backends/ort/ort-direct.js';
 
 const args = process.argv.slice(2);
 const flag = (name: string, fallback: string) => {

@@ -15,7 +15,7 @@
 #   5. scripts/build-gqa-decoder.ts: the shipped decoder in onnxruntime-genai's layout
 #      (models/decoder -> models/decoder-gqa, the server's default decoder; only when
 #      missing or older than its inputs)
-#   6. src/runtime/counting-allocator.c -> build/native/libragguard-alloc.so: the allocator
+#   6. src/backends/ort/counting-allocator.c -> build/native/libragguard-alloc.so: the allocator
 #      that counts ONNX Runtime's host bytes (RAGGUARD_HOST_METER=accounted)
 #   7. scripts/build-adapters.ts: the sample LoRA adapters in PEFT's layout (models/adapters,
 #      RAGGUARD_ADAPTER_DIR's default; seeded, the same bytes every build), for the small decoder and for
@@ -175,10 +175,10 @@ fi
 
 # --- 6. the counting allocator (ONNX Runtime's accounted bytes on the host) ----------------------
 alloc=build/native/libragguard-alloc.so
-if [[ ! -f $alloc || src/runtime/counting-allocator.c -nt $alloc ]]; then
-  log "counting allocator (src/runtime/counting-allocator.c -> $alloc)"
+if [[ ! -f $alloc || src/backends/ort/counting-allocator.c -nt $alloc ]]; then
+  log "counting allocator (src/backends/ort/counting-allocator.c -> $alloc)"
   mkdir -p build/native
-  cc -O2 -shared -fPIC -Wall -Wextra -Werror -o "$alloc" src/runtime/counting-allocator.c
+  cc -O2 -shared -fPIC -Wall -Wextra -Werror -o "$alloc" src/backends/ort/counting-allocator.c
 else
   log "$alloc is up to date"
 fi

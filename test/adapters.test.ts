@@ -18,7 +18,7 @@ import { buildGqaDecoder, type GqaSourceConfig } from '../src/backends/ort/conve
 import { loraSlots, planAdapter, slotTensors, writeEntry, type PeftConfig } from '../src/generate/lora.js';
 import { halfsToFloats } from '../src/runtime/float16.js';
 import { ONNX_FLOAT, readInitializers, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
-import { countingAllocator, installCountingAllocator } from '../src/runtime/ort-allocator.js';
+import { countingAllocator, installCountingAllocator } from '../src/backends/ort/ort-allocator.js';
 import { headerOf, parseHeader, SafetensorsError, tensorValues, writeSafetensors } from '../src/runtime/safetensors.js';
 import { ROOT, tempDir } from './helpers.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';

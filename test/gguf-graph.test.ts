@@ -25,7 +25,7 @@ import { buildGqaDecoder, gqaOpsets, type CpuKernels, type GqaGraph, type GqaSou
 import { loraSlots } from '../src/generate/lora.js';
 import { dequantize, GGML, rowBytes } from '../src/runtime/gguf.js';
 import { writeModel } from '../src/runtime/onnx-proto.js';
-import { DirectSession, type HostTensor } from '../src/runtime/ort-direct.js';
+import { DirectSession, type HostTensor } from '../src/backends/ort/ort-direct.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { tempDir } from './helpers.js';
 

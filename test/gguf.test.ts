@@ -24,7 +24,7 @@ import { dequantize, GGML, GGUF_TYPE, GgufFile, writeGguf, type GgufValue, type 
 import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type NodeSpec } from '../src/runtime/onnx-proto.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
-import { ragguardOpsVnni, setRagguardOpsPortable } from '../src/runtime/ort-direct.js';
+import { ragguardOpsVnni, setRagguardOpsPortable } from '../src/backends/ort/ort-direct.js';
 import { ROOT, tempDir } from './helpers.js';
 import { loadConfig } from '../src/config/config.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';

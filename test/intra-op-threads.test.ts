@@ -9,7 +9,7 @@ import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
-import { applySessionSettings, DirectSession, setIntraOpSpin, setIntraOpThreads, type IntraOpSpin } from '../src/runtime/ort-direct.js';
+import { applySessionSettings, DirectSession, setIntraOpSpin, setIntraOpThreads, type IntraOpSpin } from '../src/backends/ort/ort-direct.js';
 import { ROOT } from './helpers.js';
 
 const MODEL = path.join(ROOT, 'models/embedder/onnx/model.onnx');

@@ -6,9 +6,9 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { test } from 'node:test';
 import { accountedPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
-import { accountingUnavailable, installCountingAllocator } from '../src/runtime/ort-allocator.js';
-import { DirectSession, type HostTensor } from '../src/runtime/ort-direct.js';
-import { createSession, encoderFeeds } from '../src/runtime/session.js';
+import { accountingUnavailable, installCountingAllocator } from '../src/backends/ort/ort-allocator.js';
+import { DirectSession, type HostTensor } from '../src/backends/ort/ort-direct.js';
+import { createSession, encoderFeeds } from '../src/backends/ort/session.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const MiB = 1 << 20;

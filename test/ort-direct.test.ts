@@ -1,5 +1,5 @@
 /**
- * ONNX Runtime's C API through koffi (runtime/ort-direct.ts), on the genai decoder setup builds:
+ * ONNX Runtime's C API through koffi (backends/ort/ort-direct.ts), on the genai decoder setup builds:
  * the same numbers as onnxruntime-node, the KV buffer written in place, clear errors, and the
  * decoder's two run paths giving the same generations.
  */
@@ -12,7 +12,8 @@ import { generate } from '../src/backends/ort/generator.js';
 import { loraSlots } from '../src/generate/lora.js';
 import { writeFile } from 'node:fs/promises';
 import { ONNX_FLOAT, writeModel } from '../src/runtime/onnx-proto.js';
-import { DirectSession, directUnavailable, RunInterrupted, type HostTensor } from '../src/runtime/ort-direct.js';
+import { DirectSession, directUnavailable, type HostTensor } from '../src/backends/ort/ort-direct.js';
+import { RunInterrupted } from '../src/runtime/errors.js';
 import { ROOT, tempDir } from './helpers.js';
 
 const DIR = path.join(ROOT, 'models', 'decoder-gqa');

@@ -12,8 +12,8 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
-import { accountingUnavailable, installCountingAllocator } from '../src/runtime/ort-allocator.js';
-import { DirectSession, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsPortable } from '../src/runtime/ort-direct.js';
+import { accountingUnavailable, installCountingAllocator } from '../src/backends/ort/ort-allocator.js';
+import { DirectSession, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsPortable } from '../src/backends/ort/ort-direct.js';
 import { tempDir } from './helpers.js';
 
 // Before the first session of this process, as the server installs it.

@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { test } from 'node:test';
-import { createSession, cudaProviderPresent, sessionOptions } from '../src/runtime/session.js';
+import { createSession, cudaProviderPresent, sessionOptions } from '../src/backends/ort/session.js';
 import { ROOT } from './helpers.js';
 
 const MODEL = path.join(ROOT, 'models', 'embedder', 'onnx', 'model.onnx');

@@ -8,7 +8,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
-import { EncoderSession } from '../src/runtime/encoder-session.js';
+import { EncoderSession } from '../src/backends/ort/encoder-session.js';
 import { lowerOtherThreads } from '../src/runtime/thread-priority.js';
 import { ROOT, smallCorpus, startServer, tempDir } from './helpers.js';
 

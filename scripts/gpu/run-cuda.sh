@@ -41,7 +41,7 @@ if has hf; then
   record hf bash -c 'node --import tsx scripts/export-hf-checkpoint.ts models/decoder models/decoder-hf &&
     node --import tsx scripts/build-gqa-decoder.ts models/decoder models/decoder-gqa &&
     node --import tsx scripts/build-adapters.ts models/adapters &&
-    mkdir -p build/native && cc -O2 -shared -fPIC -o build/native/libragguard-alloc.so src/runtime/counting-allocator.c'
+    mkdir -p build/native && cc -O2 -shared -fPIC -o build/native/libragguard-alloc.so src/backends/ort/counting-allocator.c'
 fi
 has parity && record parity node --import tsx scripts/check-cuda-parity.ts models/decoder-gqa models/decoder-hf
 cuda_env=(RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda RAGGUARD_EMBEDDER=${RAGGUARD_EMBEDDER:-models/embedder})

@@ -7,19 +7,26 @@
  *                   decoder (cuda/cuda-decoder.ts, CudaDecoder): what it holds (planned or measured),
  *                   the runner it creates for a KV pool, what the memory model must know of its runs,
  *                   its profile run, and how it describes itself (/healthz, /debug/memory).
- *   EncoderBackend  what the embedder and the reranker run their model through: an ONNX Runtime session
- *                   (runtime/encoder-session.ts) or the native CUDA encoder (cuda/encoder-runner.ts),
- *                   the latter with its exact device figures (`device`).
+ *   EncoderBackend  what the embedder and the reranker run their model through (EncoderRuns): an ONNX
+ *                   Runtime session (ort/encoder-session.ts) or the native CUDA encoder
+ *                   (cuda/encoder-runner.ts), the latter with its exact device figures (`device`).
+ *
+ * And what both sides of these interfaces name: the provider a model runs on (ConcreteProvider), an
+ * encoder's output and its layer dimensions. A run stopped by its signal ends with runtime/errors.ts's
+ * RunInterrupted, whichever backend ran it.
  *
  * This module imports neither backend: ort/ and cuda/ are siblings that import it, not each other.
  */
 import type { AdapterHost } from '../generate/adapters.js';
 import type { DecoderShape, KvLayout } from '../generate/decoder-shape.js';
+import type { ExecutionProvider } from '../config/config.js';
 import type { ModelRunner } from '../generate/model-runner.js';
-import type { EncoderRuns } from '../runtime/encoder-session.js';
 import type { LoadBytes } from '../runtime/load-bytes.js';
-import type { ConcreteProvider } from '../runtime/session.js';
+import type { RunStage } from '../runtime/run-meter.js';
 import type { TextTokenizer } from '../runtime/tokenizer.js';
+
+/** The execution provider a model runs on: the one asked for, or the one 'auto' found. */
+export type ConcreteProvider = Exclude<ExecutionProvider, 'auto'>;
 
 /** How a decoder runs, for /healthz and the start-up log: its KV layout and run path (and why not a faster one). */
 export interface DecoderRuntime {
@@ -99,4 +106,39 @@ export interface EncoderDevice {
 export interface EncoderBackend extends EncoderRuns {
   /** Its exact device figures, where every buffer was allocated at load; absent where its load is measured (ONNX Runtime). */
   readonly device?: EncoderDevice;
+}
+
+export interface EncoderOutput {
+  data: Float32Array;
+  dims: number[];
+}
+
+/**
+ * What the embedder and the reranker run their model through: an ONNX Runtime session
+ * (ort/encoder-session.ts, EncoderSession), or the native CUDA encoder (cuda/encoder-runner.ts), which
+ * computes the same outputs.
+ */
+export interface EncoderRuns {
+  readonly provider: ConcreteProvider;
+  /**
+   * Every buffer of a run is allocated when the model loads (the CUDA encoder): its runs add nothing that
+   * the guard must predict, and the start-up profile has nothing to measure.
+   */
+  readonly preallocated: boolean;
+  /** Rows a run takes best (the CUDA encoder's limit); callers batch by their own default without. */
+  readonly preferredBatch?: number;
+  readonly outputNames: readonly string[];
+  outputInfo(name: string): { type?: string; rank?: number };
+  run(stage: RunStage | undefined, output: string, rows: readonly (readonly number[])[], padId: number,
+    typeRows?: readonly (readonly number[])[], signal?: AbortSignal): Promise<EncoderOutput>;
+  dummyRun(batch: number, tokens: number, padId: number): Promise<void>;
+  release(): Promise<void>;
+}
+
+/** An encoder's layer dimensions (embedder, reranker), from which the memory model sizes its runs. */
+export interface EncoderDims {
+  numLayers: number;
+  hiddenSize: number;
+  numHeads: number;
+  intermediateSize: number;
 }

@@ -11,9 +11,8 @@
  * produces in a layer, since a runtime keeps a layer's intermediates alive until the layer ends.
  */
 
-import type { EncoderDims } from '../runtime/encoder-session.js';
 import { bufferCapacity, dtypeBytes, kvBytesPerToken, type KvDtype } from '../generate/decoder-shape.js';
-import type { DecoderMemoryLayout } from '../backends/backend.js';
+import type { DecoderMemoryLayout, EncoderDims } from '../backends/backend.js';
 import { loraSlots, slotCapacity } from '../generate/lora.js';
 
 

@@ -11,7 +11,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { trimMalloc } from '../runtime/malloc.js';
-import { accountingUnavailable, countingAllocator, type AllocatorCounters } from '../runtime/ort-allocator.js';
+import { accountingUnavailable, countingAllocator, type AllocatorCounters } from '../backends/ort/ort-allocator.js';
 import { GpuSampler, usedBytes, type GpuMemoryReader } from './nvml.js';
 
 export interface PeakMeter {

@@ -1,5 +1,5 @@
 /** Memory readings: the process's own counters, and bytes measured around a load (host, and GPU through NVML). */
-import { regionViewBytes } from '../runtime/ort-direct.js';
+import { regionViewBytes } from '../backends/ort/ort-direct.js';
 import type { LoadBytes } from '../runtime/load-bytes.js';
 import { usedBytes, type GpuMemoryReader } from './nvml.js';
 

@@ -13,16 +13,15 @@
  * every value is finite: an export that yields NaN (a wrong output taken as another, an fp16 overflow)
  * stops start-up instead of filling the index with vectors that match nothing.
  *
- * Every run, the probe's included, goes through EncoderSession (runtime/encoder-session.ts): off the
+ * Every run, the probe's included, goes through EncoderSession (backends/ort/encoder-session.ts): off the
  * main thread on the CPU, and through the process's run gate (one model run at a time). With
  * RAGGUARD_EMBEDDER_EP=cuda the native CUDA encoder (backends/cuda/encoder-runner.ts) runs the same graph's
  * weights instead and pools on the device, as detected here (its output is then 'sentence_embedding').
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import type { EncoderBackend, EncoderDevice } from '../backends/backend.js';
+import type { ConcreteProvider, EncoderBackend, EncoderDevice } from '../backends/backend.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../runtime/model-dir.js';
-import type { ConcreteProvider } from '../runtime/session.js';
 import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
 import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer } from '../runtime/tokenizer.js';
@@ -118,7 +117,7 @@ export class Embedder {
     const tokenizer = await TextTokenizer.load(dir);
     const modelMax = Number(tokenizer.config['model_max_length'] ?? Infinity);
     const maxTokens = Math.min(cfg.max_position_embeddings ?? 512, Number.isFinite(modelMax) ? modelMax : 512);
-    const { runs: session } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
+    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'embedder', maxSequence: maxTokens, pooling });
     const padId = cfg.pad_token_id ?? 0;
     try {
       const output = selectOutput(session.outputNames, (name) => session.outputInfo(name).rank, dir);

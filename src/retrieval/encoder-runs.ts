@@ -8,7 +8,7 @@ import type { ExecutionProvider } from '../config/config.js';
 import { CudaEncoder, type CudaEncoderLimits } from '../backends/cuda/encoder-runner.js';
 import type { EncoderPooling } from '../backends/cuda/encoder-plan.js';
 import type { EncoderBackend } from '../backends/backend.js';
-import type { SessionExtras } from '../runtime/session.js';
+import type { SessionExtras } from '../backends/ort/session.js';
 import { TokenizerPool } from '../runtime/tokenizer-pool.js';
 
 /**
@@ -30,16 +30,13 @@ export async function tokenizerPool(dir: string, ep: ExecutionProvider, extras: 
 export const POOL_MIN_INPUTS = 8;
 
 /**
- * The model's runs (`runs`, behind EncoderBackend: all the embedder and the reranker use) and, on the
- * CUDA encoder, that encoder itself (`cuda`: the GPU host's checks read its plan and native figures).
- * `cuda` (the argument): the role, its longest input (its truncation) and, for the embedder, its pooling.
+ * The model's runs, behind EncoderBackend (all the embedder and the reranker use). `cuda`: what the CUDA
+ * encoder needs besides its limits: the role, its longest input (its truncation) and, for the embedder,
+ * its pooling.
  */
 export async function encoderRuns(dir: string, onnx: string, ep: ExecutionProvider, extras: EncoderLoadExtras,
-  cuda: { role: 'embedder' | 'reranker'; maxSequence: number; pooling?: EncoderPooling }): Promise<{ runs: EncoderBackend; cuda?: CudaEncoder }> {
-  if (ep === 'cuda') {
-    const encoder = await CudaEncoder.load(dir, { ...extras.cuda, ...cuda });
-    return { runs: encoder, cuda: encoder };
-  }
-  const { EncoderSession } = await import('../runtime/encoder-session.js');
-  return { runs: await EncoderSession.create(onnx, ep, extras) };
+  cuda: { role: 'embedder' | 'reranker'; maxSequence: number; pooling?: EncoderPooling }): Promise<EncoderBackend> {
+  if (ep === 'cuda') return CudaEncoder.load(dir, { ...extras.cuda, ...cuda });
+  const { EncoderSession } = await import('../backends/ort/encoder-session.js');
+  return EncoderSession.create(onnx, ep, extras);
 }

@@ -5,10 +5,8 @@
  */
 import path from 'node:path';
 import type { ExecutionProvider } from '../config/config.js';
-import type { EncoderBackend, EncoderDevice } from '../backends/backend.js';
-import type { EncoderDims } from '../runtime/encoder-session.js';
+import type { ConcreteProvider, EncoderBackend, EncoderDevice, EncoderDims } from '../backends/backend.js';
 import { modelFiles, readJson, type ModelFiles } from '../runtime/model-dir.js';
-import type { ConcreteProvider } from '../runtime/session.js';
 import type { TokenizerPool } from '../runtime/tokenizer-pool.js';
 import { encoderRuns, POOL_MIN_INPUTS, tokenizerPool, type EncoderLoadExtras } from './encoder-runs.js';
 import { TextTokenizer, type PairEncoding } from '../runtime/tokenizer.js';
@@ -52,7 +50,7 @@ export class Reranker {
     const cfg = await readJson<EncoderConfig>(path.join(dir, 'config.json'));
     const tokenizer = await TextTokenizer.load(dir);
     const longest = Math.min(maxTokens, cfg.max_position_embeddings ?? 512);
-    const { runs: session } = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
+    const session = await encoderRuns(dir, files.onnx, ep, extras, { role: 'reranker', maxSequence: longest });
     const dims = { numLayers: cfg.num_hidden_layers, hiddenSize: cfg.hidden_size, numHeads: cfg.num_attention_heads, intermediateSize: cfg.intermediate_size };
     return new Reranker(tokenizer, session, files, longest, cfg.pad_token_id ?? 0, dims, await tokenizerPool(dir, ep, extras));
   }

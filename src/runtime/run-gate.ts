@@ -11,7 +11,7 @@
  * for /healthz in a burst of 200). Through the gate at most one run sits between two polls for I/O.
  */
 
-import { RunInterrupted } from './ort-direct.js';
+import { RunInterrupted } from './errors.js';
 
 interface Waiter {
   resolve(): void;

@@ -13,7 +13,7 @@ import type { AdapterStats } from '../generate/adapters.js';
 import type { RagService } from '../service/rag.js';
 import { allocatorTuned, mallocStats } from '../runtime/malloc.js';
 import type { TrendReport } from '../guards/growth.js';
-import { accountingUnavailable, countingAllocator } from '../runtime/ort-allocator.js';
+import { accountingUnavailable, countingAllocator } from '../backends/ort/ort-allocator.js';
 
 export interface Component {
   name: string;

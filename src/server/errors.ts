@@ -6,8 +6,7 @@
 import type { ServerResponse } from 'node:http';
 import { AdapterBusyError, AdapterInvalidError } from '../generate/adapters.js';
 import { PromptNeverFitsError, UnsupportedSamplingError } from '../generate/engine.js';
-import { BusyError, ClosedError, InvalidRequestError, RagguardError, TooLargeError } from '../runtime/errors.js';
-import { RunInterrupted } from '../runtime/ort-direct.js';
+import { BusyError, ClosedError, InvalidRequestError, RagguardError, RunInterrupted, TooLargeError } from '../runtime/errors.js';
 import { InvalidUtf8Error } from './json-body.js';
 
 /** An error with the reply it becomes: what the routes throw, and what toHttpError makes of anything else. */

@@ -17,7 +17,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import type { Sequence } from '../generate/sequence.js';
 import type { Admission } from '../guards/admission.js';
 import type { RagService } from '../service/rag.js';
-import { countingAllocator } from '../runtime/ort-allocator.js';
+import { countingAllocator } from '../backends/ort/ort-allocator.js';
 import { mallocStats } from '../runtime/malloc.js';
 import type { TenantKey } from '../config/keys-file.js';
 import type { LimitEvents } from './limit-store.js';

@@ -25,8 +25,8 @@ import { profileMemory, profilePlan, type ProfileLimits, type ProfileReport } fr
 import { Embedder } from '../retrieval/embedder.js';
 import { RERANK_BATCH, Reranker } from '../retrieval/reranker.js';
 import type { LoadBytes } from '../runtime/load-bytes.js';
-import { installHostAccounting } from '../runtime/ort-allocator.js';
-import { applySessionSettings } from '../runtime/ort-direct.js';
+import { installHostAccounting } from '../backends/ort/ort-allocator.js';
+import { applySessionSettings } from '../backends/ort/ort-direct.js';
 import { autoTokenizerThreads } from '../runtime/tokenizer-pool.js';
 import path from 'node:path';
 

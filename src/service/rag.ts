@@ -21,7 +21,7 @@ import { GpuSampler, nvmlReader } from '../guards/nvml.js';
 import { processMemory } from '../guards/process-memory.js';
 import type { ProfileReport } from '../guards/profile.js';
 import { mallocStats, trimMalloc } from '../runtime/malloc.js';
-import { countingAllocator } from '../runtime/ort-allocator.js';
+import { countingAllocator } from '../backends/ort/ort-allocator.js';
 import { inSpan } from '../runtime/tracing.js';
 import { chunkSections, type Section } from '../retrieval/chunker.js';
 import { embeddingText, readCorpus } from '../retrieval/corpus.js';

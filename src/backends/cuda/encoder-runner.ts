@@ -12,11 +12,10 @@
  * runs' workspaces from overlapping) and hold no CPU core while the device works.
  */
 import path from 'node:path';
-import type { EncoderOutput } from '../../runtime/encoder-session.js';
-import type { EncoderBackend, EncoderDevice } from '../backend.js';
+import type { EncoderBackend, EncoderDevice, EncoderOutput } from '../backend.js';
 import type { LoadBytes } from '../../runtime/load-bytes.js';
 import { readJson } from '../../runtime/model-dir.js';
-import { RunInterrupted } from '../../runtime/ort-direct.js';
+import { RunInterrupted } from '../../runtime/errors.js';
 import { metered, type RunStage } from '../../runtime/run-meter.js';
 import { encoderNative, encoderUnavailable, type EncoderHandle, type EncoderNative, type EncoderNativeConfig, type EncoderNativeMemory } from './encoder-binding.js';
 import { encoderShapeProblem, HEADS, outWidth, planEncoder, POOLINGS, type EncoderLimits, type EncoderPlan, type EncoderPooling, type EncoderShape } from './encoder-plan.js';

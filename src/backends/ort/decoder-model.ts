@@ -16,7 +16,7 @@
  *   outputs too, the attention writes each row's new tokens into them in place (genai's
  *   past_present_share_buffer), so that a batch decodes step after step in one buffer, without
  *   repeating KV heads or attending to padding. On the CPU the runs go through ONNX Runtime's C API
- *   (runtime/ort-direct.ts) with the buffer in memory ONNX Runtime allocated: nothing is copied in
+ *   (ort-direct.ts) with the buffer in memory ONNX Runtime allocated: nothing is copied in
  *   or out (onnxruntime-node would hand the whole buffer back as a copy every run; it is the fallback
  *   where the C API cannot be bound). convert/gqa-builder.ts converts an Optimum export.
  *
@@ -34,15 +34,15 @@ import type { ExecutionProvider } from '../../config/config.js';
 import { modelFiles, readJson, readJsonIfExists, type ModelFiles } from '../../runtime/model-dir.js';
 import { halfsToFloats } from '../../runtime/float16.js';
 import { kvTailModel, ONNX_FLOAT, ONNX_FLOAT16 } from './onnx-graph.js';
-import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, type DirectSessionOptions, type SessionValueInfo } from '../../runtime/ort-direct.js';
-import { createSession, sessionOptions, type ConcreteProvider, type LoadedSession, type SessionExtras } from '../../runtime/session.js';
+import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, type DirectSessionOptions, type SessionValueInfo } from './ort-direct.js';
+import { createSession, sessionOptions, type LoadedSession, type SessionExtras } from './session.js';
 import { gatedRun } from '../../runtime/run-gate.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { bufferCapacity, kvArray, kvBytesPerToken, type DecoderShape, type KvArray, type KvDtype, type KvLayout } from '../../generate/decoder-shape.js';
 import { GREEDY_IDS, LAST_POSITIONS } from './convert/gqa-builder.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from '../../generate/lora.js';
 import { LoraPool, type DecoderAdapter } from '../../generate/lora-pool.js';
-import type { DecoderBackend, DecoderMemoryLayout, DecoderRuntime, MemoryDetail } from '../backend.js';
+import type { ConcreteProvider, DecoderBackend, DecoderMemoryLayout, DecoderRuntime, MemoryDetail } from '../backend.js';
 import type { ModelRunner } from '../../generate/model-runner.js';
 import { OrtModelRunner } from './ort-runner.js';
 import { presentData, type ForwardInput, type ForwardOutput, type KvTensor, type OrtDecoder } from './forward.js';

@@ -6,7 +6,7 @@
 import type { Tensor } from 'onnxruntime-node';
 import type { DecoderShape, KvArray } from '../../generate/decoder-shape.js';
 import type { DecoderAdapter } from '../../generate/lora-pool.js';
-import type { HostTensor } from '../../runtime/ort-direct.js';
+import type { HostTensor } from './ort-direct.js';
 import type { TextTokenizer } from '../../runtime/tokenizer.js';
 
 /**

@@ -24,7 +24,7 @@ import { fileURLToPath } from 'node:url';
 import { GgufFile } from '../../../runtime/gguf.js';
 import { ggufTokenizer } from '../../../runtime/gguf-tokenizer.js';
 import { writeModel } from '../../../runtime/onnx-proto.js';
-import { ragguardOpsUnavailable, ragguardOpsVnni } from '../../../runtime/ort-direct.js';
+import { ragguardOpsUnavailable, ragguardOpsVnni } from '../ort-direct.js';
 import type { Config } from '../../../config/config.js';
 import { loraWanted } from '../../../generate/adapters.js';
 import { configDims } from '../decoder-model.js';

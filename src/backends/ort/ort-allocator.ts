@@ -17,7 +17,7 @@ import koffi from 'koffi';
 import { registerCpuAllocator, viewRegions } from './ort-direct.js';
 
 /** Where scripts/setup.sh builds the library. */
-export const COUNTING_ALLOCATOR_LIBRARY = path.resolve(import.meta.dirname, '..', '..', 'build', 'native', 'libragguard-alloc.so');
+export const COUNTING_ALLOCATOR_LIBRARY = path.resolve(import.meta.dirname, '..', '..', '..', 'build', 'native', 'libragguard-alloc.so');
 
 export interface AllocatorCounters {
   /** Bytes allocated through the allocator and not yet freed. */

@@ -7,38 +7,13 @@
  * Every run passes the process's run gate (run-gate.ts): one at a time.
  */
 import * as ort from 'onnxruntime-node';
-import type { ExecutionProvider } from '../config/config.js';
-import { padRows } from './model-dir.js';
+import type { ExecutionProvider } from '../../config/config.js';
+import { padRows } from '../../runtime/model-dir.js';
+import { gatedRun } from '../../runtime/run-gate.js';
+import { metered, type RunStage } from '../../runtime/run-meter.js';
+import type { ConcreteProvider, EncoderOutput, EncoderRuns } from '../backend.js';
 import { DirectSession, type HostTensor } from './ort-direct.js';
-import { gatedRun } from './run-gate.js';
-import { metered, type RunStage } from './run-meter.js';
-import { createSession, encoderFeeds, type ConcreteProvider, type SessionExtras } from './session.js';
-
-export interface EncoderOutput {
-  data: Float32Array;
-  dims: number[];
-}
-
-/**
- * What the embedder and the reranker run their model through: an ONNX Runtime session (EncoderSession),
- * or the native CUDA encoder (backends/cuda/encoder-runner.ts), which computes the same outputs.
- */
-export interface EncoderRuns {
-  readonly provider: ConcreteProvider;
-  /**
-   * Every buffer of a run is allocated when the model loads (the CUDA encoder): its runs add nothing that
-   * the guard must predict, and the start-up profile has nothing to measure.
-   */
-  readonly preallocated: boolean;
-  /** Rows a run takes best (the CUDA encoder's limit); callers batch by their own default without. */
-  readonly preferredBatch?: number;
-  readonly outputNames: readonly string[];
-  outputInfo(name: string): { type?: string; rank?: number };
-  run(stage: RunStage | undefined, output: string, rows: readonly (readonly number[])[], padId: number,
-    typeRows?: readonly (readonly number[])[], signal?: AbortSignal): Promise<EncoderOutput>;
-  dummyRun(batch: number, tokens: number, padId: number): Promise<void>;
-  release(): Promise<void>;
-}
+import { createSession, encoderFeeds, type SessionExtras } from './session.js';
 
 export class EncoderSession implements EncoderRuns {
   readonly preallocated = false;
@@ -150,12 +125,4 @@ export class EncoderSession implements EncoderRuns {
     const row = Array.from({ length: tokens }, (_, i) => (i === 0 ? padId + 1 : padId + 2));
     await this.run(undefined, this.outputNames[0]!, Array.from({ length: batch }, () => row), padId);
   }
-}
-
-/** An encoder's layer dimensions (embedder, reranker), from which the memory model sizes its runs. */
-export interface EncoderDims {
-  numLayers: number;
-  hiddenSize: number;
-  numHeads: number;
-  intermediateSize: number;
 }

@@ -2,7 +2,7 @@
  * An OrtAllocator that counts: every byte ONNX Runtime allocates through it (a session's
  * intermediate tensors, outputs, scratch buffers, initializers) is added to a live total, and the
  * highest live total since the last reset is kept. This is the host's "accounted bytes" meter
- * (src/runtime/ort-allocator.ts registers it with ONNX Runtime's environment; every CPU session then
+ * (src/backends/ort/ort-allocator.ts registers it with ONNX Runtime's environment; every CPU session then
  * allocates through it with session.use_env_allocators=1).
  *
  * Why not the process's resident size: glibc keeps and reuses freed memory, spreads a run's buffers

@@ -9,12 +9,11 @@ import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import * as ort from 'onnxruntime-node';
-import type { ExecutionProvider, WebGpuBufferCache } from '../config/config.js';
-import { padRows } from './model-dir.js';
+import type { ExecutionProvider, WebGpuBufferCache } from '../../config/config.js';
+import { padRows } from '../../runtime/model-dir.js';
+import { gatedRun } from '../../runtime/run-gate.js';
+import type { ConcreteProvider } from '../backend.js';
 import { countingAllocator } from './ort-allocator.js';
-import { gatedRun } from './run-gate.js';
-
-export type ConcreteProvider = Exclude<ExecutionProvider, 'auto'>;
 
 export interface LoadedSession {
   session: ort.InferenceSession;

@@ -16,6 +16,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import koffi from 'koffi';
+import { RunInterrupted } from '../../runtime/errors.js';
 
 export type HostTensorType = 'float32' | 'float16' | 'int64' | 'int32';
 
@@ -78,7 +79,7 @@ const SLOT = {
  * ragguard's custom-op library (src/backends/ort/ragguard-ops.c, built by npm run setup): its
  * QMatMul8 and QMatMul4 run the block products of converted GGUF decoders (RAGGUARD_CPU_KERNELS).
  */
-export const RAGGUARD_OPS_LIBRARY = path.resolve(import.meta.dirname, '..', '..', 'build', 'native', 'libragguard-ops.so');
+export const RAGGUARD_OPS_LIBRARY = path.resolve(import.meta.dirname, '..', '..', '..', 'build', 'native', 'libragguard-ops.so');
 
 interface Api {
   check(status: unknown): void;
@@ -402,17 +403,6 @@ export function registerCpuAllocator(allocator: (info: unknown) => unknown): voi
   const a = bind();
   if (!a) throw new Error(`onnxruntime C API unavailable: ${unavailable}`);
   a.registerCpuAllocator(allocator);
-}
-
-/**
- * A run stopped because its signal was aborted (every request it served was abandoned): its outputs,
- * in-place KV buffers included, are not to be trusted. `reason` is the signal's.
- */
-export class RunInterrupted extends Error {
-  override readonly name = 'RunInterrupted';
-  constructor(readonly reason: unknown) {
-    super(`run interrupted: ${reason instanceof Error ? reason.message : String(reason)}`);
-  }
 }
 
 /** Why ragguard's custom ops (RAGGUARD_OPS_LIBRARY) cannot run in this process ('' when they can). */
