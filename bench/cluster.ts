@@ -147,13 +147,56 @@ const question = (name: string) => `Which TCP port does the ${name} daemon liste
 
 interface Usage { prompt: number; cached: number; asks: number; failed: number }
 
-async function ask(base: string, name: string, usage: Usage): Promise<void> {
+/** One query about `name`'s port, counted in `usage`; true when it was answered (200 with its guard report). */
+async function ask(base: string, name: string, usage: Usage): Promise<boolean> {
   const r = await call(base, 'POST', '/query', { query: question(name), max_new_tokens: NEW_TOKENS });
   usage.asks++;
   const run = r?.status === 200 ? r.body?.guard?.as_run : undefined;
-  if (!run) { usage.failed++; return; }
+  if (!run) { usage.failed++; return false; }
   usage.prompt += Number(run.prompt_tokens ?? 0);
   usage.cached += Number(run.cached_prompt_tokens ?? 0);
+  return true;
+}
+
+/**
+ * The fault phases' load: CLIENTS clients until stop(), `until` (epoch ms) or the deadline; every third request
+ * ingests a new document named from `tag` (acknowledged: 200 or 201), the others ask a group's question.
+ * `servedFrom` (seconds on now()'s clock, 0 until a phase sets it): the first query sent at or after it that
+ * is answered sets `servingAgainS`, the seconds from servedFrom to that answer.
+ */
+function faultLoad(base: string, tag: string, until = Number.POSITIVE_INFINITY) {
+  const load = {
+    acked: [] as string[], unacked: 0, usage: { prompt: 0, cached: 0, asks: 0, failed: 0 } as Usage,
+    servedFrom: 0, servingAgainS: undefined as number | undefined,
+    done: Promise.resolve() as Promise<unknown>, stop: async () => {},
+  };
+  let n = 0;
+  let stopped = false;
+  load.done = Promise.all(Array.from({ length: CLIENTS }, async () => {
+    while (!stopped && Date.now() < Math.min(until, DEADLINE)) {
+      const i = n++;
+      if (i % 3 === 0) {
+        const name = codename(tag, i);
+        const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
+        if (r && (r.status === 200 || r.status === 201)) load.acked.push(name); else load.unacked++;
+      } else {
+        const t = now();
+        const from = load.servedFrom;
+        if ((await ask(base, codename('p', i % GROUPS), load.usage)) && from > 0 && t >= from && load.servingAgainS === undefined) {
+          load.servingAgainS = now() - from;
+        }
+      }
+    }
+  }));
+  load.stop = async () => { stopped = true; await load.done; };
+  return load;
+}
+
+/** How many acknowledged documents the cluster no longer has. */
+async function lostOf(base: string, acked: readonly string[]): Promise<number> {
+  let missing = 0;
+  for (const id of acked) if ((await call(base, 'GET', `/documents/${id}`))?.status !== 200) missing++;
+  return missing;
 }
 
 /** Groups' chains (ingest, then its asks) spread over the clients. */
@@ -217,27 +260,13 @@ try {
   // ------------------------------------------------------------------------------ kill -9 under load
   if (PHASES.has('kill')) {
     const before = { ...outcomes };
-    const acked: string[] = [];
-    let unacked = 0;
-    let n = 0;
     const victim = `r${VICTIM}`;
     const victimPid = Number(readFileSync(path.join(dir, `replica-${VICTIM}`, 'pid'), 'utf8'));
     const loadEnd = Date.now() + KILL_LOAD_S * 1000;
     const events: Record<string, number> = {};
     let killedAt = 0;
-    const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
-    const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
-      while (Date.now() < Math.min(loadEnd, DEADLINE)) {
-        const i = n++;
-        if (i % 3 === 0) {
-          const name = codename('k', i);
-          const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
-          if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
-        } else {
-          await ask(base, codename('p', i % GROUPS), usage);
-        }
-      }
-    }));
+    const load = faultLoad(base, 'k', loadEnd);
+    const { acked, usage } = load;
     const watch = (async () => {
       await sleep((KILL_LOAD_S * 1000) / 3);
       process.kill(victimPid, 'SIGKILL');
@@ -264,14 +293,10 @@ try {
     })();
     // The load runs at least until the replica serves again (or the deadline), so its return is under load.
     await watch;
-    await load;
+    await load.done;
     const during = Object.fromEntries((Object.keys(outcomes) as Outcome[]).map((k) => [k, outcomes[k] - before[k]]));
-
-    let missing = 0;
-    for (const id of acked) {
-      const r = await call(base, 'GET', `/documents/${id}`);
-      if (r?.status !== 200) missing++;
-    }
+    const unacked = load.unacked;
+    const missing = await lostOf(base, acked);
     const round = (x: number | undefined) => (x === undefined ? null : +x.toFixed(2));
     result['failure'] = {
       load_s: KILL_LOAD_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
@@ -286,69 +311,38 @@ try {
   // ------------------------------------------------------------------------------ the database stopped under load
   if (PHASES.has('outage') && existsSync(path.join(dir, 'pg', 'port'))) {
     const pg = (cmd: string) => run('bash', ['scripts/postgres.sh', cmd, path.join(dir, 'pg')], { cwd: ROOT });
-    const acked: string[] = [];
-    let unacked = 0;
-    let n = 0;
-    const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
-    const events: Record<string, number> = {};
-    let back = 0;
-    let stopAsking = false;
     window = 'before';
-    const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
-      while (!stopAsking && Date.now() < DEADLINE) {
-        const i = n++;
-        if (i % 3 === 0) {
-          const name = codename('o', i);
-          const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
-          if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
-        } else {
-          const t = now();
-          const r = await call(base, 'POST', '/query', { query: question(codename('p', i % GROUPS)), max_new_tokens: NEW_TOKENS });
-          usage.asks++;
-          if (r?.status !== 200) usage.failed++;
-          else if (back > 0 && t >= back && events['serving_again_s'] === undefined) events['serving_again_s'] = now() - back;
-        }
-      }
-    }));
+    const load = faultLoad(base, 'o');
+    const { acked, usage } = load;
     await sleep(PG_OUTAGE_S * 1000);
     await pg('crash');
     window = 'outage';
     log(`PostgreSQL stopped (immediate) for ${PG_OUTAGE_S} s under load`);
     await sleep(PG_OUTAGE_S * 1000);
     await pg('restart');
-    back = now();
+    load.servedFrom = now();
     window = 'after';
     log('PostgreSQL started again');
     await sleep(PG_OUTAGE_S * 1000);
-    stopAsking = true;
-    await load;
+    await load.stop();
     window = undefined;
-    let missing = 0;
-    for (const id of acked) {
-      const r = await call(base, 'GET', `/documents/${id}`);
-      if (r?.status !== 200) missing++;
-    }
+    const missing = await lostOf(base, acked);
+    const servingAgainS = load.servingAgainS;
     result['database_outage'] = {
-      outage_s: PG_OUTAGE_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
+      outage_s: PG_OUTAGE_S, acknowledged_ingests: acked.length, unacknowledged_ingests: load.unacked, lost_acknowledged: missing,
       asks: usage.asks, failed_asks: usage.failed, replies: byWindow,
       slowest_reply_s: Object.fromEntries(Object.entries(slowest).map(([k, v]) => [k, +v.toFixed(2)])),
-      serving_again_after_return_s: events['serving_again_s'] === undefined ? null : +events['serving_again_s'].toFixed(2),
+      serving_again_after_return_s: servingAgainS === undefined ? null : +servingAgainS.toFixed(2),
     };
     log(`database outage: replies ${JSON.stringify(byWindow)}; acknowledged ingests ${acked.length}, lost ${missing}; ` +
-      `serving again ${events['serving_again_s']?.toFixed(1)} s after its return`);
+      `serving again ${servingAgainS?.toFixed(1)} s after its return`);
   }
 
   // ------------------------------------------------------------------------------ the router restarted under load
   if (PHASES.has('router')) {
     byWindow = {};
     slowest = {};
-    const acked: string[] = [];
-    let unacked = 0;
-    let n = 0;
-    const usage: Usage = { prompt: 0, cached: 0, asks: 0, failed: 0 };
     const events: Record<string, number> = {};
-    let startedAt = 0;
-    let stopAsking = false;
     const cfg = path.join(dir, 'haproxy.cfg');
     const pidOf = () => Number(readFileSync(path.join(dir, 'haproxy.pid'), 'utf8').trim().split('\n').pop());
     // Until the process has exited: a zombie (a daemon reparented to a reaper that has not reaped it yet)
@@ -361,22 +355,8 @@ try {
       }
     };
     window = 'before';
-    const load = Promise.all(Array.from({ length: CLIENTS }, async () => {
-      while (!stopAsking && Date.now() < DEADLINE) {
-        const i = n++;
-        if (i % 3 === 0) {
-          const name = codename('h', i);
-          const r = await call(base, 'PUT', `/documents/${name}`, { text: documentText(name, i), title: name });
-          if (r && (r.status === 200 || r.status === 201)) acked.push(name); else unacked++;
-        } else {
-          const t = now();
-          const r = await call(base, 'POST', '/query', { query: question(codename('p', i % GROUPS)), max_new_tokens: NEW_TOKENS });
-          usage.asks++;
-          if (r?.status !== 200) usage.failed++;
-          else if (startedAt > 0 && t >= startedAt && events['serving_again_s'] === undefined) events['serving_again_s'] = now() - startedAt;
-        }
-      }
-    }));
+    const load = faultLoad(base, 'h');
+    const { acked, usage } = load;
     await sleep(ROUTER_S * 1000);
     // Graceful reload: a new process on the same listener, the old one (-sf) finishes its requests and exits.
     const old = pidOf();
@@ -396,7 +376,7 @@ try {
     await sleep(ROUTER_DOWN_S * 1000);
     t = now();
     await run('haproxy', ['-D', '-f', cfg]);
-    startedAt = t;
+    load.servedFrom = t;
     window = 'after';
     log('HAProxy started again');
     while (Date.now() < DEADLINE && events['all_up_s'] === undefined) {
@@ -405,17 +385,13 @@ try {
       else await sleep(100);
     }
     await sleep(ROUTER_S * 1000);
-    stopAsking = true;
-    await load;
+    await load.stop();
     window = undefined;
-    let missing = 0;
-    for (const id of acked) {
-      const r = await call(base, 'GET', `/documents/${id}`);
-      if (r?.status !== 200) missing++;
-    }
+    if (load.servingAgainS !== undefined) events['serving_again_s'] = load.servingAgainS;
+    const missing = await lostOf(base, acked);
     const round = (x: number | undefined) => (x === undefined ? null : +x.toFixed(2));
     result['router_restart'] = {
-      window_s: ROUTER_S, down_s: ROUTER_DOWN_S, acknowledged_ingests: acked.length, unacknowledged_ingests: unacked, lost_acknowledged: missing,
+      window_s: ROUTER_S, down_s: ROUTER_DOWN_S, acknowledged_ingests: acked.length, unacknowledged_ingests: load.unacked, lost_acknowledged: missing,
       asks: usage.asks, failed_asks: usage.failed, replies: byWindow,
       slowest_reply_s: Object.fromEntries(Object.entries(slowest).map(([k, v]) => [k, +v.toFixed(2)])),
       reload_old_exited_s: round(events['reload_old_exited_s']),
