@@ -35,11 +35,9 @@
  * (query p95 <= 30 ms at recall@10 >= 0.95, one-document ingest p95 <= 200 ms). Run with nice on a shared
  * machine; figures need a quiet one.
  */
-import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { promisify } from 'node:util';
 import pg from 'pg';
 import { loadConfig } from '../src/config/config.js';
 import { reciprocalRankFusion } from '../src/retrieval/fusion.js';
@@ -47,9 +45,9 @@ import { FaissStore } from '../src/retrieval/faiss-store.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
 import type { Hit, NewDocument, RetrievalStore } from '../src/retrieval/retrieval-store.js';
 import { trimMalloc } from '../src/runtime/malloc.js';
+import { startPostgres, type PgServer } from './pg-bench-server.js';
 import { ClusteredSet, ExactNeighbours } from './synthetic.js';
 
-const ROOT = path.resolve(import.meta.dirname, '..');
 const env = (name: string, dflt: string) => process.env[name] ?? dflt;
 const SIZES = env('BENCH_SCALE_SIZES', '10000,100000,1000000').split(',').map(Number);
 const STORES = env('BENCH_SCALE_STORES', 'faiss,postgres').split(',') as ('faiss' | 'postgres')[];
@@ -71,7 +69,6 @@ const FILTER = { collection: 'default' };
 
 const cfg = loadConfig(process.env);
 const BM25 = { k1: cfg.bm25K1, b: cfg.bm25B };
-const run = promisify(execFile);
 const log = (s: string) => console.error(`[bench:scale] ${s}`);
 const now = () => performance.now();
 const round = (x: number, digits = 2) => Math.round(x * 10 ** digits) / 10 ** digits;
@@ -257,43 +254,6 @@ async function faissCase(n: number): Promise<Record<string, unknown>> {
   }
 }
 
-interface PgServer {
-  url: string;
-  database(): Promise<string>;
-  stop(): Promise<void>;
-}
-
-async function startPostgres(): Promise<PgServer> {
-  const given = process.env['BENCH_SCALE_PG_URL'];
-  let dir: string | undefined;
-  let url = given;
-  if (!url) {
-    dir = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-scale-pg-'));
-    url = (await run('bash', [path.join(ROOT, 'scripts', 'postgres.sh'), 'start', dir], {
-      cwd: ROOT, env: { ...process.env, POSTGRES_SH_SETTINGS: `-c shared_buffers=${PG_SHARED_BUFFERS} -c max_wal_size=8GB` },
-    })).stdout.trim();
-  }
-  const admin = new pg.Client({ connectionString: url });
-  await admin.connect();
-  const created: string[] = [];
-  return {
-    url,
-    async database() {
-      const name = `ragguard_scale_${Date.now()}`;
-      await admin.query(`CREATE DATABASE ${name}`);
-      created.push(name);
-      const u = new URL(url!);
-      u.pathname = `/${name}`;
-      return u.toString();
-    },
-    async stop() {
-      for (const name of created) await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).catch(() => undefined);
-      await admin.end();
-      if (dir) await run('bash', [path.join(ROOT, 'scripts', 'postgres.sh'), 'stop', dir], { cwd: ROOT });
-    },
-  };
-}
-
 async function postgresCase(server: PgServer, n: number): Promise<Record<string, unknown>> {
   const url = await server.database();
   let store = await PostgresStore.open(url, DIM, { bm25: BM25, efSearch: cfg.pgEfSearch });
@@ -349,7 +309,7 @@ async function postgresCase(server: PgServer, n: number): Promise<Record<string,
 const cases: Record<string, unknown>[] = [];
 let server: PgServer | undefined;
 try {
-  if (STORES.includes('postgres')) server = await startPostgres();
+  if (STORES.includes('postgres')) server = await startPostgres(process.env['BENCH_SCALE_PG_URL'], PG_SHARED_BUFFERS);
   for (const n of SIZES) {
     for (const kind of STORES) {
       log(`${kind}: ${n} chunks of ${DIM} dimensions`);

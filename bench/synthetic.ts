@@ -14,7 +14,8 @@ const ROWS_PER_STREAM = 1000;
 const VOCABULARY = 4000;
 const TOPIC_WORDS = 12;
 
-function gaussian(next: () => number): () => number {
+/** Standard normal draws from a uniform generator (Box-Muller, the spare kept). */
+export function gaussian(next: () => number): () => number {
   let spare: number | undefined;
   return () => {
     if (spare !== undefined) {
@@ -31,7 +32,8 @@ function gaussian(next: () => number): () => number {
   };
 }
 
-function normalizeRows(x: Float32Array, d: number): void {
+/** Scales each row of d numbers to unit length, in place. */
+export function normalizeRows(x: Float32Array, d: number): void {
   for (let o = 0; o < x.length; o += d) {
     let s = 0;
     for (let j = 0; j < d; j++) s += x[o + j]! * x[o + j]!;
@@ -134,6 +136,11 @@ export class ExactNeighbours {
       best.sort((a, b) => b.score - a.score || a.row - b.row);
       best.length = Math.min(best.length, this.k);
     });
+  }
+
+  /** Query q's nearest rows with their inner products, best first. */
+  scored(q: number): readonly { row: number; score: number }[] {
+    return this.best[q]!;
   }
 
   /** Query q's nearest rows, best first. */
