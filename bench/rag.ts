@@ -33,6 +33,9 @@
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer (each as it comes).
  * A decoding policy per request: BENCH_RAG_MAX_NEW_TOKENS=n sends max_new_tokens, BENCH_RAG_STOP a stop
  * sequence (a JSON array for several, e.g. '["\n\n"]'); left out, the server's defaults answer.
+ * BENCH_RAG_CONCURRENCY=n (n > 1) then asks the same chosen questions again (base model), n requests in flight
+ * at a time as n clients would, and reports their /query p50/p95, wall time and exact_fact as answers_concurrent
+ * (batched decoding may change a greedy answer in the last bits, so its exact_fact can differ slightly).
  * RAGGUARD_QUERY_COPY_SPAN=off|first|ticks (the server's setting, config.ts) constrains the answers' code spans to
  * the cited chunks (src/generate/span-answer.ts); the JSON line names it (query_copy_span).
  * Prints tables; the last line is JSON.
@@ -177,6 +180,7 @@ async function main(): Promise<void> {
     const bySplit: Partial<Record<Split, { base: Summary; adapter?: Summary }>> = {};
     const adapter = process.env['BENCH_RAG_ADAPTER'] || undefined;
     let asked = 0;
+    let concurrent: { concurrency: number; n: number; exact_fact: number; p50_ms: number; p95_ms: number; wall_s: number } | null = null;
     if (withAnswers) {
       const vocabulary = new Set<string>();
       for (const d of await readCorpus(cfg.corpusDir)) for (const w of words(`${d.title}\n${d.text}`)) vocabulary.add(w);
@@ -244,6 +248,24 @@ async function main(): Promise<void> {
             console.log(t.samples.join('\n'));
           }
         }
+        const concurrency = Number(process.env['BENCH_RAG_CONCURRENCY'] ?? 1);
+        if (concurrency > 1) {
+          const lat: number[] = [];
+          let correct = 0;
+          let next = 0;
+          const t1 = performance.now();
+          await Promise.all(Array.from({ length: concurrency }, async () => {
+            for (let i = next++; i < chosen.length; i = next++) {
+              const q = chosen[i]!;
+              const r = await ask(q);
+              lat.push(r.ms);
+              if (isCorrect(r.answer, q.answer, q.accept)) correct++;
+            }
+          }));
+          concurrent = { concurrency, n: lat.length, exact_fact: round(correct / lat.length), p50_ms: round(quantile(lat, 0.5), 1), p95_ms: round(quantile(lat, 0.95), 1), wall_s: round((performance.now() - t1) / 1000, 1) };
+          console.log('');
+          console.log(`answers at ${concurrency} concurrent (${lat.length}): exact fact ${concurrent.exact_fact}; /query latency p50 ${concurrent.p50_ms} ms, p95 ${concurrent.p95_ms} ms; ${concurrent.wall_s} s in all`);
+        }
         const main = bySplit[answerSplits[0]!];
         answers = main?.base ?? null;
         adapterAnswers = main?.adapter ?? null;
@@ -265,6 +287,7 @@ async function main(): Promise<void> {
       retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan,
       ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
       answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers.exact_fact - answers.exact_fact) : null } : {}),
+      ...(concurrent ? { answers_concurrent: concurrent } : {}),
       ...(answerSplits.length > 1 ? { answers_by_split: bySplit } : {}),
       ...(Object.keys(policy).length ? { decoding: policy } : {}),
       ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),

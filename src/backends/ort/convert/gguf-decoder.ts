@@ -134,9 +134,17 @@ export async function ggufDecoderDir(ggufPath: string, opts: GgufConvertOptions)
     const eot = file.get('tokenizer.ggml.eot_token_id') === undefined ? undefined : file.num('tokenizer.ggml.eot_token_id');
     const eos = [...new Set([tok.eosId, eot].filter((x): x is number => x !== undefined))];
     const cfg = { ...m.config, eos_token_id: eos.length === 1 ? eos[0]! : eos };
-    const g = buildGqaDecoder(cfg, m.source, { lora, weights: opts.weights, ops: kernels, rotary: m.rotary });
-    const bytes = g.initializers.reduce((s, t) => s + t.data.length, 0);
-    if (bytes >= 2 ** 31 - 2 ** 26) {
+    const limit = 2 ** 31 - 2 ** 26;
+    const weigh = (x: { initializers: { data: Uint8Array }[] }) => x.initializers.reduce((s, t) => s + t.data.length, 0);
+    let g = buildGqaDecoder(cfg, m.source, { lora, weights: opts.weights, ops: kernels, rotary: m.rotary });
+    let bytes = weigh(g);
+    // Over one ONNX file in float32 (a 1.5B model's embedding table alone is 0.9 GB): the table in float16.
+    if (bytes >= limit) {
+      g = buildGqaDecoder(cfg, m.source, { lora, weights: opts.weights, ops: kernels, rotary: m.rotary, embedding: 'float16' });
+      bytes = weigh(g);
+      opts.log?.(`decoder ${ggufPath}: the embedding table in float16 (float32 would exceed one ONNX file)`);
+    }
+    if (bytes >= limit) {
       throw new Error(`decoder ${ggufPath}: ${(bytes / 2 ** 30).toFixed(1)} GiB of weights exceed one ONNX file (2 GiB); external data is not written here`);
     }
     const model = writeModel({ name: 'decoder_gguf', ...g, opsets: gqaOpsets(kernels) });

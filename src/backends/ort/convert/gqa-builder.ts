@@ -195,6 +195,13 @@ export interface GqaOptions {
    * frequency i divided by `freqFactors[i]` (Llama 3's, as GGUF stores them in rope_freqs.weight).
    */
   rotary?: RotaryScaling;
+  /**
+   * The input embedding table's element type in a float32 graph: float32 (default), or float16, gathered
+   * and cast to float32 (half the table's bytes; its values, dequantized from 4 to 8 bits a weight, keep
+   * 11 bits of mantissa). gguf-decoder.ts asks for float16 only where float32 would not fit one ONNX file
+   * (2 GiB): Qwen2.5-Coder-1.5B's 151936 x 1536 table is 0.9 GB in float32.
+   */
+  embedding?: 'float32' | 'float16';
 }
 
 /**
@@ -418,8 +425,14 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   inits.push(tensor('cos_cache', dtype, [maxPos, D / 2], cos), tensor('sin_cache', dtype, [maxPos, D / 2], sin));
 
   const embed = need('model.embed_tokens.weight');
-  inits.push(tensor('model.embed_tokens.weight', dtype, [V, H], embed));
-  add('Gather', ['model.embed_tokens.weight', 'input_ids'], ['h0'], { attrs: { axis: { int: 0 } } });
+  if (opts.embedding === 'float16' && dtype === 'float32') {
+    inits.push(tensor('model.embed_tokens.weight', 'float16', [V, H], embed));
+    add('Gather', ['model.embed_tokens.weight', 'input_ids'], ['h0_half'], { attrs: { axis: { int: 0 } } });
+    add('Cast', ['h0_half'], ['h0'], { attrs: { to: { int: ONNX_FLOAT } } });
+  } else {
+    inits.push(tensor('model.embed_tokens.weight', dtype, [V, H], embed));
+    add('Gather', ['model.embed_tokens.weight', 'input_ids'], ['h0'], { attrs: { axis: { int: 0 } } });
+  }
   let h = 'h0';
   for (let l = 0; l < L; l++) {
     const p = `model.layers.${l}`;
