@@ -197,9 +197,10 @@ async function benchBig(dir: string): Promise<Record<string, unknown>> {
   const b64GraphMs = runner.graphTime(64, 50);
   const b64Prof = await runner.profiled(() => closedLoop(b64engine, randomPrompts(64, 4, runner.shape.vocabSize, 17), 64, 32));
   const memory = runner.memory();
+  const fp8GemmNote = FP8_GEMM ? runner.fp8GemmNote() : ''; // before close: the library's string goes with the engine
   runner.close();
   return {
-    model: path.basename(dir), dtype: runner.dtype, weights: WEIGHTS ?? 'model', ...(FP8_GEMM ? { fp8_gemm: FP8_GEMM, fp8_gemm_note: runner.fp8GemmNote() } : {}), weights_bytes: runner.plan.weights,
+    model: path.basename(dir), dtype: runner.dtype, weights: WEIGHTS ?? 'model', ...(FP8_GEMM ? { fp8_gemm: FP8_GEMM, fp8_gemm_note: fp8GemmNote } : {}), weights_bytes: runner.plan.weights,
     batch1: { tokens_per_s: Math.round(n / b1.seconds), ms_per_token: Number((stepS * 1000).toFixed(3)), bytes_per_step: bytesPerStep, card: CARD.card, peak_bytes_per_s: CARD.peak, bytes_per_s: Math.round(bytesPerStep / stepS),
       fraction_of_peak: CARD.peak ? Number((bytesPerStep / stepS / CARD.peak).toFixed(3)) : null,
       // As the H200 figures of 2026-12-03 (4bccb38) counted it (the whole embedding table too), for comparison.

@@ -21,7 +21,8 @@
 #   6. carry [".gpu"]:                 source .gpu/enter.sh && bash scripts/gpu/run-rag-gpu.sh
 # Steps (STEPS, default "raggpu"):
 #   build   scripts/build-cuda.sh: the CUDA decoder and encoder libraries (the host's nvcc, ~1 min)
-#   raggpu  npm run bench:rag-gpu (bench/rag-gpu.ts) with RAGGUARD_DECODER=$DEFAULT_GGUF (/tmp/rg-default.gguf),
+#   raggpu  npm run bench:rag-gpu (bench/rag-gpu.ts) with RAGGUARD_DECODER=$DEFAULT_GGUF (/tmp/rg-default.gguf; or a
+#           Hugging Face checkpoint directory, e.g. run-gguf.sh's random-weight one of the default's shape),
 #           RAGGUARD_EMBEDDER=$MINILM_DIR where step 3 put it (/tmp/rg-minilm), LLAMA_BIN=$LLAMA/build/bin
 #           (/tmp/rg-llama): bursts of 256 at 32 and 64 concurrent, the peer at -np 64; BENCH_RAG_GPU_* and
 #           RAGGUARD_* pass through; its deadline (BENCH_RAG_GPU_DEADLINE_S, 540 s) keeps it within one call.
@@ -49,7 +50,7 @@ fi
 has build && record build bash scripts/build-cuda.sh
 if has raggpu; then
   rag_gpu() {
-    [[ -f $DEFAULT_GGUF ]] || { echo "{\"error\":\"$DEFAULT_GGUF is not here (scripts/gpu/model-pieces.sh)\"}"; return 1; }
+    [[ -e $DEFAULT_GGUF ]] || { echo "{\"error\":\"$DEFAULT_GGUF is not here (scripts/gpu/model-pieces.sh)\"}"; return 1; }
     local llama_bin=${LLAMA_BIN:-$LLAMA/build/bin}
     [[ -x $llama_bin/llama-server ]] || echo "bench:rag-gpu: no $llama_bin/llama-server (STEPS=llama bash scripts/gpu/run-gguf.sh): the peer is left out"
     local embedder=${RAGGUARD_EMBEDDER:-}

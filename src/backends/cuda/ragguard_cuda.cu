@@ -1201,7 +1201,9 @@ struct Engine {
   // qmma_kernel, and fp8_lt_note says so.
   bool fp8_lt = false;
   cublasLtHandle_t lt = nullptr;
-  struct LtPlan { cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr; cublasLtMatmulAlgo_t algo{}; bool ok = false; };
+  // outer: cuBLASLt applies the row and token scales (OUTER_VEC_32F); else its product is unscaled float
+  // [N, M] (ld M) in the tile, scaled into Y by fp8_outer_scale_kernel.
+  struct LtPlan { cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr; cublasLtMatmulAlgo_t algo{}; bool ok = false; bool outer = false; };
   std::map<std::tuple<int, int, int, int>, LtPlan> lt_plans;  // (M, N, K, output type)
   std::string fp8_lt_note;
   size_t elt() const { return 2; }
@@ -1329,66 +1331,123 @@ void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, boo
 }
 
 // cuBLASLt's FP8 GEMM for an M x N x K product of FP8 weights [M, K] (row scales) and FP8 activations [N, K]
-// (token scales) into `ytype` with rows `ld` apart: its descriptors and algorithm, made once a shape. Null where
-// cuBLASLt has none (e.fp8_lt_note says why; the caller uses qmma_kernel).
+// (token scales) into `ytype` with rows `ld` apart: its descriptors and algorithm, made once a shape. First
+// with both scales in cuBLASLt's epilogue (OUTER_VEC_32F); where this cuBLASLt has no such algorithm (the
+// H100 run of 2026-12-05 fell back to the tiles at every shape), unscaled into float (ld M) for
+// fp8_outer_scale_kernel to scale. Null where neither has an algorithm (e.fp8_lt_note says why; the caller
+// uses qmma_kernel).
 Engine::LtPlan* lt_plan(Engine& e, int M, int N, int K, int ld, cudaDataType_t ytype) {
   const auto key = std::make_tuple(M, N, K, (int)ytype * 1000003 + ld);
   auto it = e.lt_plans.find(key);
   if (it != e.lt_plans.end()) return it->second.ok ? &it->second : nullptr;
   Engine::LtPlan& p = e.lt_plans[key];
-  auto none = [&](const std::string& why) -> Engine::LtPlan* {
-    if (e.fp8_lt_note.empty()) e.fp8_lt_note = why + " (" + std::to_string(M) + " x " + std::to_string(N) + " x " + std::to_string(K) + ")";
-    return nullptr;
+  auto note = [&](const std::string& why) {
+    if (e.fp8_lt_note.find(why) == std::string::npos)
+      e.fp8_lt_note += (e.fp8_lt_note.empty() ? "" : "; ") + why + " (" + std::to_string(M) + " x " + std::to_string(N) + " x " + std::to_string(K) + ")";
+  };
+  auto release = [&]() {
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    p.op = nullptr; p.a = p.b = p.c = nullptr;
   };
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-  if (cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return none("cublasLtMatmulDescCreate failed");
-  if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS)
-    return none("this cuBLASLt takes no outer-vector FP8 scales");
-  if (cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, M, K) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, N, K) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatrixLayoutCreate(&p.c, ytype, M, N, ld) != CUBLAS_STATUS_SUCCESS)
-    return none("cublasLtMatrixLayoutCreate failed");
-  cublasLtMatmulPreference_t pref = nullptr;
-  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return none("cublasLtMatmulPreferenceCreate failed");
   const uint64_t ws = (uint64_t)e.cfg.cublas_workspace_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulHeuristicResult_t res{};
+  // One attempt: the scales in the epilogue (outer) or none (unscaled float out). Its status, or -1 where a
+  // descriptor could not be made.
+  auto attempt = [&](bool outer, int& found) -> int {
+    found = 0;
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    if (cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (outer && (cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)) != CUBLAS_STATUS_SUCCESS ||
+                  cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)) != CUBLAS_STATUS_SUCCESS)) return -1;
+    if (cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, M, K) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, N, K) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&p.c, outer ? ytype : CUDA_R_32F, M, N, outer ? ld : M) != CUBLAS_STATUS_SUCCESS) return -1;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulHeuristicResult_t res{};
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(e.lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) p.algo = res.algo;
+    return (int)st;
+  };
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(e.lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found < 1) return none("cuBLASLt has no FP8 algorithm with outer-vector scales, status " + std::to_string((int)st));
-  p.algo = res.algo;
-  p.ok = true;
-  return &p;
+  int st = attempt(true, found);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) { p.ok = p.outer = true; return &p; }
+  release();
+  note("no FP8 algorithm with outer-vector scales (status " + std::to_string(st) + "): scaled after an unscaled GEMM");
+  st = attempt(false, found);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) { p.ok = true; return &p; }
+  release();
+  note("no FP8 algorithm at all (status " + std::to_string(st) + "): the tiles");
+  return nullptr;
+}
+
+// Y[n, m] = acc[n, m] x rs[m] x xs[n]: an unscaled FP8 product (float [N, M]) scaled by its weight rows' and
+// tokens' scales into Y (rows ldy apart; float or the model's type).
+template <typename T>
+__global__ void fp8_outer_scale_kernel(const float* __restrict__ acc, int M, int N, const float* __restrict__ rs,
+                                       const float* __restrict__ xs, void* __restrict__ y, bool f32, int ldy) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)M * N) return;
+  const int n = (int)(i / M), m = (int)(i % M);
+  const float v = acc[i] * rs[m] * xs[n];
+  if (f32) static_cast<float*>(y)[(size_t)n * ldy + m] = v;
+  else static_cast<T*>(y)[(size_t)n * ldy + m] = from_f<T>(v);
 }
 
 // Y[:, row0 .. row0 + M) = X . W^T for an FP8 segment with row scales through cuBLASLt, the activations
-// quantized a row at a time into e.qtile (in chunks of rows that fit it). 0 done; 1 no algorithm for a shape
-// (nothing was launched for it: the caller runs qmma_kernel); < 0 an error.
+// quantized a row at a time into e.qtile (in chunks of rows that fit it, with the unscaled float product
+// where cuBLASLt cannot scale). 0 done; 1 no algorithm for a shape (nothing was launched for it: the caller
+// runs qmma_kernel); < 0 an error.
 template <typename T>
 int fp8_lt_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size_t ysz, int ldy, int rows, int k, cudaDataType_t ytype) {
   const size_t cap = (size_t)e.cfg.quant_tile_bytes;
-  const int chunk = (int)std::min<size_t>((size_t)rows, (cap - 4096) / ((size_t)k + 4));
-  if (chunk < 1) return 1;
+  if (cap < 16384) return 1;
+  const int M = sg.rows;
+  // Every chunk's plan first, so that a shape without an algorithm launches nothing; chunks sized for the
+  // epilogue's scales, then again for the float product where that plan is the unscaled one.
+  auto plans = [&](int chunk, bool& outer) {
+    outer = true;
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+      const Engine::LtPlan* p = lt_plan(e, M, std::min(chunk, rows - r0), k, ldy, ytype);
+      if (!p) return false;
+      outer = outer && p->outer;
+    }
+    return true;
+  };
+  int chunk = (int)std::min<size_t>((size_t)rows, (cap - 4096) / ((size_t)k + 4));
+  bool outer = false;
+  if (chunk < 1 || !plans(chunk, outer)) return 1;
+  if (!outer) {
+    chunk = (int)std::min<size_t>((size_t)rows, (cap - 8192) / ((size_t)k + 4 + 4 * (size_t)M));
+    if (chunk < 1 || !plans(chunk, outer)) return 1;
+  }
   uint8_t* x8 = static_cast<uint8_t*>(e.qtile);
   float* xs = reinterpret_cast<float*>(x8 + qalign256((size_t)chunk * k));
-  // Every chunk's plan first, so that a shape without an algorithm launches nothing.
-  for (int r0 = 0; r0 < rows; r0 += chunk)
-    if (!lt_plan(e, sg.rows, std::min(chunk, rows - r0), k, ldy, ytype)) return 1;
+  float* acc = reinterpret_cast<float*>(x8 + qalign256(qalign256((size_t)chunk * k) + (size_t)chunk * 4));
   const float alpha = 1.f, beta = 0.f;
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int nr = std::min(chunk, rows - r0);
     act_fp8_kernel<T><<<nr, 256, 0, e.stream>>>(static_cast<const T*>(X) + (size_t)r0 * k, k, k, x8, xs);
-    Engine::LtPlan* p = lt_plan(e, sg.rows, nr, k, ldy, ytype);
-    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sg.rscale, sizeof(sg.rscale)));
-    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof(xs)));
+    Engine::LtPlan* p = lt_plan(e, M, nr, k, ldy, ytype);
     char* d = y + (size_t)r0 * ldy * ysz;
-    CUBLAS_TRY(cublasLtMatmul(e.lt, p->op, &alpha, sg.p.q, p->a, x8, p->b, &beta, d, p->c, d, p->c, &p->algo,
-                              e.cublas_ws, (size_t)e.cfg.cublas_workspace_bytes, e.stream));
+    if (p->outer) {
+      CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sg.rscale, sizeof(sg.rscale)));
+      CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof(xs)));
+      CUBLAS_TRY(cublasLtMatmul(e.lt, p->op, &alpha, sg.p.q, p->a, x8, p->b, &beta, d, p->c, d, p->c, &p->algo,
+                                e.cublas_ws, (size_t)e.cfg.cublas_workspace_bytes, e.stream));
+    } else {
+      CUBLAS_TRY(cublasLtMatmul(e.lt, p->op, &alpha, sg.p.q, p->a, x8, p->b, &beta, acc, p->c, acc, p->c, &p->algo,
+                                e.cublas_ws, (size_t)e.cfg.cublas_workspace_bytes, e.stream));
+      const size_t total = (size_t)M * nr;
+      fp8_outer_scale_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(acc, M, nr, sg.rscale, xs, d, ysz == 4, ldy);
+    }
   }
   return 0;
 }
