@@ -33,9 +33,11 @@
  * corpus and embedder must not change in between), BENCH_RAG_LOG=file.jsonl writes every answer (each as it comes).
  * A decoding policy per request: BENCH_RAG_MAX_NEW_TOKENS=n sends max_new_tokens, BENCH_RAG_STOP a stop
  * sequence (a JSON array for several, e.g. '["\n\n"]'); left out, the server's defaults answer.
- * BENCH_RAG_CONCURRENCY=n (n > 1) then asks the same chosen questions again (base model), n requests in flight
- * at a time as n clients would, and reports their /query p50/p95, wall time and exact_fact as answers_concurrent
- * (batched decoding may change a greedy answer in the last bits, so its exact_fact can differ slightly).
+ * BENCH_RAG_CONCURRENCY=n (default 1) asks the chosen questions n at a time, as n clients would, each taking the
+ * next question when its last one is answered: the latencies are then those at n concurrent (answers_wall_s: the
+ * whole pass). A run of its own, not a second pass after the one-at-a-time answers: those would leave every
+ * prompt in the prefix cache, and the second pass would skip its prefills. Batched decoding may change a greedy
+ * answer in the last bits, so its exact_fact can differ slightly from one at a time.
  * RAGGUARD_QUERY_COPY_SPAN=off|first|ticks (the server's setting, config.ts) constrains the answers' code spans to
  * the cited chunks (src/generate/span-answer.ts); the JSON line names it (query_copy_span).
  * Prints tables; the last line is JSON.
@@ -180,7 +182,8 @@ async function main(): Promise<void> {
     const bySplit: Partial<Record<Split, { base: Summary; adapter?: Summary }>> = {};
     const adapter = process.env['BENCH_RAG_ADAPTER'] || undefined;
     let asked = 0;
-    let concurrent: { concurrency: number; n: number; exact_fact: number; p50_ms: number; p95_ms: number; wall_s: number } | null = null;
+    const concurrency = Math.max(1, Math.floor(Number(process.env['BENCH_RAG_CONCURRENCY'] ?? 1)));
+    let wallS = 0;
     if (withAnswers) {
       const vocabulary = new Set<string>();
       for (const d of await readCorpus(cfg.corpusDir)) for (const w of words(`${d.title}\n${d.text}`)) vocabulary.add(w);
@@ -210,31 +213,38 @@ async function main(): Promise<void> {
         if (adapter) await ask(chosen[0]!, adapter);
         const runs = [{ adapter: undefined as string | undefined }, ...(adapter ? [{ adapter }] : [])];
         const tally = new Map<string, Tally>();
-        for (const q of chosen) {
-          for (const run of runs) {
-            const r = await ask(q, run.adapter);
-            const key = `${q.split}|${run.adapter ?? ''}`;
-            const t = tally.get(key) ?? newTally();
-            tally.set(key, t);
-            t.lat.push(r.ms);
-            t.words.push(r.answer.trim().split(/\s+/).filter(Boolean).length);
-            t.tokens.push(r.tokens);
-            const ok = isCorrect(r.answer, q.answer, q.accept);
-            if (ok) t.correct++;
-            const bad = isUnreadable(r.answer, vocabulary);
-            if (bad) t.unreadable++;
-            const echoed = instruction !== '' && echoes(r.answer, instruction);
-            if (echoed) t.echoed++;
-            if (r.cited) t.cited++;
-            if (r.first) t.first++;
-            if (r.cut) t.cut++;
-            const inContext = isCorrect(r.context, q.answer, q.accept);
-            if (inContext) t.inContext++;
-            const entry = JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, in_context: inContext, cut: r.cut, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer });
-            if (logFile) await appendFile(logFile, `${entry}\n`);
-            if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+        // BENCH_RAG_CONCURRENCY workers, each taking the next question when its last one is answered.
+        let next = 0;
+        const t1 = performance.now();
+        await Promise.all(Array.from({ length: concurrency }, async () => {
+          for (let i = next++; i < chosen.length; i = next++) {
+            const q = chosen[i]!;
+            for (const run of runs) {
+              const r = await ask(q, run.adapter);
+              const key = `${q.split}|${run.adapter ?? ''}`;
+              const t = tally.get(key) ?? newTally();
+              tally.set(key, t);
+              t.lat.push(r.ms);
+              t.words.push(r.answer.trim().split(/\s+/).filter(Boolean).length);
+              t.tokens.push(r.tokens);
+              const ok = isCorrect(r.answer, q.answer, q.accept);
+              if (ok) t.correct++;
+              const bad = isUnreadable(r.answer, vocabulary);
+              if (bad) t.unreadable++;
+              const echoed = instruction !== '' && echoes(r.answer, instruction);
+              if (echoed) t.echoed++;
+              if (r.cited) t.cited++;
+              if (r.first) t.first++;
+              if (r.cut) t.cut++;
+              const inContext = isCorrect(r.context, q.answer, q.accept);
+              if (inContext) t.inContext++;
+              const entry = JSON.stringify({ id: q.id, split: q.split, ...(run.adapter ? { adapter: run.adapter } : {}), correct: ok, unreadable: bad, echoed, cited: r.cited, in_context: inContext, cut: r.cut, ms: Math.round(r.ms), tokens: r.tokens, question: q.question, gold: q.answer, answer: r.answer });
+              if (logFile) await appendFile(logFile, `${entry}\n`);
+              if (t.samples.length < 5) t.samples.push(`  ${q.id} ${ok ? 'correct' : 'wrong  '} ${JSON.stringify(r.answer.slice(0, 120))} (gold: ${q.answer})`);
+            }
           }
-        }
+        }));
+        wallS = round((performance.now() - t1) / 1000, 1);
         for (const sp of answerSplits) {
           for (const run of runs) {
             const t = tally.get(`${sp}|${run.adapter ?? ''}`);
@@ -247,24 +257,6 @@ async function main(): Promise<void> {
               `cut at the token limit ${a.cut_at_limit}; /query latency p50 ${a.p50_ms} ms, p95 ${a.p95_ms} ms`);
             console.log(t.samples.join('\n'));
           }
-        }
-        const concurrency = Number(process.env['BENCH_RAG_CONCURRENCY'] ?? 1);
-        if (concurrency > 1) {
-          const lat: number[] = [];
-          let correct = 0;
-          let next = 0;
-          const t1 = performance.now();
-          await Promise.all(Array.from({ length: concurrency }, async () => {
-            for (let i = next++; i < chosen.length; i = next++) {
-              const q = chosen[i]!;
-              const r = await ask(q);
-              lat.push(r.ms);
-              if (isCorrect(r.answer, q.answer, q.accept)) correct++;
-            }
-          }));
-          concurrent = { concurrency, n: lat.length, exact_fact: round(correct / lat.length), p50_ms: round(quantile(lat, 0.5), 1), p95_ms: round(quantile(lat, 0.95), 1), wall_s: round((performance.now() - t1) / 1000, 1) };
-          console.log('');
-          console.log(`answers at ${concurrency} concurrent (${lat.length}): exact fact ${concurrent.exact_fact}; /query latency p50 ${concurrent.p50_ms} ms, p95 ${concurrent.p95_ms} ms; ${concurrent.wall_s} s in all`);
         }
         const main = bySplit[answerSplits[0]!];
         answers = main?.base ?? null;
@@ -287,7 +279,7 @@ async function main(): Promise<void> {
       retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan,
       ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
       answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers.exact_fact - answers.exact_fact) : null } : {}),
-      ...(concurrent ? { answers_concurrent: concurrent } : {}),
+      ...(concurrency > 1 ? { concurrency } : {}), ...(answers ? { answers_wall_s: wallS } : {}),
       ...(answerSplits.length > 1 ? { answers_by_split: bySplit } : {}),
       ...(Object.keys(policy).length ? { decoding: policy } : {}),
       ...(answers && (answerSplit !== 'heldout' || asked < splits.heldout.length) ? { answers_split: answerSplit, answered: asked } : {}),
