@@ -61,6 +61,36 @@ describe('selecting the CUDA backend', () => {
   });
 });
 
+describe('RAGGUARD_CUDA_WEIGHTS=fp8 as the server configures it', () => {
+  // The decoder as bootstrap opens it (cudaDecoderLimits), over a fresh stand-in: which FP8 product the
+  // library is told before the weights are registered, and the bytes the accountant plans for them.
+  const opened = async (env: Record<string, string>) => {
+    const c = loadConfig({ RAGGUARD_DECODER: checkpoint, RAGGUARD_DECODER_EP: 'cuda', RAGGUARD_CUDA_WEIGHTS: 'fp8', ...env });
+    const lib = standInCuda(JSON.parse(await readFile(path.join(checkpoint, 'config.json'), 'utf8')) as Record<string, unknown>);
+    const decoder = await CudaDecoder.open(checkpoint, cudaDecoderLimits(c), lib);
+    const runner = decoder.createRunner(16);
+    try {
+      return { events: [...lib.events], planned: decoder.staticBytes(16), quantBytes: lib.created!.quant_bytes, segments: decoder.checkpoint.quant!.segments };
+    } finally {
+      runner.close();
+    }
+  };
+
+  test('by default wide FP8 products go through cuBLASLt (weights packed with a scale a row); RAGGUARD_CUDA_FP8_GEMM=tiles keeps the tiles', async () => {
+    assert.equal(loadConfig({}).cudaFp8Gemm, 'cublaslt');
+    assert.throws(() => loadConfig({ RAGGUARD_CUDA_FP8_GEMM: 'fast' }), /RAGGUARD_CUDA_FP8_GEMM/);
+    const lt = await opened({});
+    const tiles = await opened({ RAGGUARD_CUDA_FP8_GEMM: 'tiles' });
+    assert.ok(lt.events.includes('fp8-gemm:1'), `the library was told: ${lt.events.slice(0, 3).join(', ')}`);
+    assert.ok(!tiles.events.some((e) => e.startsWith('fp8-gemm')), 'the tiles need no call');
+    // A float scale a row after each segment's planes: registered, and planned by the accountant.
+    assert.equal(lt.segments.length, tiles.segments.length);
+    lt.segments.forEach((s, i) => assert.equal(s.packedBytes, tiles.segments[i]!.packedBytes + Math.ceil((s.rows * 4) / 256) * 256, s.name));
+    assert.ok(lt.quantBytes > tiles.quantBytes);
+    assert.equal(lt.planned - tiles.planned, lt.quantBytes - tiles.quantBytes);
+  });
+});
+
 describe('serving on the CUDA decoder', () => {
   test('a generation whose first token is end of sequence settles with no text (it never hangs)', async () => {
     // The stand-in answers (last token + 1) mod vocab: after token 1 comes 2, the decoder's EOS.

@@ -33,6 +33,7 @@ export interface Config {
   ggufWeights: 'nbits' | 'dequant';
   /** The CUDA decoder's matrices: as the checkpoint holds them, or FP8 made at load. */
   cudaWeights: 'model' | 'fp8';
+  cudaFp8Gemm: 'cublaslt' | 'tiles';
   /** Who runs a converted GGUF's block products on the CPU: ragguard's QMatMul8 and QMatMul4, or ONNX Runtime's MatMulNBits. */
   cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */
@@ -278,6 +279,11 @@ export const VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_CUDA_WEIGHTS', default: 'model',
     doc: "The CUDA decoder's matrices (RAGGUARD_DECODER_EP=cuda): model (as the checkpoint holds them: float16/bfloat16, or a GGUF file's own block types, kept quantized on the device) or fp8 (a float16/bfloat16 checkpoint's matrices as FP8 E4M3 with a float16 scale per 32 weights, made on the device at load: half the bytes a decode step reads; norms and biases stay as they are). Checkpoints already quantized (quantization_config) are refused by name.",
     apply: oneOf(['model', 'fp8'] as const, (c, v) => (c.cudaWeights = v)),
+  },
+  {
+    name: 'RAGGUARD_CUDA_FP8_GEMM', default: 'cublaslt',
+    doc: "With RAGGUARD_CUDA_WEIGHTS=fp8, how steps of more than 8 rows (prefill, wide decode batches) multiply: cublaslt (cuBLASLt's FP8 GEMM on the tensor cores: the weights with one scale a row, each token's activations quantized to E4M3 with its own scale, as vLLM's W8A8; the scales applied after the product where cuBLASLt cannot take them) or tiles (the weights' 32-wide blocks decoded inside ragguard's tensor-core kernel, activations kept in 16 bits: closer to the checkpoint, slower). H100, 7B shape, 2026-12-05: cublaslt 6,857 tokens/s at batch 64 against tiles' 2,802 and bfloat16's 5,836; 6.3 nats from float32 against the tiles' 5.0 on a random-weight checkpoint (bench/results/h100-2026-12-05-fp8-lt-fallback-534d2a4.jsonl). Steps of up to 8 rows use the GEMV either way.",
+    apply: oneOf(['cublaslt', 'tiles'] as const, (c, v) => (c.cudaFp8Gemm = v)),
   },
   {
     name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',

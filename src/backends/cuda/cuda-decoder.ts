@@ -37,8 +37,13 @@ export interface CudaDecoderLimits {
   maxLoras?: number;
   /** RAGGUARD_CUDA_WEIGHTS: the checkpoint's own matrices (model) or FP8 made at load. */
   weights?: 'model' | 'fp8';
+  /** RAGGUARD_CUDA_FP8_GEMM: FP8 products of more than 8 rows through cuBLASLt (the default) or the tiles. */
+  fp8Gemm?: 'cublaslt' | 'tiles';
   maxLoraRank?: number;
 }
+
+/** FP8 weights packed for cuBLASLt (a scale a row): RAGGUARD_CUDA_FP8_GEMM's default. */
+const fp8ThroughCublasLt = (limits: CudaDecoderLimits) => limits.weights === 'fp8' && (limits.fp8Gemm ?? 'cublaslt') === 'cublaslt';
 
 export class CudaDecoder implements DecoderBackend {
   readonly provider = 'cuda' as const;
@@ -84,7 +89,7 @@ export class CudaDecoder implements DecoderBackend {
       throw new CheckpointError(`${dir}: an ONNX export; the CUDA backend reads Hugging Face checkpoints (config.json + *.safetensors)`);
     }
     const opened = await openCheckpoint(dir);
-    const checkpoint = limits.weights === 'fp8' ? withFp8(opened) : opened;
+    const checkpoint = limits.weights === 'fp8' ? withFp8(opened, { rowScales: fp8ThroughCublasLt(limits) }) : opened;
     if (!existsSync(path.join(dir, 'tokenizer.json'))) {
       throw new CheckpointError(`${dir}: no tokenizer.json: the server needs the checkpoint's tokenizer (tokenizer.json, tokenizer_config.json)`);
     }
@@ -128,7 +133,8 @@ export class CudaDecoder implements DecoderBackend {
   /** The runner's options; LoRA slots only with a pool the adapter registry asked for (adapters on). */
   private options(numBlocks: number, loraPool?: CudaLoraPool): CudaRunnerOptions {
     const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
-    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
+    const fp8 = this.limits.weights === 'fp8' ? { weights: 'fp8' as const, fp8Gemm: fp8ThroughCublasLt(this.limits) ? 'cublaslt' as const : 'mma' as const } : {};
+    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...fp8, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
   }
 
   /**
