@@ -16,128 +16,38 @@
  *   state in place, in one turn of the event loop: a search sees the write whole or not at all, and one
  *   document costs its own bytes, not a rewrite. Compaction folds the log into a new snapshot in the
  *   background once the log passes `logBytes` and a quarter of the snapshot.
+ *
+ * Its parts: the state (faiss-state.ts), a write as one change (faiss-change.ts), search with filters
+ * (faiss-search.ts), the snapshot's sections (faiss-snapshot-sections.ts), the options (faiss-options.ts).
  */
 import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { setImmediate as turn } from 'node:timers/promises';
-import { loadConfig } from '../config/config.js';
+import { apply, concatVectors, encodeChange, loggedBatch, noChange, replay, type Applied, type Change } from './faiss-change.js';
+import { defaults, type FaissStoreOptions } from './faiss-options.js';
+import { everything, nothing, passes, searchState } from './faiss-search.js';
+import { captureView, encodeState, encodeView, loadState, SNAPSHOT } from './faiss-snapshot-sections.js';
+import { concat, copyState, dropTombstones, emptyState, key, liveChunks, type State } from './faiss-state.js';
 import { lockDir, type DirLock } from './dir-lock.js';
 import { CollectionLexicon } from './lexical.js';
-import { Bitmap, PositionTable, Selections } from './positions.js';
 import {
-  DEFAULT_COLLECTION, DocumentExistsError, metadataMatches,
-  type Bm25Params, type Hit, type Metadata, type NewDocument, type RetrievalStore, type SearchFilter, type StoreCounts,
+  DEFAULT_COLLECTION, DocumentExistsError,
+  type Bm25Params, type Hit, type NewDocument, type RetrievalStore, type SearchFilter, type StoreCounts,
   type StoredChunk, type StoredDocument,
 } from './retrieval-store.js';
-import { CorruptSnapshotError, decodeSnapshot, readSnapshot, writeSectionsAtomic } from './snapshot.js';
+import { readSnapshot, writeSectionsAtomic } from './snapshot.js';
 import { VectorIndex, type HnswParams } from './vector-index.js';
-import { WriteLog, type LogRecord } from './write-log.js';
+import { WriteLog } from './write-log.js';
 
 export type { Hit, NewDocument, StoredChunk, StoredDocument } from './retrieval-store.js';
+export type { FaissStoreOptions } from './faiss-options.js';
 
-export interface FaissStoreOptions {
-  /** Live chunks from which the index is HNSW (0: always exact). */
-  annMin?: number;
-  /** HNSW: candidates per search, links per node, candidates while inserting. */
-  efSearch?: number;
-  hnswM?: number;
-  efConstruction?: number;
-  /** Snapshot size under which every write rewrites it; past it writes go to the log. */
-  logBytes?: number;
-  /** Log size from which compaction runs (also at least a quarter of the snapshot); default logBytes. */
-  compactBytes?: number;
-  /** Where warnings go (a torn log record dropped, a background task that failed). */
-  warn?: (message: string) => void;
-}
-
-/** The settings RAGGUARD_FAISS_* default to (config.ts has them and their docs). */
-function defaults(): Required<Omit<FaissStoreOptions, 'warn' | 'compactBytes'>> {
-  const c = loadConfig({});
-  return { annMin: c.faissAnnMin, efSearch: c.faissEfSearch, hnswM: c.faissHnswM, efConstruction: c.faissEfConstruction, logBytes: c.faissLogBytes };
-}
-
-/** Predicted bytes of a chunk's lexical postings per token, and of its objects (chunk, ids, map entries). */
-const POSTING_BYTES = 24;
-const CHUNK_OBJECT_BYTES = 256;
-/** A document's object, map entry and arrays besides its title, metadata and chunk ids. */
-const DOCUMENT_OBJECT_BYTES = 256;
 /** A rebuild drops tombstones once they are this share of the positions. */
 const TOMBSTONE_SHARE = 0.25;
-/** A filter passing under this share of the positions is searched exactly (the graph would walk mostly past it). */
-const EXACT_SHARE = 0.1;
-/** Candidates of a filtered HNSW search grow as the filter narrows, up to this many times efSearch. */
-const MAX_EF_FACTOR = 10;
 /** Chunks in the log from which compaction runs whatever the snapshot's size, and from which close() compacts. */
 const REPLAY_CHUNKS_MAX = 50_000;
 const CLOSE_COMPACT_CHUNKS = 2000;
 /** Vectors written during a rebuild that its swap adds on the event loop; more, and the rebuild starts over. */
 const CATCH_UP_MAX = 2000;
-/** Items per JSON section of a snapshot (documents, chunks, texts): no one string near V8's limit. */
-const PART_ITEMS = 50_000;
-
-const SNAPSHOT = 'index.snapshot';
-const key = (collection: string, docId: string) => `${collection}\u0000${docId}`;
-
-/** As stored: what older snapshots lack (collection, metadata, title on chunks) is optional. */
-type DocumentRecord = Omit<StoredDocument, 'collection' | 'metadata'> & { collection?: string; metadata?: Metadata };
-type ChunkRecord = Omit<StoredChunk, 'text' | 'collection' | 'title'> & { collection?: string; title?: string };
-
-/** The metadata section: the chunks without their texts (those are the text sections), in position order. */
-interface SectionMeta {
-  version: 2 | 3;
-  dimension: number;
-  documents: DocumentRecord[];
-  chunks: ChunkRecord[];
-  /** The next chunk id (absent in older snapshots, whose ids are positions). */
-  nextId?: number;
-  /** Version 3: the last log record this snapshot holds. */
-  seq?: number;
-  /** Version 3: removed positions still in the index, with their chunk ids. */
-  dead?: [number, number][];
-  /** Version 3: numbered sections beyond the first part ('documents.1', 'chunks.1', 'text.1', ...). */
-  parts?: { documents: number; chunks: number; text: number };
-}
-
-/** One state of the store. */
-interface State {
-  docs: Map<string, StoredDocument>;
-  chunks: Map<number, StoredChunk>;
-  table: PositionTable;
-  index: VectorIndex;
-  nextId: number;
-  collections: Map<string, StoreCounts>;
-  /** Predicted bytes of the documents and chunks as JS objects (texts, postings, ids). */
-  objectBytes: number;
-  /** Bitmaps of recent filters, kept level with every write. */
-  selections: Selections<SearchFilter>;
-  /** While the log is replayed: vectors for the index, added at the end. */
-  pending?: Float32Array[];
-}
-
-/** A document as a log record carries it: its chunk ids are given (the first; they follow on). */
-interface LoggedDocument {
-  collection: string;
-  docId: string;
-  title: string;
-  bytes: number;
-  metadata: Metadata;
-  firstId: number;
-  chunks: { text: string; tokens: number; locator?: string }[];
-}
-
-/** One write: what the log records and what both the live write and the replay apply. */
-type Change =
-  | { op: 'add' | 'replace'; docs: LoggedDocument[] }
-  | { op: 'remove'; collection: string; docId: string };
-
-interface Applied {
-  documents: StoredDocument[];
-  replaced: boolean[];
-  removed: StoredDocument | undefined;
-  addedChunks: StoredChunk[];
-  /** The chunks a write removed, with their collections (the lexical side is per collection). */
-  removedChunks: { id: number; collection: string }[];
-}
 
 export class FaissStore implements RetrievalStore {
   readonly kind = 'faiss';
@@ -320,7 +230,7 @@ export class FaissStore implements RetrievalStore {
         if (this.state.docs.has(k) || seen.has(k)) throw new DocumentExistsError(doc.docId, collection);
         seen.add(k);
       }
-      return { op: 'add', docs: this.logged(batch) };
+      return { op: 'add', docs: loggedBatch(batch, this.state.nextId, this.dimension) };
     }, batch, (a) => a.documents);
   }
 
@@ -338,7 +248,7 @@ export class FaissStore implements RetrievalStore {
         if (seen.has(k)) throw new Error(`document '${doc.docId}' appears twice in one batch`);
         seen.add(k);
       }
-      return { op: 'replace', docs: this.logged(batch) };
+      return { op: 'replace', docs: loggedBatch(batch, this.state.nextId, this.dimension) };
     }, batch, (a) => a.documents.map((document, i) => ({ document, replaced: a.replaced[i]! })));
   }
 
@@ -353,39 +263,13 @@ export class FaissStore implements RetrievalStore {
 
   /** The k nearest chunks by cosine similarity that pass the filter (none: every chunk), best first. */
   search(query: Float32Array, k: number, filter?: SearchFilter): Hit[] {
-    const s = this.state;
-    if (k <= 0 || s.table.liveCount === 0) return [];
-    const sel = this.selection(filter);
-    if (sel.count === 0) return [];
-    const want = Math.min(k, sel.count);
-    const allow = sel.bits;
-    let found: { positions: number[]; scores: number[] } | undefined;
-    if (s.index.kind === 'flat') {
-      found = s.index.search(query, want, { allow });
-    } else {
-      const share = sel.count / s.table.size;
-      const exact = sel.count < this.opts.annMin || share < EXACT_SHARE;
-      if (!exact) {
-        // The graph walks past positions the bitmap leaves out: more candidates as the filter narrows.
-        const efSearch = Math.min(this.opts.efSearch * MAX_EF_FACTOR, Math.max(this.opts.efSearch, want, Math.ceil(this.opts.efSearch / share)));
-        found = s.index.search(query, want, { allow, efSearch });
-      }
-      // A narrow filter, or a graph search that came up short: every allowed vector.
-      if (!found || found.positions.length < want) found = s.index.search(query, want, { allow, exact: true });
-    }
-    const hits: Hit[] = [];
-    const { positions, scores } = found;
-    positions.forEach((p, i) => {
-      const chunk = s.chunks.get(s.table.idAt(p));
-      if (chunk) hits.push({ chunk, score: scores[i]! });
-    });
-    return hits;
+    return searchState(this.state, this.opts, query, k, filter);
   }
 
   async searchLexical(query: string, k: number, filter: SearchFilter): Promise<Hit[]> {
     const lexical = this.lexicalIndex();
     const { chunks } = this.state;
-    const pass = this.passes(filter);
+    const pass = passes(this.state, filter);
     if (pass === nothing) return [];
     return lexical.search(filter.collection, query, k, pass === everything ? undefined : (id) => pass(chunks.get(id)!))
       .map((h) => ({ chunk: chunks.get(h.chunkId)!, score: h.score }));
@@ -455,60 +339,7 @@ export class FaissStore implements RetrievalStore {
     return this.log.append(body);
   }
 
-  /** The chunks a filter lets through, as a bitmap over positions (undefined: every position) and their count. */
-  private selection(filter: SearchFilter | undefined): { bits?: Uint8Array; count: number } {
-    const s = this.state;
-    const everyLive = () => (s.table.tombstones === 0 ? { count: s.table.liveCount } : { bits: s.table.live.bytes, count: s.table.liveCount });
-    if (!filter) return everyLive();
-    const inCollection = s.collections.get(filter.collection)?.chunks ?? 0;
-    if (inCollection === 0) return { count: 0 };
-    const conditions = Object.entries(filter.metadata ?? {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-    if (conditions.length === 0 && inCollection === s.table.liveCount) return everyLive();
-    const bits = s.selections.get(JSON.stringify([filter.collection, conditions]), filter, () => {
-      const b = new Bitmap(s.table.size);
-      for (const d of s.docs.values()) {
-        if (d.collection !== filter.collection || !metadataMatches(d.metadata, filter.metadata)) continue;
-        for (const id of d.chunkIds) {
-          const p = s.table.positionOf(id);
-          if (p >= 0) b.set(p);
-        }
-      }
-      return b;
-    });
-    return { bits: bits.bytes, count: bits.count };
-  }
 
-  private passes(filter: SearchFilter | undefined): (c: StoredChunk) => boolean {
-    if (!filter) return everything;
-    const { collection, metadata } = filter;
-    const s = this.state;
-    if (!metadata || Object.keys(metadata).length === 0) {
-      const inCollection = s.collections.get(collection)?.chunks ?? 0;
-      if (inCollection === s.table.liveCount) return everything;
-      if (inCollection === 0) return nothing;
-      return (c) => c.collection === collection;
-    }
-    return (c) => {
-      if (c.collection !== collection) return false;
-      const d = s.docs.get(key(c.collection, c.docId));
-      return d !== undefined && metadataMatches(d.metadata, metadata);
-    };
-  }
-
-  /** The batch as log records carry it, chunk ids given from the next free one. */
-  private logged(batch: readonly NewDocument[]): LoggedDocument[] {
-    let next = this.state.nextId;
-    return batch.map(({ doc, chunks, vectors }) => {
-      if (vectors.length !== chunks.length * this.dimension) throw new Error('one embedding per chunk expected');
-      const firstId = next;
-      next += chunks.length;
-      return {
-        collection: doc.collection ?? DEFAULT_COLLECTION, docId: doc.docId, title: doc.title, bytes: doc.bytes,
-        metadata: { ...doc.metadata }, firstId,
-        chunks: chunks.map((c) => ({ text: c.text, tokens: c.tokens, ...(c.locator !== undefined ? { locator: c.locator } : {}) })),
-      };
-    });
-  }
 
   /**
    * Runs a write after the earlier ones. `plan` validates against the state now and says the change
@@ -663,316 +494,8 @@ export class FaissStore implements RetrievalStore {
 }
 
 const defaultWarn = (message: string) => console.warn(`[faiss-store] ${message}`);
-const everything = (): boolean => true;
-const nothing = (): boolean => false;
 /** What the write queue's tail settles with: nothing that holds memory. */
 const settled = (): undefined => undefined;
 
 /** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
 const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.collection, text: `${c.title}\n${c.text}` });
-
-function emptyState(dimension: number): State {
-  return {
-    docs: new Map(), chunks: new Map(), table: PositionTable.empty(), index: VectorIndex.flat(dimension), nextId: 0,
-    collections: new Map(), objectBytes: 0, selections: new Selections(),
-  };
-}
-
-/** The next state of a small store's write: the live one stays as it is until the write is durable. */
-function copyState(s: State): State {
-  return {
-    docs: new Map(s.docs), chunks: new Map(s.chunks), table: s.table.copy(), index: s.index.clone(), nextId: s.nextId,
-    collections: new Map([...s.collections].map(([c, n]) => [c, { ...n }])), objectBytes: s.objectBytes, selections: new Selections(),
-  };
-}
-
-/** An exact index without its removed vectors (positions move down; ids stay). */
-function dropTombstones(s: State): void {
-  const kept = s.table.livePositions();
-  s.index = VectorIndex.flatOf(s.index.dimension, s.index.vectorsAt(kept));
-  s.table = s.table.remap(kept, new Int32Array(0));
-  s.selections.clear();
-}
-
-function noChange(): Applied {
-  return { documents: [], replaced: [], removed: undefined, addedChunks: [], removedChunks: [] };
-}
-
-// eslint-disable-next-line no-control-regex
-const LATIN1 = /^[\u0000-\u00ff]*$/;
-
-/** V8 holds a Latin-1 string at a byte a character, others at two. */
-const stringBytes = (s: string) => s.length * (LATIN1.test(s) ? 1 : 2);
-
-function chunkObjectBytes(c: StoredChunk): number {
-  return stringBytes(c.text) + (c.locator?.length ?? 0) * 2 + c.tokens * POSTING_BYTES + CHUNK_OBJECT_BYTES;
-}
-
-function documentObjectBytes(d: StoredDocument): number {
-  return DOCUMENT_OBJECT_BYTES + stringBytes(d.docId) + stringBytes(d.title) + JSON.stringify(d.metadata).length * 2 + d.chunkIds.length * 8;
-}
-
-function countIn(s: State, collection: string, documents: number, chunks: number): void {
-  const n = s.collections.get(collection) ?? { documents: 0, chunks: 0 };
-  n.documents += documents;
-  n.chunks += chunks;
-  if (n.documents === 0) s.collections.delete(collection);
-  else s.collections.set(collection, n);
-}
-
-function addDocument(s: State, d: LoggedDocument, vectors: Float32Array): StoredDocument {
-  if (d.firstId < s.nextId) throw new Error(`chunk id ${d.firstId} was given before (next is ${s.nextId})`);
-  const ids = d.chunks.map((_, i) => d.firstId + i);
-  const stored: StoredDocument = { collection: d.collection, docId: d.docId, title: d.title, bytes: d.bytes, metadata: d.metadata, chunkIds: ids };
-  const first = s.table.append(ids);
-  if (s.pending) {
-    s.pending.push(vectors);
-  } else {
-    s.index.add(vectors);
-    if (s.index.size !== s.table.size) throw new Error(`the index holds ${s.index.size} vectors for ${s.table.size} positions`);
-  }
-  d.chunks.forEach((c, ord) => {
-    const chunk: StoredChunk = {
-      id: ids[ord]!, collection: d.collection, docId: d.docId, title: d.title, ord, text: c.text, tokens: c.tokens,
-      ...(c.locator !== undefined ? { locator: c.locator } : {}),
-    };
-    s.chunks.set(chunk.id, chunk);
-    s.objectBytes += chunkObjectBytes(chunk);
-    s.selections.added(first + ord, (f) => f.collection === d.collection && metadataMatches(d.metadata, f.metadata));
-  });
-  s.docs.set(key(d.collection, d.docId), stored);
-  s.objectBytes += documentObjectBytes(stored);
-  s.nextId = d.firstId + ids.length;
-  countIn(s, d.collection, 1, ids.length);
-  return stored;
-}
-
-function removeDocument(s: State, collection: string, docId: string, removed: { id: number; collection: string }[]): StoredDocument | undefined {
-  const k = key(collection, docId);
-  const doc = s.docs.get(k);
-  if (!doc) return undefined;
-  s.docs.delete(k);
-  s.objectBytes -= documentObjectBytes(doc);
-  for (const id of doc.chunkIds) {
-    const p = s.table.positionOf(id);
-    if (p >= 0) {
-      s.table.kill(p);
-      s.selections.removed(p);
-    }
-    const c = s.chunks.get(id);
-    if (c) s.objectBytes -= chunkObjectBytes(c);
-    s.chunks.delete(id);
-    removed.push({ id, collection });
-  }
-  countIn(s, collection, -1, -doc.chunkIds.length);
-  return doc;
-}
-
-/** Applies a change to a state, in one synchronous step. */
-function apply(s: State, change: Change, vectors: Float32Array, dimension: number): Applied {
-  const out = noChange();
-  if (change.op === 'remove') {
-    out.removed = removeDocument(s, change.collection, change.docId, out.removedChunks);
-    return out;
-  }
-  let at = 0;
-  for (const d of change.docs) {
-    const n = d.chunks.length * dimension;
-    const was = change.op === 'replace' ? removeDocument(s, d.collection, d.docId, out.removedChunks) : undefined;
-    const stored = addDocument(s, d, vectors.subarray(at, at + n));
-    at += n;
-    out.documents.push(stored);
-    out.replaced.push(was !== undefined);
-    for (const id of stored.chunkIds) out.addedChunks.push(s.chunks.get(id)!);
-  }
-  if (at !== vectors.length) throw new Error(`${vectors.length / dimension} vectors for ${at / dimension} chunks`);
-  return out;
-}
-
-function concat(parts: readonly Float32Array[]): Float32Array {
-  if (parts.length === 1) return parts[0]!;
-  if (parts.length === 0) return new Float32Array(0);
-  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
-
-function concatVectors(batch: readonly NewDocument[], dimension: number): Float32Array {
-  for (const d of batch) if (d.vectors.length !== d.chunks.length * dimension) throw new Error('one embedding per chunk expected');
-  return concat(batch.map((d) => d.vectors));
-}
-
-/** A log record's body: u32 LE length of the change's JSON | the JSON | the vectors (float32, little-endian). */
-function encodeChange(change: Change, vectors: Float32Array): Buffer {
-  const json = Buffer.from(JSON.stringify(change));
-  const len = Buffer.alloc(4);
-  len.writeUInt32LE(json.length);
-  return Buffer.concat([len, json, Buffer.from(vectors.buffer, vectors.byteOffset, vectors.byteLength)]);
-}
-
-function replay(s: State, r: LogRecord, dimension: number): void {
-  const n = r.body.readUInt32LE(0);
-  const change = JSON.parse(r.body.subarray(4, 4 + n).toString('utf8')) as Change;
-  const raw = r.body.subarray(4 + n);
-  // A copy: the record's bytes need not be aligned for a Float32Array view.
-  const vectors = new Float32Array(Uint8Array.from(raw).buffer);
-  apply(s, change, vectors, dimension);
-}
-
-function liveChunks(s: State): StoredChunk[] {
-  const out: StoredChunk[] = [];
-  for (let p = 0; p < s.table.size; p++) {
-    const id = s.table.idAt(p);
-    if (id >= 0) out.push(s.chunks.get(id)!);
-  }
-  return out;
-}
-
-/** What a snapshot holds of a state, taken at once (the objects are never changed afterwards, only replaced). */
-interface View {
-  docs: StoredDocument[];
-  chunks: StoredChunk[];
-  dead: [number, number][];
-  nextId: number;
-}
-
-function captureView(s: State): View {
-  const labels = s.table.snapshot();
-  const dead: [number, number][] = [];
-  labels.forEach((l, p) => {
-    if (l < 0) dead.push([p, -l - 1]);
-  });
-  return { docs: [...s.docs.values()], chunks: liveChunks(s), dead, nextId: s.nextId };
-}
-
-function encodeState(s: State, vectors: Buffer, seq: number): Promise<[string, Uint8Array][]> {
-  return encodeView({ ...captureView(s), vectors }, s.index.dimension, seq);
-}
-
-/**
- * Sections: metadata (documents, chunks without texts, tombstones), text (the chunks' texts), vectors
- * (faiss's bytes); a large store's documents, chunks and texts continue in numbered sections
- * ('chunks.1', ...), each part encoded in its own turn of the event loop.
- */
-async function encodeView(v: View & { vectors: Buffer }, dimension: number, seq: number): Promise<[string, Uint8Array][]> {
-  const parts = <T>(items: T[]) => Array.from({ length: Math.max(1, Math.ceil(items.length / PART_ITEMS)) }, (_, i) => items.slice(i * PART_ITEMS, (i + 1) * PART_ITEMS));
-  const docParts = parts(v.docs);
-  const chunkParts = parts(v.chunks.map(({ text: _text, ...c }) => c));
-  const textParts = parts(v.chunks.map((c) => c.text));
-  const meta: SectionMeta = {
-    version: 3, dimension, nextId: v.nextId, seq, dead: v.dead,
-    parts: { documents: docParts.length, chunks: chunkParts.length, text: textParts.length },
-    documents: docParts[0]!, chunks: chunkParts[0]!,
-  };
-  const out: [string, Uint8Array][] = [['metadata', Buffer.from(JSON.stringify(meta))]];
-  for (const [name, list] of [['documents', docParts], ['chunks', chunkParts]] as const) {
-    for (let i = 1; i < list.length; i++) {
-      await turn();
-      out.push([`${name}.${i}`, Buffer.from(JSON.stringify(list[i]))]);
-    }
-  }
-  for (let i = 0; i < textParts.length; i++) {
-    if (i > 0) await turn();
-    out.push([i === 0 ? 'text' : `text.${i}`, Buffer.from(JSON.stringify(textParts[i]))]);
-  }
-  out.push(['vectors', v.vectors]);
-  return out;
-}
-
-/** The state a snapshot holds (any version), and the last log record it holds. */
-function loadState(contents: NonNullable<Awaited<ReturnType<typeof readSnapshot>>>, file: string, dimension: number): { state: State; seq: number } {
-  const { meta, texts, vectors } = readSections(contents, file);
-  if (meta.dimension !== dimension) {
-    throw new Error(`${file} holds ${meta.dimension}-dimensional vectors but the embedder makes ${dimension}: ` +
-      'point RAGGUARD_INDEX_DIR elsewhere or remove the snapshot to re-ingest');
-  }
-  let index: VectorIndex;
-  try {
-    index = VectorIndex.fromBuffer(vectors);
-  } catch (e) {
-    throw new CorruptSnapshotError(`${file}: section 'vectors' is not a faiss index (${(e as Error).message})`, file, 'vectors');
-  }
-  const dead = meta.dead ?? [];
-  const positions = meta.chunks.length + dead.length;
-  if (index.dimension !== dimension || index.size !== positions) {
-    throw new CorruptSnapshotError(`${file}: section 'vectors' holds ${index.size} vectors of ${index.dimension} for ${positions} positions of ${dimension}`, file, 'vectors');
-  }
-  const s = emptyState(dimension);
-  s.index = index;
-  for (const d of meta.documents) {
-    const collection = d.collection ?? DEFAULT_COLLECTION;
-    const doc: StoredDocument = { ...d, collection, metadata: d.metadata ?? {} };
-    s.docs.set(key(collection, d.docId), doc);
-    s.objectBytes += documentObjectBytes(doc);
-    countIn(s, collection, 1, doc.chunkIds.length);
-  }
-  const labels = new Int32Array(positions);
-  const deadAt = new Map(dead);
-  let next = 0;
-  for (let p = 0; p < positions; p++) {
-    const gone = deadAt.get(p);
-    if (gone !== undefined) {
-      labels[p] = -gone - 1;
-      continue;
-    }
-    const c = meta.chunks[next]!;
-    const text = texts[next++]!;
-    const collection = c.collection ?? DEFAULT_COLLECTION;
-    const title = c.title ?? s.docs.get(key(collection, c.docId))?.title ?? c.docId;
-    const chunk: StoredChunk = { ...c, collection, title, text };
-    s.chunks.set(c.id, chunk);
-    s.objectBytes += chunkObjectBytes(chunk);
-    labels[p] = c.id;
-  }
-  try {
-    s.table = PositionTable.of(labels);
-  } catch (e) {
-    throw new CorruptSnapshotError(`${file}: section 'metadata' lists ${(e as Error).message}`, file, 'metadata');
-  }
-  s.nextId = meta.nextId ?? meta.chunks.reduce((m, c) => Math.max(m, c.id + 1), 0);
-  return { state: s, seq: meta.seq ?? 0 };
-}
-
-function readSections(contents: NonNullable<Awaited<ReturnType<typeof readSnapshot>>>, file: string): { meta: SectionMeta; texts: string[]; vectors: Buffer } {
-  if ('v1' in contents) {
-    // Version 1: no checksums to verify (written before they existed); the texts are in the metadata.
-    const { meta, payload } = decodeSnapshot<{ version: 1; dimension: number; documents: DocumentRecord[]; chunks: (ChunkRecord & { text: string })[] }>(contents.v1, file);
-    if (meta.version !== 1) throw new CorruptSnapshotError(`${file}: unknown snapshot version ${String(meta.version)}`, file, 'metadata');
-    return {
-      meta: { version: 2, dimension: meta.dimension, documents: meta.documents, chunks: meta.chunks.map(({ text: _t, ...c }) => c) },
-      texts: meta.chunks.map((c) => c.text), vectors: payload,
-    };
-  }
-  const { sections } = contents;
-  const need = (name: string) => {
-    const b = sections.get(name);
-    if (!b) throw new CorruptSnapshotError(`${file} has no '${name}' section`, file, name);
-    return b;
-  };
-  const json = <T>(name: string): T => {
-    try {
-      return JSON.parse(need(name).toString('utf8')) as T;
-    } catch (e) {
-      if (e instanceof CorruptSnapshotError) throw e;
-      throw new CorruptSnapshotError(`${file}: section '${name}' is not readable JSON`, file, name);
-    }
-  };
-  const meta = json<SectionMeta>('metadata');
-  if (meta.version !== 2 && meta.version !== 3) throw new CorruptSnapshotError(`${file}: unknown snapshot version ${String(meta.version)}`, file, 'metadata');
-  const rest = <T>(name: string, first: T[], count = 1): T[] => {
-    const out = first;
-    for (let i = 1; i < count; i++) for (const x of json<T[]>(`${name}.${i}`)) out.push(x);
-    return out;
-  };
-  meta.documents = rest('documents', meta.documents, meta.parts?.documents);
-  meta.chunks = rest('chunks', meta.chunks, meta.parts?.chunks);
-  const texts = rest('text', json<string[]>('text'), meta.parts?.text);
-  if (!Array.isArray(texts) || texts.length !== meta.chunks.length) {
-    throw new CorruptSnapshotError(`${file}: section 'text' holds ${texts?.length} texts for ${meta.chunks.length} chunks`, file, 'text');
-  }
-  return { meta, texts, vectors: need('vectors') };
-}
