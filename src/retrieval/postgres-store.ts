@@ -22,16 +22,24 @@
  * clause of the index scan; pgvector's iterative scan (hnsw.iterative_scan) keeps scanning the graph
  * until the LIMIT is met, and where the graph still comes up short (a very selective filter), an exact
  * scan of the matching rows fills top_k.
+ *
+ * Its parts: the schema and its migrations (pg-schema.ts), rows (pg-rows.ts), searches (pg-search.ts),
+ * writes (pg-writes.ts), errors (pg-errors.ts), `ragguard migrate` (pg-admin.ts).
  */
 import pg from 'pg';
-import pgvector from 'pgvector';
-import { lexicalTerms } from './lexical.js';
-import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, termsOf, type MigrateResult } from './pg-schema.js';
+import { grantServerRole, migrateDatabase, schemaOptions } from './pg-admin.js';
+import { INSUFFICIENT_PRIVILEGE, isUnavailable, placeOf, RETRY_AFTER_S } from './pg-errors.js';
+import { toChunk, toDocument, CHUNK_COLUMNS, type ChunkRow, type DocumentRow } from './pg-rows.js';
+import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, type MigrateResult } from './pg-schema.js';
+import { searchDense, searchLexical } from './pg-search.js';
+import { applyDelta, deleteDocument, insertDocument, keyOrder, listPlaces, type Delta } from './pg-writes.js';
 import {
   DEFAULT_COLLECTION, DocumentExistsError, StoreUnavailableError,
-  type Bm25Params, type Hit, type Metadata, type NewDocument, type RetrievalStore, type SearchFilter, type StoreCounts,
+  type Bm25Params, type Hit, type NewDocument, type RetrievalStore, type SearchFilter, type StoreCounts,
   type StoredChunk, type StoredDocument,
 } from './retrieval-store.js';
+
+export { grantServerRole, isUnavailable, migrateDatabase };
 
 export interface PostgresStoreOptions {
   bm25: Bm25Params;
@@ -52,137 +60,10 @@ export interface PostgresStoreOptions {
   log?: (message: string) => void;
 }
 
-/** Seconds a 503 store_unavailable tells the client to wait. */
-const RETRY_AFTER_S = 2;
 /** How long the whole store's counts (GET /healthz) are reused. */
 const COUNTS_TTL_MS = 2000;
 /** How long a caller of the whole store's counts (a liveness probe) waits for the database. */
 const COUNTS_WAIT_MS = 1000;
-
-const UNIQUE_VIOLATION = '23505';
-const INSUFFICIENT_PRIVILEGE = '42501';
-
-/** pg's errors that mean the database did not answer, not that the request was wrong. */
-const UNAVAILABLE_SQLSTATES = new Set(['57P01', '57P02', '57P03', '53300', '57014', '25006']);
-const UNAVAILABLE_ERRNOS = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN']);
-const UNAVAILABLE_MESSAGES = /Connection terminated|connection timeout|timeout exceeded when trying to connect|Query read timeout|not queryable|Connection ended|server closed the connection/i;
-
-/** Whether an error from pg means the database is unavailable (down, restarting, unreachable, too slow). */
-export function isUnavailable(e: unknown): boolean {
-  const err = e as { code?: unknown; message?: unknown } | undefined;
-  const code = typeof err?.code === 'string' ? err.code : '';
-  if (code.startsWith('08') || UNAVAILABLE_SQLSTATES.has(code) || UNAVAILABLE_ERRNOS.has(code)) return true;
-  if (e instanceof AggregateError) return e.errors.some(isUnavailable);
-  return typeof err?.message === 'string' && UNAVAILABLE_MESSAGES.test(err.message);
-}
-
-interface ChunkRow {
-  id: string;
-  collection: string;
-  doc_id: string;
-  title: string;
-  ord: number;
-  text: string;
-  tokens: number;
-  locator: string | null;
-  score: number;
-}
-
-interface DocumentRow {
-  collection: string;
-  doc_id: string;
-  title: string;
-  bytes: string | number;
-  metadata: Metadata;
-  chunk_ids: (string | number)[];
-}
-
-const CHUNK_COLUMNS = 'c.id, c.collection, c.doc_id, d.title, c.ord, c.text, c.tokens, c.locator';
-
-function toChunk(r: ChunkRow): StoredChunk {
-  return {
-    id: Number(r.id), collection: r.collection, docId: r.doc_id, title: r.title, ord: r.ord, text: r.text, tokens: r.tokens,
-    ...(r.locator !== null ? { locator: r.locator } : {}),
-  };
-}
-
-function toDocument(r: DocumentRow): StoredDocument {
-  return {
-    collection: r.collection, docId: r.doc_id, title: r.title, bytes: Number(r.bytes), metadata: r.metadata,
-    chunkIds: (r.chunk_ids ?? []).map(Number),
-  };
-}
-
-/** The filter as SQL over the chunk alias `c`, its values appended to `params`. */
-function filterSql(filter: SearchFilter, params: unknown[]): string {
-  params.push(filter.collection);
-  const parts = [`c.collection = $${params.length}`];
-  for (const [field, cond] of Object.entries(filter.metadata ?? {})) {
-    const values = typeof cond === 'object' ? cond.in : [cond];
-    if (values.length === 0) return 'false';
-    // Containment (@>) is what the GIN index answers; JSON keeps 1 and '1' apart, as the embedded store does.
-    const alternatives = values.map((v) => {
-      params.push(JSON.stringify({ [field]: v }));
-      return `c.metadata @> $${params.length}::jsonb`;
-    });
-    parts.push(alternatives.length === 1 ? alternatives[0]! : `(${alternatives.join(' OR ')})`);
-  }
-  return parts.join(' AND ');
-}
-
-/** What a write changes of a collection's figures (documents; chunks and summed lengths, which BM25 reads). */
-interface Figures {
-  documents: number;
-  chunks: number;
-  terms: number;
-}
-
-/** A write's changes to the figures, by collection. */
-type Delta = Map<string, Figures>;
-
-function change(delta: Delta, collection: string, documents: number, chunks: number, terms: number): void {
-  const f = delta.get(collection) ?? { documents: 0, chunks: 0, terms: 0 };
-  f.documents += documents;
-  f.chunks += chunks;
-  f.terms += terms;
-  delta.set(collection, f);
-}
-
-/**
- * The collections' rows of figures, updated last in a write's transaction and in collection order:
- * concurrent writes (other replicas) to one collection queue on its row only for their commit, never hold
- * it while waiting on a document's row, and never take two rows in opposite orders.
- */
-async function applyDelta(client: pg.PoolClient, delta: Delta): Promise<void> {
-  for (const collection of [...delta.keys()].sort()) {
-    const f = delta.get(collection)!;
-    if (f.documents === 0 && f.chunks === 0 && f.terms === 0) continue;
-    await client.query(
-      `INSERT INTO ragguard_collection_stats AS s (collection, documents, chunks, total_terms) VALUES ($1, $2, $3, $4)
-       ON CONFLICT (collection) DO UPDATE SET documents = s.documents + $2, chunks = s.chunks + $3, total_terms = s.total_terms + $4`,
-      [collection, f.documents, f.chunks, f.terms]);
-  }
-}
-
-/** Places in the documents' listing order for a batch, in batch order (the rows are written in another order). */
-async function listPlaces(client: pg.PoolClient, n: number): Promise<string[]> {
-  const { rows } = await client.query<{ seq: string }>(
-    "SELECT nextval(pg_get_serial_sequence('ragguard_documents', 'seq')) AS seq FROM generate_series(1, $1::int) ORDER BY 1", [n]);
-  return rows.map((r) => r.seq);
-}
-
-/**
- * The batch's positions in (collection, doc id) order: every write takes its documents' row locks in
- * one global order, so two overlapping batches (from two replicas) wait for each other, never deadlock.
- */
-function keyOrder(batch: readonly NewDocument[]): number[] {
-  const key = (d: NewDocument) => [d.doc.collection ?? DEFAULT_COLLECTION, d.doc.docId] as const;
-  return batch.map((_, i) => i).sort((x, y) => {
-    const [cx, ix] = key(batch[x]!);
-    const [cy, iy] = key(batch[y]!);
-    return cx < cy ? -1 : cx > cy ? 1 : ix < iy ? -1 : ix > iy ? 1 : x - y;
-  });
-}
 
 export class PostgresStore implements RetrievalStore {
   readonly kind = 'postgres';
@@ -392,7 +273,7 @@ export class PostgresStore implements RetrievalStore {
       const delta: Delta = new Map();
       const seqs = await listPlaces(client, batch.length);
       const out: StoredDocument[] = [];
-      for (const i of keyOrder(batch)) out[i] = await this.insert(client, batch[i]!, seqs[i]!, delta);
+      for (const i of keyOrder(batch)) out[i] = await insertDocument(client, this.dimension, batch[i]!, seqs[i]!, delta);
       await applyDelta(client, delta);
       return out;
     });
@@ -409,8 +290,8 @@ export class PostgresStore implements RetrievalStore {
           const out: { document: StoredDocument; replaced: boolean }[] = [];
           for (const i of keyOrder(batch)) {
             const doc = batch[i]!;
-            const replaced = (await this.delete(client, doc.doc.collection ?? DEFAULT_COLLECTION, doc.doc.docId, delta)) !== undefined;
-            out[i] = { document: await this.insert(client, doc, seqs[i]!, delta), replaced };
+            const replaced = (await deleteDocument(client, doc.doc.collection ?? DEFAULT_COLLECTION, doc.doc.docId, delta)) !== undefined;
+            out[i] = { document: await insertDocument(client, this.dimension, doc, seqs[i]!, delta), replaced };
           }
           await applyDelta(client, delta);
           return out;
@@ -424,55 +305,18 @@ export class PostgresStore implements RetrievalStore {
   remove(collection: string, docId: string): Promise<StoredDocument | undefined> {
     return this.writing(async (client) => {
       const delta: Delta = new Map();
-      const removed = await this.delete(client, collection, docId, delta);
+      const removed = await deleteDocument(client, collection, docId, delta);
       await applyDelta(client, delta);
       return removed;
     });
   }
 
-  async searchDense(query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
-    if (k <= 0) return [];
-    const params: unknown[] = [pgvector.toSql(Array.from(query)), k];
-    const where = filterSql(filter, params);
-    const rows = await this.searching(async (client) => {
-      const run = async (order: string) => (await client.query<ChunkRow>(
-        `WITH nearest AS MATERIALIZED (
-           SELECT c.id, c.embedding <=> $1::vector AS distance FROM ragguard_chunks c WHERE ${where} ORDER BY ${order} LIMIT $2)
-         SELECT ${CHUNK_COLUMNS}, 1 - n.distance AS score
-         FROM nearest n JOIN ragguard_chunks c ON c.id = n.id JOIN ragguard_documents d ON d.collection = c.collection AND d.doc_id = c.doc_id
-         ORDER BY n.distance, c.id`, params)).rows;
-      // The HNSW scan (relaxed order: re-sorted above); the graph may give up before k rows pass a selective filter.
-      const found = await run('c.embedding <=> $1::vector');
-      // An expression the index cannot order by: an exact scan of the rows that pass (via the btree/GIN indexes).
-      return found.length < k ? run('(c.embedding <=> $1::vector) + 0') : found;
-    });
-    return rows.map((r) => ({ chunk: toChunk(r), score: Number(r.score) }));
+  searchDense(query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
+    return searchDense((work) => this.searching(work), query, k, filter);
   }
 
-  async searchLexical(query: string, k: number, filter: SearchFilter): Promise<Hit[]> {
-    const terms = [...new Set(lexicalTerms(query))];
-    if (k <= 0 || terms.length === 0) return [];
-    const params: unknown[] = [terms, this.bm25.k1, this.bm25.b, k, filter.collection];
-    const where = filterSql(filter, params);
-    // Okapi BM25 with Lucene's idf over the collection's chunks (as the embedded store's index of that
-    // collection), lengths in distinct terms: every figure is the collection's own.
-    const rows = await this.searching(async (client) => (await client.query<ChunkRow>(
-      `WITH st AS (
-         SELECT chunks::float8 AS n, CASE WHEN chunks > 0 THEN total_terms::float8 / chunks ELSE 1 END AS avgdl
-         FROM ragguard_collection_stats WHERE collection = $5),
-       df AS (SELECT term, count(*)::float8 AS df FROM ragguard_terms WHERE collection = $5 AND term = ANY($1::text[]) GROUP BY term),
-       scored AS (
-         SELECT t.chunk_id AS id,
-                sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5)) * t.tf * ($2::float8 + 1)
-                    / (t.tf + $2::float8 * (1 - $3::float8 + $3::float8 * c.nterms / st.avgdl))) AS score
-         FROM ragguard_terms t JOIN df ON df.term = t.term JOIN ragguard_chunks c ON c.id = t.chunk_id CROSS JOIN st
-         WHERE t.collection = $5 AND t.term = ANY($1::text[]) AND ${where}
-         GROUP BY t.chunk_id
-         ORDER BY score DESC, t.chunk_id LIMIT $4)
-       SELECT ${CHUNK_COLUMNS}, s.score
-       FROM scored s JOIN ragguard_chunks c ON c.id = s.id JOIN ragguard_documents d ON d.collection = c.collection AND d.doc_id = c.doc_id
-       ORDER BY s.score DESC, c.id`, params)).rows);
-    return rows.map((r) => ({ chunk: toChunk(r), score: Number(r.score) }));
+  searchLexical(query: string, k: number, filter: SearchFilter): Promise<Hit[]> {
+    return searchLexical((work) => this.searching(work), this.bm25, query, k, filter);
   }
 
   async close(): Promise<void> {
@@ -520,108 +364,5 @@ export class PostgresStore implements RetrievalStore {
         throw e;
       }
     });
-  }
-
-  private async insert(client: pg.PoolClient, { doc, chunks, vectors }: NewDocument, seq: string, delta: Delta): Promise<StoredDocument> {
-    const collection = doc.collection ?? DEFAULT_COLLECTION;
-    const metadata = doc.metadata ?? {};
-    if (vectors.length !== chunks.length * this.dimension) throw new Error('one embedding per chunk expected');
-    try {
-      await client.query('INSERT INTO ragguard_documents (collection, doc_id, seq, title, bytes, metadata) VALUES ($1, $2, $3, $4, $5, $6)',
-        [collection, doc.docId, seq, doc.title, doc.bytes, JSON.stringify(metadata)]);
-    } catch (e) {
-      // The transaction is aborted now: the caller's rollback drops the whole batch.
-      if ((e as { code?: string }).code === UNIQUE_VIOLATION) throw new DocumentExistsError(doc.docId, collection);
-      throw e;
-    }
-    const lexical = chunks.map((c) => termsOf(doc.title, c.text));
-    const rows = chunks.length === 0 ? [] : (await client.query<{ id: string; ord: number }>(
-      `INSERT INTO ragguard_chunks (collection, doc_id, ord, text, tokens, locator, metadata, nterms, embedding)
-       SELECT $1, $2, u.ord, u.text, u.tokens, u.locator, $3::jsonb, u.nterms, u.embedding::vector
-       FROM unnest($4::int[], $5::text[], $6::int[], $7::text[], $8::int[], $9::text[]) AS u(ord, text, tokens, locator, nterms, embedding)
-       RETURNING id, ord`,
-      [collection, doc.docId, JSON.stringify(metadata), chunks.map((_, i) => i), chunks.map((c) => c.text), chunks.map((c) => c.tokens),
-        chunks.map((c) => c.locator ?? null), lexical.map((l) => l.distinct),
-        chunks.map((_, i) => pgvector.toSql(Array.from(vectors.subarray(i * this.dimension, (i + 1) * this.dimension))))])).rows;
-    const ids: number[] = [];
-    for (const r of rows) ids[r.ord] = Number(r.id);
-    const terms: string[] = [];
-    const chunkIds: number[] = [];
-    const tfs: number[] = [];
-    lexical.forEach((l, ord) => {
-      for (const [term, tf] of l.terms) {
-        terms.push(term);
-        chunkIds.push(ids[ord]!);
-        tfs.push(tf);
-      }
-    });
-    if (terms.length > 0) {
-      await client.query('INSERT INTO ragguard_terms (collection, term, chunk_id, tf) SELECT $1, u.term, u.chunk_id, u.tf FROM unnest($2::text[], $3::bigint[], $4::int[]) AS u(term, chunk_id, tf)',
-        [collection, terms, chunkIds, tfs]);
-    }
-    change(delta, collection, 1, chunks.length, lexical.reduce((s, l) => s + l.distinct, 0));
-    return { collection, docId: doc.docId, title: doc.title, bytes: doc.bytes, metadata: { ...metadata }, chunkIds: ids };
-  }
-
-  private async delete(client: pg.PoolClient, collection: string, docId: string, delta: Delta): Promise<StoredDocument | undefined> {
-    const { rows } = await client.query<DocumentRow & { chunks: string; total_terms: string | null }>(
-      `SELECT d.collection, d.doc_id, d.title, d.bytes, d.metadata,
-              ARRAY(SELECT c.id FROM ragguard_chunks c WHERE c.collection = d.collection AND c.doc_id = d.doc_id ORDER BY c.ord) AS chunk_ids,
-              (SELECT count(*) FROM ragguard_chunks c WHERE c.collection = d.collection AND c.doc_id = d.doc_id) AS chunks,
-              (SELECT sum(nterms) FROM ragguard_chunks c WHERE c.collection = d.collection AND c.doc_id = d.doc_id) AS total_terms
-       FROM ragguard_documents d WHERE d.collection = $1 AND d.doc_id = $2 FOR UPDATE`, [collection, docId]);
-    const row = rows[0];
-    if (!row) return undefined;
-    await client.query('DELETE FROM ragguard_documents WHERE collection = $1 AND doc_id = $2', [collection, docId]);
-    change(delta, collection, -1, -Number(row.chunks), -Number(row.total_terms ?? 0));
-    return toDocument(row);
-  }
-}
-
-/** host:port/database of a URL, for messages (no credentials). */
-function placeOf(url: string): string {
-  try {
-    const u = new URL(url);
-    return `${u.hostname}:${u.port || 5432}${u.pathname}`;
-  } catch {
-    return 'the configured database';
-  }
-}
-
-function schemaOptions(dimension: number, opts: Pick<PostgresStoreOptions, 'hnswM' | 'hnswEfConstruction'>) {
-  return { dimension, hnswM: opts.hnswM ?? 16, hnswEfConstruction: opts.hnswEfConstruction ?? 64 };
-}
-
-/**
- * `ragguard migrate`: brings the database's schema to this build's version (a role that owns the schema
- * or may create in it), saying what it applied.
- */
-export async function migrateDatabase(url: string, opts: { dimension: number; hnswM?: number; hnswEfConstruction?: number; connectTimeoutMs?: number }): Promise<MigrateResult> {
-  const client = new pg.Client({ connectionString: url, ...(opts.connectTimeoutMs ? { connectionTimeoutMillis: opts.connectTimeoutMs } : {}) });
-  await client.connect();
-  try {
-    return await migrate(client, schemaOptions(opts.dimension, opts));
-  } finally {
-    await client.end();
-  }
-}
-
-/**
- * What a server's role needs on a migrated schema, and no more: select, insert, update and delete on the
- * store's tables (the per-key limits' counts in ragguard_key_usage included), usage of their sequences
- * (`ragguard migrate --grant ROLE`).
- */
-export async function grantServerRole(url: string, role: string): Promise<void> {
-  const client = new pg.Client({ connectionString: url });
-  await client.connect();
-  try {
-    const r = client.escapeIdentifier(role);
-    await client.query(`BEGIN;
-      GRANT SELECT, INSERT, UPDATE, DELETE ON ragguard_documents, ragguard_chunks, ragguard_terms, ragguard_collection_stats, ragguard_key_usage TO ${r};
-      GRANT SELECT ON ragguard_schema_migrations TO ${r};
-      GRANT USAGE, SELECT ON SEQUENCE ragguard_documents_seq_seq, ragguard_chunks_id_seq TO ${r};
-      COMMIT`);
-  } finally {
-    await client.end();
   }
 }
