@@ -38,7 +38,7 @@ import { DirectSession, directUnavailable, HostTensor, ragguardOpsUnavailable, t
 import { createSession, sessionOptions, type LoadedSession, type SessionExtras } from './session.js';
 import { gatedRun } from '../../runtime/run-gate.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
-import { bufferCapacity, kvArray, kvBytesPerToken, type DecoderShape, type KvArray, type KvDtype, type KvLayout } from '../../generate/decoder-shape.js';
+import { bufferCapacity, kvArray, kvBytesPerToken, type DecoderShape, type KvArray, type KvLayout } from '../../generate/decoder-shape.js';
 import { GREEDY_IDS, LAST_POSITIONS } from './convert/gqa-builder.js';
 import { LORA_INDEX, loraSlots, type LoraSlot } from '../../generate/lora.js';
 import { LoraPool, type DecoderAdapter } from '../../generate/lora-pool.js';
@@ -46,58 +46,21 @@ import type { ConcreteProvider, DecoderBackend, DecoderMemoryLayout, DecoderRunt
 import type { ModelRunner } from '../../generate/model-runner.js';
 import { OrtModelRunner } from './ort-runner.js';
 import { presentData, type ForwardInput, type ForwardOutput, type KvTensor, type OrtDecoder } from './forward.js';
+import { decoderShape, type DecoderConfig, type GenerationConfig } from './decoder-config.js';
+import { pickSpare, presentNames } from './kv-spare.js';
+import { loraFeeds, type LoraFeeds } from './lora-feeds.js';
 
 // Where they were declared first: tests, scripts and benchmarks import them from here.
 export { bufferCapacity, type KvLayout } from '../../generate/decoder-shape.js';
 export { presentData, type ForwardInput, type ForwardOutput, type KvTensor } from './forward.js';
-
-
-interface DecoderConfig {
-  model_type?: string;
-  vocab_size: number;
-  hidden_size: number;
-  intermediate_size?: number;
-  num_hidden_layers: number;
-  num_attention_heads: number;
-  num_key_value_heads?: number;
-  head_dim?: number;
-  max_position_embeddings?: number;
-  bos_token_id?: number | null;
-  eos_token_id?: number | number[] | null;
-  pad_token_id?: number | null;
-}
-
-/** A decoder's layer dimensions from its transformers config (transformers' defaults where a field is absent). */
-export function configDims(cfg: Pick<DecoderConfig, 'hidden_size' | 'intermediate_size' | 'num_hidden_layers' | 'num_attention_heads' | 'num_key_value_heads' | 'head_dim'>):
-  Pick<DecoderShape, 'numLayers' | 'hiddenSize' | 'numHeads' | 'numKvHeads' | 'headDim' | 'intermediateSize'> {
-  const heads = cfg.num_attention_heads;
-  return {
-    numLayers: cfg.num_hidden_layers,
-    hiddenSize: cfg.hidden_size,
-    numHeads: heads,
-    intermediateSize: cfg.intermediate_size ?? 4 * cfg.hidden_size,
-    numKvHeads: cfg.num_key_value_heads ?? heads,
-    headDim: cfg.head_dim ?? cfg.hidden_size / heads,
-  };
-}
-
-interface GenerationConfig {
-  eos_token_id?: number | number[];
-  bos_token_id?: number;
-}
+export { configDims } from './decoder-config.js';
+export { SPARE_RATIO } from './kv-spare.js';
 
 export interface DecoderLoadOptions extends SessionExtras {
   /** genai layout on the CPU: run through ONNX Runtime's C API with buffers in place (default true). */
   direct?: boolean;
   /** That direct session's threads, spinning and profiler (ort-direct.ts). */
   directOptions?: DirectSessionOptions;
-}
-
-
-/** A run's LoRA feeds and the tensors made for it alone (the row index). */
-interface LoraFeeds {
-  feeds: Record<string, KvTensor>;
-  made: KvTensor[];
 }
 
 /**
@@ -188,12 +151,7 @@ export class DecoderModel implements OrtDecoder, DecoderBackend {
       ?? loaded?.session.inputMetadata.map((m) => ({ name: m.name, type: m.isTensor ? m.type : undefined })) ?? [];
     const kvType = inputs.find((m) => m.name === 'past_key_values.0.key')?.type ?? 'float32';
     if (kvType !== 'float32' && kvType !== 'float16') throw new Error(`decoder ${files.onnx}: KV of type ${kvType} is not supported`);
-    const shape: DecoderShape = {
-      ...configDims(cfg),
-      vocabSize: cfg.vocab_size,
-      maxPositions: cfg.max_position_embeddings ?? 2048,
-      kvDtype: kvType,
-    };
+    const shape = decoderShape(cfg, kvType);
     const eos = gen?.eos_token_id ?? cfg.eos_token_id ?? [];
     const eosIds = new Set(Array.isArray(eos) ? eos : [eos]);
     const expected = ['input_ids', 'attention_mask', 'past_key_values.0.key'];
@@ -398,45 +356,12 @@ export class DecoderModel implements OrtDecoder, DecoderBackend {
     return this.pool;
   }
 
-  /**
-   * The LoRA inputs of a run of `rows` rows: rank-0 tensors where no row has an adapter; else every
-   * slot's pool tensors and each row's entry (0 for a base-model row), or one entry for all where the
-   * rows share it (the graph then gathers one A and B per projection and broadcasts them).
-   */
+  /** The LoRA inputs of a run of `rows` rows (lora-feeds.ts). */
   private loraFeeds(rows: number, adapters: readonly (DecoderAdapter | undefined)[] | undefined): LoraFeeds {
-    const slots = this.loraSlots;
-    const any = adapters?.some((a) => a !== undefined) ?? false;
-    if (!slots) {
-      if (any) throw new Error('this decoder has no LoRA inputs');
-      return { feeds: {}, made: [] };
-    }
-    if (adapters?.some((a) => a?.released)) throw new Error('a LoRA adapter was used after it was released');
-    const entries = (adapters ?? [undefined]).map((a) => a?.entry ?? 0);
-    const shared = entries.every((e) => e === entries[0]);
-    const n = shared ? 1 : rows;
-    const index = this.direct ? this.direct.tensor('int64', [n]) : new ort.Tensor('int64', new BigInt64Array(n), [n]);
-    const ids = index.data as BigInt64Array;
-    const feeds: Record<string, KvTensor> = { [LORA_INDEX]: index };
-    if (!any || !this.pool) {
-      ids.fill(0n);
-      // Rank 0 on the CPU; rank 1 of zeros through onnxruntime-node, whose WebGPU provider crashes on an
-      // empty tensor (seen on the H200: a segfault in the first run).
-      const r = this.direct ? 0 : 1;
-      this.zeroLora ??= Object.fromEntries(slots.flatMap((s) => {
-        const [a, b] = [this.hostTensor([1, s.inDim, r]), this.hostTensor([1, r, s.outDim])];
-        (a.data as KvArray).fill(0);
-        (b.data as KvArray).fill(0);
-        return [[s.a, a], [s.b, b]];
-      }));
-      Object.assign(feeds, this.zeroLora);
-      return { feeds, made: [index] };
-    }
-    for (let r = 0; r < n; r++) ids[r] = BigInt(entries[r]!);
-    for (const s of this.pool.slots.values()) {
-      feeds[s.slot.a] = s.a;
-      feeds[s.slot.b] = s.b;
-    }
-    return { feeds, made: [index] };
+    return loraFeeds({
+      slots: this.loraSlots, pool: this.pool, direct: this.direct, hostTensor: (dims) => this.hostTensor(dims),
+      zeroLora: (make) => (this.zeroLora ??= make()),
+    }, rows, adapters);
   }
 
   async forward(input: ForwardInput): Promise<ForwardOutput> {
@@ -555,29 +480,6 @@ export class DecoderModel implements OrtDecoder, DecoderBackend {
       present: this.kvNames.map((n) => result[n]!), reused: false, release: () => logits.dispose(),
     };
   }
-}
-
-/**
- * How much larger than needed a spare tensor may be to hold a past buffer (allocPast). The guard
- * reserves for each decoding row its buffer and the replaced one held beside it during a change of
- * the batch (memory-model.ts, replacedBuffer): a batch that keeps a buffer of at most 1.5 times its
- * need, in place of a new one next to the old, holds less than that.
- */
-export const SPARE_RATIO = 1.5;
-
-/** The index in `spare` of the smallest live host tensor of `type` holding `need` to SPARE_RATIO x `need` elements; -1 if none. */
-function pickSpare(spare: readonly KvTensor[], type: KvDtype, need: number): number {
-  let best = -1;
-  spare.forEach((t, i) => {
-    if (!(t instanceof HostTensor) || t.disposed || t.type !== type) return;
-    const n = t.data.length;
-    if (n >= need && n <= need * SPARE_RATIO && (best < 0 || n < spare[best]!.data.length)) best = i;
-  });
-  return best;
-}
-
-function presentNames(layers: number): string[] {
-  return Array.from({ length: layers }, (_, l) => [`present.${l}.key`, `present.${l}.value`]).flat();
 }
 
 /** A run's outputs before the last-position logits are taken out; release() frees the logits. */
