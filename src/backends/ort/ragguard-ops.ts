@@ -1,0 +1,32 @@
+/** The switches of ragguard's custom-op library (RAGGUARD_OPS_LIBRARY: QMatMul8, QMatMul4), asked of the library itself. */
+import koffi from 'koffi';
+import { RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable } from './ort-c-api.js';
+
+/** The ops library's own switches, bound once (the same path ONNX Runtime loads: one copy in the process). */
+let opsSwitches: { vnni: () => number; setPortable: (on: number) => void } | undefined;
+function ragguardOps(): NonNullable<typeof opsSwitches> {
+  if (!opsSwitches) {
+    const lib = koffi.load(RAGGUARD_OPS_LIBRARY);
+    opsSwitches = { vnni: lib.func('int ragguard_ops_vnni()') as () => number, setPortable: lib.func('void ragguard_ops_set_portable(int on)') as (on: number) => void };
+  }
+  return opsSwitches;
+}
+
+/**
+ * Whether ragguard's ops run their AVX512-VNNI kernels on this CPU (false: their plain C path, correct
+ * but many times slower than ONNX Runtime's own MatMulNBits). Asked of the library each time: a test
+ * may switch it to the plain C path. False where the ops cannot run at all.
+ */
+export function ragguardOpsVnni(): boolean {
+  return !ragguardOpsUnavailable() && ragguardOps().vnni() === 1;
+}
+
+/**
+ * Sends ragguard's ops down their plain C path whatever the CPU (true), or back to its best (false):
+ * what a CPU without AVX512-VNNI runs, for tests on one that has it.
+ */
+export function setRagguardOpsPortable(on: boolean): void {
+  const why = ragguardOpsUnavailable();
+  if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
+  ragguardOps().setPortable(on ? 1 : 0);
+}
