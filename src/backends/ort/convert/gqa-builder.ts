@@ -24,12 +24,18 @@
  * (gguf-weights.ts). A source that holds block-quantized projections may hand them over as they are
  * (`weights: 'nbits'`): they become ONNX Runtime's MatMulNBits (com.microsoft), which reads 4 or 8 bits
  * a weight and a scale per block instead of 32 bits a weight.
+ *
+ * Its parts: the weights it reads and writes (gqa-weights.ts), who runs block products (cpu-kernels.ts).
  */
 import { qmatmul4Layout, qmatmul8Layout } from '../qmatmul-layout.js';
-import { floatsToHalfs, halfsToFloats } from '../../../runtime/float16.js';
 import { int64s, ONNX_FLOAT, ONNX_FLOAT16, ONNX_INT32, ONNX_INT64, ONNX_UINT8, type Initializer, type NodeSpec, type ValueSpec } from '../../../runtime/onnx-proto.js';
 import { LORA_INDEX, loraSlots } from '../../../generate/lora.js';
 import { rotaryFromConfig, type RotaryScaling } from './rope-scaling.js';
+import { NBITS_ACCURACY, qmatmulTakes, type CpuKernels } from './cpu-kernels.js';
+import { sameBlockForm, stackBlocks, stackTransposed, tensor, Weights, type BlockWeight, type GqaDtype, type WeightSource } from './gqa-weights.js';
+
+export { gqaOpsets, type CpuKernels } from './cpu-kernels.js';
+export type { BlockWeight, GqaDtype, WeightSource } from './gqa-weights.js';
 
 /** The output holding each row's argmax of the last logits (float32 graphs built here). */
 export const GREEDY_IDS = 'greedy_ids';
@@ -61,8 +67,6 @@ export interface GqaSourceConfig {
   pad_token_id?: number | null;
 }
 
-export type GqaDtype = 'float32' | 'float16';
-
 export interface GqaGraph {
   nodes: NodeSpec[];
   initializers: Initializer[];
@@ -70,103 +74,6 @@ export interface GqaGraph {
   outputs: ValueSpec[];
   /** onnxruntime-genai's genai_config.json for this graph. */
   genaiConfig: Record<string, unknown>;
-}
-
-/**
- * A projection's weight block-quantized along its input (K) dimension, in MatMulNBits' layout: w[n][k] =
- * (q - zero_point) * scale + min for the block of k. `min` is not MatMulNBits' (it has no offset term):
- * the graph adds sum_k-in-block(x) * min per block beside it (Q4_1 and Q4_K store w = q * d + m).
- */
-export interface BlockWeight {
-  bits: 4 | 8;
-  blockSize: number;
-  /** Output rows and input width. */
-  n: number;
-  k: number;
-  /** [n, k / blockSize, blockSize * bits / 8], element 2i in the low nibble of byte i at 4 bits. */
-  data: Uint8Array;
-  /** [n, k / blockSize]. */
-  scales: Float32Array;
-  /** Packed as MatMulNBits takes them, [n, ceil(blocks * bits / 8)]; absent: 2^(bits - 1). */
-  zeroPoints?: Uint8Array;
-  /** [n, k / blockSize], added to every weight of the block. */
-  mins?: Float32Array;
-}
-
-/** Where the builder takes weights from, by Hugging Face module name. */
-export interface WeightSource {
-  /** float32 values in torch's layout ([out, in] for a projection), or undefined where the model lacks it. */
-  floats(name: string): Float32Array | undefined;
-  /** The weight block-quantized (losslessly, as stored), where the source stores it so. */
-  blocks?(name: string): BlockWeight | undefined;
-  /** Row count of a projection weight (its out dimension), without converting it. */
-  rows?(name: string): number | undefined;
-}
-
-/** Finds weights by module name, whatever prefix or '_fp16' suffix the export gave them. */
-class Weights implements WeightSource {
-  private readonly byName = new Map<string, Initializer>();
-
-  constructor(all: ReadonlyMap<string, Initializer>) {
-    for (const t of all.values()) {
-      const name = t.name.replace(/_fp16$/, '');
-      const at = name.search(/(^|\.)(model\.|lm_head\.)/);
-      this.byName.set(at < 0 ? name : name.slice(name[at] === '.' ? at + 1 : at), t);
-    }
-  }
-
-  get(name: string): Initializer | undefined {
-    return this.byName.get(name);
-  }
-
-  floats(name: string): Float32Array | undefined {
-    const t = this.get(name);
-    return t && Weights.floats(t);
-  }
-
-  /** float32 values of a float32 or float16 initializer. */
-  static floats(t: Initializer): Float32Array {
-    if (t.dataType === ONNX_FLOAT) return new Float32Array(new Uint8Array(t.data).buffer);
-    if (t.dataType === ONNX_FLOAT16) return halfsToFloats(new Uint16Array(new Uint8Array(t.data).buffer));
-    throw new Error(`weight ${t.name} has element type ${t.dataType}; float32 or float16 expected`);
-  }
-}
-
-function tensor(name: string, dtype: GqaDtype, dims: number[], values: Float32Array): Initializer {
-  const data = dtype === 'float32' ? new Uint8Array(values.buffer, values.byteOffset, values.byteLength) : new Uint8Array(floatsToHalfs(values).buffer);
-  return { name, dataType: dtype === 'float32' ? ONNX_FLOAT : ONNX_FLOAT16, dims, data };
-}
-
-/** Rows of `parts` ([out_i, in] each) stacked, then transposed to [in, sum out_i]: a MatMul's right operand. */
-function stackTransposed(parts: readonly Float32Array[], inDim: number): { values: Float32Array; outDim: number } {
-  const outDim = parts.reduce((s, p) => s + p.length / inDim, 0);
-  const values = new Float32Array(inDim * outDim);
-  let col = 0;
-  for (const p of parts) {
-    const rows = p.length / inDim;
-    for (let r = 0; r < rows; r++) {
-      for (let i = 0; i < inDim; i++) values[i * outDim + col + r] = p[r * inDim + i]!;
-    }
-    col += rows;
-  }
-  return { values, outDim };
-}
-
-/** Who runs a converted GGUF's block products: ONNX Runtime's MatMulNBits or ragguard's QMatMul8 and QMatMul4. */
-export type CpuKernels = 'ragguard' | 'onnxruntime';
-
-/** The opsets a graph built with `ops` imports (QMatMul8 and QMatMul4 are in domain 'ragguard'). */
-export function gqaOpsets(ops: CpuKernels | undefined): Record<string, number> {
-  return { '': 17, 'com.microsoft': 1, ...(ops === 'ragguard' ? { ragguard: 1 } : {}) };
-}
-
-/**
- * Whether ragguard's kernels take these blocks: 8 bits at zero point 128 (QMatMul8) or 4 bits
- * (QMatMul4, any zero points), blocks a power of two from 16 that divides K.
- */
-function qmatmulTakes(b: BlockWeight): boolean {
-  const bits = b.bits === 8 ? !b.zeroPoints : b.bits === 4;
-  return bits && b.blockSize >= 16 && (b.blockSize & (b.blockSize - 1)) === 0 && b.k % b.blockSize === 0;
 }
 
 export interface GqaOptions {
@@ -202,47 +109,6 @@ export interface GqaOptions {
    * (2 GiB): Qwen2.5-Coder-1.5B's 151936 x 1536 table is 0.9 GB in float32.
    */
   embedding?: 'float32' | 'float16';
-}
-
-/**
- * MatMulNBits' accuracy level: 4 at every bit width, x quantized to int8 per block (of the weight's
- * block size) as llama.cpp's CPU products do for its quantized types. At level 0 ONNX Runtime 1.30
- * keeps x float32: for 8 bits it then has no kernel on this CPU and dequantizes the whole weight every
- * run (457 ms for a 49152 x 576 head, against 7 ms at level 4); for 4 bits it runs 2-3.5 times slower
- * than level 4 (measured on a 1536 x 576 product; Qwen2.5-Coder-0.5B's Q4_K down projections took 14.9
- * ms of a 103 ms decode step of 8 rows at level 0, 6.9 ms at level 4). Level 4 is as close to llama.cpp
- * as level 0 only with blocks that carry a min (Q4_1, Q4_K) centred on their own zero points: see
- * centreZeroPoints in gguf-weights.ts.
- */
-const NBITS_ACCURACY = 4;
-
-/** Whether block weights can share one MatMulNBits (stacked along N). */
-function sameBlockForm(a: BlockWeight, b: BlockWeight): boolean {
-  return a.bits === b.bits && a.blockSize === b.blockSize && a.k === b.k && !a.zeroPoints === !b.zeroPoints && !a.mins === !b.mins;
-}
-
-/** Block weights of one form stacked along N (fused q/k/v). */
-function stackBlocks(parts: readonly BlockWeight[]): BlockWeight {
-  if (parts.length === 1) return parts[0]!;
-  const cat = <A extends Uint8Array | Float32Array>(get: (p: BlockWeight) => A | undefined, make: (n: number) => A): A | undefined => {
-    const xs = parts.map(get);
-    if (xs.some((x) => x === undefined)) return undefined;
-    const out = make(xs.reduce((sum, x) => sum + x!.length, 0));
-    let at = 0;
-    for (const x of xs) {
-      out.set(x!, at);
-      at += x!.length;
-    }
-    return out;
-  };
-  const p0 = parts[0]!;
-  return {
-    bits: p0.bits, blockSize: p0.blockSize, k: p0.k, n: parts.reduce((sum, p) => sum + p.n, 0),
-    data: cat((p) => p.data, (n) => new Uint8Array(n))!,
-    scales: cat((p) => p.scales, (n) => new Float32Array(n))!,
-    zeroPoints: cat((p) => p.zeroPoints, (n) => new Uint8Array(n)),
-    mins: cat((p) => p.mins, (n) => new Float32Array(n)),
-  };
 }
 
 export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer> | WeightSource, opts: GqaOptions = {}): GqaGraph {
