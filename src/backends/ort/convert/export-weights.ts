@@ -29,17 +29,14 @@
  * multiplies or adds that no mapped weight accounts for (a q/k norm, say).
  */
 import { halfsToFloats } from '../../../runtime/float16.js';
-import { ONNX_BFLOAT16, ONNX_FLOAT, ONNX_FLOAT16, readTensor, type Initializer, type ReadGraph, type ReadNode } from '../../../runtime/onnx-proto.js';
+import { ONNX_BFLOAT16, ONNX_FLOAT, ONNX_FLOAT16, type Initializer, type ReadGraph, type ReadNode } from '../../../runtime/onnx-proto.js';
 import type { GqaSourceConfig, WeightSource } from './gqa-builder.js';
 import { rotaryFromConfig } from './rope-scaling.js';
+import { PASS, QUANTIZED, RESHAPE, traceGraph, walkWithin, type Held } from './export-graph.js';
 
 /** Model types whose decoder layer is exactly the builder's (pre-norm RMSNorm, rotary GQA, SiLU-gated MLP). */
 const MODEL_TYPES = new Set(['llama', 'mistral', 'qwen2']);
 
-/** Ops a value passes through unchanged (for a weight, or an activation on its way to a projection). */
-const PASS = new Set(['Cast', 'Identity']);
-const RESHAPE = new Set(['Reshape', 'Flatten', 'Squeeze', 'Unsqueeze']);
-const QUANTIZED = new Set(['DequantizeLinear', 'MatMulNBits', 'MatMulInteger', 'QLinearMatMul', 'DynamicQuantizeMatMul', 'MatMulIntegerToFloat', 'GatherBlockQuantized']);
 /** Attention ops and the input slot of their query, key and value. */
 const ATTENTION: Record<string, readonly ['q', 'k', 'v']> = { GroupQueryAttention: ['q', 'k', 'v'], MultiHeadAttention: ['q', 'k', 'v'], Attention: ['q', 'k', 'v'] };
 
@@ -58,13 +55,6 @@ export function refuseUnrepresentable(cfg: GqaSourceConfig & Record<string, unkn
   if (uses && typeof window === 'number' && window < (cfg.max_position_embeddings ?? Infinity)) {
     throw new Error(`${where}: sliding_window ${window} attention is not converted (the attention here sees every position)`);
   }
-}
-
-/** A weight as the graph holds it, and whether the projection reads it transposed. */
-interface Held {
-  tensor: Initializer;
-  /** True when the graph transposes the stored tensor (an odd number of times) before using it. */
-  transposed: boolean;
 }
 
 interface Projection {
@@ -106,24 +96,6 @@ const isFloat = (t: Initializer) => t.dataType === ONNX_FLOAT || t.dataType === 
 const count = (t: Initializer) => t.dims.reduce((a, b) => a * b, 1);
 
 /** A module name as an unfolded export writes it (wrapper prefix and '_fp16' suffix dropped), or undefined. */
-/**
- * Depth first from `start` along `next`, at most `maxDepth` steps away, each key once (a `seen` shared by
- * several walks visits each key once in all); `next` returns a key's neighbours, or null to end the walk
- * there (it found what it looked for). The converter's local searches of the graph are bounded so, since a
- * pattern it recognises lies a few nodes from where the search starts.
- */
-function walkWithin<K>(start: K, maxDepth: number, next: (k: K) => readonly K[] | null, seen = new Set<K>()): void {
-  const todo: [K, number][] = [[start, 0]];
-  while (todo.length) {
-    const [k, depth] = todo.pop()!;
-    if (seen.has(k) || depth > maxDepth) continue;
-    seen.add(k);
-    const more = next(k);
-    if (more === null) return;
-    for (const m of more) todo.push([m, depth + 1]);
-  }
-}
-
 function moduleName(name: string): string | undefined {
   const n = name.replace(/_fp16$/, '');
   const at = n.search(/(^|\.)(model\.|lm_head\.)/);
@@ -142,19 +114,7 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
     const subs = branches.length > 0 ? ` (the graph has subgraphs, ${branches.slice(0, 2).join(', ')}, as a merged decoder does: export it unmerged)` : '';
     throw new Error(`${where}: ${what}; not converted${fns}${subs}`);
   };
-  const { nodes } = graph;
-  const producer = new Map<string, number>();
-  const consumers = new Map<string, number[]>();
-  nodes.forEach((n, i) => {
-    for (const o of n.outputs) producer.set(o, i);
-    for (const x of n.inputs) {
-      if (x === '') continue;
-      const list = consumers.get(x);
-      if (list) list.push(i);
-      else consumers.set(x, [i]);
-    }
-  });
-  const label = (i: number) => `${nodes[i]!.op} ${nodes[i]!.name || nodes[i]!.outputs[0]}`;
+  const { nodes, producer, consumers, label, constOf, same, origin } = traceGraph(graph, refuse);
   const H = cfg.hidden_size;
   const nh = cfg.num_attention_heads;
   const kvh = cfg.num_key_value_heads ?? nh;
@@ -162,60 +122,6 @@ export function exportWeights(graph: ReadGraph, cfg: GqaSourceConfig, where = 'd
   const I = cfg.intermediate_size;
   const L = cfg.num_hidden_layers;
   const V = cfg.vocab_size;
-
-  /** The constant a tensor is, through Cast, Identity and 2-D Transposes; undefined where it is computed. */
-  const constOf = (name: string): Held | undefined => {
-    let transposed = false;
-    for (let hops = 0; hops < 16; hops++) {
-      const init = graph.initializers.get(name);
-      if (init) return { tensor: init, transposed };
-      const i = producer.get(name);
-      if (i === undefined) return undefined;
-      const n = nodes[i]!;
-      if (PASS.has(n.op)) name = n.inputs[0]!;
-      else if (n.op === 'Transpose') {
-        const perm = n.attrs.get('perm')?.ints;
-        if (perm && !(perm.length === 2 && perm[0] === 1n && perm[1] === 0n)) return undefined;
-        transposed = !transposed;
-        name = n.inputs[0]!;
-      } else if (n.op === 'Constant') {
-        const t = n.attrs.get('value')?.tensor;
-        if (!t) return undefined;
-        try {
-          return { tensor: { ...readTensor(t), name: n.outputs[0]! }, transposed };
-        } catch {
-          return undefined; // a constant in a form not read here (strings, say) is no weight
-        }
-      } else if (QUANTIZED.has(n.op)) return refuse(`a weight is quantized (${label(i)}), which is not read here`);
-      else return undefined;
-    }
-    return undefined;
-  };
-  /** A tensor and every name it has through pass-through ops (Cast, Identity). */
-  const same = (name: string): Set<string> => {
-    const out = new Set([name]);
-    const todo = [name];
-    while (todo.length) {
-      for (const c of consumers.get(todo.pop()!) ?? []) {
-        const n = nodes[c]!;
-        if (PASS.has(n.op) && !out.has(n.outputs[0]!)) {
-          out.add(n.outputs[0]!);
-          todo.push(n.outputs[0]!);
-        }
-      }
-    }
-    return out;
-  };
-  /** The tensor a name is a pass-through (or reshaped) copy of, walking back. */
-  const origin = (name: string, reshapes: boolean): string => {
-    for (;;) {
-      const i = producer.get(name);
-      if (i === undefined) return name;
-      const n = nodes[i]!;
-      if (PASS.has(n.op) || (reshapes && RESHAPE.has(n.op))) name = n.inputs[0]!;
-      else return name;
-    }
-  };
 
   // Projections: every MatMul-like node with a constant 2-D right operand.
   const projections: Projection[] = [];
