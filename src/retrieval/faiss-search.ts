@@ -14,6 +14,9 @@ const MAX_EF_FACTOR = 10;
 export const everything = (): boolean => true;
 export const nothing = (): boolean => false;
 
+/** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
+export const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.collection, text: `${c.title}\n${c.text}` });
+
 /** The k nearest chunks by cosine similarity that pass the filter (none: every chunk), best first. */
 export function searchState(s: State, opts: { annMin: number; efSearch: number }, query: Float32Array, k: number, filter?: SearchFilter): Hit[] {
   if (k <= 0 || s.table.liveCount === 0) return [];

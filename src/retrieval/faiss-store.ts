@@ -24,7 +24,7 @@ import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { apply, concatVectors, encodeChange, loggedBatch, noChange, replay, type Applied, type Change } from './faiss-change.js';
 import { defaults, type FaissStoreOptions } from './faiss-options.js';
-import { everything, nothing, passes, searchState } from './faiss-search.js';
+import { everything, lexicalEntry, nothing, passes, searchState } from './faiss-search.js';
 import { captureView, encodeState, encodeView, loadState, SNAPSHOT } from './faiss-snapshot-sections.js';
 import { concat, copyState, dropTombstones, emptyState, key, liveChunks, type State } from './faiss-state.js';
 import { lockDir, type DirLock } from './dir-lock.js';
@@ -496,6 +496,3 @@ export class FaissStore implements RetrievalStore {
 const defaultWarn = (message: string) => console.warn(`[faiss-store] ${message}`);
 /** What the write queue's tail settles with: nothing that holds memory. */
 const settled = (): undefined => undefined;
-
-/** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
-const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.collection, text: `${c.title}\n${c.text}` });
