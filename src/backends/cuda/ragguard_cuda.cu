@@ -1203,7 +1203,16 @@ struct Engine {
   cublasLtHandle_t lt = nullptr;
   // outer: cuBLASLt applies the row and token scales (OUTER_VEC_32F); else its product is unscaled float
   // [N, M] (ld M) in the tile, scaled into Y by fp8_outer_scale_kernel.
-  struct LtPlan { cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr; cublasLtMatmulAlgo_t algo{}; bool ok = false; bool outer = false; };
+  struct LtPlan {
+    cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr; cublasLtMatmulAlgo_t algo{}; bool ok = false; bool outer = false;
+    void release() {
+      if (op) cublasLtMatmulDescDestroy(op);
+      if (a) cublasLtMatrixLayoutDestroy(a);
+      if (b) cublasLtMatrixLayoutDestroy(b);
+      if (c) cublasLtMatrixLayoutDestroy(c);
+      op = nullptr; a = b = c = nullptr;
+    }
+  };
   std::map<std::tuple<int, int, int, int>, LtPlan> lt_plans;  // (M, N, K, output type)
   std::string fp8_lt_note;
   size_t elt() const { return 2; }
@@ -1345,13 +1354,6 @@ Engine::LtPlan* lt_plan(Engine& e, int M, int N, int K, int ld, cudaDataType_t y
     if (e.fp8_lt_note.find(why) == std::string::npos)
       e.fp8_lt_note += (e.fp8_lt_note.empty() ? "" : "; ") + why + " (" + std::to_string(M) + " x " + std::to_string(N) + " x " + std::to_string(K) + ")";
   };
-  auto release = [&]() {
-    if (p.op) cublasLtMatmulDescDestroy(p.op);
-    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
-    p.op = nullptr; p.a = p.b = p.c = nullptr;
-  };
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const uint64_t ws = (uint64_t)e.cfg.cublas_workspace_bytes;
   // One attempt: the scales in the epilogue (outer) or none (unscaled float out). Its status, or -1 where a
@@ -1379,11 +1381,11 @@ Engine::LtPlan* lt_plan(Engine& e, int M, int N, int K, int ld, cudaDataType_t y
   int found = 0;
   int st = attempt(true, found);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) { p.ok = p.outer = true; return &p; }
-  release();
+  p.release();
   note("no FP8 algorithm with outer-vector scales (status " + std::to_string(st) + "): scaled after an unscaled GEMM");
   st = attempt(false, found);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) { p.ok = true; return &p; }
-  release();
+  p.release();
   note("no FP8 algorithm at all (status " + std::to_string(st) + "): the tiles");
   return nullptr;
 }
@@ -1924,12 +1926,7 @@ void rg_destroy(void* h) {
   cudaFreeHost(e->h_step);
   cudaFreeHost(e->stage_h);
   cudaFree(e->stage_d);
-  for (auto& kv : e->lt_plans) {
-    if (kv.second.op) cublasLtMatmulDescDestroy(kv.second.op);
-    if (kv.second.a) cublasLtMatrixLayoutDestroy(kv.second.a);
-    if (kv.second.b) cublasLtMatrixLayoutDestroy(kv.second.b);
-    if (kv.second.c) cublasLtMatrixLayoutDestroy(kv.second.c);
-  }
+  for (auto& kv : e->lt_plans) kv.second.release();
   if (e->lt) cublasLtDestroy(e->lt);
   cublasDestroy(e->blas);
   cudaStreamDestroy(e->stream);
