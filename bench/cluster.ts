@@ -7,8 +7,9 @@
  *    clients at once; first behind round robin, then (the router restarted, the replicas and their caches
  *    kept; new groups, so no run profits from the other's blocks) behind prefix hashing. Hit rate: the
  *    replies' cached_prompt_tokens over prompt_tokens.
- * 2. Failure: for BENCH_CLUSTER_KILL_LOAD_S (60) seconds the clients send queries and ingests (every third
- *    request a PUT of a new document); at a third of it replica 2 gets kill -9; the router's stats page is
+ * 2. Failure: for BENCH_CLUSTER_KILL_LOAD_S (60) seconds, and on until the restarted replica serves again, the
+ *    clients send queries and ingests (every third request a PUT of a new document); at a third of it replica 2
+ *    gets kill -9; the router's stats page is
  *    read every 200 ms (when does it mark the replica DOWN); at two thirds the replica is restarted
  *    (scripts/cluster.sh replica 2): when is it ready, when UP in the router, does it serve again. A client
  *    retries a connection error or a 502/503/504 (after Retry-After) up to 6 times; every reply is counted by
@@ -159,21 +160,19 @@ async function ask(base: string, name: string, usage: Usage): Promise<boolean> {
 }
 
 /**
- * The fault phases' load: CLIENTS clients until stop(), `until` (epoch ms) or the deadline; every third request
+ * The fault phases' load: CLIENTS clients until stop() or the deadline; every third request
  * ingests a new document named from `tag` (acknowledged: 200 or 201), the others ask a group's question.
  * `servedFrom` (seconds on now()'s clock, 0 until a phase sets it): the first query sent at or after it that
  * is answered sets `servingAgainS`, the seconds from servedFrom to that answer.
  */
-function faultLoad(base: string, tag: string, until = Number.POSITIVE_INFINITY) {
+function faultLoad(base: string, tag: string) {
   const load = {
     acked: [] as string[], unacked: 0, usage: { prompt: 0, cached: 0, asks: 0, failed: 0 } as Usage,
-    servedFrom: 0, servingAgainS: undefined as number | undefined,
-    done: Promise.resolve() as Promise<unknown>, stop: async () => {},
+    servedFrom: 0, servingAgainS: undefined as number | undefined, stopped: false,
   };
   let n = 0;
-  let stopped = false;
-  load.done = Promise.all(Array.from({ length: CLIENTS }, async () => {
-    while (!stopped && Date.now() < Math.min(until, DEADLINE)) {
+  const done = Promise.all(Array.from({ length: CLIENTS }, async () => {
+    while (!load.stopped && Date.now() < DEADLINE) {
       const i = n++;
       if (i % 3 === 0) {
         const name = codename(tag, i);
@@ -188,8 +187,7 @@ function faultLoad(base: string, tag: string, until = Number.POSITIVE_INFINITY) 
       }
     }
   }));
-  load.stop = async () => { stopped = true; await load.done; };
-  return load;
+  return Object.assign(load, { done, stop: async () => { load.stopped = true; await done; } });
 }
 
 /** How many acknowledged documents the cluster no longer has. */
@@ -265,7 +263,7 @@ try {
     const loadEnd = Date.now() + KILL_LOAD_S * 1000;
     const events: Record<string, number> = {};
     let killedAt = 0;
-    const load = faultLoad(base, 'k', loadEnd);
+    const load = faultLoad(base, 'k');
     const { acked, usage } = load;
     const watch = (async () => {
       await sleep((KILL_LOAD_S * 1000) / 3);
@@ -293,7 +291,7 @@ try {
     })();
     // The load runs at least until the replica serves again (or the deadline), so its return is under load.
     await watch;
-    await load.done;
+    await load.stop();
     const during = Object.fromEntries((Object.keys(outcomes) as Outcome[]).map((k) => [k, outcomes[k] - before[k]]));
     const unacked = load.unacked;
     const missing = await lostOf(base, acked);
