@@ -15,8 +15,8 @@
  * products decides those).
  *
  * Ours is measured once per variant, the first the headline (the rest beside it as ragguard_<variant>):
- * BENCH_GPU_QGEMM (mma, dequant: the products of more than 8 rows) times BENCH_GPU_QGEMV_MATH (float, half2:
- * the GEMV's products with float16 activations), e.g. BENCH_GPU_QGEMV_MATH=half2,float.
+ * BENCH_GPU_QGEMM (mma, dequant: the products of more than 8 rows) times BENCH_GPU_QGEMV_MATH (float, half2,
+ * int8: the GEMV's products; half2 with float16 activations only), e.g. BENCH_GPU_QGEMV_MATH=int8,float.
  *
  * BENCH_GPU_GGUF_STANDIN=1 runs the whole script on a machine without a GPU (the stand-in library of the
  * tests for ours, LLAMA_BIN pointing at stand-ins: scripts/gpu/llama-standin.sh): a dry run of the script's
@@ -25,7 +25,7 @@
 import { spawn, execFileSync } from 'node:child_process';
 import path from 'node:path';
 import type { CudaBackend } from '../src/backends/cuda/binding.js';
-import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
+import { CudaModelRunner, type QgemvMath } from '../src/backends/cuda/cuda-runner.js';
 import { GgufFile, ggmlTypeName } from '../src/runtime/gguf.js';
 import { planGguf } from '../src/backends/cuda/gguf-checkpoint.js';
 import { BLOCK, engineFor, randomPrompts } from './gpu-common.js';
@@ -44,12 +44,12 @@ const QGEMM = (process.env.BENCH_GPU_QGEMM ?? 'mma').split(',').map((m): 'mma' |
   if (m !== 'mma' && m !== 'dequant') throw new Error(`BENCH_GPU_QGEMM: ${m} is neither mma nor dequant`);
   return m;
 });
-/** The GEMV's products with float16 activations, each measured with each QGEMM (cuda-runner.ts qgemvMath): float, half2. */
-const QGEMV_MATH = (process.env.BENCH_GPU_QGEMV_MATH ?? 'float').split(',').map((m): 'float' | 'half2' => {
-  if (m !== 'float' && m !== 'half2') throw new Error(`BENCH_GPU_QGEMV_MATH: ${m} is neither float nor half2`);
+/** The GEMV's products, each measured with each QGEMM (cuda-runner.ts qgemvMath): float, half2, int8. */
+const QGEMV_MATH = (process.env.BENCH_GPU_QGEMV_MATH ?? 'float').split(',').map((m): QgemvMath => {
+  if (m !== 'float' && m !== 'half2' && m !== 'int8') throw new Error(`BENCH_GPU_QGEMV_MATH: ${m} is none of float, half2, int8`);
   return m;
 });
-interface Variant { quantGemm: 'mma' | 'dequant'; qgemvMath: 'float' | 'half2' }
+interface Variant { quantGemm: 'mma' | 'dequant'; qgemvMath: QgemvMath }
 /** Every way of ours measured, the first the headline: QGEMM x QGEMV_MATH. */
 const VARIANTS: Variant[] = QGEMM.flatMap((quantGemm) => QGEMV_MATH.map((qgemvMath) => ({ quantGemm, qgemvMath })));
 const label = (v: Variant) => (v.qgemvMath === 'float' ? v.quantGemm : `${v.quantGemm}+${v.qgemvMath}`);

@@ -14,6 +14,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { CudaDecoder } from '../src/backends/cuda/cuda-decoder.js';
+import { loadConfig } from '../src/config/config.js';
+import { cudaDecoderLimits } from '../src/service/bootstrap.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { planeOffsets } from '../src/backends/cuda/gguf-blocks.js';
 import { planGguf, QUANT_TILE_BYTES } from '../src/backends/cuda/gguf-checkpoint.js';
@@ -142,13 +144,16 @@ describe('GGUF decoders on the CUDA backend', () => {
     assert.deepEqual(asked.events, ['gemv:2', 'graphs']);
   });
 
-  test('the GEMV\'s half products: asked of a GGUF decoder, set before the graphs; float (nothing set) by default; refused for a dense checkpoint', async (t) => {
+  test('the GEMV\'s products (half pairs, int8): asked of a GGUF decoder, set before the graphs; float (nothing set) by default; refused for a dense checkpoint', async (t) => {
     if (!existsSync(QWEN)) return t.skip(`${QWEN} is not fetched (npm run setup)`);
     const ck = plan(QWEN);
     const opts = { numBlocks: 64, blockSize: 16, maxBatchedTokens: 256, maxSeqs: 8 };
     const half = standInCuda(ck.config);
     (await CudaModelRunner.load(QWEN, { ...opts, qgemvMath: 'half2' }, half)).close();
     assert.deepEqual(half.events, ['qgemv-math:1', 'graphs']);
+    const int8 = standInCuda(ck.config);
+    (await CudaModelRunner.load(QWEN, { ...opts, qgemvMath: 'int8' }, int8)).close();
+    assert.deepEqual(int8.events, ['qgemv-math:2', 'graphs']);
     const plain = standInCuda(ck.config);
     (await CudaModelRunner.load(QWEN, { ...opts, qgemvMath: 'float' }, plain)).close();
     assert.deepEqual(plain.events, ['graphs']);
@@ -157,10 +162,29 @@ describe('GGUF decoders on the CUDA backend', () => {
       await writeTinyCheckpoint(dir);
       const dense = standInCuda(TINY);
       await assert.rejects(CudaModelRunner.load(dir, { ...opts, qgemvMath: 'half2' }, dense), /for a GGUF decoder/);
+      await assert.rejects(CudaModelRunner.load(dir, { ...opts, qgemvMath: 'int8' }, dense), /for a GGUF decoder/);
       assert.equal(dense.live, 0);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+
+  test('RAGGUARD_CUDA_QGEMV as the server configures it: the library told for a GGUF decoder (dense and FP8 checkpoints: test/cuda-server.test.ts)', async (t) => {
+    if (!existsSync(QWEN)) return t.skip(`${QWEN} is not fetched (npm run setup)`);
+    assert.throws(() => loadConfig({ RAGGUARD_CUDA_QGEMV: 'int4' }), /RAGGUARD_CUDA_QGEMV/);
+    const events = async (model: string, config: Record<string, unknown>, qgemv?: string) => {
+      const c = loadConfig({ RAGGUARD_DECODER: model, RAGGUARD_DECODER_EP: 'cuda', ...(qgemv ? { RAGGUARD_CUDA_QGEMV: qgemv } : {}) });
+      const lib = standInCuda(config);
+      const decoder = await CudaDecoder.open(model, cudaDecoderLimits(c), lib);
+      decoder.createRunner(16).close();
+      return lib.events.filter((e) => e.startsWith('qgemv-math'));
+    };
+    const cfg = plan(QWEN).config as unknown as Record<string, unknown>;
+    assert.deepEqual(await events(QWEN, cfg, 'int8'), ['qgemv-math:2']);
+    assert.deepEqual(await events(QWEN, cfg, 'half2'), ['qgemv-math:1']);
+    assert.deepEqual(await events(QWEN, cfg, 'float'), []);
+    const byDefault = loadConfig({}).cudaQgemv;
+    assert.deepEqual(await events(QWEN, cfg), byDefault === 'float' ? [] : [`qgemv-math:${byDefault === 'int8' ? 2 : 1}`]);
   });
 
   test('RAGGUARD_DECODER=<file.gguf> on cuda: the decoder opens with the file\'s tokenizer and chat template, its budget figures from the quantized plan', async (t) => {

@@ -70,7 +70,7 @@ describe('RAGGUARD_CUDA_WEIGHTS=fp8 as the server configures it', () => {
     const decoder = await CudaDecoder.open(checkpoint, cudaDecoderLimits(c), lib);
     const runner = decoder.createRunner(16);
     try {
-      return { events: [...lib.events], planned: decoder.staticBytes(16), quantBytes: lib.created!.quant_bytes, segments: decoder.checkpoint.quant!.segments };
+      return { events: [...lib.events], planned: decoder.staticBytes(16), quantBytes: lib.created!.quant_bytes, segments: decoder.checkpoint.quant?.segments ?? [] };
     } finally {
       runner.close();
     }
@@ -88,6 +88,13 @@ describe('RAGGUARD_CUDA_WEIGHTS=fp8 as the server configures it', () => {
     lt.segments.forEach((s, i) => assert.equal(s.packedBytes, tiles.segments[i]!.packedBytes + Math.ceil((s.rows * 4) / 256) * 256, s.name));
     assert.ok(lt.quantBytes > tiles.quantBytes);
     assert.equal(lt.planned - tiles.planned, lt.quantBytes - tiles.quantBytes);
+  });
+
+  test('RAGGUARD_CUDA_QGEMV is for GGUF decoders: an FP8 or dense checkpoint opens with it set and the library is not told', async () => {
+    for (const weights of ['fp8', 'model']) {
+      const { events } = await opened({ RAGGUARD_CUDA_WEIGHTS: weights, RAGGUARD_CUDA_QGEMV: 'int8' });
+      assert.ok(!events.some((e) => e.startsWith('qgemv-math')), `${weights}: ${events.join(', ')}`);
+    }
   });
 });
 

@@ -24,7 +24,7 @@
 #             of quantized product) and llama.cpp's (llama-logits on each GGUF file) against float32
 #   bench     npm run bench:gpu-gguf on the 0.5B Q4_K_M and Q8_0 files against llama-batched-bench (1, 8, 32,
 #             64 concurrent) and llama-server's greedy ids (BENCH_GPU_QGEMM=mma,dequant: both of our products)
-#             and BENCH_GPU_QGEMV_MATH=float,half2 (both of the GEMV's products, each with each)
+#             and BENCH_GPU_QGEMV_MATH=float,half2,int8 (the GEMV's products, each with each)
 #   bench7b   the same on the 7B files
 #   rag       the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, carried by scripts/gpu/model-pieces.sh to
 #             $DEFAULT_GGUF) serving the question set on this backend: npm run bench:rag with
@@ -135,13 +135,14 @@ agree() {
     sides+=("ours:$q=$f" "file:llama-$q=$ref/llama-$q.f32")
     [[ $q == F16 ]] || sides+=("ours:$q-dequant=$f@dequant")
     sides+=("ours:$q-half2=$f@half2")
+    [[ $q == F16 ]] || sides+=("ours:$q-int8=$f@int8")
   done
   node --import tsx scripts/check-agreement.ts "$ref" "${sides[@]}"
 }
 has agree && record agree agree qwen2-0.5b-f16 "$GGUF_TYPES"
 has agree7b && record agree7b agree qwen2-7b-bf16 "$GGUF_TYPES_7B"
 export BENCH_GPU_QGEMM=${BENCH_GPU_QGEMM:-mma,dequant}
-export BENCH_GPU_QGEMV_MATH=${BENCH_GPU_QGEMV_MATH:-float,half2}
+export BENCH_GPU_QGEMV_MATH=${BENCH_GPU_QGEMV_MATH:-float,half2,int8}
 has bench && BENCH_GPU_GGUF=$(files qwen2-0.5b-f16) LLAMA_BIN=$LLAMA/build/bin record bench node --import tsx bench/gpu-gguf.ts
 if has fp8; then
   BENCH_GPU_MODELS= BENCH_GPU_BIG=$MODELS/qwen2-7b-bf16 record fp8-bf16 node --import tsx bench/gpu.ts

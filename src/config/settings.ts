@@ -25,6 +25,7 @@ export interface Config {
   /** The CUDA decoder's matrices: as the checkpoint holds them, or FP8 made at load. */
   cudaWeights: 'model' | 'fp8';
   cudaFp8Gemm: 'cublaslt' | 'tiles';
+  cudaQgemv: 'float' | 'half2' | 'int8';
   /** Who runs a converted GGUF's block products on the CPU: ragguard's QMatMul8 and QMatMul4, or ONNX Runtime's MatMulNBits. */
   cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */

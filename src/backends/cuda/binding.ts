@@ -65,11 +65,11 @@ export interface CudaBackend {
    */
   setGemvRows?(h: EngineHandle, rows: number): void;
   /**
-   * A GGUF decoder's GEMV products where activations are float16: 0 in float (the default), 1 in paired half
-   * arithmetic (rg_set_qgemv_math); graphs captured afterwards keep it. Benchmarks and the agreement check
-   * compare the two.
+   * A GGUF decoder's GEMV products: 0 in float (the default), 1 in paired half arithmetic (float16
+   * activations), 2 with int8 activations and dp4a (rg_set_qgemv_math); graphs captured afterwards keep it.
+   * Benchmarks and the agreement check compare them.
    */
-  setQgemvMath?(h: EngineHandle, mode: 0 | 1): void;
+  setQgemvMath?(h: EngineHandle, mode: 0 | 1 | 2): void;
   /**
    * FP8 weights' products of more rows than the GEMV takes: 0 the tensor-core tiles (default), 1 cuBLASLt's FP8
    * GEMM with a scale a weight row and a token (rg_set_fp8_gemm). Before the FP8 segments are registered: it

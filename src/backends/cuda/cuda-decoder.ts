@@ -20,7 +20,7 @@ import type { LoadBytes } from '../../runtime/load-bytes.js';
 import { TextTokenizer } from '../../runtime/tokenizer.js';
 import { cudaBackend, cudaUnavailable, type CudaBackend } from './binding.js';
 import { cudaLoraPool, type CudaLoraPool } from './cuda-lora.js';
-import { CudaModelRunner, CudaUnavailableError, type CudaRunnerOptions } from './cuda-runner.js';
+import { CudaModelRunner, CudaUnavailableError, type CudaRunnerOptions, type QgemvMath } from './cuda-runner.js';
 import { withFp8 } from './fp8-weights.js';
 import { openGguf } from './gguf-checkpoint.js';
 import { CheckpointError, openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoint.js';
@@ -39,6 +39,8 @@ export interface CudaDecoderLimits {
   weights?: 'model' | 'fp8';
   /** RAGGUARD_CUDA_FP8_GEMM: FP8 products of more than 8 rows through cuBLASLt (the default) or the tiles. */
   fp8Gemm?: 'cublaslt' | 'tiles';
+  /** RAGGUARD_CUDA_QGEMV: a GGUF decoder's GEMV products (float, int8, half2); dense and FP8 checkpoints ignore it. */
+  qgemv?: QgemvMath;
   maxLoraRank?: number;
 }
 
@@ -134,7 +136,8 @@ export class CudaDecoder implements DecoderBackend {
   private options(numBlocks: number, loraPool?: CudaLoraPool): CudaRunnerOptions {
     const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
     const fp8 = this.limits.weights === 'fp8' ? { weights: 'fp8' as const, fp8Gemm: fp8ThroughCublasLt(this.limits) ? 'cublaslt' as const : 'mma' as const } : {};
-    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...fp8, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
+    const qgemv = this.checkpoint.quant?.mode === 'gguf' && this.limits.qgemv ? { qgemvMath: this.limits.qgemv } : {};
+    return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...fp8, ...qgemv, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
   }
 
   /**

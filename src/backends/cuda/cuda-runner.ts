@@ -30,6 +30,10 @@ import { openCheckpoint, type Checkpoint, type ModelDtype } from './hf-checkpoin
 import { PenaltyTally } from '../../generate/penalty-tally.js';
 import { graphBuckets, kvBytesPerToken, packStep, planDevice, type DeviceLimits, type DevicePlan, type DeviceSampling, type StepItem } from './step-pack.js';
 
+/** The quantized GEMV's products (runner option qgemvMath; rg_set_qgemv_math's modes). */
+export type QgemvMath = 'float' | 'half2' | 'int8';
+const QGEMV_MATH_MODE: Record<QgemvMath, 0 | 1 | 2> = { float: 0, half2: 1, int8: 2 };
+
 export interface CudaRunnerOptions {
   /** KV pool blocks and their size in tokens (the block manager's). */
   numBlocks: number;
@@ -48,11 +52,13 @@ export interface CudaRunnerOptions {
   /** Steps of up to this many rows multiply through the GEMV kernels (default: 8 for quantized matrices, 4 dense). */
   gemvRows?: number;
   /**
-   * A GGUF decoder's GEMV products (steps of up to 8 rows) where activations are float16: float (the default)
-   * or half2 (paired half arithmetic, sixteen-element partials added in float: about half the instructions a
-   * row; not the default until a GPU run has measured it and the agreement check has held it).
+   * A GGUF decoder's GEMV products (steps of up to 8 rows): float (the default), half2 (float16 activations
+   * only: paired half arithmetic, sixteen-element partials added in float) or int8 (the activations rounded to
+   * int8 a block of 32 and multiplied four pairs an instruction, as llama.cpp's MMVQ: quant_gemv_i8.cuh; the
+   * integer types, F16/BF16 segments stay in float). Neither is the default until a GPU run has measured it
+   * and the agreement check has held it.
    */
-  qgemvMath?: 'float' | 'half2';
+  qgemvMath?: QgemvMath;
   /**
    * FP8 weights' products of more than 8 rows: mma (the default: the tensor-core tiles, the weights with a scale
    * per 32) or cublaslt (cuBLASLt's FP8 GEMM, the weights with a scale a row and each step's activations
@@ -236,7 +242,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       if (opts.qgemvMath !== undefined && opts.qgemvMath !== 'float') {
         if (ckpt.quant?.mode !== 'gguf') throw new Error(`qgemvMath ${opts.qgemvMath} is for a GGUF decoder`);
         if (!native.setQgemvMath) throw new Error('this CUDA library cannot set the GEMV products');
-        native.setQgemvMath(h, 1);
+        native.setQgemvMath(h, QGEMV_MATH_MODE[opts.qgemvMath]);
       }
       const buckets = graphMax > 0 ? graphBuckets(graphMax) : [];
       const runner = new CudaModelRunner(native, h, ckpt, dtype, limits, tokenizer, buckets, opts.loraPool);

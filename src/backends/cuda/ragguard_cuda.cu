@@ -170,6 +170,7 @@ size_t step_words(int T, int S, int W, int P, size_t masks = 0) {
 
 __host__ __device__ inline size_t mask_words(int vocab) { return ((size_t)vocab + 31) / 32; }
 #include "quant_kernels.cuh"
+#include "quant_gemv_i8.cuh"
 
 // ---------------------------------------------------------------------------------------------------
 // Kernels
@@ -1191,9 +1192,10 @@ struct Engine {
   // Steps of at most this many rows multiply through gemv_kernel instead of cuBLAS (rg_set_gemv_rows;
   // graphs keep what they were captured with).
   int gemv_rows = GEMV_MAX_ROWS;
-  // The quantized GEMV's products with float16 activations: float (false, the default) or paired half
-  // arithmetic (rg_set_qgemv_math; quant_kernels.cuh qgemv_kernel H2).
-  bool qgemv_half2 = false;
+  // The quantized GEMV's products (rg_set_qgemv_math): 0 float (the default), 1 paired half arithmetic
+  // where activations are float16 (quant_kernels.cuh qgemv_kernel H2), 2 int8 activations and dp4a
+  // (quant_gemv_i8.cuh) for the integer types.
+  int qgemv_math = 0;
   // FP8 products of more than gemv_rows rows through cuBLASLt (rg_set_fp8_gemm 1, before the weights load):
   // the weights are packed with one scale a row (fp8_pack_rows_kernel), each step's activations quantized a
   // row at a time (act_fp8_kernel), and cuBLASLt's FP8 GEMM applies both scales in its epilogue
@@ -1333,10 +1335,27 @@ void qmat_dims(const rg_config& c, int kind, int& n, int& k) {
 template <typename T, int R, int TY>
 void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, bool f32, int ldy, int rows, int k) {
   const int grid = (sg.rows + QGEMV_WARPS - 1) / QGEMV_WARPS;
-  if (std::is_same<T, __half>::value && e.qgemv_half2)
+  if (std::is_same<T, __half>::value && e.qgemv_math == 1)
     qgemv_kernel<T, R, TY, true><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
   else
     qgemv_kernel<T, R, TY, false><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>((const T*)X, sg.p, y, f32, ldy, rows, sg.rows, k);
+}
+
+// The step's activations X [rows, k] as int8 blocks in e.qtile for qgemv_i8_kernel (quant_gemv_i8.cuh).
+template <typename T>
+void quantize_x_i8(Engine& e, const void* X, int rows, int k, int8_t*& xq, float2*& xd) {
+  xq = static_cast<int8_t*>(e.qtile);
+  xd = reinterpret_cast<float2*>(static_cast<char*>(e.qtile) + qgemv_i8_values_bytes(rows, k));
+  const int blocks = rows * (k / 32);
+  quantize_x_i8_kernel<T><<<(blocks + 7) / 8, 256, 0, e.stream>>>((const T*)X, blocks, xq, xd);
+}
+
+template <typename T, int R, int TY>
+void launch_qgemv_i8(Engine& e, const Engine::QSeg& sg, const int8_t* xq, const float2* xd, void* y, bool f32, int ldy, int rows, int k) {
+  if constexpr (qgemv_i8_type(TY)) {
+    const int grid = (sg.rows + QGEMV_WARPS - 1) / QGEMV_WARPS;
+    qgemv_i8_kernel<T, R, TY><<<grid, QGEMV_WARPS * 32, 0, e.stream>>>(xq, xd, sg.p, y, f32, ldy, rows, sg.rows, k);
+  }
 }
 
 // cuBLASLt's FP8 GEMM for an M x N x K product of FP8 weights [M, K] (row scales) and FP8 activations [N, K]
@@ -1467,10 +1486,24 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
   const float alpha = 1.f, beta = 0.f;
   const cudaDataType_t t = cuda_type(e.cfg);
   const size_t tile_rows = std::max<size_t>(1, (size_t)e.cfg.quant_tile_bytes / ((size_t)k * 2));
+  // qgemv_math 2: X quantized once for every segment of the product (q|k|v, gate|up) that takes it.
+  int8_t* xq = nullptr;
+  float2* xd = nullptr;
   for (const Engine::QSeg& sg : segs) {
     if (sg.cols != k) return fail("a quantized matrix has the wrong width for its product");
     char* y = static_cast<char*>(Y) + (size_t)sg.row0 * ysz;
     int bad = 0;
+    if (rows <= e.gemv_rows && rows <= QGEMV_MAX_ROWS && e.qgemv_math == 2 && qgemv_i8_type(sg.type) &&
+        qgemv_i8_scratch_bytes(rows, k) <= (size_t)e.cfg.quant_tile_bytes) {
+      if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
+      QTYPE_DISPATCH(sg.type, bad = 1,
+        if (rows == 1) launch_qgemv_i8<T, 1, TY>(e, sg, xq, xd, y, f32, n, rows, k);
+        else if (rows == 2) launch_qgemv_i8<T, 2, TY>(e, sg, xq, xd, y, f32, n, rows, k);
+        else if (rows <= 4) launch_qgemv_i8<T, 4, TY>(e, sg, xq, xd, y, f32, n, rows, k);
+        else launch_qgemv_i8<T, 8, TY>(e, sg, xq, xd, y, f32, n, rows, k))
+      if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+      continue;
+    }
     if (rows <= e.gemv_rows && rows <= QGEMV_MAX_ROWS) {
       QTYPE_DISPATCH(sg.type, bad = 1,
         if (rows == 1) launch_qgemv<T, 1, TY>(e, sg, X, y, f32, n, rows, k);
@@ -2204,13 +2237,15 @@ int rg_set_fp8_gemm(void* h, int32_t mode) {
 // What cuBLASLt's FP8 path could not do (a shape it has no algorithm for: those products ran qmma_kernel), or "".
 const char* rg_fp8_gemm_note(void* h) { return static_cast<Engine*>(h)->fp8_lt_note.c_str(); }
 
-// The quantized GEMV's products where activations are float16: 0 in float (the default), 1 in paired half
-// arithmetic (16-element partials added in float). A GGUF decoder only; graphs captured afterwards keep it.
+// The quantized GEMV's products: 0 in float (the default), 1 in paired half arithmetic where activations are
+// float16 (16-element partials added in float), 2 with the activations quantized to int8 a block of 32 and
+// dp4a (quant_gemv_i8.cuh; the integer types, others stay in float). A GGUF decoder only; graphs captured
+// afterwards keep it.
 int rg_set_qgemv_math(void* h, int32_t mode) {
   auto* e = static_cast<Engine*>(h);
-  if (!e->quantized()) return fail("the GEMV's half products are for a quantized decoder");
-  if (mode != 0 && mode != 1) return fail("qgemv math must be 0 (float) or 1 (half pairs)");
-  e->qgemv_half2 = mode == 1;
+  if (!e->quantized()) return fail("the GEMV's products are set for a quantized decoder only");
+  if (mode < 0 || mode > 2) return fail("qgemv math must be 0 (float), 1 (half pairs) or 2 (int8)");
+  e->qgemv_math = mode;
   return 0;
 }
 
