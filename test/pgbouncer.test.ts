@@ -78,6 +78,9 @@ test('on a graph where 40 candidates lose neighbours, searches through PgBouncer
     batch.push({ doc: { docId: `d${i}`, title: `t${i}`, bytes: 1 }, chunks: [{ text: `p${i}`, tokens: 1 }], vectors: points[i]! });
     if (batch.length === 500) await writer.addBatch(batch.splice(0));
   }
+  // The collection's own HNSW index, which the writer builds in the background once it passes the threshold.
+  await writer.indexesBuilt();
+  assert.ok(writer.hasCollectionIndex('default'), 'the collection has its own HNSW index');
   // The planner's statistics, as autovacuum would gather them: without, it scans exactly (a table it thinks small).
   const admin = new pg.Client({ connectionString: direct });
   await admin.connect();

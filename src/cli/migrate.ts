@@ -62,11 +62,14 @@ export async function migrateCommand(args: string[]): Promise<number> {
   const r = await migrateDatabase(url, { dimension: dimension ?? 0, hnswM: cfg.pgHnswM, hnswEfConstruction: cfg.pgHnswEfConstruction, connectTimeoutMs: cfg.pgConnectTimeoutMs });
   if (values.grant !== undefined) await grantServerRole(url, values.grant);
   if (values.json) {
-    process.stdout.write(`${JSON.stringify({ store: where, from: r.from, to: r.to, applied: r.applied, ...(values.grant !== undefined ? { granted: values.grant } : {}) })}\n`);
+    process.stdout.write(`${JSON.stringify({ store: where, from: r.from, to: r.to, applied: r.applied, indexed: r.indexed, ...(values.grant !== undefined ? { granted: values.grant } : {}) })}\n`);
   } else if (r.applied.length === 0) {
     process.stdout.write(`${where}: schema at version ${r.to}, nothing to do\n`);
   } else {
     process.stdout.write(`${where}: schema migrated from version ${r.from} to ${r.to}:\n${r.applied.map((a) => `  ${a}`).join('\n')}\n`);
+  }
+  if (!values.json && r.indexed.length > 0) {
+    process.stdout.write(`${where}: built the HNSW index of ${r.indexed.length} collection(s): ${r.indexed.join(', ')}\n`);
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 /** `ragguard migrate` against the Postgres store's database (cli/migrate.ts; postgres-store.ts re-exports these). */
 import pg from 'pg';
+import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionsWanting } from './pg-collection-index.js';
 import { migrate, type MigrateResult } from './pg-schema.js';
 
 export function schemaOptions(dimension: number, opts: { hnswM?: number; hnswEfConstruction?: number }) {
@@ -8,13 +9,21 @@ export function schemaOptions(dimension: number, opts: { hnswM?: number; hnswEfC
 
 /**
  * `ragguard migrate`: brings the database's schema to this build's version (a role that owns the schema
- * or may create in it), saying what it applied.
+ * or may create in it), saying what it applied; then builds the HNSW index of each collection past the
+ * threshold that has none (pg-collection-index.ts: a server whose role may not build them searches such
+ * a collection exactly until this runs), CONCURRENTLY, so running servers keep writing meanwhile.
  */
-export async function migrateDatabase(url: string, opts: { dimension: number; hnswM?: number; hnswEfConstruction?: number; connectTimeoutMs?: number }): Promise<MigrateResult> {
+export async function migrateDatabase(url: string, opts: { dimension: number; hnswM?: number; hnswEfConstruction?: number; connectTimeoutMs?: number }): Promise<MigrateResult & { indexed: string[] }> {
   const client = new pg.Client({ connectionString: url, ...(opts.connectTimeoutMs ? { connectionTimeoutMillis: opts.connectTimeoutMs } : {}) });
   await client.connect();
   try {
-    return await migrate(client, schemaOptions(opts.dimension, opts));
+    const o = schemaOptions(opts.dimension, opts);
+    const done = await migrate(client, o);
+    const indexed: string[] = [];
+    for (const collection of await collectionsWanting(client, COLLECTION_INDEX_ROWS)) {
+      if (await buildCollectionIndex(client, collection, o)) indexed.push(collection);
+    }
+    return { ...done, indexed };
   } finally {
     await client.end();
   }

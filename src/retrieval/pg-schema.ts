@@ -14,6 +14,7 @@
  */
 import type pg from 'pg';
 import { lexicalTerms } from './lexical.js';
+import { COLLECTION_INDEX_ROWS, collectionIndexSql, collectionsWanting } from './pg-collection-index.js';
 
 export interface SchemaOptions {
   /** The embedder's dimension: the vector column's. */
@@ -150,6 +151,19 @@ export const MIGRATIONS: readonly Migration[] = [
            AND grantee <> current_user AND grantee <> 'PUBLIC'`);
       for (const r of rows) {
         await client.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ragguard_key_usage TO ${client.escapeIdentifier(r.grantee)}`);
+      }
+    },
+  },
+  {
+    version: 5,
+    name: 'dense search per collection: an HNSW index per large collection (partial), the whole table\'s dropped (pg-collection-index.ts)',
+    async up(client, o) {
+      // Every search is filtered to one collection: the whole table's graph made its cost follow the
+      // store's size and lost recall in each 1% collection; each write paid an insertion into it too.
+      await client.query('DROP INDEX IF EXISTS ragguard_chunks_embedding');
+      // Inside the migration's transaction (no CONCURRENTLY there): the collections already past the threshold.
+      for (const collection of await collectionsWanting(client, COLLECTION_INDEX_ROWS)) {
+        await client.query(collectionIndexSql(client, collection, o, false));
       }
     },
   },

@@ -29,22 +29,38 @@ function filterSql(filter: SearchFilter, params: unknown[]): string {
   return parts.join(' AND ');
 }
 
-/** The k nearest chunks by cosine similarity that pass the filter, best first. */
-export async function searchDense(searching: Searching, query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
-  if (k <= 0) return [];
+/**
+ * The dense search's statement: `order` is the distance (an index may order by it) or an expression no
+ * index orders by (an exact scan). The collection is a parameter: the statement is planned with its value,
+ * so the planner takes that collection's own HNSW index where there is one (pg-collection-index.ts), else
+ * scans the collection's rows through the btree on collection.
+ */
+export function denseStatement(query: Float32Array, k: number, filter: SearchFilter, exact = false): { text: string; params: unknown[] } {
   const params: unknown[] = [pgvector.toSql(Array.from(query)), k];
   const where = filterSql(filter, params);
-  const rows = await searching(async (client) => {
-    const run = async (order: string) => (await client.query<ChunkRow>(
-      `WITH nearest AS MATERIALIZED (
+  const order = exact ? '(c.embedding <=> $1::vector) + 0' : 'c.embedding <=> $1::vector';
+  return {
+    text: `WITH nearest AS MATERIALIZED (
          SELECT c.id, c.embedding <=> $1::vector AS distance FROM ragguard_chunks c WHERE ${where} ORDER BY ${order} LIMIT $2)
        SELECT ${CHUNK_COLUMNS}, 1 - n.distance AS score
        FROM nearest n JOIN ragguard_chunks c ON c.id = n.id JOIN ragguard_documents d ON d.collection = c.collection AND d.doc_id = c.doc_id
-       ORDER BY n.distance, c.id`, params)).rows;
+       ORDER BY n.distance, c.id`,
+    params,
+  };
+}
+
+/** The k nearest chunks by cosine similarity that pass the filter, best first. */
+export async function searchDense(searching: Searching, query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
+  if (k <= 0) return [];
+  const rows = await searching(async (client) => {
+    const run = async (exact: boolean) => {
+      const { text, params } = denseStatement(query, k, filter, exact);
+      return (await client.query<ChunkRow>(text, params)).rows;
+    };
     // The HNSW scan (relaxed order: re-sorted above); the graph may give up before k rows pass a selective filter.
-    const found = await run('c.embedding <=> $1::vector');
+    const found = await run(false);
     // An expression the index cannot order by: an exact scan of the rows that pass (via the btree/GIN indexes).
-    return found.length < k ? run('(c.embedding <=> $1::vector) + 0') : found;
+    return found.length < k ? run(true) : found;
   });
   return rows.map((r) => ({ chunk: toChunk(r), score: Number(r.score) }));
 }

@@ -32,15 +32,20 @@ function change(delta: Delta, collection: string, documents: number, chunks: num
  * concurrent writes (other replicas) to one collection queue on its row only for their commit, never hold
  * it while waiting on a document's row, and never take two rows in opposite orders.
  */
-export async function applyDelta(client: pg.PoolClient, delta: Delta): Promise<void> {
+export async function applyDelta(client: pg.PoolClient, delta: Delta): Promise<Map<string, number>> {
+  // Each changed collection's chunks after the write: the store builds a collection's own index once past a threshold.
+  const chunks = new Map<string, number>();
   for (const collection of [...delta.keys()].sort()) {
     const f = delta.get(collection)!;
     if (f.documents === 0 && f.chunks === 0 && f.terms === 0) continue;
-    await client.query(
+    const { rows } = await client.query<{ chunks: string }>(
       `INSERT INTO ragguard_collection_stats AS s (collection, documents, chunks, total_terms) VALUES ($1, $2, $3, $4)
-       ON CONFLICT (collection) DO UPDATE SET documents = s.documents + $2, chunks = s.chunks + $3, total_terms = s.total_terms + $4`,
+       ON CONFLICT (collection) DO UPDATE SET documents = s.documents + $2, chunks = s.chunks + $3, total_terms = s.total_terms + $4
+       RETURNING s.chunks`,
       [collection, f.documents, f.chunks, f.terms]);
+    chunks.set(collection, Number(rows[0]!.chunks));
   }
+  return chunks;
 }
 
 /** Places in the documents' listing order for a batch, in batch order (the rows are written in another order). */

@@ -18,16 +18,21 @@
  * reads, so the server's role needs DML rights alone. The database not answering is StoreUnavailableError
  * (a 503 store_unavailable), never a bug's 500.
  *
- * Writes are one transaction each (a whole batch, or nothing). Searches apply the filter in the WHERE
- * clause of the index scan; pgvector's iterative scan (hnsw.iterative_scan) keeps scanning the graph
- * until the LIMIT is met, and where the graph still comes up short (a very selective filter), an exact
- * scan of the matching rows fills top_k.
+ * Writes are one transaction each (a whole batch, or nothing). Every search is filtered to one collection,
+ * and its cost follows that collection, not the store (pg-collection-index.ts): a collection past
+ * COLLECTION_INDEX_ROWS chunks has its own HNSW index (partial, WHERE collection = ...), built by the store
+ * in the background once a write takes it past (when its role owns the table; else by `ragguard
+ * migrate`); a smaller one (or one whose index is not built yet) is searched exactly through the btree on
+ * collection. Metadata conditions are in the WHERE clause of the index scan; pgvector's iterative scan
+ * (hnsw.iterative_scan) keeps scanning the graph until the LIMIT is met, and where the graph still comes
+ * up short (a very selective filter), an exact scan of the matching rows fills top_k.
  *
  * Its parts: the schema and its migrations (pg-schema.ts), rows (pg-rows.ts), searches (pg-search.ts),
  * writes (pg-writes.ts), errors (pg-errors.ts), `ragguard migrate` (pg-admin.ts).
  */
 import pg from 'pg';
 import { grantServerRole, migrateDatabase, schemaOptions } from './pg-admin.js';
+import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
 import { INSUFFICIENT_PRIVILEGE, isUnavailable, placeOf, RETRY_AFTER_S } from './pg-errors.js';
 import { toChunk, toDocument, CHUNK_COLUMNS, type ChunkRow, type DocumentRow } from './pg-rows.js';
 import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, type MigrateResult } from './pg-schema.js';
@@ -54,11 +59,19 @@ export interface PostgresStoreOptions {
   /** pgvector's HNSW build settings, for a new database's index (RAGGUARD_PG_HNSW_M, _EF_CONSTRUCTION). */
   hnswM?: number;
   hnswEfConstruction?: number;
+  /**
+   * A collection with this many chunks gets its own HNSW index, built by the store (default
+   * COLLECTION_INDEX_ROWS; Infinity: never by the store, as for a bench that builds it itself).
+   */
+  collectionIndexRows?: number;
   /** 'auto': bring a schema that is behind forward at open when the role may; 'never': refuse to open. */
   migrate?: 'auto' | 'never';
   /** Where open says what it did (a migration). */
   log?: (message: string) => void;
 }
+
+/** How long a collection whose index another session was building waits before this store looks again. */
+const INDEX_RETRY_MS = 10_000;
 
 /** How long the whole store's counts (GET /healthz) are reused. */
 const COUNTS_TTL_MS = 2000;
@@ -79,6 +92,17 @@ export class PostgresStore implements RetrievalStore {
   /** Sent as one statement ahead of a search: its settings, for its transaction only. */
   private readonly searchPreamble: string;
   private readonly writePreamble: string;
+  /** The per-collection indexes known valid (their names), and those wanted, in order of want. */
+  private indexed = new Set<string>();
+  private readonly indexQueue = new Set<string>();
+  /** A collection's next try after another session was building its index, or a build failed. */
+  private readonly indexRetryAt = new Map<string, number>();
+  /** The one build in flight (builds run one at a time, each on a connection of its own). */
+  private indexing: Promise<void> | undefined;
+  private indexClient: pg.Client | undefined;
+  /** This role may not build indexes (said once); `ragguard migrate` builds them. */
+  private indexDenied = false;
+  private closed = false;
 
   private constructor(
     private readonly pool: pg.Pool,
@@ -87,6 +111,8 @@ export class PostgresStore implements RetrievalStore {
     private readonly where: string,
     efSearch: number,
     statementTimeoutMs: number,
+    private readonly url: string,
+    private readonly indexOpts: { rows: number; hnswM: number; hnswEfConstruction: number; log: (message: string) => void },
   ) {
     // SET LOCAL: the settings hold for the transaction and end with it, so they travel with the search
     // through a pooler in transaction mode (PgBouncer), where a session's SET stays on whichever server
@@ -161,8 +187,18 @@ export class PostgresStore implements RetrievalStore {
       await pool.end();
       throw e;
     }
-    client.release();
-    const store = new PostgresStore(pool, dimension, opts.bm25, where, efSearch, statementTimeoutMs);
+    let indexed: Set<string>;
+    try {
+      indexed = await validCollectionIndexes(client);
+    } finally {
+      client.release();
+    }
+    const { hnswM, hnswEfConstruction } = schemaOptions(dimension, opts);
+    const store = new PostgresStore(pool, dimension, opts.bm25, where, efSearch, statementTimeoutMs, url, {
+      rows: opts.collectionIndexRows ?? COLLECTION_INDEX_ROWS, hnswM, hnswEfConstruction,
+      log: opts.log ?? ((m: string) => console.warn(`[postgres-store] ${m}`)),
+    });
+    store.indexed = indexed;
     // A search's settings are made in its own transaction: checked once here (pgvector 0.8 or later).
     const set = await store.settings().catch(async (e: Error) => {
       await pool.end();
@@ -274,7 +310,9 @@ export class PostgresStore implements RetrievalStore {
       const seqs = await listPlaces(client, batch.length);
       const out: StoredDocument[] = [];
       for (const i of keyOrder(batch)) out[i] = await insertDocument(client, this.dimension, batch[i]!, seqs[i]!, delta);
-      await applyDelta(client, delta);
+      return { out, chunks: await applyDelta(client, delta) };
+    }).then(({ out, chunks }) => {
+      this.wantIndexes(chunks);
       return out;
     });
   }
@@ -293,7 +331,7 @@ export class PostgresStore implements RetrievalStore {
             const replaced = (await deleteDocument(client, doc.doc.collection ?? DEFAULT_COLLECTION, doc.doc.docId, delta)) !== undefined;
             out[i] = { document: await insertDocument(client, this.dimension, doc, seqs[i]!, delta), replaced };
           }
-          await applyDelta(client, delta);
+          this.wantIndexes(await applyDelta(client, delta));
           return out;
         });
       } catch (e) {
@@ -319,7 +357,88 @@ export class PostgresStore implements RetrievalStore {
     return searchLexical((work) => this.searching(work), this.bm25, query, k, filter);
   }
 
+  /**
+   * Resolves once no collection index is being built or waiting to be (a bench or a test waits for it;
+   * a collection another session is building, or whose build failed, is not waited for).
+   */
+  async indexesBuilt(): Promise<void> {
+    while (this.indexing) await this.indexing;
+  }
+
+  /** The collections that have their own valid HNSW index, as this store last read the catalog. */
+  hasCollectionIndex(collection: string): boolean {
+    return this.indexed.has(collectionIndexName(collection));
+  }
+
+  /** After a committed write: each collection it left past the threshold without an index is queued for one. */
+  private wantIndexes(chunks: Map<string, number>): void {
+    if (this.indexDenied || this.closed) return;
+    const now = Date.now();
+    for (const [collection, n] of chunks) {
+      if (n < this.indexOpts.rows || this.indexed.has(collectionIndexName(collection))) continue;
+      if ((this.indexRetryAt.get(collection) ?? 0) > now) continue;
+      this.indexQueue.add(collection);
+    }
+    if (this.indexQueue.size > 0 && !this.indexing) {
+      this.indexing = this.buildIndexes().finally(() => {
+        this.indexing = undefined;
+      });
+    }
+  }
+
+  /**
+   * Builds the queued collections' indexes one at a time, in the background (a write never waits for one:
+   * CREATE INDEX CONCURRENTLY lets writes go on meanwhile), on a connection of its own outside the pool
+   * (a build holds it for seconds to minutes, and CONCURRENTLY cannot run in a transaction block).
+   */
+  private async buildIndexes(): Promise<void> {
+    const { log, hnswM, hnswEfConstruction } = this.indexOpts;
+    try {
+      while (this.indexQueue.size > 0 && !this.closed && !this.indexDenied) {
+        const collection = this.indexQueue.values().next().value!;
+        this.indexQueue.delete(collection);
+        try {
+          this.indexClient ??= await this.connectForIndex();
+          const valid = await buildCollectionIndex(this.indexClient, collection, { hnswM, hnswEfConstruction });
+          this.indexed = await validCollectionIndexes(this.indexClient);
+          if (!valid) this.indexRetryAt.set(collection, Date.now() + INDEX_RETRY_MS);
+        } catch (e) {
+          if (this.closed) return;
+          if ((e as { code?: string }).code === INSUFFICIENT_PRIVILEGE) {
+            this.indexDenied = true;
+            this.indexQueue.clear();
+            log(`collection '${collection}' has ${this.indexOpts.rows} chunks or more, past which it gets its own HNSW index, ` +
+              `and this role may not build one (${(e as Error).message}): its searches are exact scans of the collection until ` +
+              '`ragguard migrate` (with a role that owns the schema) builds the missing indexes');
+            return;
+          }
+          log(`building the HNSW index of collection '${collection}' failed (tried again after a later write): ${(e as Error).message}`);
+          this.indexRetryAt.set(collection, Date.now() + INDEX_RETRY_MS);
+          await this.indexClient?.end().catch(() => undefined);
+          this.indexClient = undefined;
+        }
+      }
+    } finally {
+      if (this.indexQueue.size === 0 || this.closed) {
+        await this.indexClient?.end().catch(() => undefined);
+        this.indexClient = undefined;
+      }
+    }
+  }
+
+  private async connectForIndex(): Promise<pg.Client> {
+    const client = new pg.Client({ connectionString: this.url });
+    client.on('error', () => undefined);
+    await client.connect();
+    return client;
+  }
+
   async close(): Promise<void> {
+    this.closed = true;
+    // A build in flight is cut off (ending its connection cancels it): it leaves an invalid index, which
+    // the next build drops and makes again.
+    await this.indexClient?.end().catch(() => undefined);
+    await this.indexing?.catch(() => undefined);
     await this.pool.end();
   }
 
