@@ -86,6 +86,8 @@ export interface Config {
   promptBudgetTokens: number;
   /** /query answers' code spans copied from the prompt's chunks; 'first': the answer opens with one (generate/span-answer.ts). */
   queryCopySpan: 'off' | 'first' | 'ticks';
+  /** Sentences of each chunk kept in a /query prompt, those sharing most of the question's words (retrieval/focus.ts); 0 = whole chunks. */
+  contextSentences: number;
   maxQueryTokens: number;
   /** Hits scoring below best - pruneMargin (cosine) are dropped before rerank. */
   pruneMargin: number;

@@ -20,6 +20,7 @@ import type { GrowthTracker } from '../guards/growth.js';
 import type { RequestShape } from '../guards/memory-model.js';
 import { processMemory } from '../guards/process-memory.js';
 import type { Embedder } from '../retrieval/embedder.js';
+import { focusText, queryStems } from '../retrieval/focus.js';
 import { dedupe } from '../retrieval/prune.js';
 import { RERANK_BATCH, type Reranker } from '../retrieval/reranker.js';
 import { DEFAULT_COLLECTION, type Hit, type SearchFilter } from '../retrieval/retrieval-store.js';
@@ -90,7 +91,7 @@ export interface QueryResult {
 
 /** What the pipeline runs on: whatever built them. */
 export interface PipelineParts {
-  cfg: Pick<Config, 'dedupeJaccard' | 'rerank' | 'promptBudgetTokens'> & Partial<Pick<Config, 'queryCopySpan'>>;
+  cfg: Pick<Config, 'dedupeJaccard' | 'rerank' | 'promptBudgetTokens'> & Partial<Pick<Config, 'queryCopySpan' | 'contextSentences'>>;
   embedder: Pick<Embedder, 'embed' | 'inputIds'>;
   reranker: Pick<Reranker, 'score' | 'maxTokens'>;
   /** The decoder as the pipeline sees it: its tokenizer, its positions, its BOS. */
@@ -178,7 +179,10 @@ export class QueryPipeline {
     signal?.throwIfAborted();
     t = performance.now();
     const budget = Math.min(q.promptBudget ?? cfg.promptBudgetTokens, decoder.shape.maxPositions - q.maxNewTokens);
-    const chunks = ranked.map((r) => ({ title: r.hit.chunk.title, text: r.hit.chunk.text }));
+    // RAGGUARD_CONTEXT_SENTENCES: each chunk's sentences nearest the question only (a /query prompt, not a chat's).
+    const keep = q.promptFor ? 0 : cfg.contextSentences ?? 0;
+    const stems = keep > 0 ? queryStems(q.query) : undefined;
+    const chunks = ranked.map((r) => ({ title: r.hit.chunk.title, text: stems ? focusText(stems, r.hit.chunk.text, keep) : r.hit.chunk.text }));
     // A turn of the event loop between two encodings of a long prompt (turns.ts).
     const prompt = await inSpan('prompt', async (span) => {
       const p = q.promptFor ? await q.promptFor(chunks, budget, nextTurn)

@@ -45,6 +45,11 @@ export const QUERY_VARIABLES: readonly Variable[] = [
     apply: oneOf(['off', 'first', 'ticks'] as const, (c, v) => (c.queryCopySpan = v)),
   },
   {
+    name: 'RAGGUARD_CONTEXT_SENTENCES', default: '0',
+    doc: "Query-focused context for /query prompts: of each chunk, only this many sentences go into the prompt, those sharing the most of the question's content words, in their order (a sentence ending in ':' brings the next one along; retrieval/focus.ts); citations keep the whole chunk. Fewer prompt tokens, a shorter prefill: on a CPU that is most of a /query's latency. 0: whole chunks.",
+    apply: int(0, 100, (c, v) => (c.contextSentences = v)),
+  },
+  {
     name: 'RAGGUARD_MAX_QUERY_TOKENS', default: '64', doc: 'Longest query, in decoder tokens; longer ones get 413.',
     apply: int(1, 4096, (c, v) => (c.maxQueryTokens = v)),
   },
