@@ -5,6 +5,7 @@
 import {
   DEFAULT_COLLECTION, metadataMatches, type Metadata, type NewDocument, type StoredChunk, type StoredDocument,
 } from './retrieval-store.js';
+import { CollectionVectors } from './faiss-collections.js';
 import { chunkObjectBytes, concat, countIn, documentObjectBytes, key, type State } from './faiss-state.js';
 import type { LogRecord } from './write-log.js';
 
@@ -57,6 +58,9 @@ function addDocument(s: State, d: LoggedDocument, vectors: Float32Array): Stored
   const ids = d.chunks.map((_, i) => d.firstId + i);
   const stored: StoredDocument = { collection: d.collection, docId: d.docId, title: d.title, bytes: d.bytes, metadata: d.metadata, chunkIds: ids };
   const first = s.table.append(ids);
+  let own = s.byCollection.get(d.collection);
+  if (!own) s.byCollection.set(d.collection, (own = CollectionVectors.empty(s.index.dimension)));
+  own.add(ids, vectors);
   if (s.pending) {
     s.pending.push(vectors);
   } else {
@@ -85,6 +89,11 @@ function removeDocument(s: State, collection: string, docId: string, removed: { 
   if (!doc) return undefined;
   s.docs.delete(k);
   s.objectBytes -= documentObjectBytes(doc);
+  const own = s.byCollection.get(collection);
+  if (own) {
+    own.remove(new Set(doc.chunkIds));
+    if (own.size === 0) s.byCollection.delete(collection);
+  }
   for (const id of doc.chunkIds) {
     const p = s.table.positionOf(id);
     if (p >= 0) {

@@ -1,7 +1,10 @@
 /**
  * Search in the faiss store's state (faiss-store.ts): a filter as a bitmap of positions applied inside
- * faiss's search (so top_k stays full), or as a test of a chunk for BM25; a narrow filter is searched exactly.
+ * faiss's search (so top_k stays full), or as a test of a chunk for BM25; a narrow filter is searched
+ * exactly, over its collection's own vectors (faiss-collections.ts), so that its cost follows the
+ * collection and not the store.
  */
+import type { CollectionVectors } from './faiss-collections.js';
 import { Bitmap } from './positions.js';
 import { metadataMatches, type Hit, type SearchFilter, type StoredChunk } from './retrieval-store.js';
 import { key, type State } from './faiss-state.js';
@@ -20,6 +23,17 @@ export const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.colle
 /** The k nearest chunks by cosine similarity that pass the filter (none: every chunk), best first. */
 export function searchState(s: State, opts: { annMin: number; efSearch: number }, query: Float32Array, k: number, filter?: SearchFilter): Hit[] {
   if (k <= 0 || s.table.liveCount === 0) return [];
+  if (filter) {
+    const own = s.byCollection.get(filter.collection);
+    if (!own) return [];
+    // Where the store-wide index would be searched exactly for this filter (an exact index, or a narrow
+    // filter), the collection's own vectors are: the same exact answer at the collection's cost. A
+    // collection that is the whole store, or a large part of it, goes through the store-wide graph.
+    const n = own.size;
+    if (n < s.table.liveCount && (s.index.kind === 'flat' || n < opts.annMin || n / s.table.size < EXACT_SHARE)) {
+      return searchOwn(s, own, query, k, filter);
+    }
+  }
   const sel = selection(s, filter);
   if (sel.count === 0) return [];
   const want = Math.min(k, sel.count);
@@ -42,6 +56,29 @@ export function searchState(s: State, opts: { annMin: number; efSearch: number }
   const { positions, scores } = found;
   positions.forEach((p, i) => {
     const chunk = s.chunks.get(s.table.idAt(p));
+    if (chunk) hits.push({ chunk, score: scores[i]! });
+  });
+  return hits;
+}
+
+/** An exact search of a collection's own vectors, its metadata conditions a bitmap over its slots. */
+function searchOwn(s: State, own: CollectionVectors, query: Float32Array, k: number, filter: SearchFilter): Hit[] {
+  let allow: Bitmap | undefined;
+  let count = own.size;
+  if (filter.metadata && Object.keys(filter.metadata).length > 0) {
+    allow = new Bitmap(own.size);
+    own.slots.forEach((id, slot) => {
+      const c = s.chunks.get(id);
+      const d = c && s.docs.get(key(c.collection, c.docId));
+      if (d && metadataMatches(d.metadata, filter.metadata)) allow!.set(slot);
+    });
+    count = allow.count;
+  }
+  if (count === 0) return [];
+  const { ids, scores } = own.search(query, Math.min(k, count), allow);
+  const hits: Hit[] = [];
+  ids.forEach((id, i) => {
+    const chunk = s.chunks.get(id);
     if (chunk) hits.push({ chunk, score: scores[i]! });
   });
   return hits;

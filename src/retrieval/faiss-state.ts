@@ -4,6 +4,7 @@
  * beside it (copyState).
  */
 import type { StoreCounts, SearchFilter, StoredChunk, StoredDocument } from './retrieval-store.js';
+import { CollectionVectors, collectionVectorsFrom } from './faiss-collections.js';
 import { PositionTable, Selections } from './positions.js';
 import { VectorIndex } from './vector-index.js';
 
@@ -27,6 +28,8 @@ export interface State {
   objectBytes: number;
   /** Bitmaps of recent filters, kept level with every write. */
   selections: Selections<SearchFilter>;
+  /** Each collection's vectors in an exact index of their own, by chunk id (faiss-collections.ts). */
+  byCollection: Map<string, CollectionVectors>;
   /** While the log is replayed: vectors for the index, added at the end. */
   pending?: Float32Array[];
 }
@@ -34,7 +37,7 @@ export interface State {
 export function emptyState(dimension: number): State {
   return {
     docs: new Map(), chunks: new Map(), table: PositionTable.empty(), index: VectorIndex.flat(dimension), nextId: 0,
-    collections: new Map(), objectBytes: 0, selections: new Selections(),
+    collections: new Map(), objectBytes: 0, selections: new Selections(), byCollection: new Map(),
   };
 }
 
@@ -43,7 +46,20 @@ export function copyState(s: State): State {
   return {
     docs: new Map(s.docs), chunks: new Map(s.chunks), table: s.table.copy(), index: s.index.clone(), nextId: s.nextId,
     collections: new Map([...s.collections].map(([c, n]) => [c, { ...n }])), objectBytes: s.objectBytes, selections: new Selections(),
+    byCollection: new Map([...s.byCollection].map(([c, v]) => [c, v.clone()])),
   };
+}
+
+/** Each collection's own vectors made from the store-wide index (a loaded snapshot's state, before its log's replay). */
+export function groupByCollection(s: State): void {
+  s.byCollection = collectionVectorsFrom(s.index, s.table.size, (p) => s.table.idAt(p), (id) => s.chunks.get(id)!.collection);
+}
+
+/** Bytes of the collections' own vectors. */
+export function collectionVectorBytes(s: State): number {
+  let n = 0;
+  for (const v of s.byCollection.values()) n += v.bytes;
+  return n;
 }
 
 /** An exact index without its removed vectors (positions move down; ids stay). */

@@ -9,7 +9,7 @@
  *   index follow the ids (positions.ts). A removed chunk leaves a tombstone that every search's bitmap
  *   leaves out, until a rebuild drops them (once they are a quarter of the positions).
  * - Filters (a collection, metadata conditions) are a bitmap of positions applied inside faiss's search,
- *   so top_k stays full; a filter that leaves few chunks is searched exactly.
+ *   so top_k stays full; a filter that leaves few chunks is searched exactly over its collection's own vectors.
  * - Writes: while the snapshot is small (under `logBytes`), each write builds the next state beside the
  *   live one and swaps it in once the new snapshot holding it is durable, as before. Past that size a
  *   write appends one record to the log (durable before it is acknowledged) and then changes the live
@@ -26,7 +26,7 @@ import { apply, concatVectors, encodeChange, loggedBatch, noChange, replay, type
 import { defaults, type FaissStoreOptions } from './faiss-options.js';
 import { everything, lexicalEntry, nothing, passes, searchState } from './faiss-search.js';
 import { captureView, encodeState, encodeView, loadState, SNAPSHOT } from './faiss-snapshot-sections.js';
-import { concat, copyState, dropTombstones, emptyState, key, liveChunks, type State } from './faiss-state.js';
+import { collectionVectorBytes, concat, copyState, dropTombstones, emptyState, groupByCollection, key, liveChunks, type State } from './faiss-state.js';
 import { lockDir, type DirLock } from './dir-lock.js';
 import { CollectionLexicon } from './lexical.js';
 import {
@@ -107,6 +107,7 @@ export class FaissStore implements RetrievalStore {
     const file = path.join(dir, SNAPSHOT);
     const contents = await readSnapshot(file);
     const { state, seq } = contents ? loadState(contents, file, dimension) : { state: emptyState(dimension), seq: 0 };
+    groupByCollection(state); // each collection's own vectors (not persisted); the log's replay adds to them
     const warn = options.warn ?? defaultWarn;
     // The log's vectors go into the index at the end, in one call: faiss inserts a batch into the graph
     // on all its threads, record by record it would use one.
@@ -130,10 +131,10 @@ export class FaissStore implements RetrievalStore {
     return this.state.table.liveCount;
   }
 
-  /** Bytes of the faiss index: its vectors (removed ones until a rebuild) and an HNSW index's links. */
+  /** Bytes of the faiss indexes: the store-wide one's vectors (removed ones until a rebuild), its links, the collections' own copies. */
   get indexBytes(): number {
     const m = this.state.index.memoryBytes();
-    return m.vectors + m.graph;
+    return m.vectors + m.graph + collectionVectorBytes(this.state);
   }
 
   get indexDetail(): string {
@@ -142,6 +143,7 @@ export class FaissStore implements RetrievalStore {
     const hnsw = s.index.hnsw;
     const form = hnsw ? `HNSW (M ${hnsw.M}, efSearch ${hnsw.efSearch}): ${m.vectors} bytes of vectors + ${m.graph} of links` : 'exact';
     return `${s.table.size} vectors x ${this.dimension} float32 (faiss, ${form}); ${s.table.tombstones} removed, left out until a rebuild; ` +
+      `each collection's vectors also kept together for its searches (${s.byCollection.size} collections, ${collectionVectorBytes(s)} bytes); ` +
       `position table ${s.table.bytes + s.selections.bytes} bytes; write log ${this.log.bytes} bytes on disk`;
   }
 
