@@ -177,6 +177,8 @@ describe('GGUF decoders on the CUDA backend', () => {
       const lib = standInCuda(config);
       const decoder = await CudaDecoder.open(model, cudaDecoderLimits(c), lib);
       decoder.createRunner(16).close();
+      // /healthz's run path names the GEMV's products as they were asked.
+      assert.match(decoder.runtime().run_path, new RegExp(`, GGUF blocks \\(GEMV ${c.cudaQgemv}\\)$`));
       return lib.events.filter((e) => e.startsWith('qgemv-math'));
     };
     const cfg = plan(QWEN).config as unknown as Record<string, unknown>;

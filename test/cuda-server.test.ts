@@ -70,7 +70,7 @@ describe('RAGGUARD_CUDA_WEIGHTS=fp8 as the server configures it', () => {
     const decoder = await CudaDecoder.open(checkpoint, cudaDecoderLimits(c), lib);
     const runner = decoder.createRunner(16);
     try {
-      return { events: [...lib.events], planned: decoder.staticBytes(16), quantBytes: lib.created!.quant_bytes, segments: decoder.checkpoint.quant?.segments ?? [] };
+      return { events: [...lib.events], runPath: decoder.runtime().run_path, planned: decoder.staticBytes(16), quantBytes: lib.created!.quant_bytes, segments: decoder.checkpoint.quant?.segments ?? [] };
     } finally {
       runner.close();
     }
@@ -83,6 +83,9 @@ describe('RAGGUARD_CUDA_WEIGHTS=fp8 as the server configures it', () => {
     const tiles = await opened({ RAGGUARD_CUDA_FP8_GEMM: 'tiles' });
     assert.ok(lt.events.includes('fp8-gemm:1'), `the library was told: ${lt.events.slice(0, 3).join(', ')}`);
     assert.ok(!tiles.events.some((e) => e.startsWith('fp8-gemm')), 'the tiles need no call');
+    // /healthz says what runs: FP8 weights and which wide product.
+    assert.match(lt.runPath, /^cuda \w+, FP8 weights \(wide products: cublaslt\)$/);
+    assert.match(tiles.runPath, /FP8 weights \(wide products: tiles\)$/);
     // A float scale a row after each segment's planes: registered, and planned by the accountant.
     assert.equal(lt.segments.length, tiles.segments.length);
     lt.segments.forEach((s, i) => assert.equal(s.packedBytes, tiles.segments[i]!.packedBytes + Math.ceil((s.rows * 4) / 256) * 256, s.name));
@@ -92,8 +95,9 @@ describe('RAGGUARD_CUDA_WEIGHTS=fp8 as the server configures it', () => {
 
   test('RAGGUARD_CUDA_QGEMV is for GGUF decoders: an FP8 or dense checkpoint opens with it set and the library is not told', async () => {
     for (const weights of ['fp8', 'model']) {
-      const { events } = await opened({ RAGGUARD_CUDA_WEIGHTS: weights, RAGGUARD_CUDA_QGEMV: 'int8' });
+      const { events, runPath } = await opened({ RAGGUARD_CUDA_WEIGHTS: weights, RAGGUARD_CUDA_QGEMV: 'int8' });
       assert.ok(!events.some((e) => e.startsWith('qgemv-math')), `${weights}: ${events.join(', ')}`);
+      assert.doesNotMatch(runPath, /GEMV/);
     }
   });
 });

@@ -39,10 +39,13 @@ export interface CudaDecoderLimits {
   weights?: 'model' | 'fp8';
   /** RAGGUARD_CUDA_FP8_GEMM: FP8 products of more than 8 rows through cuBLASLt (the default) or the tiles. */
   fp8Gemm?: 'cublaslt' | 'tiles';
-  /** RAGGUARD_CUDA_QGEMV: a GGUF decoder's GEMV products (float, int8, half2); dense and FP8 checkpoints ignore it. */
+  /** RAGGUARD_CUDA_QGEMV: a GGUF decoder's GEMV products (int8, the default, float, half2); dense and FP8 checkpoints ignore it. */
   qgemv?: QgemvMath;
   maxLoraRank?: number;
 }
+
+/** A GGUF decoder's GEMV products: RAGGUARD_CUDA_QGEMV, int8 by default (as the configuration's). */
+const qgemvOf = (limits: CudaDecoderLimits): QgemvMath => limits.qgemv ?? 'int8';
 
 /** FP8 weights packed for cuBLASLt (a scale a row): RAGGUARD_CUDA_FP8_GEMM's default. */
 const fp8ThroughCublasLt = (limits: CudaDecoderLimits) => limits.weights === 'fp8' && (limits.fp8Gemm ?? 'cublaslt') === 'cublaslt';
@@ -117,9 +120,16 @@ export class CudaDecoder implements DecoderBackend {
     return kvBytesPerToken(this.checkpoint.config, this.dtype);
   }
 
-  /** Its KV layout and run path, for /healthz and the start-up log. */
+  /**
+   * Its KV layout and run path, for /healthz and the start-up log: the activations' type, and the weights'
+   * form where it is not the checkpoint's dense matrices (a GGUF file's blocks and its GEMV's products; FP8
+   * made at load and its wide products), so that what runs is never silently other than what was asked.
+   */
   runtime(): DecoderRuntime {
-    return { layout: 'paged (one device allocation, by block)', run_path: `cuda ${this.dtype}` };
+    const q = this.checkpoint.quant;
+    const weights = q?.mode === 'gguf' ? `, GGUF blocks (GEMV ${qgemvOf(this.limits)})`
+      : q?.mode === 'fp8' ? `, FP8 weights (wide products: ${fp8ThroughCublasLt(this.limits) ? 'cublaslt' : 'tiles'})` : '';
+    return { layout: 'paged (one device allocation, by block)', run_path: `cuda ${this.dtype}${weights}` };
   }
 
   /** Nothing of its runs for the memory model to size: every buffer is allocated at start-up. */
@@ -136,7 +146,7 @@ export class CudaDecoder implements DecoderBackend {
   private options(numBlocks: number, loraPool?: CudaLoraPool): CudaRunnerOptions {
     const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
     const fp8 = this.limits.weights === 'fp8' ? { weights: 'fp8' as const, fp8Gemm: fp8ThroughCublasLt(this.limits) ? 'cublaslt' as const : 'mma' as const } : {};
-    const qgemv = this.checkpoint.quant?.mode === 'gguf' && this.limits.qgemv ? { qgemvMath: this.limits.qgemv } : {};
+    const qgemv = this.checkpoint.quant?.mode === 'gguf' ? { qgemvMath: qgemvOf(this.limits) } : {};
     return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...fp8, ...qgemv, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
   }
 

@@ -34,8 +34,8 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     apply: oneOf(['cublaslt', 'tiles'] as const, (c, v) => (c.cudaFp8Gemm = v)),
   },
   {
-    name: 'RAGGUARD_CUDA_QGEMV', default: 'float',
-    doc: "A .gguf RAGGUARD_DECODER's decode steps of up to 8 rows on the CUDA backend, which read each quantized block once for every row: float (each block decoded to float, each row's activations multiplied in float), int8 (each row's activations rounded to int8 a block of 32 with a scale, and four pairs multiplied an instruction, as llama.cpp's MMVQ kernels do: fewer instructions at 2-8 rows; Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, others stay in float) or half2 (float16 models: paired half arithmetic). Dense and FP8 checkpoints ignore it.",
+    name: 'RAGGUARD_CUDA_QGEMV', default: 'int8',
+    doc: "A .gguf RAGGUARD_DECODER's decode steps of up to 8 rows on the CUDA backend, which read each quantized block once for every row: int8 (each row's activations rounded to int8 a block of 32 with a scale, and four pairs multiplied an instruction, as llama.cpp's MMVQ kernels do; Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, others stay in float), float (each block decoded to float, each row's activations multiplied in float: no rounding of the activations) or half2 (float16 models: paired half arithmetic). H100, 2026-12-06, decode tokens/s at 8 concurrent: 7B Q4_K_M int8 1,067 against float 432 (llama.cpp 973), 7B Q8_0 985 against 380, 0.5B Q4_K_M 3,708 against 2,635; at 1 concurrent 7B Q4_K_M 267 against 234, but 0.5B Q4_K_M 671 against 722 and 7B Q8_0 206 against 215. 7B Q8_0 agreement with float32 0.223 nats against float's 0.200 and llama.cpp's 0.311 (bench/results/h100-2026-12-06-qgemv-int8-c81a1da.jsonl). Dense and FP8 checkpoints ignore it.",
     apply: oneOf(['float', 'int8', 'half2'] as const, (c, v) => (c.cudaQgemv = v)),
   },
   {
