@@ -169,3 +169,7 @@ log({
     rerank: ours.rerank.map((o, i) => ({ batch: o['batch'], text: ratio(o['pairs_per_s_text'], peerRerank[i]?.['pairs_per_s_text']), encoded: ratio(o['pairs_per_s_encoded'], peerRerank[i]?.['pairs_per_s_encoded']) })),
   } : undefined,
 });
+// The H100 run of 2026-12-05 did not exit after the line above even with both encoders released (the call
+// waited to its limit): whatever native handle is left (the CUDA context, a tokenizer pool) must not hold a
+// device call. The result is printed: stdout to a pipe or file is written synchronously on Linux.
+process.exit(0);
