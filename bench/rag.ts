@@ -39,7 +39,9 @@
  * prompt in the prefix cache, and the second pass would skip its prefills. Batched decoding may change a greedy
  * answer in the last bits, so its exact_fact can differ slightly from one at a time.
  * RAGGUARD_QUERY_COPY_SPAN=off|first|ticks (the server's setting, config.ts) constrains the answers' code spans to
- * the cited chunks (src/generate/span-answer.ts); the JSON line names it (query_copy_span).
+ * the cited chunks (src/generate/span-answer.ts); the JSON line names it (query_copy_span). RAGGUARD_CONTEXT_SENTENCES=n
+ * keeps n sentences of each chunk in the prompt (src/retrieval/focus.ts; context_sentences in the JSON line;
+ * fact_in_context still reads the whole cited chunks). bench/tune-query.ts sweeps such settings on the tuning split.
  * Prints tables; the last line is JSON.
  */
 import { appendFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -276,7 +278,7 @@ async function main(): Promise<void> {
     console.log(JSON.stringify({
       questions: questions.length, heldout_questions: splits.heldout.length, documents: store.documentCount, chunks: store.chunkCount,
       embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
-      retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan,
+      retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan, context_sentences: cfg.contextSentences, rerank_top_n: cfg.defaultRerankTopN,
       ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
       answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers.exact_fact - answers.exact_fact) : null } : {}),
       ...(concurrency > 1 ? { concurrency } : {}), ...(answers ? { answers_wall_s: wallS } : {}),
