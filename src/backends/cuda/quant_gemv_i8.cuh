@@ -64,26 +64,32 @@ template <> __device__ __forceinline__ float unit_dot_i8<QT_Q8_0>(const UnitRaw&
   for (int g = 0; g < 8; ++g) s = __dp4a(qword(r, g), x[g], s);
   return half_bits(r.s) * ds.x * (float)s;
 }
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_0>(const UnitRaw& r, const int (&x)[8], float2 ds) {
+// The integer dot product of a unit's 32 nibbles (minus OFF each: 8 for Q4_0's q - 8, 0 for the unsigned
+// ones, which then cost no subtraction) with a row's block.
+template <int OFF>
+__device__ __forceinline__ int nib_dot(const UnitRaw& r, const int (&x)[8]) {
+  constexpr uint32_t off = 0x01010101u * OFF;
   int s = 0;
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
     const int v = qword(r, a);
-    s = __dp4a((int)__vsub4(nib_lo(v), 0x08080808), x[a], s);  // q - 8 in each byte: -8..7 as signed bytes
-    s = __dp4a((int)__vsub4(nib_hi(v), 0x08080808), x[a + 4], s);
+    int lo = nib_lo(v), hi = nib_hi(v);
+    if constexpr (OFF != 0) {
+      lo = (int)__vsub4(lo, off);  // q - OFF in each byte, a signed byte
+      hi = (int)__vsub4(hi, off);
+    }
+    s = __dp4a(lo, x[a], s);
+    s = __dp4a(hi, x[a + 4], s);
   }
-  return half_bits(r.s) * ds.x * (float)s;
+  return s;
+}
+
+template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_0>(const UnitRaw& r, const int (&x)[8], float2 ds) {
+  return half_bits(r.s) * ds.x * (float)nib_dot<8>(r, x);
 }
 template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_1>(const UnitRaw& r, const int (&x)[8], float2 ds) {
-  int s = 0;
-#pragma unroll
-  for (int a = 0; a < 4; ++a) {
-    const int v = qword(r, a);
-    s = __dp4a(nib_lo(v), x[a], s);
-    s = __dp4a(nib_hi(v), x[a + 4], s);
-  }
   // w = d q + m: d dx sum(q xq) + m dx sum(xq)
-  return half_bits(r.s) * ds.x * (float)s + half_bits(r.s >> 16) * ds.y;
+  return half_bits(r.s) * ds.x * (float)nib_dot<0>(r, x) + half_bits(r.s >> 16) * ds.y;
 }
 template <> __device__ __forceinline__ float unit_dot_i8<QT_Q5_0>(const UnitRaw& r, const int (&x)[8], float2 ds) {
   const uint32_t qh = r.q[1].x;
@@ -98,16 +104,9 @@ template <> __device__ __forceinline__ float unit_dot_i8<QT_Q5_0>(const UnitRaw&
   return half_bits(r.s) * ds.x * (float)s;
 }
 template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_K>(const UnitRaw& r, const int (&x)[8], float2 ds) {
-  int s = 0;
-#pragma unroll
-  for (int a = 0; a < 4; ++a) {
-    const int v = qword(r, a);
-    s = __dp4a(nib_lo(v), x[a], s);
-    s = __dp4a(nib_hi(v), x[a + 4], s);
-  }
   // w = d sc q - dmin m: d sc dx sum(q xq) - dmin m dx sum(xq)
   const float d = half_bits(r.h), dmin = half_bits(r.h >> 16);
-  return d * (float)(r.s & 0xffu) * ds.x * (float)s - dmin * (float)((r.s >> 8) & 0xffu) * ds.y;
+  return d * (float)(r.s & 0xffu) * ds.x * (float)nib_dot<0>(r, x) - dmin * (float)((r.s >> 8) & 0xffu) * ds.y;
 }
 template <> __device__ __forceinline__ float unit_dot_i8<QT_Q6_K>(const UnitRaw& r, const int (&x)[8], float2 ds) {
   // Element i's two high bits are bits 2(i >> 3) of byte 16 + (i & 7): for the 4 elements of group g
@@ -153,13 +152,5 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const int8_t
       acc[r] += unit_dot_i8<TY>(raw, x, __ldg(xd + (size_t)r * upr + c));
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (r >= rows) break;
-    const float sum = warp_sum(acc[r]);
-    if (lane == 0) {
-      if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + j] = sum;
-      else static_cast<T*>(Y)[(size_t)r * ldy + j] = from_f<T>(sum);
-    }
-  }
+  qgemv_store<T, R>(acc, rows, lane, j, Y, y_f32, ldy);
 }

@@ -289,6 +289,20 @@ __global__ void act_fp8_kernel(const T* __restrict__ X, int ldx, int k, uint8_t*
 constexpr int QGEMV_MAX_ROWS = 8;
 constexpr int QGEMV_WARPS = 4;
 
+// A GEMV warp's row sums into Y[r, j] (rows `ldy` apart; float, or the model's type), lane 0 writing.
+template <typename T, int R>
+__device__ __forceinline__ void qgemv_store(float (&acc)[R], int rows, int lane, int j, void* __restrict__ Y, bool y_f32, int ldy) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;
+    const float sum = warp_sum(acc[r]);
+    if (lane == 0) {
+      if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + j] = sum;
+      else static_cast<T*>(Y)[(size_t)r * ldy + j] = from_f<T>(sum);
+    }
+  }
+}
+
 // Y[r, row0 + j] = X[r, :] . W[j, :] for the `rows` (<= R) rows of a decode step: a warp per output row j
 // of this segment, its lanes over the row's units; Y's rows are `ldy` apart (a segment writes its columns
 // of a fused output: q|k|v, gate|up). float output (the head's logits) or the model's type. H2 (float16
@@ -355,15 +369,7 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_kernel(const T* __rest
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (r >= rows) break;
-    const float sum = warp_sum(acc[r]);
-    if (lane == 0) {
-      if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + j] = sum;
-      else static_cast<T*>(Y)[(size_t)r * ldy + j] = from_f<T>(sum);
-    }
-  }
+  qgemv_store<T, R>(acc, rows, lane, j, Y, y_f32, ldy);
 }
 
 // Stores 32 floats as the model's type, four 16-byte stores (dst 16-byte aligned).
