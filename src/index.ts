@@ -25,6 +25,7 @@ import type { SearchFilter } from './retrieval/retrieval-store.js';
 import { RagService, type Citation, type DocumentInput, type IngestResult, type QueryResult } from './service/rag.js';
 import { fileDocument, UnreadableFileError, UnsupportedFileError, type FileDocument, type FileInput } from './retrieval/files/registry.js';
 import { createApp } from './server/app.js';
+import { followGlobalTracing, startTracing, stopTracing, tracingOn } from './runtime/tracing.js';
 import type { Logger } from './server/logging.js';
 
 // A file (PDF, DOCX, HTML, Markdown, text) as a document for ingest: `rag.ingest([await fileDocument(f)])`.
@@ -93,6 +94,8 @@ export class Ragguard {
   /** One queue for every way in (library calls and the routers mounted from this instance). */
   private readonly admission: Admission;
   private closed = false;
+  /** This instance started the OpenTelemetry SDK (its configuration named an endpoint): its close flushes it. */
+  private ownsTracing = false;
 
   private constructor(readonly service: RagService) {
     const { cfg } = service;
@@ -100,7 +103,22 @@ export class Ragguard {
   }
 
   static async create(opts: RagguardOptions = {}): Promise<Ragguard> {
-    return new Ragguard(await RagService.start(resolveConfig(opts)));
+    const cfg = resolveConfig(opts);
+    // Traces as the server makes them: the SDK started here where the configuration names an endpoint
+    // (OTEL_EXPORTER_OTLP_ENDPOINT in `env`); else, where the application registered an OpenTelemetry SDK
+    // of its own, ragguard's spans go to it; else none.
+    const owns = !tracingOn() && (await startTracing(cfg));
+    if (!owns) followGlobalTracing();
+    let service: RagService;
+    try {
+      service = await RagService.start(cfg);
+    } catch (e) {
+      if (owns) await stopTracing().catch(() => {});
+      throw e;
+    }
+    const rg = new Ragguard(service);
+    rg.ownsTracing = owns;
+    return rg;
   }
 
   get config(): Config {
@@ -166,7 +184,11 @@ export class Ragguard {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await this.service.close();
+    try {
+      await this.service.close();
+    } finally {
+      if (this.ownsTracing) await stopTracing();
+    }
   }
 
   private open(): void {

@@ -14,7 +14,7 @@
  * (the guard's decision, service/guarded-run.ts), embed, search, rerank, prompt, generate
  * (service/query-pipeline.ts), prefill and decode (generate/engine.ts). Every layer may import this one.
  */
-import { context, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span } from '@opentelemetry/api';
+import { context, propagation, ProxyTracerProvider, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span } from '@opentelemetry/api';
 
 export type { Attributes, Context, Span } from '@opentelemetry/api';
 /** The parent that makes a span a root (a trace of its own): a context with no span in it. */
@@ -66,6 +66,23 @@ export async function startTracing(cfg: TracingConfig): Promise<boolean> {
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
   trace.setGlobalTracerProvider(p);
   provider = p;
+  on = true;
+  return true;
+}
+
+/**
+ * Spans into the application's own OpenTelemetry SDK: where ragguard is a library (src/index.ts) and
+ * started no SDK of its own, an application that registered a tracer provider globally (OpenTelemetry's
+ * convention: libraries use the API, applications install the SDK) gets ragguard's spans through it, as
+ * children of its own active span. True when tracing is on after the call: on already, or a provider other
+ * than the API's no-op is registered now. The application flushes and shuts its provider down, not ragguard.
+ */
+export function followGlobalTracing(): boolean {
+  if (on) return true;
+  const registered = trace.getTracerProvider();
+  const delegate = registered instanceof ProxyTracerProvider ? registered.getDelegate() : registered;
+  // A fresh proxy's delegate is the API's no-op provider: the same object when nothing is registered.
+  if (delegate === new ProxyTracerProvider().getDelegate()) return false;
   on = true;
   return true;
 }
