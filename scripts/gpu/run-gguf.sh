@@ -26,6 +26,8 @@
 #             64 concurrent) and llama-server's greedy ids (BENCH_GPU_QGEMM=mma,dequant: both of our products)
 #             and BENCH_GPU_QGEMV_MATH=float,half2,int8 (the GEMV's products, each with each)
 #   bench7b   the same on the 7B files
+#   profile7b Nsight Compute on the tensor-core kernel of a 7B step of 32 rows (PROFILE_ROWS, PROFILE_KERNEL,
+#             PROFILE_FILE, PROFILE_SKIP, PROFILE_COUNT): where a wide quantized step's time goes
 #   rag       the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, carried by scripts/gpu/model-pieces.sh to
 #             $DEFAULT_GGUF) serving the question set on this backend: npm run bench:rag with
 #             RAGGUARD_DECODER_EP=cuda (held-out answers, /query p50/p95); needs the full pack (scripts/gpu/pack.sh:
@@ -158,3 +160,22 @@ if has rag; then
   record rag rag_cuda
 fi
 has bench7b && BENCH_GPU_GGUF=$(files qwen2-7b-bf16) LLAMA_BIN=$LLAMA/build/bin record bench7b node --import tsx bench/gpu-gguf.ts
+# Where a wide quantized step's time goes: Nsight Compute on the tensor-core kernel of a 7B step of
+# PROFILE_ROWS (32) rows (the first GGUF_TYPES file), after PROFILE_SKIP launches of warm-up; the sections
+# say whether it waits on memory, on shared memory or on issuing (at 32 rows a 7B Q4_K_M step takes ~13 ms
+# against the 1.4 ms its weights need at the H100's bandwidth). Output: $out/ncu-<kernel>.txt.
+profile_qmma() {
+  local f=${PROFILE_FILE:-$GGUF/qwen2-7b-bf16-${GGUF_TYPES%% *}.gguf} kernel=${PROFILE_KERNEL:-qmma_kernel}
+  local ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  [[ -x $ncu ]] || { echo '{"error":"no ncu on the GPU host"}'; return 1; }
+  [[ -f $f ]] || { echo "{\"error\":\"$f is not here (gguf7b)\"}"; return 1; }
+  BENCH_GPU_GGUF=$f BENCH_GPU_CONCURRENCY=${PROFILE_ROWS:-32} BENCH_GPU_GREEDY=0 LLAMA_BIN= BENCH_GPU_QGEMM=mma BENCH_GPU_QGEMV_MATH=int8 \
+    "$ncu" --kernel-name "regex:$kernel" --launch-skip "${PROFILE_SKIP:-200}" --launch-count "${PROFILE_COUNT:-8}" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats node --import tsx bench/gpu-gguf.ts > "$out/ncu-$kernel.txt" 2>&1
+  local rc=$?
+  grep -E 'Duration|Throughput|Achieved Occupancy|Stall|Issued Warp|No Eligible' "$out/ncu-$kernel.txt" | head -40
+  echo "{\"ncu\":\"$out/ncu-$kernel.txt\",\"rc\":$rc}"
+}
+has profile7b && record profile7b profile_qmma
