@@ -15,7 +15,7 @@
  * products decides those).
  *
  * Ours is measured once per variant, the first the headline (the rest beside it as ragguard_<variant>):
- * BENCH_GPU_QGEMM (mma, dequant: the products of more than 8 rows) times BENCH_GPU_QGEMV_MATH (float, half2,
+ * BENCH_GPU_QGEMM (mma, int8, dequant: the products of more than 8 rows) times BENCH_GPU_QGEMV_MATH (float, half2,
  * int8: the GEMV's products; half2 with float16 activations only), e.g. BENCH_GPU_QGEMV_MATH=int8,float.
  *
  * BENCH_GPU_GGUF_STANDIN=1 runs the whole script on a machine without a GPU (the stand-in library of the
@@ -39,9 +39,10 @@ const REPS = Number(process.env.BENCH_GPU_REPS ?? 3);
 const LLAMA_BIN = process.env.LLAMA_BIN ?? '';
 /** Steps of up to this many rows through the quantized GEMV (cuda-runner.ts gemvRows; default the library's 8). */
 const QGEMV_ROWS = process.env.BENCH_GPU_QGEMV_ROWS ? Number(process.env.BENCH_GPU_QGEMV_ROWS) : undefined;
-/** Our quantized products of more than 8 rows, each measured (the first is the headline): mma, dequant (cuda-runner.ts quantGemm). */
-const QGEMM = (process.env.BENCH_GPU_QGEMM ?? 'mma').split(',').map((m): 'mma' | 'dequant' => {
-  if (m !== 'mma' && m !== 'dequant') throw new Error(`BENCH_GPU_QGEMM: ${m} is neither mma nor dequant`);
+type QuantGemm = 'mma' | 'int8' | 'dequant';
+/** Our quantized products of more than 8 rows, each measured (the first is the headline): mma, int8, dequant (cuda-runner.ts quantGemm). */
+const QGEMM = (process.env.BENCH_GPU_QGEMM ?? 'mma').split(',').map((m): QuantGemm => {
+  if (m !== 'mma' && m !== 'int8' && m !== 'dequant') throw new Error(`BENCH_GPU_QGEMM: ${m} is none of mma, int8, dequant`);
   return m;
 });
 /** The GEMV's products, each measured with each QGEMM (cuda-runner.ts qgemvMath): float, half2, int8. */
@@ -49,7 +50,7 @@ const QGEMV_MATH = (process.env.BENCH_GPU_QGEMV_MATH ?? 'float').split(',').map(
   if (m !== 'float' && m !== 'half2' && m !== 'int8') throw new Error(`BENCH_GPU_QGEMV_MATH: ${m} is none of float, half2, int8`);
   return m;
 });
-interface Variant { quantGemm: 'mma' | 'dequant'; qgemvMath: QgemvMath }
+interface Variant { quantGemm: QuantGemm; qgemvMath: QgemvMath }
 /** Every way of ours measured, the first the headline: QGEMM x QGEMV_MATH. */
 const VARIANTS: Variant[] = QGEMM.flatMap((quantGemm) => QGEMV_MATH.map((qgemvMath) => ({ quantGemm, qgemvMath })));
 const label = (v: Variant) => (v.qgemvMath === 'float' ? v.quantGemm : `${v.quantGemm}+${v.qgemvMath}`);

@@ -2,14 +2,15 @@
  * Agreement with a float32 reference over teacher-forced sequences: how close each way of running one
  * checkpoint is to the exact function (run on the GPU host by scripts/gpu/run-gguf.sh, step `agree`):
  *
- *   node --import tsx scripts/check-agreement.ts REF_DIR [ours:NAME=WEIGHTS[@fp8|@fp8lt|@dequant|@half2|@int8]] [file:NAME=LOGITS.f32] ...
+ *   node --import tsx scripts/check-agreement.ts REF_DIR [ours:NAME=WEIGHTS[@fp8|@fp8lt|@dequant|@half2|@int8|@i8mma]] [file:NAME=LOGITS.f32] ...
  *
  * REF_DIR holds scripts/gpu/agreement_reference.py's output: the sequences (random prompts, each with the
  * float32 model's greedy continuation) and the float32 logits at every compared position. `ours:` loads
  * WEIGHTS (a checkpoint directory or a GGUF file; `@fp8` for RAGGUARD_CUDA_WEIGHTS=fp8, `@fp8lt` for FP8 with its wide
  * products through cuBLASLt (cuda-runner.ts fp8Gemm 'cublaslt'), `@dequant` for the quantized
  * products through dequantized tiles instead of the tensor-core kernel, `@half2` for the GEMV's products in paired half
- * arithmetic, `@int8` for them with int8 activations and dp4a, cuda-runner.ts qgemvMath) on the CUDA backend
+ * arithmetic, `@int8` for them with int8 activations and dp4a, cuda-runner.ts qgemvMath; `@i8mma` that and the wider products
+ * on the int8 tensor cores, quantGemm 'int8') on the CUDA backend
  * and prefills each prefix of each sequence (one engine, prefix caching on: each prefix reuses the blocks of
  * the one before) for its last position's logits; `file:` reads logits another program wrote for the same
  * positions (llama.cpp's, scripts/gpu/llama_logits.cpp; transformers' own low-precision run). For each:
@@ -90,11 +91,12 @@ async function main(): Promise<void> {
       a = agreementOf((i) => rows.subarray(i * vocab, i * vocab + V), reference, V, ref.sequences);
     } else {
       const [weights, mode] = target.split('@') as [string, string | undefined];
-      if (mode !== undefined && !['fp8', 'fp8lt', 'dequant', 'half2', 'int8'].includes(mode)) throw new Error(`${arg}: @${mode} is none of @fp8, @fp8lt, @dequant, @half2, @int8`);
+      if (mode !== undefined && !['fp8', 'fp8lt', 'dequant', 'half2', 'int8', 'i8mma'].includes(mode)) throw new Error(`${arg}: @${mode} is none of @fp8, @fp8lt, @dequant, @half2, @int8, @i8mma`);
       const runner = await CudaModelRunner.load(weights, {
         numBlocks: NUM_BLOCKS, blockSize: BLOCK, maxBatchedTokens: 1024, maxSeqs: 4,
         ...(mode === 'fp8' ? { weights: 'fp8' as const } : {}), ...(mode === 'fp8lt' ? { weights: 'fp8' as const, fp8Gemm: 'cublaslt' as const } : {}), ...(mode === 'dequant' ? { quantGemm: 'dequant' as const } : {}),
         ...(mode === 'half2' ? { qgemvMath: 'half2' as const } : {}), ...(mode === 'int8' ? { qgemvMath: 'int8' as const } : {}),
+        ...(mode === 'i8mma' ? { qgemvMath: 'int8' as const, quantGemm: 'int8' as const } : {}),
       });
       try {
         if (runner.shape.vocabSize !== V) throw new Error(`${weights}: vocabulary ${runner.shape.vocabSize}, the reference's ${V}`);

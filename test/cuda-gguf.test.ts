@@ -178,7 +178,7 @@ describe('GGUF decoders on the CUDA backend', () => {
       const decoder = await CudaDecoder.open(model, cudaDecoderLimits(c), lib);
       decoder.createRunner(16).close();
       // /healthz's run path names the GEMV's products as they were asked.
-      assert.match(decoder.runtime().run_path, new RegExp(`, GGUF blocks \\(GEMV ${c.cudaQgemv}\\)$`));
+      assert.match(decoder.runtime().run_path, new RegExp(`, GGUF blocks \\(GEMV ${c.cudaQgemv}, wide products ${c.cudaQgemm}\\)$`));
       return lib.events.filter((e) => e.startsWith('qgemv-math'));
     };
     const cfg = plan(QWEN).config as unknown as Record<string, unknown>;
@@ -187,6 +187,23 @@ describe('GGUF decoders on the CUDA backend', () => {
     assert.deepEqual(await events(QWEN, cfg, 'float'), []);
     const byDefault = loadConfig({}).cudaQgemv;
     assert.deepEqual(await events(QWEN, cfg), byDefault === 'float' ? [] : [`qgemv-math:${byDefault === 'int8' ? 2 : 1}`]);
+  });
+
+  test('RAGGUARD_CUDA_QGEMM: the wide products of a GGUF decoder as asked (int8 tensor cores or the 16-bit tiles), named in the run path', async (t) => {
+    if (!existsSync(QWEN)) return t.skip(`${QWEN} is not fetched (npm run setup)`);
+    assert.throws(() => loadConfig({ RAGGUARD_CUDA_QGEMM: 'dequant' }), /RAGGUARD_CUDA_QGEMM/);
+    const cfg = plan(QWEN).config as unknown as Record<string, unknown>;
+    const created = async (qgemm?: string) => {
+      const c = loadConfig({ RAGGUARD_DECODER: QWEN, RAGGUARD_DECODER_EP: 'cuda', ...(qgemm ? { RAGGUARD_CUDA_QGEMM: qgemm } : {}) });
+      const lib = standInCuda(cfg);
+      const decoder = await CudaDecoder.open(QWEN, cudaDecoderLimits(c), lib);
+      decoder.createRunner(16).close();
+      assert.match(decoder.runtime().run_path, new RegExp(`wide products ${c.cudaQgemm}\\)$`));
+      return lib.created!.quant_gemm;
+    };
+    assert.equal(await created('int8'), 2);
+    assert.equal(await created('mma'), 0);
+    assert.equal(await created(), loadConfig({}).cudaQgemm === 'int8' ? 2 : 0);
   });
 
   test('RAGGUARD_DECODER=<file.gguf> on cuda: the decoder opens with the file\'s tokenizer and chat template, its budget figures from the quantized plan', async (t) => {

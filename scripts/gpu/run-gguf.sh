@@ -137,7 +137,7 @@ agree() {
     sides+=("ours:$q=$f" "file:llama-$q=$ref/llama-$q.f32")
     [[ $q == F16 ]] || sides+=("ours:$q-dequant=$f@dequant")
     sides+=("ours:$q-half2=$f@half2")
-    [[ $q == F16 ]] || sides+=("ours:$q-int8=$f@int8")
+    [[ $q == F16 ]] || sides+=("ours:$q-int8=$f@int8" "ours:$q-i8mma=$f@i8mma")
   done
   node --import tsx scripts/check-agreement.ts "$ref" "${sides[@]}"
 }

@@ -26,6 +26,7 @@ export interface Config {
   cudaWeights: 'model' | 'fp8';
   cudaFp8Gemm: 'cublaslt' | 'tiles';
   cudaQgemv: 'float' | 'half2' | 'int8';
+  cudaQgemm: 'mma' | 'int8';
   /** Who runs a converted GGUF's block products on the CPU: ragguard's QMatMul8 and QMatMul4, or ONNX Runtime's MatMulNBits. */
   cpuKernels: 'ragguard' | 'onnxruntime';
   /** LoRA inputs in a .gguf decoder's converted graph: on, off, or auto (on where an adapter in adapterDir fits it). */

@@ -65,7 +65,7 @@ export function encoderLoadBytes(model: Embedder | Reranker, measured: LoadBytes
 export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
   return {
     blockSize: cfg.kvBlockSize, maxBatchedTokens: cfg.maxNumBatchedTokens, maxSeqs: cfg.maxNumSeqs,
-    maxLoras: cfg.adapterDir ? cfg.maxLoras : 0, maxLoraRank: cfg.maxLoraRank, weights: cfg.cudaWeights, fp8Gemm: cfg.cudaFp8Gemm, qgemv: cfg.cudaQgemv,
+    maxLoras: cfg.adapterDir ? cfg.maxLoras : 0, maxLoraRank: cfg.maxLoraRank, weights: cfg.cudaWeights, fp8Gemm: cfg.cudaFp8Gemm, qgemv: cfg.cudaQgemv, qgemm: cfg.cudaQgemm,
   };
 }
 

@@ -46,9 +46,11 @@ export interface CudaRunnerOptions {
   weights?: 'model' | 'fp8';
   /**
    * Quantized products of more than 8 rows: mma (the default: tensor-core tiles that dequantize the units
-   * they read in shared memory) or dequant (the matrix dequantized tile by tile for cuBLAS: kept to compare).
+   * they read in shared memory), int8 (the integer block types' values multiplied as they are on the int8
+   * tensor cores, the activations rounded to int8 a block: quant_mmq.cuh) or dequant (the matrix dequantized
+   * tile by tile for cuBLAS: kept to compare).
    */
-  quantGemm?: 'mma' | 'dequant';
+  quantGemm?: 'mma' | 'dequant' | 'int8';
   /** Steps of up to this many rows multiply through the GEMV kernels (default: 8 for quantized matrices, 4 dense). */
   gemvRows?: number;
   /**
@@ -210,7 +212,7 @@ export class CudaModelRunner implements ModelRunner, AdapterHost {
       cublas_workspace_bytes: limits.cublasWorkspaceBytes, device: opts.device ?? 0, graph_max_batch: graphMax,
       max_loras: limits.maxLoras ?? 0, max_lora_rank: limits.maxLoraRank ?? 0,
       quantized: ckpt.quant ? (ckpt.quant.mode === 'fp8' ? 2 : 1) : 0, quant_bytes: ckpt.quant?.bytes ?? 0, quant_tile_bytes: ckpt.quant?.tileBytes ?? 0,
-      quant_gemm: opts.quantGemm === 'dequant' ? 1 : 0,
+      quant_gemm: opts.quantGemm === 'dequant' ? 1 : opts.quantGemm === 'int8' ? 2 : 0,
     };
     // The accountant's figures and the native allocator's must be the same numbers.
     const nativePlan = native.plan(cfg);

@@ -55,75 +55,96 @@ __device__ __forceinline__ int spread4(uint32_t t) {
   return (int)(((t & 1u) << 4) | ((t & 2u) << 11) | ((t & 4u) << 18) | ((t & 8u) << 25));
 }
 
-// A unit's dot product with one row's block: x the block's 8 words of int8 values, ds its (dx, dx x sum).
-template <int TY> __device__ __forceinline__ float unit_dot_i8(const UnitRaw& r, const int (&x)[8], float2 ds);
+// A unit as 32 signed int8 values and float scales, the weights exactly as stored:
+//   w_i = d0 q_i (i < 16) or d1 q_i (i >= 16), plus m (Q4_1's min, Q4_K's -dmin x its 6-bit min)
+// with q's word a holding elements 4a..4a+3, one a byte. d1 differs from d0 only for Q6_K (a scale per 16);
+// both products, the GEMV's dp4a (unit_dot_i8) and the tensor cores' (quant_mmq.cuh), start from it.
+struct UnitI8 { int q[8]; float d0, d1, m; };
+__host__ __device__ constexpr bool i8_halves(int t) { return t == QT_Q6_K; }
+__host__ __device__ constexpr bool i8_min(int t) { return t == QT_Q4_1 || t == QT_Q4_K; }
 
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q8_0>(const UnitRaw& r, const int (&x)[8], float2 ds) {
-  int s = 0;
+template <int TY> __device__ __forceinline__ void unit_i8(const UnitRaw& r, UnitI8& u);
+
+template <> __device__ __forceinline__ void unit_i8<QT_Q8_0>(const UnitRaw& r, UnitI8& u) {
 #pragma unroll
-  for (int g = 0; g < 8; ++g) s = __dp4a(qword(r, g), x[g], s);
-  return half_bits(r.s) * ds.x * (float)s;
+  for (int g = 0; g < 8; ++g) u.q[g] = qword(r, g);
+  u.d0 = u.d1 = half_bits(r.s);
+  u.m = 0.f;
 }
-// The integer dot product of a unit's 32 nibbles (minus OFF each: 8 for Q4_0's q - 8, 0 for the unsigned
-// ones, which then cost no subtraction) with a row's block.
-template <int OFF>
-__device__ __forceinline__ int nib_dot(const UnitRaw& r, const int (&x)[8]) {
+// A unit's 32 nibbles, minus OFF each (8 for Q4_0's q - 8; 0 for the unsigned ones, which then cost no
+// subtraction): the low nibbles of word a are elements 4a.., the high ones 16 + 4a...
+template <int OFF> __device__ __forceinline__ void nib_i8(const UnitRaw& r, UnitI8& u) {
   constexpr uint32_t off = 0x01010101u * OFF;
-  int s = 0;
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
     const int v = qword(r, a);
-    int lo = nib_lo(v), hi = nib_hi(v);
-    if constexpr (OFF != 0) {
-      lo = (int)__vsub4(lo, off);  // q - OFF in each byte, a signed byte
-      hi = (int)__vsub4(hi, off);
-    }
-    s = __dp4a(lo, x[a], s);
-    s = __dp4a(hi, x[a + 4], s);
+    u.q[a] = OFF ? (int)__vsub4(nib_lo(v), off) : nib_lo(v);  // q - OFF in each byte, a signed byte
+    u.q[a + 4] = OFF ? (int)__vsub4(nib_hi(v), off) : nib_hi(v);
   }
-  return s;
 }
-
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_0>(const UnitRaw& r, const int (&x)[8], float2 ds) {
-  return half_bits(r.s) * ds.x * (float)nib_dot<8>(r, x);
+template <> __device__ __forceinline__ void unit_i8<QT_Q4_0>(const UnitRaw& r, UnitI8& u) {
+  nib_i8<8>(r, u);
+  u.d0 = u.d1 = half_bits(r.s);
+  u.m = 0.f;
 }
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_1>(const UnitRaw& r, const int (&x)[8], float2 ds) {
-  // w = d q + m: d dx sum(q xq) + m dx sum(xq)
-  return half_bits(r.s) * ds.x * (float)nib_dot<0>(r, x) + half_bits(r.s >> 16) * ds.y;
+template <> __device__ __forceinline__ void unit_i8<QT_Q4_1>(const UnitRaw& r, UnitI8& u) {
+  nib_i8<0>(r, u);  // w = d q + m
+  u.d0 = u.d1 = half_bits(r.s);
+  u.m = half_bits(r.s >> 16);
 }
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q5_0>(const UnitRaw& r, const int (&x)[8], float2 ds) {
+template <> __device__ __forceinline__ void unit_i8<QT_Q5_0>(const UnitRaw& r, UnitI8& u) {
   const uint32_t qh = r.q[1].x;
-  int s = 0;
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
     const int v = qword(r, a);
-    const int lo = nib_lo(v) | spread4(qh >> (4 * a)), hi = nib_hi(v) | spread4(qh >> (16 + 4 * a));
-    s = __dp4a((int)__vsub4(lo, 0x10101010), x[a], s);  // q - 16: -16..15
-    s = __dp4a((int)__vsub4(hi, 0x10101010), x[a + 4], s);
+    u.q[a] = (int)__vsub4(nib_lo(v) | spread4(qh >> (4 * a)), 0x10101010);  // q - 16: -16..15
+    u.q[a + 4] = (int)__vsub4(nib_hi(v) | spread4(qh >> (16 + 4 * a)), 0x10101010);
   }
-  return half_bits(r.s) * ds.x * (float)s;
+  u.d0 = u.d1 = half_bits(r.s);
+  u.m = 0.f;
 }
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q4_K>(const UnitRaw& r, const int (&x)[8], float2 ds) {
-  // w = d sc q - dmin m: d sc dx sum(q xq) - dmin m dx sum(xq)
-  const float d = half_bits(r.h), dmin = half_bits(r.h >> 16);
-  return d * (float)(r.s & 0xffu) * ds.x * (float)nib_dot<0>(r, x) - dmin * (float)((r.s >> 8) & 0xffu) * ds.y;
+template <> __device__ __forceinline__ void unit_i8<QT_Q4_K>(const UnitRaw& r, UnitI8& u) {
+  nib_i8<0>(r, u);  // w = d sc q - dmin m
+  u.d0 = u.d1 = half_bits(r.h) * (float)(r.s & 0xffu);
+  u.m = -half_bits(r.h >> 16) * (float)((r.s >> 8) & 0xffu);
 }
-template <> __device__ __forceinline__ float unit_dot_i8<QT_Q6_K>(const UnitRaw& r, const int (&x)[8], float2 ds) {
+template <> __device__ __forceinline__ void unit_i8<QT_Q6_K>(const UnitRaw& r, UnitI8& u) {
   // Element i's two high bits are bits 2(i >> 3) of byte 16 + (i & 7): for the 4 elements of group g
   // (4g..4g+3) that is word 4 + (g & 1) shifted by 2(g >> 1), one pair a byte.
   const uint32_t hw[2] = {r.q[1].x, r.q[1].y};
-  int lo = 0, hi = 0;  // elements 0..15 (scale s0) and 16..31 (s1)
 #pragma unroll
   for (int g = 0; g < 8; ++g) {
     const int v = qword(r, g & 3);
     const int nib = g < 4 ? nib_lo(v) : nib_hi(v);
-    const int q6 = nib | (int)(((hw[g & 1] >> (2 * (g >> 1))) & 0x03030303u) << 4);
-    const int q = (int)__vsub4(q6, 0x20202020);  // q - 32: -32..31
-    if (g < 4) lo = __dp4a(q, x[g], lo);
-    else hi = __dp4a(q, x[g], hi);
+    u.q[g] = (int)__vsub4(nib | (int)(((hw[g & 1] >> (2 * (g >> 1))) & 0x03030303u) << 4), 0x20202020);  // q - 32: -32..31
   }
-  const int s0 = (int8_t)(r.s & 0xffu), s1 = (int8_t)((r.s >> 8) & 0xffu);
-  return half_bits(r.h) * ds.x * (float)(s0 * lo + s1 * hi);
+  const float d = half_bits(r.h);
+  u.d0 = d * (float)(int8_t)(r.s & 0xffu);
+  u.d1 = d * (float)(int8_t)((r.s >> 8) & 0xffu);
+  u.m = 0.f;
+}
+
+// A unit's dot product with one row's block: x the block's 8 words of int8 values, ds its (dx, dx x sum).
+// The integer sums are exact; the scales come in once, in float.
+template <int TY> __device__ __forceinline__ float unit_dot_i8(const UnitRaw& r, const int (&x)[8], float2 ds) {
+  UnitI8 u;
+  unit_i8<TY>(r, u);
+  if constexpr (i8_halves(TY)) {
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      lo = __dp4a(u.q[g], x[g], lo);
+      hi = __dp4a(u.q[g + 4], x[g + 4], hi);
+    }
+    return ds.x * (u.d0 * (float)lo + u.d1 * (float)hi);
+  } else {
+    int s = 0;
+#pragma unroll
+    for (int g = 0; g < 8; ++g) s = __dp4a(u.q[g], x[g], s);
+    const float v = u.d0 * ds.x * (float)s;
+    if constexpr (i8_min(TY)) return v + u.m * ds.y;
+    else return v;
+  }
 }
 
 // Y[r, row0 + j] = X[r, :] . W[j, :] from the quantized activations (xq, xd: quantize_x_i8_kernel's) for the

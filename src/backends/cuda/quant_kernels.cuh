@@ -440,6 +440,28 @@ template <> __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[
 }
 template <typename T> __device__ __forceinline__ uint32_t lds32(const T* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// A warp's 32 x 32 block of a tensor-core product (accumulators [mi][ni][e] of m16n8 tiles, rows r0.., columns
+// c0..) into Y, or, where the inner dimension is split over gridDim.z, into its split's partial sums.
+// Accumulator e of (mi, ni): row g (+8 for e >= 2), columns 2 tig and 2 tig + 1 of the 16 x 8 tile.
+template <typename T>
+__device__ __forceinline__ void mma_tile_store(const float (&acc)[2][4][4], int r0, int c0, int g, int tig, int rows, int n,
+                                               float* __restrict__ partial, void* __restrict__ Y, bool y_f32, int ldy) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + mi * 16 + g + (e >= 2 ? 8 : 0);
+        const int c = c0 + ni * 8 + 2 * tig + (e & 1);
+        if (r >= rows || c >= n) continue;
+        const float v = acc[mi][ni][e];
+        if (partial) partial[((size_t)blockIdx.z * rows + r) * n + c] = v;
+        else if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + c] = v;
+        else static_cast<T*>(Y)[(size_t)r * ldy + c] = from_f<T>(v);
+      }
+}
+
 template <typename T, int TY>
 __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict__ X, QPlanes W, void* __restrict__ Y, bool y_f32,
                                                            int ldy, float* __restrict__ partial, int rows, int n, int k,
@@ -528,21 +550,7 @@ __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict_
     store(next, cur ^ 1);
     __syncthreads();
   }
-  // Accumulator e of (mi, ni): row g (+8 for e >= 2), columns 2 tig and 2 tig + 1 of the 16 x 8 tile.
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = m0 + wm * 32 + mi * 16 + g + (e >= 2 ? 8 : 0);
-        const int c = n0 + wn * 32 + ni * 8 + 2 * tig + (e & 1);
-        if (r >= rows || c >= n) continue;
-        const float v = acc[mi][ni][e];
-        if (partial) partial[((size_t)blockIdx.z * rows + r) * n + c] = v;
-        else if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + c] = v;
-        else static_cast<T*>(Y)[(size_t)r * ldy + c] = from_f<T>(v);
-      }
+  mma_tile_store<T>(acc, m0 + wm * 32, n0 + wn * 32, g, tig, rows, n, partial, Y, y_f32, ldy);
 }
 
 // The split products' partial sums added in split order into Y (rows x n, `ldy` apart).

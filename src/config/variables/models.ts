@@ -39,6 +39,11 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     apply: oneOf(['float', 'int8', 'half2'] as const, (c, v) => (c.cudaQgemv = v)),
   },
   {
+    name: 'RAGGUARD_CUDA_QGEMM', default: 'mma',
+    doc: "A .gguf RAGGUARD_DECODER's steps of more than 8 rows on the CUDA backend (prefill, wide decode batches): mma (tensor-core tiles that decode each block to the model's 16-bit type in shared memory: activations not rounded) or int8 (each row's activations rounded to int8 a block of 32, as RAGGUARD_CUDA_QGEMV=int8 rounds them, and the blocks' integers multiplied as they are on the int8 tensor cores, their scales applied once a block, as llama.cpp's MMQ kernels do; Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, others stay on mma). Dense and FP8 checkpoints ignore it.",
+    apply: oneOf(['mma', 'int8'] as const, (c, v) => (c.cudaQgemm = v)),
+  },
+  {
     name: 'RAGGUARD_CPU_KERNELS', default: 'ragguard',
     doc: "Who runs a .gguf RAGGUARD_DECODER's block products (RAGGUARD_GGUF_WEIGHTS=nbits) on the CPU: ragguard (QMatMul8 for Q8_0, Q5_0 and Q6_K, QMatMul4 for Q4_0, Q4_1 and Q4_K: src/backends/ort/ragguard-ops.c, built by npm run setup; the same int8 arithmetic as MatMulNBits at accuracy level 4, the weights 16 columns side by side, AVX512-VNNI; on Qwen2.5-Coder-0.5B a decode step of 8 rows 75 -> 37 ms here) or onnxruntime (ONNX Runtime's MatMulNBits). ragguard falls back to onnxruntime, saying why at start-up, where the library is not built, the CPU has no AVX512-VNNI (the ops' plain C path is many times slower) or the decoder does not run on the cpu provider. Each is its own conversion in RAGGUARD_GGUF_CACHE.",
     apply: oneOf(['ragguard', 'onnxruntime'] as const, (c, v) => (c.cpuKernels = v)),

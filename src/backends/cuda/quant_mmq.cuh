@@ -1,0 +1,195 @@
+// Wide quantized products in integer arithmetic on the tensor cores (included by ragguard_cuda.cu after
+// quant_gemv_i8.cuh, inside its anonymous namespace): rg_config.quant_gemm 2, runner option quantGemm 'int8',
+// RAGGUARD_CUDA_QGEMM=int8.
+//
+// Why: qmma_kernel (quant_kernels.cuh) turns every unit it reads into 32 floats, rounds them to the model's
+// type and stores them in shared memory before the half-precision MMA: at 32-64 rows of a 7B step that is
+// most of the kernel's instructions (a 7B Q4_K_M step of 32 rows took 13 ms on the H100 against 9 ms for
+// llama.cpp, whose MMQ kernels multiply the quantized integers themselves), and a prefill pays it once for
+// every 64 rows of X. Here, as in MMQ:
+//
+//   1. X is rounded to int8 a block of 32 with (dx, dx x the block's sum): quantize_x_i8_kernel, the GEMV's;
+//   2. each unit of W is unpacked to 32 signed bytes (unit_i8: a few byte operations for 4-bit types, none for
+//      Q8_0) and its scales, as stored, into shared memory beside the X tile;
+//   3. mma.sync m16n8k32 (s8 x s8 -> s32) multiplies a unit of W by a block of X exactly in integers, and
+//      each 16 x 8 tile's integer sums take their scales once, in float: acc += dx dw isum (+ dx sum(xq) m for
+//      the types with a min). Q6_K's two scales a unit take two m16n8k16 halves.
+//
+// The weights are used exactly as stored; X is rounded to 8 bits a block, as the int8 GEMV rounds it (the
+// agreement check's @i8mma measures it). CTAs are ordered M-fastest (blockIdx.x is the tile of X's rows) so
+// that the CTAs reading one tile of W run together and a prefill streams W from memory once, not once for
+// every 64 rows. Types with integer values only (qgemv_i8_type); F16, BF16 and FP8 stay on qmma_kernel.
+constexpr int QMMQ_BM = 64, QMMQ_BN = 64, QMMQ_UNITS = 4, QMMQ_THREADS = 128;
+constexpr int QMMQ_BK = QMMQ_UNITS * 32;
+// CTAs a multiprocessor should hold at once: caps the registers (65,536 / (3 x 128) = 170 a thread) so that
+// 12 warps hide each other's loads; unbounded, ptxas gave the Q6_K and Q5_0 kernels 211-230 (8 warps).
+constexpr int QMMQ_MIN_CTAS = 3;  // int8 values of the inner dimension a step
+// Rows padded by 16 bytes (36 words): a warp's fragment loads (8 rows x 4 words) fall in 32 distinct banks.
+constexpr int QMMQ_LDS = QMMQ_BK + 16;
+constexpr int QMMQ_WU = QMMQ_BN * QMMQ_UNITS / QMMQ_THREADS;          // units of W a thread unpacks a step
+constexpr int QMMQ_XV = QMMQ_BM * QMMQ_BK / 16 / QMMQ_THREADS;        // 16-byte pieces of X a thread copies
+constexpr int QMMQ_XS = QMMQ_BM * QMMQ_UNITS / QMMQ_THREADS;          // X block scales a thread copies
+static_assert(QMMQ_WU * QMMQ_THREADS == QMMQ_BN * QMMQ_UNITS && QMMQ_UNITS % QMMQ_WU == 0, "W tile split");
+static_assert(QMMQ_XV * QMMQ_THREADS * 16 == QMMQ_BM * QMMQ_BK && QMMQ_XS * QMMQ_THREADS == QMMQ_BM * QMMQ_UNITS, "X tile split");
+
+// D = A B for A 16 x 32 (rows g and g + 8: words tig and 4 + tig of a row's 32 bytes), B 32 x 8 (column g:
+// words tig and 4 + tig), D's e-th value row g (+8 for e >= 2), column 2 tig + (e & 1).
+__device__ __forceinline__ void mma_s8_k32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+}
+// The same for 16 of the inner dimension (a0, a1: rows g and g + 8, word tig; b: column g, word tig).
+__device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+// Y[r, c] = X[r, :] . W[c, :] for a tile of QMMQ_BM rows of X (xq, xd: quantize_x_i8_kernel's, rows k apart)
+// by QMMQ_BN rows of W, QMMQ_UNITS units of the inner dimension a step; four warps (2 x 2) each 32 x 32 of
+// the tile. Splits of the inner dimension over gridDim.z write partial sums as qmma_kernel's do.
+template <typename T, int TY>
+__global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const int8_t* __restrict__ xq, const float2* __restrict__ xd, QPlanes W,
+                                                           void* __restrict__ Y, bool y_f32, int ldy, float* __restrict__ partial,
+                                                           int rows, int n, int k, int steps_per_split) {
+  // Two stages: while the warps multiply one step's tiles, the next step's units and X are loaded (their
+  // global loads issued before the products, their unpacking and shared stores after).
+  __shared__ __align__(16) int8_t As[2][QMMQ_BM][QMMQ_LDS];
+  __shared__ __align__(16) int8_t Bs[2][QMMQ_BN][QMMQ_LDS];
+  __shared__ float2 Xs[2][QMMQ_BM][QMMQ_UNITS];  // (dx, dx x sum) of a row's block
+  __shared__ float2 Ws[2][QMMQ_BN][QMMQ_UNITS];  // (d0, m), or Q6_K's (d0, d1), of a W row's unit
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, tig = lane & 3;
+  const int m0 = blockIdx.x * QMMQ_BM, n0 = blockIdx.y * QMMQ_BN;
+  const int upr = k / 32, ksteps = (upr + QMMQ_UNITS - 1) / QMMQ_UNITS;
+  const int s0 = blockIdx.z * steps_per_split, s1 = min(ksteps, s0 + steps_per_split);
+  float acc[2][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+  // This thread's units of each W tile: row wr, units wu0.. of the step (adjacent threads read a row's
+  // adjacent units). Out-of-range rows and units load a valid unit (clamped) and get zero scales.
+  const int wr = tid / (QMMQ_UNITS / QMMQ_WU), wu0 = (tid % (QMMQ_UNITS / QMMQ_WU)) * QMMQ_WU;
+  const bool row_ok = n0 + wr < n;
+  const size_t wrow = (size_t)min(n0 + wr, n - 1) * upr;
+  UnitRaw raw[QMMQ_WU];
+  uint4 xv[QMMQ_XV];
+  float2 xs[QMMQ_XS];
+  auto load = [&](int s) {
+#pragma unroll
+    for (int w = 0; w < QMMQ_WU; ++w) unit_load<TY>(W, wrow + min(s * QMMQ_UNITS + wu0 + w, upr - 1), raw[w]);
+#pragma unroll
+    for (int j = 0; j < QMMQ_XV; ++j) {
+      const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
+      const int gm = m0 + r, kk = s * QMMQ_BK + c;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(xq + (size_t)min(gm, rows - 1) * k + min(kk, k - 16)));
+      xv[j] = gm < rows && kk < k ? v : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < QMMQ_XS; ++j) {
+      const int i = tid + j * QMMQ_THREADS, r = i / QMMQ_UNITS, u = s * QMMQ_UNITS + i % QMMQ_UNITS, gm = m0 + r;
+      const float2 v = __ldg(xd + (size_t)min(gm, rows - 1) * upr + min(u, upr - 1));
+      xs[j] = gm < rows && u < upr ? v : make_float2(0.f, 0.f);
+    }
+  };
+  auto store = [&](int s, int buf) {
+#pragma unroll
+    for (int w = 0; w < QMMQ_WU; ++w) {
+      UnitI8 u;
+      unit_i8<TY>(raw[w], u);
+      const int uu = wu0 + w;
+      uint4* dst = reinterpret_cast<uint4*>(&Bs[buf][wr][uu * 32]);
+      dst[0] = make_uint4(u.q[0], u.q[1], u.q[2], u.q[3]);
+      dst[1] = make_uint4(u.q[4], u.q[5], u.q[6], u.q[7]);
+      // A padded row or unit multiplies by zero scales (its integers are a real unit's: finite).
+      const bool ok = row_ok && s * QMMQ_UNITS + uu < upr;
+      Ws[buf][wr][uu] = ok ? make_float2(u.d0, i8_halves(TY) ? u.d1 : u.m) : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < QMMQ_XV; ++j) {
+      const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
+      *reinterpret_cast<uint4*>(&As[buf][r][c]) = xv[j];
+    }
+#pragma unroll
+    for (int j = 0; j < QMMQ_XS; ++j) {
+      const int i = tid + j * QMMQ_THREADS;
+      Xs[buf][i / QMMQ_UNITS][i % QMMQ_UNITS] = xs[j];
+    }
+  };
+  // The warp's 16-row halves that hold rows of X (a decode batch of 32 fills half the tile): the others skip
+  // their products. Uniform across the warp, so mma.sync sees all its lanes.
+  const bool half_ok[2] = {m0 + wm * 32 < rows, m0 + wm * 32 + 16 < rows};
+  auto multiply = [&](int cur) {
+#pragma unroll
+    for (int u = 0; u < QMMQ_UNITS; ++u) {
+      const int kb = u * 32 + 4 * tig;
+      uint32_t a[2][4], b[4][2];
+      float2 xsc[2][2], wsc[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r = wm * 32 + mi * 16 + g;
+        a[mi][0] = lds32(&As[cur][r][kb]);
+        a[mi][1] = lds32(&As[cur][r + 8][kb]);
+        a[mi][2] = lds32(&As[cur][r][kb + 16]);
+        a[mi][3] = lds32(&As[cur][r + 8][kb + 16]);
+        xsc[mi][0] = Xs[cur][r][u];
+        xsc[mi][1] = Xs[cur][r + 8][u];
+      }
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        const int c = wn * 32 + ni * 8;
+        b[ni][0] = lds32(&Bs[cur][c + g][kb]);
+        b[ni][1] = lds32(&Bs[cur][c + g][kb + 16]);
+        wsc[ni][0] = Ws[cur][c + 2 * tig][u];
+        wsc[ni][1] = Ws[cur][c + 2 * tig + 1][u];
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        if (!half_ok[mi]) continue;
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          if constexpr (i8_halves(TY)) {
+            int lo[4], hi[4];
+            mma_s8_k16(lo, a[mi][0], a[mi][1], b[ni][0]);
+            mma_s8_k16(hi, a[mi][2], a[mi][3], b[ni][1]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 x = xsc[mi][e >> 1], w = wsc[ni][e & 1];
+              acc[mi][ni][e] = fmaf(x.x, fmaf(w.x, (float)lo[e], w.y * (float)hi[e]), acc[mi][ni][e]);
+            }
+          } else {
+            int d[4];
+            mma_s8_k32(d, a[mi], b[ni]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 x = xsc[mi][e >> 1], w = wsc[ni][e & 1];
+              float v = fmaf((float)d[e], x.x * w.x, acc[mi][ni][e]);
+              if constexpr (i8_min(TY)) v = fmaf(x.y, w.y, v);
+              acc[mi][ni][e] = v;
+            }
+          }
+        }
+      }
+    }
+  };
+  // (s0 < s1 for every split the host launches; the guard is the CTA's alike, so no thread skips a barrier.)
+  if (s0 < s1) {
+    load(s0);
+    store(s0, 0);
+    __syncthreads();
+  }
+  for (int s = s0; s < s1; ++s) {
+    const int cur = (s - s0) & 1;
+    const int next = min(s + 1, s1 - 1);  // the last step loads its own again, into the idle buffer
+    load(next);
+    multiply(cur);
+    // The other buffer was last read in the step before, whose barrier every thread has passed.
+    store(next, cur ^ 1);
+    __syncthreads();
+  }
+  mma_tile_store<T>(acc, m0 + wm * 32, n0 + wn * 32, g, tig, rows, n, partial, Y, y_f32, ldy);
+}
