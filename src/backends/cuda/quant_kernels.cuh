@@ -566,11 +566,17 @@ __global__ void qmma_reduce_kernel(const float* __restrict__ partial, int splits
   else static_cast<T*>(Y)[(size_t)r * ldy + c] = from_f<T>(s);
 }
 
+// CTAs of qmma_kernel a multiprocessor holds at once (80-96 registers a thread, 36 KB of shared memory: 5-6).
+constexpr int QMMA_RESIDENT = 5;
+
 // How many splits of the inner dimension a product of `ctas` CTAs and `ksteps` steps takes: enough CTAs for
-// two waves of the GPU's multiprocessors, each split at least 4 steps long, the partial sums within `scratch`.
-inline int qmma_splits(int ctas, int ksteps, int sms, size_t rows, size_t n, size_t scratch) {
-  int s = (2 * sms + ctas - 1) / ctas;
-  s = std::min(s, std::max(1, ksteps / 4));
+// two waves of `resident` CTAs on each of the GPU's multiprocessors, each split at least 2 steps long, the
+// partial sums within `scratch`. Why so many: a decode step of 32 rows is bound by the weight bytes in flight,
+// not by arithmetic; with splits sized for two CTAs a multiprocessor (the rule before 2026-12-06) a 7B
+// Q4_K_M gate projection of 296 CTAs ran 9 warps a multiprocessor and read at 0.3 TB/s (Nsight Compute, H100).
+inline int qmma_splits(int ctas, int ksteps, int sms, int resident, size_t rows, size_t n, size_t scratch) {
+  int s = (2 * resident * sms + ctas - 1) / ctas;
+  s = std::min(s, std::max(1, ksteps / 2));
   s = std::min(s, 16);
   while (s > 1 && (size_t)s * rows * n * 4 > scratch) --s;
   return std::max(s, 1);

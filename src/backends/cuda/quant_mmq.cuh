@@ -23,7 +23,13 @@ constexpr int QMMQ_BM = 64, QMMQ_BN = 64, QMMQ_UNITS = 4, QMMQ_THREADS = 128;
 constexpr int QMMQ_BK = QMMQ_UNITS * 32;
 // CTAs a multiprocessor should hold at once: caps the registers (65,536 / (3 x 128) = 170 a thread) so that
 // 12 warps hide each other's loads; unbounded, ptxas gave the Q6_K and Q5_0 kernels 211-230 (8 warps).
-constexpr int QMMQ_MIN_CTAS = 3;  // int8 values of the inner dimension a step
+constexpr int QMMQ_MIN_CTAS = 3;
+// Products of up to this many rows (wide decode batches, short prefills) take qmmq_kernel; longer ones stay on
+// qmma_kernel. Why: the scales cost a few float operations for every output and block of 32 (a prefill's
+// share grows with its rows), where qmma_kernel decodes each unit once for 64 rows and leaves the rest to the
+// tensor cores: on the H100 a 1,536-row prefill of a 7B Q4_K_M took 0.197 s here against 0.161 s there,
+// while at 24-32 rows this one was the faster.
+constexpr int QMMQ_MAX_ROWS = 64;  // int8 values of the inner dimension a step
 // Rows padded by 16 bytes (36 words): a warp's fragment loads (8 rows x 4 words) fall in 32 distinct banks.
 constexpr int QMMQ_LDS = QMMQ_BK + 16;
 constexpr int QMMQ_WU = QMMQ_BN * QMMQ_UNITS / QMMQ_THREADS;          // units of W a thread unpacks a step
@@ -86,14 +92,13 @@ __global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const
     for (int j = 0; j < QMMQ_XV; ++j) {
       const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
       const int gm = m0 + r, kk = s * QMMQ_BK + c;
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(xq + (size_t)min(gm, rows - 1) * k + min(kk, k - 16)));
-      xv[j] = gm < rows && kk < k ? v : make_uint4(0u, 0u, 0u, 0u);
+      // Rows past X's (half the tile at a decode batch of 32) load nothing.
+      xv[j] = gm < rows && kk < k ? __ldg(reinterpret_cast<const uint4*>(xq + (size_t)gm * k + kk)) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int j = 0; j < QMMQ_XS; ++j) {
       const int i = tid + j * QMMQ_THREADS, r = i / QMMQ_UNITS, u = s * QMMQ_UNITS + i % QMMQ_UNITS, gm = m0 + r;
-      const float2 v = __ldg(xd + (size_t)min(gm, rows - 1) * upr + min(u, upr - 1));
-      xs[j] = gm < rows && u < upr ? v : make_float2(0.f, 0.f);
+      xs[j] = gm < rows && u < upr ? __ldg(xd + (size_t)gm * upr + u) : make_float2(0.f, 0.f);
     }
   };
   auto store = [&](int s, int buf) {

@@ -1475,60 +1475,40 @@ int fp8_lt_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, si
   return 0;
 }
 
-// Y[:, row0 .. row0 + sg.rows) = X . W^T through qmmq_kernel (quant_mmq.cuh): X quantized to int8 blocks in
-// e.qtile, once for every segment of the product where all its rows fit beside the split partial sums (xq, xd
-// keep it for the next segment), else a chunk of rows at a time (a long prefill: enough CTAs without splits).
+// Y[:, row0 .. row0 + sg.rows) = X . W^T through qmmq_kernel (quant_mmq.cuh) for up to QMMQ_MAX_ROWS rows: X
+// quantized to int8 blocks in e.qtile once for every segment of the product (xq, xd keep it for the next),
+// the split partial sums after it. 0 done; 1 the scratch does not hold X's int8 rows (nothing launched: the
+// caller runs qmma_kernel); < 0 an error.
 template <typename T>
 int qmmq_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size_t ysz, int ldy, int rows, int k,
                  int8_t*& xq, float2*& xd) {
   const size_t cap = (size_t)e.cfg.quant_tile_bytes;
   const size_t whole = qalign256(qgemv_i8_scratch_bytes(rows, k));
+  if (whole > cap) return 1;
+  if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
   const int ksteps = (k / 32 + QMMQ_UNITS - 1) / QMMQ_UNITS;
-  const int ctas_n = (sg.rows + QMMQ_BN - 1) / QMMQ_BN;
+  const int ctas_n = (sg.rows + QMMQ_BN - 1) / QMMQ_BN, ctas_m = (rows + QMMQ_BM - 1) / QMMQ_BM;
+  const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, QMMQ_MIN_CTAS, rows, sg.rows, cap - whole);
+  const int per = (ksteps + want - 1) / want;
+  const int splits = (ksteps + per - 1) / per;  // none empty
+  float* partial = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(e.qtile) + whole) : nullptr;
   int bad = 0;
-  if (whole <= cap) {
-    if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
-    const int ctas_m = (rows + QMMQ_BM - 1) / QMMQ_BM;
-    const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, rows, sg.rows, cap - whole);
-    const int per = (ksteps + want - 1) / want;
-    const int splits = (ksteps + per - 1) / per;  // none empty
-    float* partial = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(e.qtile) + whole) : nullptr;
-    QTYPE_DISPATCH(sg.type, bad = 1,
-      if constexpr (qgemv_i8_type(TY))
-        qmmq_kernel<T, TY><<<dim3(ctas_m, ctas_n, splits), QMMQ_THREADS, 0, e.stream>>>(xq, xd, sg.p, y, ysz == 4, ldy, partial, rows, sg.rows, k, per))
-    if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
-    if (partial) {
-      const size_t total = (size_t)rows * sg.rows;
-      qmma_reduce_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(partial, splits, y, ysz == 4, ldy, rows, sg.rows);
-    }
-    return 0;
-  }
-  // Chunks of whole 64-row tiles whose int8 rows fit the scratch (quantTileBytes holds 64 rows of the widest
-  // input in half precision, more than their int8 values and scales); the shared quantized X is gone after.
-  const size_t per_row = (size_t)k + (size_t)(k / 32) * sizeof(float2);
-  const int chunk = std::max(QMMQ_BM, (int)((cap - 512) / per_row) / QMMQ_BM * QMMQ_BM);
-  if (qalign256(qgemv_i8_scratch_bytes(chunk, k)) > cap) return fail("the quantized-product scratch holds no 64 int8 rows");
-  xq = nullptr;
-  xd = nullptr;
-  for (int r0 = 0; r0 < rows; r0 += chunk) {
-    const int nr = std::min(chunk, rows - r0);
-    int8_t* cq = nullptr;
-    float2* cd = nullptr;
-    quantize_x_i8<T>(e, static_cast<const T*>(X) + (size_t)r0 * k, nr, k, cq, cd);
-    const dim3 grid((nr + QMMQ_BM - 1) / QMMQ_BM, ctas_n, 1);
-    QTYPE_DISPATCH(sg.type, bad = 1,
-      if constexpr (qgemv_i8_type(TY))
-        qmmq_kernel<T, TY><<<grid, QMMQ_THREADS, 0, e.stream>>>(cq, cd, sg.p, y + (size_t)r0 * ldy * ysz, ysz == 4, ldy, nullptr, nr, sg.rows, k, ksteps))
-    if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+  QTYPE_DISPATCH(sg.type, bad = 1,
+    if constexpr (qgemv_i8_type(TY))
+      qmmq_kernel<T, TY><<<dim3(ctas_m, ctas_n, splits), QMMQ_THREADS, 0, e.stream>>>(xq, xd, sg.p, y, ysz == 4, ldy, partial, rows, sg.rows, k, per))
+  if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+  if (partial) {
+    const size_t total = (size_t)rows * sg.rows;
+    qmma_reduce_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(partial, splits, y, ysz == 4, ldy, rows, sg.rows);
   }
   return 0;
 }
 
 // Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
 // (each writes its columns of Y). Up to e.gemv_rows rows through qgemv_kernel, which reads the quantized
-// bytes once; more through qmma_kernel on the tensor cores (e.qtile holds split partial sums), or, with
-// quant_gemm 1, through tiles dequantized into e.qtile and cuBLAS, a tile's rows at most quant_tile_bytes
-// of half values.
+// bytes once; more through qmma_kernel on the tensor cores (e.qtile holds split partial sums), with
+// quant_gemm 2 up to QMMQ_MAX_ROWS rows of the integer types through qmmq_kernel, or, with quant_gemm 1,
+// through tiles dequantized into e.qtile and cuBLAS, a tile's rows at most quant_tile_bytes of half values.
 template <typename T>
 int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, int n, int k, cudaDataType_t ytype) {
   const std::vector<Engine::QSeg>& segs = e.qmats[e.qmat_index(kind, layer)];
@@ -1564,20 +1544,23 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
       if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
       continue;
     }
+    if (e.cfg.quant_gemm == 2 && qgemv_i8_type(sg.type) && rows <= QMMQ_MAX_ROWS) {
+      const int r = qmmq_project<T>(e, sg, X, y, ysz, n, rows, k, xq, xd);
+      if (r < 0) return r;
+      if (r == 0) continue;
+    }
+    // The paths below use e.qtile as their own scratch: X's int8 rows there are gone for a later segment.
+    xq = nullptr;
+    xd = nullptr;
     if (sg.type == QT_FP8 && sg.rscale && e.fp8_lt) {
       const int r = fp8_lt_project<T>(e, sg, X, y, ysz, n, rows, k, ytype);
       if (r < 0) return r;
       if (r == 0) continue;
     }
-    if (e.cfg.quant_gemm == 2 && qgemv_i8_type(sg.type)) {
-      const int r = qmmq_project<T>(e, sg, X, y, ysz, n, rows, k, xq, xd);
-      if (r < 0) return r;
-      continue;
-    }
     if (e.cfg.quant_gemm != 1) {
       const int ctas_n = (sg.rows + QMMA_BN - 1) / QMMA_BN, ctas_m = (rows + QMMA_BM - 1) / QMMA_BM;
       const int ksteps = (k / 32 + 1) / 2;
-      const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, rows, sg.rows, (size_t)e.cfg.quant_tile_bytes);
+      const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, QMMA_RESIDENT, rows, sg.rows, (size_t)e.cfg.quant_tile_bytes);
       const int per = (ksteps + want - 1) / want;
       const int splits = (ksteps + per - 1) / per;  // none empty
       float* partial = splits > 1 ? static_cast<float*>(e.qtile) : nullptr;
