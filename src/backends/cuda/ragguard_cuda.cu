@@ -1360,6 +1360,21 @@ void launch_qgemv_i8(Engine& e, const Engine::QSeg& sg, const int8_t* xq, const 
   }
 }
 
+// A GEMV product of `rows` (<= QGEMV_MAX_ROWS) rows: the kernel instantiated for the next row count up (1, 2,
+// 4 or 8), in int8 (xq, xd) or in float.
+template <typename T, int TY>
+void launch_gemv_rows(Engine& e, const Engine::QSeg& sg, bool i8, const void* X, const int8_t* xq, const float2* xd, void* y,
+                      bool f32, int ldy, int rows, int k) {
+  auto go = [&](auto R) {
+    if (i8) launch_qgemv_i8<T, decltype(R)::value, TY>(e, sg, xq, xd, y, f32, ldy, rows, k);
+    else launch_qgemv<T, decltype(R)::value, TY>(e, sg, X, y, f32, ldy, rows, k);
+  };
+  if (rows == 1) go(std::integral_constant<int, 1>{});
+  else if (rows == 2) go(std::integral_constant<int, 2>{});
+  else if (rows <= 4) go(std::integral_constant<int, 4>{});
+  else go(std::integral_constant<int, 8>{});
+}
+
 // cuBLASLt's FP8 GEMM for an M x N x K product of FP8 weights [M, K] (row scales) and FP8 activations [N, K]
 // (token scales) into `ytype` with rows `ld` apart: its descriptors and algorithm, made once a shape. First
 // with both scales in cuBLASLt's epilogue (OUTER_VEC_32F); where this cuBLASLt has no such algorithm (the
@@ -1517,30 +1532,18 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
   const float alpha = 1.f, beta = 0.f;
   const cudaDataType_t t = cuda_type(e.cfg);
   const size_t tile_rows = std::max<size_t>(1, (size_t)e.cfg.quant_tile_bytes / ((size_t)k * 2));
-  // qgemv_math 2: X quantized once for every segment of the product (q|k|v, gate|up) that takes it.
+  // X as int8 blocks (quantize_x_i8) in e.qtile, once for every segment of the product (q|k|v, gate|up).
   int8_t* xq = nullptr;
   float2* xd = nullptr;
   for (const Engine::QSeg& sg : segs) {
     if (sg.cols != k) return fail("a quantized matrix has the wrong width for its product");
     char* y = static_cast<char*>(Y) + (size_t)sg.row0 * ysz;
     int bad = 0;
-    if (rows <= e.gemv_rows && rows <= QGEMV_MAX_ROWS && e.qgemv_math == 2 && qgemv_i8_type(sg.type) &&
-        qgemv_i8_scratch_bytes(rows, k) <= (size_t)e.cfg.quant_tile_bytes) {
-      if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
-      QTYPE_DISPATCH(sg.type, bad = 1,
-        if (rows == 1) launch_qgemv_i8<T, 1, TY>(e, sg, xq, xd, y, f32, n, rows, k);
-        else if (rows == 2) launch_qgemv_i8<T, 2, TY>(e, sg, xq, xd, y, f32, n, rows, k);
-        else if (rows <= 4) launch_qgemv_i8<T, 4, TY>(e, sg, xq, xd, y, f32, n, rows, k);
-        else launch_qgemv_i8<T, 8, TY>(e, sg, xq, xd, y, f32, n, rows, k))
-      if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
-      continue;
-    }
     if (rows <= e.gemv_rows && rows <= QGEMV_MAX_ROWS) {
-      QTYPE_DISPATCH(sg.type, bad = 1,
-        if (rows == 1) launch_qgemv<T, 1, TY>(e, sg, X, y, f32, n, rows, k);
-        else if (rows == 2) launch_qgemv<T, 2, TY>(e, sg, X, y, f32, n, rows, k);
-        else if (rows <= 4) launch_qgemv<T, 4, TY>(e, sg, X, y, f32, n, rows, k);
-        else launch_qgemv<T, 8, TY>(e, sg, X, y, f32, n, rows, k))
+      // qgemv_math 2: the integer types' rows in int8 (X quantized once for every segment that takes it).
+      const bool i8 = e.qgemv_math == 2 && qgemv_i8_type(sg.type) && qgemv_i8_scratch_bytes(rows, k) <= (size_t)e.cfg.quant_tile_bytes;
+      if (i8 && !xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
+      QTYPE_DISPATCH(sg.type, bad = 1, launch_gemv_rows<T, TY>(e, sg, i8, X, xq, xd, y, f32, n, rows, k))
       if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
       continue;
     }
