@@ -8,6 +8,7 @@ import type { CollectionVectors } from './faiss-collections.js';
 import { Bitmap } from './positions.js';
 import { metadataMatches, type Hit, type SearchFilter, type StoredChunk } from './retrieval-store.js';
 import { key, type State } from './faiss-state.js';
+import { embeddingText } from './corpus.js';
 
 /** A filter passing under this share of the positions is searched exactly (the graph would walk mostly past it). */
 const EXACT_SHARE = 0.1;
@@ -18,7 +19,7 @@ export const everything = (): boolean => true;
 export const nothing = (): boolean => false;
 
 /** What BM25 indexes of a chunk: "title\ntext", what the embedder sees. */
-export const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.collection, text: `${c.title}\n${c.text}` });
+export const lexicalEntry = (c: StoredChunk) => ({ id: c.id, collection: c.collection, text: embeddingText(c.title, c.text) });
 
 /** The k nearest chunks by cosine similarity that pass the filter (none: every chunk), best first. */
 export function searchState(s: State, opts: { annMin: number; efSearch: number }, query: Float32Array, k: number, filter?: SearchFilter): Hit[] {

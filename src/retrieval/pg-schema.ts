@@ -13,6 +13,7 @@
  * same, IF NOT EXISTS), so a database made then is brought forward like a new one.
  */
 import type pg from 'pg';
+import { embeddingText } from './corpus.js';
 import { lexicalTerms } from './lexical.js';
 import { COLLECTION_INDEX_ROWS, collectionIndexSql, collectionsWanting } from './pg-collection-index.js';
 
@@ -175,7 +176,7 @@ export const SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
 /** BM25's view of a chunk: term frequencies and the number of distinct terms (its length). */
 export function termsOf(title: string, text: string): { terms: Map<string, number>; distinct: number } {
   const terms = new Map<string, number>();
-  for (const t of lexicalTerms(`${title}\n${text}`)) terms.set(t, (terms.get(t) ?? 0) + 1);
+  for (const t of lexicalTerms(embeddingText(title, text))) terms.set(t, (terms.get(t) ?? 0) + 1);
   return { terms, distinct: terms.size };
 }
 
