@@ -2,7 +2,8 @@
  * ragguard's QMatMul8 and QMatMul4 ops (src/backends/ort/ragguard-ops.c, qmatmul.c) against ONNX
  * Runtime's own MatMulNBits (8 bits without zero points, 4 bits with them; accuracy level 4) on the same
  * values in one graph, and both against the exact product with the weights dequantized: the shapes a
- * converted GGUF has (blocks of 32 and 16, a bias, rows from 1 to past one tile of 8) and the ones at
+ * converted GGUF has (blocks of 32 and 16, a bias, rows from 1 to past one tile of 8, and 33: AMX's 16-row
+ * tiles where the CPU has AMX, and a row past them) and the ones at
  * the edges (K not a multiple of 64, columns not a multiple of 16, blocks longer than the kernels' loads
  * at a time); on the CPU's kernels and on the plain C path that CPUs without AVX512-VNNI take.
  */
@@ -137,7 +138,7 @@ for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QM
   ];
   let seed = 1;
   for (const c of cases) {
-    for (const rows of [1, 3, 8, 13]) {
+    for (const rows of [1, 3, 8, 13, 33]) { // 33: two 16-row AMX tiles where AMX runs, and a row past them
       const { y, yOrt, exact } = await both(c, rows, seed++);
       const scale = rms(exact);
       const vsOrt = maxDiff(y, yOrt) / scale;

@@ -25,7 +25,10 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 int qm_supported(int64_t k, int64_t blk) {
   /* a power of two from 16: a block is whole vectors of each column at 8 bits (4 bytes) and at 4 (8 values) */
@@ -48,15 +51,42 @@ int qm_vnni(void) {
   return known;
 }
 
+/* Set: the AVX512-VNNI kernels even where AMX could run (qm_set_amx(0): a test compares the two). */
+static int amx_off;
+
+void qm_set_amx(int on) { amx_off = !on; }
+
+/*
+ * AMX (the tile registers and TDPBSUD): the CPU says it has AMX-TILE and AMX-INT8 (CPUID leaf 7 EDX bits
+ * 24 and 25) and Linux grants this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA, 18); a hypervisor that does not pass the state through refuses the request, and the
+ * products stay on AVX512-VNNI. RAGGUARD_OPS_AMX=0 in the environment keeps them there too.
+ */
+int qm_amx(void) {
+  static int known = -1;
+  if (portable || amx_off || !qm_vnni()) return 0;
+  if (known < 0) {
+    int ok = 0;
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const char* env = getenv("RAGGUARD_OPS_AMX");
+    if (((d >> 24) & 1) && ((d >> 25) & 1) && !(env && strcmp(env, "0") == 0)) ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#endif
+    known = ok;
+  }
+  return known;
+}
+
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define INLINE __attribute__((always_inline)) inline
 
 /* x's rows quantized per block: round to nearest even (the same as nearbyintf) of x * 127 / max|x|. */
-VNNI static void quantize_vnni(qm_rows* r, const float* x) {
+VNNI static void quantize_vnni(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
   const int64_t k = r->k, blk = r->blk, nb = k / blk;
-  for (int64_t i = 0; i < r->m; i++) {
+  for (int64_t i = i0; i < i1; i++) {
     for (int64_t b = 0; b < nb; b++) {
       const float* xb = x + i * k + b * blk;
       __m512 mx = _mm512_setzero_ps();
@@ -77,9 +107,9 @@ VNNI static void quantize_vnni(qm_rows* r, const float* x) {
   }
 }
 
-static void quantize_c(qm_rows* r, const float* x) {
+static void quantize_c(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
   const int64_t k = r->k, blk = r->blk, nb = k / blk;
-  for (int64_t i = 0; i < r->m; i++) {
+  for (int64_t i = i0; i < i1; i++) {
     for (int64_t b = 0; b < nb; b++) {
       const float* xb = x + i * k + b * blk;
       float amax = 0.0f;
@@ -104,15 +134,23 @@ static size_t block_bytes(int64_t m, int64_t k, int64_t blk) { return up64((size
 
 size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk) { return xq_bytes(m, k) + 2 * block_bytes(m, k, blk); }
 
-void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, int64_t blk) {
+void qm_rows_layout(qm_rows* r, void* mem, int64_t m, int64_t k, int64_t blk) {
   r->m = m;
   r->k = k;
   r->blk = blk;
   r->xq = (int8_t*)mem;
   r->sx = (float*)((char*)mem + xq_bytes(m, k));
   r->xsum = (int32_t*)((char*)mem + xq_bytes(m, k) + block_bytes(m, k, blk));
-  if (qm_vnni()) quantize_vnni(r, x);
-  else quantize_c(r, x);
+}
+
+void qm_rows_quantize(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
+  if (qm_vnni()) quantize_vnni(r, x, i0, i1);
+  else quantize_c(r, x, i0, i1);
+}
+
+void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, int64_t blk) {
+  qm_rows_layout(r, mem, m, k, blk);
+  qm_rows_quantize(r, x, 0, m);
 }
 
 static void groups8_c(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
@@ -217,10 +255,6 @@ VNNI static INLINE void tile8(const qm8_weight* w, const qm_rows* r, float* y, i
 
 VNNI static void groups8_vnni(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) { FOR_TILES(tile8) }
 
-void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
-  if (qm_vnni()) groups8_vnni(w, r, y, g0, g1);
-  else groups8_c(w, r, y, g0, g1);
-}
 
 /* --- 4 bits ------------------------------------------------------------------------------------- */
 
@@ -294,7 +328,171 @@ VNNI static INLINE void tile4(const qm4_weight* w, const qm_rows* r, float* y, i
 
 VNNI static void groups4_vnni(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) { FOR_TILES(tile4) }
 
+/* --- AMX: prefills (16 rows or more) ---------------------------------------------------------------- */
+
+/*
+ * At 16 rows or more the products run on AMX where the CPU and the kernel allow it (qm_amx): TDPBSUD
+ * multiplies a tile of 16 rows of x (signed bytes) by a tile of k-quads of 16 columns' weights (unsigned
+ * bytes), the layout the weights already have (one 64-byte row of the 8-bit layout is 4 bytes of each of
+ * 16 columns: one row of a B tile), into 16 x 16 int32 sums: 16 times VPDPBUSD's multiply-adds an
+ * instruction. The sums are a block's (the tiles span one block, or 64 k of a longer one), so each block's
+ * integer dot product is exactly the AVX512-VNNI kernel's, and its conversion and scaling are the same
+ * operations in the same order (the zero point's term in the integers at 8 bits, in floats at 4): the
+ * outputs are bit for bit the VNNI kernel's. A tile step is 2 x 16 rows by 2 groups (4 sum tiles, 2 of
+ * x, 2 of weights: the 8 tile registers); a pair of groups' weights (k x 32 bytes; at 4 bits unpacked
+ * once a pair into k-quads of bytes) stays in cache while every row passes. Rows past the last 16 take
+ * the AVX512-VNNI tiles.
+ */
+#define AMX __attribute__((target("avx512f,avx512bw,avx512vnni,amx-tile,amx-int8")))
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed)) amx_config;
+
+/* x bytes (k) a TDPBSUD takes: a block, or 64 of a longer one (a tile row is 64 bytes at most). */
+static int64_t amx_step(int64_t blk) { return blk < 64 ? blk : 64; }
+
+/* tiles 0-3: sums [16][16] int32; 4, 5: x [16 rows][step bytes]; 6, 7: weights [step / 4 quads][64]. */
+AMX static void amx_begin(int64_t step) {
+  amx_config c __attribute__((aligned(64)));
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 4; t++) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t = 4; t < 6; t++) c.rows[t] = 16, c.colsb[t] = (uint16_t)step;
+  for (int t = 6; t < 8; t++) c.rows[t] = (uint8_t)(step / 4), c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+
+/*
+ * Block e's sums (sum[i]: row m0 + i, 16 columns) converted and scaled into the rows' accumulators: the
+ * operations tile8 and tile4 do, in their order.
+ */
+AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, const float* dg, const uint8_t* zg, int64_t m0, int64_t e,
+                                 const int32_t (*sum)[16], __m512* acc) {
+  const __m512 d = _mm512_loadu_ps(dg + e * 16);
+  if (BITS == 8) {
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
+      const int64_t row = m0 + i;
+      /* as tile8: the sum from -128 sum(xq), the products added (int32: the same sum in any order) */
+      const __m512i s = _mm512_add_epi32(_mm512_load_si512((const void*)sum[i]), _mm512_set1_epi32(-128 * r->xsum[row * nb + e]));
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(r->sx[row * nb + e]));
+      acc[i] = _mm512_fmadd_ps(u, d, acc[i]);
+    }
+  } else {
+    const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(zg + e * 16))));
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
+      const int64_t row = m0 + i;
+      const __m512 u = _mm512_fnmadd_ps(z, _mm512_set1_ps((float)r->xsum[row * nb + e]), _mm512_cvtepi32_ps(_mm512_load_si512((const void*)sum[i])));
+      acc[i] = _mm512_fmadd_ps(u, _mm512_mul_ps(d, _mm512_set1_ps(r->sx[row * nb + e])), acc[i]);
+    }
+  }
+}
+
+/* Block b's products (rows m0..m0+16 of one group) into sum tile C from x tile A and weight tile B, stored to `to`. */
+#define AMX_BLOCK(C, A, B, b, to)                                     \
+  do {                                                                \
+    _tile_zero(C);                                                    \
+    for (int64_t kk = (b) * blk; kk < ((b) + 1) * blk; kk += step) {  \
+      _tile_loadd(A, x0 + kk, k);                                     \
+      _tile_loadd(B, wq + kk / 4 * 64, 64);                           \
+      _tile_dpbsud(C, A, B);                                          \
+    }                                                                 \
+    _tile_stored(C, (to), 64);                                        \
+  } while (0)
+
+/*
+ * Rows m0..m0+16 of group g (wq its k-quads, [k / 4][64]; dg its scales; zg its zero points at 4 bits).
+ * Consecutive blocks take tiles 0, 4, 6 and 1, 5, 7 in turn (tiles are not renamed: a block reusing the
+ * last one's would wait for it), and a block's sums are scaled one block later, while the next block's
+ * products run (a load of what a tile store has not yet written would wait for it, and hold back every
+ * later instruction). The 16 accumulators stay in registers: at 2 x 16 rows or 2 groups at a time they
+ * did not, and a tile step took longer.
+ */
+AMX static INLINE void amx_tile(const int BITS, int64_t k, int64_t n, int64_t blk, const qm_rows* r, const uint8_t* wq, const float* dg,
+                                const uint8_t* zg, const float* bias, float* y, int64_t g, int64_t m0) {
+  const int64_t nb = k / blk, step = amx_step(blk);
+  __m512 acc[16];
+  int32_t sums[4][16][16] __attribute__((aligned(64)));
+  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+  const int8_t* x0 = r->xq + m0 * k;
+  for (int64_t b = 0; b < nb + 2; b++) {
+    if (b < nb) switch (b & 3) {
+        case 0: AMX_BLOCK(0, 4, 6, b, sums[0]); break;
+        case 1: AMX_BLOCK(1, 5, 7, b, sums[1]); break;
+        case 2: AMX_BLOCK(2, 4, 6, b, sums[2]); break;
+        default: AMX_BLOCK(3, 5, 7, b, sums[3]); break;
+      }
+    if (b >= 2) amx_scale(BITS, nb, r, dg, zg, m0, b - 2, sums[(b - 2) & 3], acc);
+  }
+  store_tile(y, n, bias, g, m0, 16, acc);
+}
+
+#define AMX_TILES(BITS, WQ) \
+  for (int64_t m0 = 0; m0 < m16; m0 += 16) amx_tile(BITS, w->k, w->n, w->blk, r, WQ, dg, zg, w->bias, y, g, m0);
+
+/* Rows past the last 16 (m16..m) of group g on the AVX512-VNNI tiles. */
+#define VNNI_TAIL(TILE)                                                                 \
+  for (int64_t m0 = m16; m0 < r->m; m0 += 8) switch (r->m - m0 < 8 ? r->m - m0 : 8) {  \
+      case 1: TILE(w, r, y, g, m0, 1, 0); break;                                        \
+      case 2: TILE(w, r, y, g, m0, 2, 0); break;                                        \
+      case 3: TILE(w, r, y, g, m0, 3, 0); break;                                        \
+      case 4: TILE(w, r, y, g, m0, 4, 0); break;                                        \
+      case 5: TILE(w, r, y, g, m0, 5, 0); break;                                        \
+      case 6: TILE(w, r, y, g, m0, 6, 0); break;                                        \
+      case 7: TILE(w, r, y, g, m0, 7, 0); break;                                        \
+      default: TILE(w, r, y, g, m0, 8, 0); break;                                       \
+    }
+
+AMX static void groups8_amx(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  const int64_t k = w->k, nb = k / w->blk, quads = k / 4, m16 = r->m & ~(int64_t)15;
+  const uint8_t* zg = NULL;
+  amx_begin(amx_step(w->blk));
+  for (int64_t g = g0; g < g1; g++) {
+    const float* dg = w->scales + g * nb * 16;
+    AMX_TILES(8, w->q + g * quads * 64)
+    VNNI_TAIL(tile8)
+  }
+  _tile_release();
+}
+
+AMX static void groups4_amx(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  const int64_t k = w->k, nb = k / w->blk, pairs = k / 8, m16 = r->m & ~(int64_t)15;
+  /* a group's weights as k-quads of bytes (each nibble in a byte of its own), unpacked once for every row */
+  uint8_t* unpacked = aligned_alloc(64, (size_t)(pairs * 128));
+  if (!unpacked) {
+    groups4_vnni(w, r, y, g0, g1);
+    return;
+  }
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  amx_begin(amx_step(w->blk));
+  for (int64_t g = g0; g < g1; g++) {
+    const uint8_t* qg = w->q + g * pairs * 64;
+    for (int64_t p = 0; p < pairs; p++) {
+      const __m512i v = _mm512_loadu_si512((const void*)(qg + p * 64));
+      _mm512_store_si512((void*)(unpacked + 2 * p * 64), _mm512_and_si512(v, nibble));
+      _mm512_store_si512((void*)(unpacked + (2 * p + 1) * 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+    }
+    const float* dg = w->scales + g * nb * 16;
+    const uint8_t* zg = w->zeros + g * nb * 16;
+    AMX_TILES(4, unpacked)
+    VNNI_TAIL(tile4)
+  }
+  _tile_release();
+  free(unpacked);
+}
+
+/* --- dispatch ------------------------------------------------------------------------------------ */
+
+void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
+  if (r->m >= 16 && qm_amx()) groups8_amx(w, r, y, g0, g1);
+  else if (qm_vnni()) groups8_vnni(w, r, y, g0, g1);
+  else groups8_c(w, r, y, g0, g1);
+}
+
 void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
-  if (qm_vnni()) groups4_vnni(w, r, y, g0, g1);
+  if (r->m >= 16 && qm_amx()) groups4_amx(w, r, y, g0, g1);
+  else if (qm_vnni()) groups4_vnni(w, r, y, g0, g1);
   else groups4_c(w, r, y, g0, g1);
 }

@@ -51,6 +51,10 @@ int qm_supported(int64_t k, int64_t blk);
 size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk);
 /* x's m rows quantized into `mem` (qm_rows_bytes of it, 64-byte aligned). */
 void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, int64_t blk);
+/* qm_rows_init in two steps, so that threads can share the rows out: where the parts lie in `mem`, then
+ * rows i0..i1 of x (the full rows of x, m of them) quantized. */
+void qm_rows_layout(qm_rows* r, void* mem, int64_t m, int64_t k, int64_t blk);
+void qm_rows_quantize(qm_rows* r, const float* x, int64_t i0, int64_t i1);
 /* Column groups [g0, g1) (columns 16 g0 .. 16 g1, those below n written) of every row: y[m][n]. */
 void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
 void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
@@ -58,4 +62,9 @@ void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int
 int qm_vnni(void);
 /* 1: the plain C path from now on, whatever the CPU (for tests); 0: back to the CPU's best. */
 void qm_set_portable(int on);
+/* 1 where products of 16 rows or more run on AMX (TDPBSUD): the CPU has AMX-INT8, Linux grants the tile
+ * state, RAGGUARD_OPS_AMX is not 0, qm_set_amx(0) and qm_set_portable(1) were not called. */
+int qm_amx(void);
+/* 0: the AVX512-VNNI kernels at every row count from now on (for tests); 1: AMX again where it can run. */
+void qm_set_amx(int on);
 #endif

@@ -1,6 +1,6 @@
 /*
  * ragguard's ONNX Runtime custom-op library (domain "ragguard"), loaded into a session by
- * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Two ops:
+ * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Three ops:
  *
  *   QMatMul8(A float [.., K], B uint8 [G, K / 4, 64], scales float [G, K / block_size, 16],
  *            bias float [N] (optional)) -> Y float [.., N];  attributes K, N, block_size; G = ceil(N / 16)
@@ -8,8 +8,11 @@
  *   QMatMul4(A float [.., K], B uint8 [G, K / 8, 64], scales float [G, K / block_size, 16],
  *            zeros uint8 [G, K / block_size, 16], bias float [N] (optional)) -> Y float [.., N]
  *
- * the products MatMulNBits (com.microsoft) computes at accuracy level 4 for bits 8 without zero points
- * (128) and for bits 4 with them, by the kernels in qmatmul.c, with the weights 16 columns side by side
+ *   SwiGlu(GU float [.., 2I], G float [.., I] (optional), U float [.., I] (optional)) -> Y float [.., I]
+ *            the MLP's activation: (GU[.., :I] + G) sigmoid(GU[.., :I] + G) (GU[.., I:] + U) (below)
+ *
+ * QMatMul8 and QMatMul4 are the products MatMulNBits (com.microsoft) computes at accuracy level 4 for
+ * bits 8 without zero points (128) and for bits 4 with them, by the kernels in qmatmul.c, with the weights 16 columns side by side
  * (qmatmul.h says how; the converter writes them so: qmatmul-layout.ts). Column groups are shared out
  * over the session's intra-op threads (KernelContext_ParallelFor): the ops add no thread of their own.
  *
@@ -18,6 +21,8 @@
  * used here but ParallelFor's, whose use every test of the ops exercises) and OrtCustomOp is laid out as
  * the header's version 16 of it.
  */
+#include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +207,19 @@ static void task(void* data, size_t i) {
   else qm4_groups(work->w4, work->rows, work->y, g0, g1);
 }
 
+/* Rows of x to quantize: tasks of perTask rows (about 64 K values). */
+typedef struct {
+  qm_rows* rows;
+  const float* x;
+  int64_t perTask;
+} Quant;
+
+static void quantTask(void* data, size_t i) {
+  const Quant* q = data;
+  const int64_t i0 = (int64_t)i * q->perTask, i1 = i0 + q->perTask < q->rows->m ? i0 + q->perTask : q->rows->m;
+  qm_rows_quantize(q->rows, q->x, i0, i1);
+}
+
 static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* q = kernel;
   /* inputs: A, B, scales, then (4 bits) the zero points, then the optional bias */
@@ -251,7 +269,16 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     return fail(ORT_FAIL, "QMatMul: out of memory");
   }
   qm_rows rows;
-  qm_rows_init(&rows, mem, x, m, q->k, q->blk);
+  qm_rows_layout(&rows, mem, m, q->k, q->blk);
+  /* x quantized over the threads too, rows shared out (a prefill's 2,048 x 4,864 floats took one core
+   * 5-6 ms a product while the other waited) */
+  Quant quant = {&rows, x, (65536 + q->k - 1) / q->k};
+  OrtStatus* qs = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, quantTask, (size_t)((m + quant.perTask - 1) / quant.perTask), 0, &quant);
+  if (qs) {
+    alloc->Free(alloc, mem);
+    API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
+    return qs;
+  }
   /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
   Work work = {q, &w8, &w4, &rows, y, groups, 2};
   const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
@@ -322,7 +349,142 @@ static int one(const OrtCustomOp* op) {
   return 1;
 }
 
-#define OP(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE) \
+
+/* --- SwiGlu ----------------------------------------------------------------------------------------- */
+
+/*
+ * SwiGlu(GU float [.., 2I], G float [.., I] (optional), U float [.., I] (optional)) -> Y float [.., I]:
+ *   g = GU[.., :I] (+ G), u = GU[.., I:] (+ U), Y = g sigmoid(g) u
+ * the MLP's activation after its gate and up product (one QMatMul of 2I columns), with each half's LoRA
+ * term (G, U: their low-rank products) added on the way. In one pass over the rows it replaces what the
+ * graph did in six nodes (a Split copying the product into two tensors, two Adds of the LoRA terms,
+ * Sigmoid and two Muls that ONNX Runtime fuses into QuickGelu and a Mul), each writing a tensor of its
+ * own: at a prefill of 2,048 tokens each of those is 40 MB of fresh memory a layer, faulted in page by
+ * page.
+ */
+typedef struct {
+  const float *gu, *ga, *ua;
+  float* y;
+  int64_t inter, rows, perTask;
+} GluWork;
+
+#define AVX512 __attribute__((target("avx512f")))
+
+/* e^x for x in [-88, 88] (clamped outside): 2^n e^r, |r| <= ln2 / 2, a degree-6 polynomial (Cephes' expf: ~1 ulp). */
+AVX512 static inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
+  const int64_t I = w->inter;
+  for (int64_t i = r0; i < r1; i++) {
+    const float* g = w->gu + i * 2 * I;
+    const float* u = g + I;
+    const float* ga = w->ga ? w->ga + i * I : NULL;
+    const float* ua = w->ua ? w->ua + i * I : NULL;
+    float* y = w->y + i * I;
+    for (int64_t j = 0; j < I; j += 16) {
+      const __mmask16 m = I - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (I - j)) - 1);
+      __m512 gv = _mm512_maskz_loadu_ps(m, g + j), uv = _mm512_maskz_loadu_ps(m, u + j);
+      if (ga) gv = _mm512_add_ps(gv, _mm512_maskz_loadu_ps(m, ga + j));
+      if (ua) uv = _mm512_add_ps(uv, _mm512_maskz_loadu_ps(m, ua + j));
+      /* g sigmoid(g) = g / (1 + e^-g) */
+      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+      _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(silu, uv));
+    }
+  }
+}
+
+static void glu_rows_c(const GluWork* w, int64_t r0, int64_t r1) {
+  const int64_t I = w->inter;
+  for (int64_t i = r0; i < r1; i++)
+    for (int64_t j = 0; j < I; j++) {
+      float g = w->gu[i * 2 * I + j], u = w->gu[i * 2 * I + I + j];
+      if (w->ga) g += w->ga[i * I + j];
+      if (w->ua) u += w->ua[i * I + j];
+      w->y[i * I + j] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+static void gluTask(void* data, size_t t) {
+  const GluWork* w = data;
+  const int64_t r0 = (int64_t)t * w->perTask, r1 = r0 + w->perTask < w->rows ? r0 + w->perTask : w->rows;
+  if (qm_vnni()) glu_rows_avx512(w, r0, r1);
+  else glu_rows_c(w, r0, r1);
+}
+
+static OrtStatus* createGlu(const OrtCustomOp* op, OrtApiTable a, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)a;
+  (void)info;
+  *out = NULL;
+  return NULL;
+}
+
+static void destroyGlu(void* kernel) { (void)kernel; }
+
+static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
+  (void)kernel;
+  size_t inputs = 0;
+  TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
+  const OrtValue *gu = NULL, *ga = NULL, *ua = NULL;
+  TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 0, &gu));
+  if (inputs > 1) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 1, &ga));
+  if (inputs > 2) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 2, &ua));
+  int64_t dims[8];
+  size_t rank = 0;
+  TRY(shapeOf(gu, dims, &rank));
+  if (rank < 1 || dims[rank - 1] % 2 != 0) return fail(ORT_INVALID_ARGUMENT, "SwiGlu: the input's last dimension is not even (gate and up side by side)");
+  const int64_t inter = dims[rank - 1] / 2;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < rank; i++) rows *= dims[i];
+  dims[rank - 1] = inter;
+  if (ga) TRY(expect(ga, rank, dims, "SwiGlu: the gate's addend is not [.., I]"));
+  if (ua) TRY(expect(ua, rank, dims, "SwiGlu: the up's addend is not [.., I]"));
+  void *x = NULL, *g = NULL, *u = NULL, *y = NULL;
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)gu, &x));
+  if (ga) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)ga, &g));
+  if (ua) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)ua, &u));
+  OrtValue* out = NULL;
+  TRY(API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, dims, rank, &out));
+  TRY(API(S_GetTensorMutableData, MutableDataFn)(out, &y));
+  if (rows == 0 || inter == 0) return NULL;
+  /* tasks of about 64 K values: enough of them for the threads to end together, few enough to cost nothing */
+  int64_t per = (65536 + inter - 1) / inter;
+  GluWork work = {x, g, u, y, inter, rows, per};
+  return API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, gluTask, (size_t)((rows + per - 1) / per), 0, &work);
+}
+
+static const char* nameGlu(const OrtCustomOp* op) {
+  (void)op;
+  return "SwiGlu";
+}
+static int inputTypeGlu(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  (void)i;
+  return ELEMENT_FLOAT;
+}
+static size_t inputCountGlu(const OrtCustomOp* op) {
+  (void)op;
+  return 3;
+}
+static int characteristicGlu(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 0 ? CHARACTERISTIC_REQUIRED : CHARACTERISTIC_OPTIONAL;
+}
+
+#define OP_WITH(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, COMPUTE, DESTROY) \
   {                                                               \
       .version = 16,                                              \
       .GetName = NAME,                                            \
@@ -331,7 +493,7 @@ static int one(const OrtCustomOp* op) {
       .GetInputTypeCount = INPUT_COUNT,                           \
       .GetOutputType = outputType,                                \
       .GetOutputTypeCount = outputCount,                          \
-      .KernelDestroy = destroy,                                   \
+      .KernelDestroy = DESTROY,                                   \
       .GetInputCharacteristic = CHARACTERISTIC,                   \
       .GetOutputCharacteristic = outputCharacteristic,            \
       .GetInputMemoryType = memoryType,                           \
@@ -340,11 +502,14 @@ static int one(const OrtCustomOp* op) {
       .GetVariadicOutputMinArity = one,                           \
       .GetVariadicOutputHomogeneity = one,                        \
       .CreateKernelV2 = CREATE,                                   \
-      .KernelComputeV2 = compute,                                 \
+      .KernelComputeV2 = COMPUTE,                                 \
   }
+
+#define OP(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE) OP_WITH(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, compute, destroy)
 
 static const OrtCustomOp qmatmul8 = OP(name8, inputType8, inputCount8, characteristic8, create8);
 static const OrtCustomOp qmatmul4 = OP(name4, inputType4, inputCount4, characteristic4, create4);
+static const OrtCustomOp swiglu = OP_WITH(nameGlu, inputTypeGlu, inputCountGlu, characteristicGlu, createGlu, computeGlu, destroyGlu);
 
 /*
  * The library's entry point (RegisterCustomOpsLibrary_V2 calls it with each session's options). The
@@ -361,6 +526,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
     TRY(API(S_CreateCustomOpDomain, CreateDomainFn)("ragguard", &domain));
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul8));
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul4));
+    TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &swiglu));
   }
   return API(S_AddCustomOpDomain, AddDomainFn)(options, domain);
 }
@@ -370,3 +536,9 @@ int ragguard_ops_vnni(void) { return qm_vnni(); }
 
 /* 1: the products take the plain C path on any CPU from now on (a test compares the two); 0: undone. */
 void ragguard_ops_set_portable(int on) { qm_set_portable(on); }
+
+/* Whether products of 16 rows or more run on AMX here (1), else on the kernels ragguard_ops_vnni says (0). */
+int ragguard_ops_amx(void) { return qm_amx(); }
+
+/* 0: the AVX512-VNNI kernels at every row count from now on (a test compares the two); 1: AMX again where it can run. */
+void ragguard_ops_set_amx(int on) { qm_set_amx(on); }

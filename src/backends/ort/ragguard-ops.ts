@@ -3,11 +3,16 @@ import koffi from 'koffi';
 import { RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable } from './ort-c-api.js';
 
 /** The ops library's own switches, bound once (the same path ONNX Runtime loads: one copy in the process). */
-let opsSwitches: { vnni: () => number; setPortable: (on: number) => void } | undefined;
+let opsSwitches: { vnni: () => number; setPortable: (on: number) => void; amx: () => number; setAmx: (on: number) => void } | undefined;
 function ragguardOps(): NonNullable<typeof opsSwitches> {
   if (!opsSwitches) {
     const lib = koffi.load(RAGGUARD_OPS_LIBRARY);
-    opsSwitches = { vnni: lib.func('int ragguard_ops_vnni()') as () => number, setPortable: lib.func('void ragguard_ops_set_portable(int on)') as (on: number) => void };
+    opsSwitches = {
+      vnni: lib.func('int ragguard_ops_vnni()') as () => number,
+      setPortable: lib.func('void ragguard_ops_set_portable(int on)') as (on: number) => void,
+      amx: lib.func('int ragguard_ops_amx()') as () => number,
+      setAmx: lib.func('void ragguard_ops_set_amx(int on)') as (on: number) => void,
+    };
   }
   return opsSwitches;
 }
@@ -29,4 +34,21 @@ export function setRagguardOpsPortable(on: boolean): void {
   const why = ragguardOpsUnavailable();
   if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
   ragguardOps().setPortable(on ? 1 : 0);
+}
+
+/**
+ * Whether ragguard's ops run products of 16 rows or more (prefills) on AMX (TDPBSUD) here: the CPU has
+ * AMX-INT8, Linux grants the process the tile state, RAGGUARD_OPS_AMX is not 0 and neither
+ * setRagguardOpsAmx(false) nor setRagguardOpsPortable(true) is in force. Their outputs are the AVX512-VNNI
+ * kernels' bit for bit.
+ */
+export function ragguardOpsAmx(): boolean {
+  return !ragguardOpsUnavailable() && ragguardOps().amx() === 1;
+}
+
+/** Keeps ragguard's ops on their AVX512-VNNI kernels at every row count (false), or lets prefills use AMX again (true): for tests. */
+export function setRagguardOpsAmx(on: boolean): void {
+  const why = ragguardOpsUnavailable();
+  if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
+  ragguardOps().setAmx(on ? 1 : 0);
 }

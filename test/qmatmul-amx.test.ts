@@ -1,0 +1,118 @@
+/**
+ * ragguard's QMatMul8 and QMatMul4 on AMX (src/backends/ort/qmatmul.c: products of 16 rows or more,
+ * where the CPU has AMX-INT8 and Linux grants the tile state) against the same ops on their AVX512-VNNI
+ * kernels: the same outputs bit for bit (each block's integer sum is exact either way, and its scaling
+ * the same operations in the same order), at row counts around the 16-row tiles (the rows past the last
+ * 16 take the VNNI tiles), column counts not a multiple of 16, blocks of 16 to 128, K not a multiple of 64.
+ * test/qmatmul.test.ts holds the VNNI kernels to ONNX Runtime's MatMulNBits.
+ */
+import assert from 'node:assert/strict';
+import { writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { test } from 'node:test';
+import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
+import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
+import { DirectSession, ragguardOpsAmx, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsAmx } from '../src/backends/ort/ort-direct.js';
+import { tempDir } from './helpers.js';
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 2 ** 32;
+  };
+}
+
+const floats = (name: string, dims: number[], v: Float32Array): Initializer => ({ name, dataType: ONNX_FLOAT, dims, data: new Uint8Array(v.buffer, v.byteOffset, v.byteLength) });
+
+interface Case { bits: 4 | 8; k: number; n: number; blk: number; bias: boolean }
+
+/** A session holding one QMatMul of random weights (every byte value, every zero point) and x of `rows` rows. */
+async function opModel(c: Case, seed: number): Promise<{ session: DirectSession; x: (rows: number) => Float32Array }> {
+  const r = rng(seed);
+  const blocks = c.k / c.blk;
+  const values = Uint8Array.from({ length: c.n * c.k }, () => Math.floor(r() * (c.bits === 8 ? 256 : 16)));
+  const d = Float32Array.from({ length: c.n * blocks }, () => 0.001 + r() * 0.02);
+  const bias = Float32Array.from({ length: c.n }, () => r() - 0.5);
+  const zpRow = Math.ceil(blocks / 2);
+  const zp = new Uint8Array(c.n * zpRow);
+  for (let n = 0; n < c.n; n++) for (let b = 0; b < blocks; b++) zp[n * zpRow + (b >> 1)]! |= Math.floor(r() * 16) << ((b & 1) * 4);
+  const q = c.bits === 8 ? values : Uint8Array.from({ length: (c.n * c.k) / 2 }, (_, i) => values[2 * i]! | (values[2 * i + 1]! << 4));
+  const packed: Qmatmul8Layout & { zeros?: Uint8Array } = c.bits === 8
+    ? qmatmul8Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d })
+    : qmatmul4Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d, zeroPoints: zp });
+  const inits: Initializer[] = [
+    { name: 'q16', dataType: ONNX_UINT8, dims: [packed.groups, (c.k * c.bits) / 32, 64], data: packed.q },
+    floats('d16', [packed.groups, blocks, 16], packed.scales),
+    ...(packed.zeros ? [{ name: 'z16', dataType: ONNX_UINT8, dims: [packed.groups, blocks, 16], data: packed.zeros }] : []),
+    ...(c.bias ? [floats('bias', [c.n], bias)] : []),
+  ];
+  const ins = ['x', 'q16', 'd16', ...(c.bits === 4 ? ['z16'] : []), ...(c.bias ? ['bias'] : [])];
+  const file = path.join(await tempDir('qmatmul-amx-'), 'model.onnx');
+  await writeFile(file, writeModel({
+    name: 'qmatmul-amx',
+    nodes: [{ op: `QMatMul${c.bits}`, inputs: ins, outputs: ['y'], domain: 'ragguard', attrs: { K: { int: c.k }, N: { int: c.n }, block_size: { int: c.blk } } }],
+    initializers: inits,
+    inputs: [{ name: 'x', elemType: ONNX_FLOAT, dims: ['rows', c.k] }],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: ['rows', c.n] }],
+    opsets: { '': 17, ragguard: 1 },
+  }));
+  const session = DirectSession.create(file, { intraOpThreads: 2 })!;
+  // Activations with a few large entries, as a normed hidden state has.
+  const x = (rows: number) => Float32Array.from({ length: rows * c.k }, (_, i) => (r() - 0.5) * 4 * (i % 97 === 0 ? 20 : 1));
+  return { session, x };
+}
+
+async function run(s: DirectSession, x: Float32Array, rows: number, k: number): Promise<Float32Array> {
+  const xt = s.tensor('float32', [rows, k]);
+  (xt.data as Float32Array).set(x);
+  const out = await s.run({ x: xt }, { y: null });
+  const y = Float32Array.from(out['y']!.data as Float32Array);
+  xt.dispose();
+  out['y']!.dispose();
+  return y;
+}
+
+test('QMatMul8 and QMatMul4 on AMX give the AVX512-VNNI kernels\' outputs bit for bit, at every row count around the 16-row tiles', async (t) => {
+  assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
+  if (!ragguardOpsVnni() || !ragguardOpsAmx()) {
+    t.skip(`no AMX here (AVX512-VNNI ${ragguardOpsVnni() ? 'yes' : 'no'}; the CPU or the kernel does not grant the tile state, or RAGGUARD_OPS_AMX=0)`);
+    return;
+  }
+  t.after(() => setRagguardOpsAmx(true));
+  const cases: Case[] = [
+    { bits: 8, k: 896, n: 200, blk: 32, bias: true }, // Q5_0 / Q8_0 q/k/v with a bias, columns not a multiple of 16
+    { bits: 8, k: 4864, n: 40, blk: 16, bias: false }, // Q6_K down projection, a last group of 8 columns
+    { bits: 8, k: 96, n: 37, blk: 32, bias: false }, // K not a multiple of 64, an odd group count
+    { bits: 8, k: 256, n: 9, blk: 128, bias: true }, // blocks longer than a tile's 64 bytes, one group
+    { bits: 8, k: 512, n: 48, blk: 64, bias: false },
+    { bits: 4, k: 4864, n: 40, blk: 32, bias: false }, // Q4_K down projection
+    { bits: 4, k: 896, n: 200, blk: 32, bias: true },
+    { bits: 4, k: 160, n: 21, blk: 16, bias: false }, // blocks of 16, an odd block count
+    { bits: 4, k: 512, n: 9, blk: 128, bias: true },
+  ];
+  let seed = 7;
+  for (const c of cases) {
+    const { session, x } = await opModel(c, seed++);
+    try {
+      for (const rows of [15, 16, 17, 31, 32, 33, 47, 100]) {
+        const xs = x(rows);
+        setRagguardOpsAmx(true);
+        const amx = await run(session, xs, rows, c.k);
+        setRagguardOpsAmx(false);
+        const vnni = await run(session, xs, rows, c.k);
+        let differ = 0;
+        for (let i = 0; i < amx.length; i++) if (!Object.is(amx[i], vnni[i])) differ++;
+        assert.equal(differ, 0, `QMatMul${c.bits} k ${c.k} n ${c.n} blk ${c.blk} rows ${rows}: ${differ} of ${amx.length} outputs differ between AMX and AVX512-VNNI`);
+        assert.ok(amx.every(Number.isFinite), 'finite outputs');
+      }
+    } finally {
+      session.dispose();
+    }
+    t.diagnostic(`${c.bits} bits, k ${c.k} n ${c.n} blk ${c.blk}: equal at rows 15-100`);
+  }
+});

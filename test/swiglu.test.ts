@@ -1,0 +1,93 @@
+/**
+ * ragguard's SwiGlu op (src/backends/ort/ragguard-ops.c): the MLP's activation silu(gate + G) x (up + U)
+ * over a product of gate and up side by side, against ONNX Runtime's own Split, Add, Sigmoid and Mul on
+ * the same inputs in one graph (the nodes it replaces in a graph converted for ragguard's kernels) and
+ * against the exact function (float64), with
+ * and without the LoRA terms, at row and column counts not a multiple of 16 (the masked tails), and on
+ * the plain C path that CPUs without AVX512 take.
+ */
+import assert from 'node:assert/strict';
+import { writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { test } from 'node:test';
+import { ONNX_FLOAT, ONNX_INT64, writeModel } from '../src/runtime/onnx-proto.js';
+import { DirectSession, ragguardOpsUnavailable, setRagguardOpsPortable } from '../src/backends/ort/ort-direct.js';
+import { tempDir } from './helpers.js';
+
+/** The largest differences (relative, at least absolute) of the op from ONNX Runtime's nodes and from the exact function (float64). */
+async function compare(rows: number, inter: number, withTerms: boolean, seed: number): Promise<{ vsOrt: number; vsExact: number; ortVsExact: number }> {
+  let s = seed;
+  const r = () => ((s = (s * 1103515245 + 12345) >>> 0) / 2 ** 32);
+  const split = new BigInt64Array([BigInt(inter), BigInt(inter)]);
+  const ins = ['gu', ...(withTerms ? ['ga', 'ua'] : [])];
+  const model = writeModel({
+    name: 'swiglu',
+    nodes: [
+      { op: 'SwiGlu', inputs: ins, outputs: ['y'], domain: 'ragguard' },
+      { op: 'Split', inputs: ['gu', 'split'], outputs: ['g0', 'u0'], attrs: { axis: { int: -1 } } },
+      ...(withTerms ? [{ op: 'Add', inputs: ['g0', 'ga'], outputs: ['g'] }, { op: 'Add', inputs: ['u0', 'ua'], outputs: ['u'] }] : [
+        { op: 'Identity', inputs: ['g0'], outputs: ['g'] }, { op: 'Identity', inputs: ['u0'], outputs: ['u'] }]),
+      { op: 'Sigmoid', inputs: ['g'], outputs: ['gs'] },
+      { op: 'Mul', inputs: ['g', 'gs'], outputs: ['silu'] },
+      { op: 'Mul', inputs: ['silu', 'u'], outputs: ['y_ort'] },
+    ],
+    initializers: [{ name: 'split', dataType: ONNX_INT64, dims: [2], data: new Uint8Array(split.buffer) }],
+    inputs: [
+      { name: 'gu', elemType: ONNX_FLOAT, dims: [1, 'rows', 2 * inter] },
+      ...(withTerms ? [{ name: 'ga', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }, { name: 'ua', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }] : []),
+    ],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }, { name: 'y_ort', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }],
+    opsets: { '': 17, ragguard: 1 },
+  });
+  const file = path.join(await tempDir('swiglu-'), 'model.onnx');
+  await writeFile(file, model);
+  const session = DirectSession.create(file, { intraOpThreads: 2 })!;
+  try {
+    const feed = (name: string, width: number) => {
+      const t = session.tensor('float32', [1, rows, width]);
+      // gate values over the sigmoid's whole range, and past the exponential's clamps
+      (t.data as Float32Array).set(Float32Array.from({ length: rows * width }, (_, i) => (r() - 0.5) * (i % 53 === 0 ? 300 : 16)));
+      return t;
+    };
+    const feeds: Record<string, ReturnType<typeof feed>> = { gu: feed('gu', 2 * inter), ...(withTerms ? { ga: feed('ga', inter), ua: feed('ua', inter) } : {}) };
+    const gu = feeds['gu']!.data as Float32Array;
+    const ga = feeds['ga']?.data as Float32Array | undefined;
+    const ua = feeds['ua']?.data as Float32Array | undefined;
+    const out = await session.run(feeds, { y: null, y_ort: null });
+    const y = out['y']!.data as Float32Array;
+    const yOrt = out['y_ort']!.data as Float32Array;
+    assert.deepEqual(out['y']!.dims, [1, rows, inter]);
+    const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(1, Math.abs(b));
+    const worst = { vsOrt: 0, vsExact: 0, ortVsExact: 0 };
+    for (let i = 0; i < y.length; i++) {
+      assert.ok(Number.isFinite(y[i]!), `finite at ${i}`);
+      const row = Math.floor(i / inter), j = i % inter;
+      const g = gu[row * 2 * inter + j]! + (ga ? ga[i]! : 0), u = gu[row * 2 * inter + inter + j]! + (ua ? ua[i]! : 0);
+      const exact = (g / (1 + Math.exp(-g))) * u;
+      worst.vsOrt = Math.max(worst.vsOrt, rel(y[i]!, yOrt[i]!));
+      worst.vsExact = Math.max(worst.vsExact, rel(y[i]!, exact));
+      worst.ortVsExact = Math.max(worst.ortVsExact, rel(yOrt[i]!, exact));
+    }
+    for (const t of [...Object.values(feeds), ...Object.values(out)]) t.dispose();
+    return worst;
+  } finally {
+    session.dispose();
+  }
+}
+
+for (const path_ of ['AVX512', 'the plain C path'] as const) test(`SwiGlu on ${path_} computes what Split, Add, Sigmoid and Mul do, within float rounding`, async (t) => {
+  assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
+  setRagguardOpsPortable(path_ === 'the plain C path');
+  t.after(() => setRagguardOpsPortable(false));
+  let seed = 3;
+  for (const [rows, inter] of [[1, 4864], [7, 37], [33, 16], [300, 100]] as const) {
+    for (const withTerms of [false, true]) {
+      const w = await compare(rows, inter, withTerms, seed++);
+      t.diagnostic(`rows ${rows}, I ${inter}, LoRA terms ${withTerms}: from ONNX Runtime's nodes ${w.vsOrt.toExponential(2)}, from the exact function ${w.vsExact.toExponential(2)} (ONNX Runtime's ${w.ortVsExact.toExponential(2)}), relative (at least absolute)`);
+      // The op's e^x is within an ulp or two; ONNX Runtime's Sigmoid is an approximation (MLAS's logistic:
+      // up to ~1e-4 off here), which is what the op differs from it by.
+      assert.ok(w.vsExact < 2e-6, `SwiGlu is ${w.vsExact} off the exact function (rows ${rows}, I ${inter})`);
+      assert.ok(w.vsOrt <= w.ortVsExact + 2e-6, `SwiGlu differs from ONNX Runtime's nodes by ${w.vsOrt}, more than their own ${w.ortVsExact} from the exact function (rows ${rows}, I ${inter})`);
+    }
+  }
+});
