@@ -219,7 +219,7 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
   assert.deepEqual(gqaOpsets('onnxruntime'), { '': 17, 'com.microsoft': 1 });
 
   const dir = await tempDir('gguf-graph-');
-  const run = async (g: GqaGraph, ops: CpuKernels, ids: number[]) => {
+  const run = async (g: GqaGraph, ops: CpuKernels, ids: number[], lora: ReadonlyMap<string, { dims: number[]; data: Float32Array }> = new Map()) => {
     const file = path.join(dir, `${ops}.onnx`);
     await writeFile(file, writeModel({ name: 't', ...g, opsets: gqaOpsets(ops) }));
     const s = DirectSession.create(file)!;
@@ -235,8 +235,11 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
       fill('lora_index', 'int64', [1]);
       for (let l = 0; l < 2; l++) for (const kv of ['key', 'value']) fill(`past_key_values.${l}.${kv}`, 'float32', [1, 2, 16, 64]);
       for (const slot of loraSlots({ numLayers: 2, hiddenSize: H, numHeads: 4, numKvHeads: 2, headDim: 64, intermediateSize: I })) {
-        fill(slot.a, 'float32', [1, slot.inDim, 0]);
-        fill(slot.b, 'float32', [1, 0, slot.outDim]);
+        for (const [name, rank0] of [[slot.a, [1, slot.inDim, 0]], [slot.b, [1, 0, slot.outDim]]] as const) {
+          const given = lora.get(name);
+          fill(name, 'float32', given?.dims ?? [...rank0]);
+          if (given) (feeds[name]!.data as Float32Array).set(given.data);
+        }
       }
       const out = await s.run(feeds, { logits: null });
       const l = Float32Array.from(out['logits']!.data as Float32Array);
@@ -247,9 +250,27 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
       s.dispose();
     }
   };
-  for (const ids of [[1, 17, 42, 99, 250], [150, 3, 88, 12, 64, 5, 299, 7, 7]]) {
-    const a = await run(ort8, 'onnxruntime', ids);
-    const b = await run(ours, 'ragguard', ids);
+  // An adapter on layer 0's gate and up (rank 2, each its own): with ragguard's kernels their terms' second
+  // products are taken inside SwiGlu, which the graph has in place of the split product's nodes.
+  const r = seededRandom(6);
+  const adapter = new Map<string, { dims: number[]; data: Float32Array }>();
+  for (const [m, scale] of [['gate', 0.6], ['up', 1.0]] as const) {
+    adapter.set(`model.layers.0.mlp.${m}_proj.lora_A`, { dims: [1, H, 2], data: Float32Array.from({ length: H * 2 }, () => (r() - 0.5) * scale) });
+    adapter.set(`model.layers.0.mlp.${m}_proj.lora_B`, { dims: [1, 2, I], data: Float32Array.from({ length: 2 * I }, () => (r() - 0.5) * scale) });
+  }
+  assert.equal(ours.nodes.filter((n) => n.op === 'SwiGlu').length, 2, 'a SwiGlu a layer');
+  assert.equal(ours.nodes.filter((n) => n.op === 'Split' || n.op === 'Sigmoid').length, 0, 'no Split or Sigmoid left');
+  const cases: [number[], ReadonlyMap<string, { dims: number[]; data: Float32Array }>][] = [
+    [[1, 17, 42, 99, 250], new Map()], [[150, 3, 88, 12, 64, 5, 299, 7, 7], new Map()], [[150, 3, 88, 12, 64, 5, 299], adapter]];
+  for (const [ids, lora] of cases) {
+    const a = await run(ort8, 'onnxruntime', ids, lora);
+    const b = await run(ours, 'ragguard', ids, lora);
+    if (lora.size) {
+      // the adapter moves the logits by far more than the products' error: a term lost or on the wrong half is seen
+      const base = await run(ort8, 'onnxruntime', ids);
+      const spread = Math.max(...base) - Math.min(...base);
+      assert.ok(a.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0) > 0.3 * spread, 'the adapter moves the logits');
+    }
     const spread = Math.max(...a) - Math.min(...a);
     const worst = a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
     // The same int8 arithmetic, the float sums in another order: a last-bit difference that moves an

@@ -3,7 +3,7 @@
  * over a product of gate and up side by side, against ONNX Runtime's own Split, Add, Sigmoid and Mul on
  * the same inputs in one graph (the nodes it replaces in a graph converted for ragguard's kernels) and
  * against the exact function (float64), with
- * and without the LoRA terms, at row and column counts not a multiple of 16 (the masked tails), and on
+ * and without the LoRA terms (rank 0: no adapter in the batch, and rank 5), at row and column counts not a multiple of 16 (the masked tails), and on
  * the plain C path that CPUs without AVX512 take.
  */
 import assert from 'node:assert/strict';
@@ -15,17 +15,21 @@ import { DirectSession, ragguardOpsUnavailable, setRagguardOpsPortable } from '.
 import { tempDir } from './helpers.js';
 
 /** The largest differences (relative, at least absolute) of the op from ONNX Runtime's nodes and from the exact function (float64). */
-async function compare(rows: number, inter: number, withTerms: boolean, seed: number): Promise<{ vsOrt: number; vsExact: number; ortVsExact: number }> {
+async function compare(rows: number, inter: number, loraRank: number | undefined, seed: number): Promise<{ vsOrt: number; vsExact: number; ortVsExact: number }> {
   let s = seed;
   const r = () => ((s = (s * 1103515245 + 12345) >>> 0) / 2 ** 32);
   const split = new BigInt64Array([BigInt(inter), BigInt(inter)]);
-  const ins = ['gu', ...(withTerms ? ['ga', 'ua'] : [])];
+  const withTerms = loraRank !== undefined;
+  const R = loraRank ?? 0;
+  const ins = ['gu', ...(withTerms ? ['ga', 'gb', 'ua', 'ub'] : [])];
   const model = writeModel({
     name: 'swiglu',
     nodes: [
       { op: 'SwiGlu', inputs: ins, outputs: ['y'], domain: 'ragguard' },
       { op: 'Split', inputs: ['gu', 'split'], outputs: ['g0', 'u0'], attrs: { axis: { int: -1 } } },
-      ...(withTerms ? [{ op: 'Add', inputs: ['g0', 'ga'], outputs: ['g'] }, { op: 'Add', inputs: ['u0', 'ua'], outputs: ['u'] }] : [
+      ...(withTerms ? [
+        { op: 'MatMul', inputs: ['ga', 'gb'], outputs: ['gt'] }, { op: 'MatMul', inputs: ['ua', 'ub'], outputs: ['ut'] },
+        { op: 'Add', inputs: ['g0', 'gt'], outputs: ['g'] }, { op: 'Add', inputs: ['u0', 'ut'], outputs: ['u'] }] : [
         { op: 'Identity', inputs: ['g0'], outputs: ['g'] }, { op: 'Identity', inputs: ['u0'], outputs: ['u'] }]),
       { op: 'Sigmoid', inputs: ['g'], outputs: ['gs'] },
       { op: 'Mul', inputs: ['g', 'gs'], outputs: ['silu'] },
@@ -34,7 +38,9 @@ async function compare(rows: number, inter: number, withTerms: boolean, seed: nu
     initializers: [{ name: 'split', dataType: ONNX_INT64, dims: [2], data: new Uint8Array(split.buffer) }],
     inputs: [
       { name: 'gu', elemType: ONNX_FLOAT, dims: [1, 'rows', 2 * inter] },
-      ...(withTerms ? [{ name: 'ga', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }, { name: 'ua', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }] : []),
+      ...(withTerms ? [
+        { name: 'ga', elemType: ONNX_FLOAT, dims: [1, 'rows', R] }, { name: 'gb', elemType: ONNX_FLOAT, dims: [1, R, inter] },
+        { name: 'ua', elemType: ONNX_FLOAT, dims: [1, 'rows', R] }, { name: 'ub', elemType: ONNX_FLOAT, dims: [1, R, inter] }] : []),
     ],
     outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }, { name: 'y_ort', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }],
     opsets: { '': 17, ragguard: 1 },
@@ -43,16 +49,24 @@ async function compare(rows: number, inter: number, withTerms: boolean, seed: nu
   await writeFile(file, model);
   const session = DirectSession.create(file, { intraOpThreads: 2 })!;
   try {
-    const feed = (name: string, width: number) => {
-      const t = session.tensor('float32', [1, rows, width]);
+    const feed = (dims: number[], spread: number) => {
+      const t = session.tensor('float32', dims);
+      const n = dims.reduce((a, b) => a * b, 1);
       // gate values over the sigmoid's whole range, and past the exponential's clamps
-      (t.data as Float32Array).set(Float32Array.from({ length: rows * width }, (_, i) => (r() - 0.5) * (i % 53 === 0 ? 300 : 16)));
+      (t.data as Float32Array).set(Float32Array.from({ length: n }, (_, i) => (r() - 0.5) * (i % 53 === 0 ? 300 : spread)));
       return t;
     };
-    const feeds: Record<string, ReturnType<typeof feed>> = { gu: feed('gu', 2 * inter), ...(withTerms ? { ga: feed('ga', inter), ua: feed('ua', inter) } : {}) };
+    const feeds: Record<string, ReturnType<typeof feed>> = {
+      gu: feed([1, rows, 2 * inter], 16),
+      ...(withTerms ? { ga: feed([1, rows, R], 2), gb: feed([1, R, inter], 0.5), ua: feed([1, rows, R], 2), ub: feed([1, R, inter], 0.5) } : {}),
+    };
     const gu = feeds['gu']!.data as Float32Array;
-    const ga = feeds['ga']?.data as Float32Array | undefined;
-    const ua = feeds['ua']?.data as Float32Array | undefined;
+    const [ga, gb, ua, ub] = ['ga', 'gb', 'ua', 'ub'].map((n) => feeds[n]?.data as Float32Array | undefined);
+    const term = (xa: Float32Array | undefined, b: Float32Array | undefined, row: number, j: number) => {
+      let t = 0;
+      for (let k = 0; k < R; k++) t += xa![row * R + k]! * b![k * inter + j]!;
+      return t;
+    };
     const out = await session.run(feeds, { y: null, y_ort: null });
     const y = out['y']!.data as Float32Array;
     const yOrt = out['y_ort']!.data as Float32Array;
@@ -62,7 +76,7 @@ async function compare(rows: number, inter: number, withTerms: boolean, seed: nu
     for (let i = 0; i < y.length; i++) {
       assert.ok(Number.isFinite(y[i]!), `finite at ${i}`);
       const row = Math.floor(i / inter), j = i % inter;
-      const g = gu[row * 2 * inter + j]! + (ga ? ga[i]! : 0), u = gu[row * 2 * inter + inter + j]! + (ua ? ua[i]! : 0);
+      const g = gu[row * 2 * inter + j]! + (withTerms ? term(ga, gb, row, j) : 0), u = gu[row * 2 * inter + inter + j]! + (withTerms ? term(ua, ub, row, j) : 0);
       const exact = (g / (1 + Math.exp(-g))) * u;
       worst.vsOrt = Math.max(worst.vsOrt, rel(y[i]!, yOrt[i]!));
       worst.vsExact = Math.max(worst.vsExact, rel(y[i]!, exact));
@@ -81,12 +95,13 @@ for (const path_ of ['AVX512', 'the plain C path'] as const) test(`SwiGlu on ${p
   t.after(() => setRagguardOpsPortable(false));
   let seed = 3;
   for (const [rows, inter] of [[1, 4864], [7, 37], [33, 16], [300, 100]] as const) {
-    for (const withTerms of [false, true]) {
-      const w = await compare(rows, inter, withTerms, seed++);
-      t.diagnostic(`rows ${rows}, I ${inter}, LoRA terms ${withTerms}: from ONNX Runtime's nodes ${w.vsOrt.toExponential(2)}, from the exact function ${w.vsExact.toExponential(2)} (ONNX Runtime's ${w.ortVsExact.toExponential(2)}), relative (at least absolute)`);
-      // The op's e^x is within an ulp or two; ONNX Runtime's Sigmoid is an approximation (MLAS's logistic:
-      // up to ~1e-4 off here), which is what the op differs from it by.
-      assert.ok(w.vsExact < 2e-6, `SwiGlu is ${w.vsExact} off the exact function (rows ${rows}, I ${inter})`);
+    for (const loraRank of [undefined, 0, 5]) {
+      const w = await compare(rows, inter, loraRank, seed++);
+      t.diagnostic(`rows ${rows}, I ${inter}, LoRA rank ${loraRank ?? 'none'}: from ONNX Runtime's nodes ${w.vsOrt.toExponential(2)}, from the exact function ${w.vsExact.toExponential(2)} (ONNX Runtime's ${w.ortVsExact.toExponential(2)}), relative (at least absolute)`);
+      // The op's e^x is within an ulp or two (the LoRA terms' float sums add their rounding, amplified by
+      // u); ONNX Runtime's Sigmoid is an approximation (MLAS's logistic: up to ~1e-4 off here), which is
+      // what the op differs from it by.
+      assert.ok(w.vsExact < (loraRank ? 2e-5 : 2e-6), `SwiGlu is ${w.vsExact} off the exact function (rows ${rows}, I ${inter})`);
       assert.ok(w.vsOrt <= w.ortVsExact + 2e-6, `SwiGlu differs from ONNX Runtime's nodes by ${w.vsOrt}, more than their own ${w.ortVsExact} from the exact function (rows ${rows}, I ${inter})`);
     }
   }

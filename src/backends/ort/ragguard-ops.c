@@ -8,8 +8,8 @@
  *   QMatMul4(A float [.., K], B uint8 [G, K / 8, 64], scales float [G, K / block_size, 16],
  *            zeros uint8 [G, K / block_size, 16], bias float [N] (optional)) -> Y float [.., N]
  *
- *   SwiGlu(GU float [.., 2I], G float [.., I] (optional), U float [.., I] (optional)) -> Y float [.., I]
- *            the MLP's activation: (GU[.., :I] + G) sigmoid(GU[.., :I] + G) (GU[.., I:] + U) (below)
+ *   SwiGlu(GU float [B, S, 2I], GA [B, S, R], GB [B, R, I], UA [B, S, R], UB [B, R, I] (the four optional))
+ *            -> Y float [B, S, I]: the MLP's activation silu(gate + GA GB) (up + UA UB) (below)
  *
  * QMatMul8 and QMatMul4 are the products MatMulNBits (com.microsoft) computes at accuracy level 4 for
  * bits 8 without zero points (128) and for bits 4 with them, by the kernels in qmatmul.c, with the weights 16 columns side by side
@@ -353,24 +353,26 @@ static int one(const OrtCustomOp* op) {
 /* --- SwiGlu ----------------------------------------------------------------------------------------- */
 
 /*
- * SwiGlu(GU float [.., 2I], G float [.., I] (optional), U float [.., I] (optional)) -> Y float [.., I]:
- *   g = GU[.., :I] (+ G), u = GU[.., I:] (+ U), Y = g sigmoid(g) u
- * the MLP's activation after its gate and up product (one QMatMul of 2I columns), with each half's LoRA
- * term (G, U: their low-rank products) added on the way. In one pass over the rows it replaces what the
- * graph did in six nodes (a Split copying the product into two tensors, two Adds of the LoRA terms,
- * Sigmoid and two Muls that ONNX Runtime fuses into QuickGelu and a Mul), each writing a tensor of its
- * own: at a prefill of 2,048 tokens each of those is 40 MB of fresh memory a layer, faulted in page by
- * page.
+ * SwiGlu(GU float [B, S, 2I], GA float [B, S, R], GB float [B, R, I], UA float [B, S, R], UB float [B, R, I])
+ *   -> Y float [B, S, I]   (the four low-rank inputs optional, together)
+ *   g = GU[.., :I] + GA GB, u = GU[.., I:] + UA UB, Y = g sigmoid(g) u
+ * the MLP's activation after its gate and up product (one QMatMul of 2I columns), each half's LoRA term
+ * taken on the way: GA, UA are x times each row's A (the graph's MatMul, [B, S, R]), GB, UB each row's B;
+ * at rank 0 (no adapter in the batch) there is no term to add. In one pass over the rows it replaces what
+ * the graph did in eight nodes (a Split copying the product into two tensors, the LoRA terms' second
+ * MatMuls and their Adds, Sigmoid and two Muls that ONNX Runtime fuses into QuickGelu and a Mul), each
+ * writing a tensor of its own: at a prefill of 2,048 tokens each of those is 40 MB of fresh memory a
+ * layer, faulted in page by page (a rank-0 term's MatMul writes 40 MB of zeros).
  */
 typedef struct {
-  const float *gu, *ga, *ua;
+  const float *gu, *ga, *gb, *ua, *ub;
   float* y;
-  int64_t inter, rows, perTask;
+  int64_t inter, rank, rows, perBatch, perTask;
 } GluWork;
 
 #define AVX512 __attribute__((target("avx512f")))
 
-/* e^x for x in [-88, 88] (clamped outside): 2^n e^r, |r| <= ln2 / 2, a degree-6 polynomial (Cephes' expf: ~1 ulp). */
+/* e^x for x in [-88, 88] (clamped outside): 2^n e^r, |r| <= ln2 / 2, Cephes' expf polynomial (~1 ulp). */
 AVX512 static inline __m512 exp512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -387,18 +389,25 @@ AVX512 static inline __m512 exp512(__m512 x) {
 }
 
 AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
-  const int64_t I = w->inter;
+  const int64_t I = w->inter, R = w->rank;
   for (int64_t i = r0; i < r1; i++) {
     const float* g = w->gu + i * 2 * I;
     const float* u = g + I;
-    const float* ga = w->ga ? w->ga + i * I : NULL;
-    const float* ua = w->ua ? w->ua + i * I : NULL;
+    const int64_t bi = i / w->perBatch;
+    const float *ga = w->ga + i * R, *ua = w->ua + i * R, *gb = w->gb + bi * R * I, *ub = w->ub + bi * R * I;
     float* y = w->y + i * I;
     for (int64_t j = 0; j < I; j += 16) {
       const __mmask16 m = I - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (I - j)) - 1);
       __m512 gv = _mm512_maskz_loadu_ps(m, g + j), uv = _mm512_maskz_loadu_ps(m, u + j);
-      if (ga) gv = _mm512_add_ps(gv, _mm512_maskz_loadu_ps(m, ga + j));
-      if (ua) uv = _mm512_add_ps(uv, _mm512_maskz_loadu_ps(m, ua + j));
+      if (R > 0) {
+        __m512 gt = _mm512_setzero_ps(), ut = _mm512_setzero_ps();
+        for (int64_t t = 0; t < R; t++) {
+          gt = _mm512_fmadd_ps(_mm512_set1_ps(ga[t]), _mm512_maskz_loadu_ps(m, gb + t * I + j), gt);
+          ut = _mm512_fmadd_ps(_mm512_set1_ps(ua[t]), _mm512_maskz_loadu_ps(m, ub + t * I + j), ut);
+        }
+        gv = _mm512_add_ps(gv, gt);
+        uv = _mm512_add_ps(uv, ut);
+      }
       /* g sigmoid(g) = g / (1 + e^-g) */
       const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
       _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(silu, uv));
@@ -407,14 +416,23 @@ AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
 }
 
 static void glu_rows_c(const GluWork* w, int64_t r0, int64_t r1) {
-  const int64_t I = w->inter;
-  for (int64_t i = r0; i < r1; i++)
+  const int64_t I = w->inter, R = w->rank;
+  for (int64_t i = r0; i < r1; i++) {
+    const int64_t bi = i / w->perBatch;
     for (int64_t j = 0; j < I; j++) {
       float g = w->gu[i * 2 * I + j], u = w->gu[i * 2 * I + I + j];
-      if (w->ga) g += w->ga[i * I + j];
-      if (w->ua) u += w->ua[i * I + j];
+      if (R > 0) {
+        float gt = 0.0f, ut = 0.0f;
+        for (int64_t t = 0; t < R; t++) {
+          gt += w->ga[i * R + t] * w->gb[(bi * R + t) * I + j];
+          ut += w->ua[i * R + t] * w->ub[(bi * R + t) * I + j];
+        }
+        g += gt;
+        u += ut;
+      }
       w->y[i * I + j] = g / (1.0f + expf(-g)) * u;
     }
+  }
 }
 
 static void gluTask(void* data, size_t t) {
@@ -438,31 +456,41 @@ static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
   (void)kernel;
   size_t inputs = 0;
   TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
-  const OrtValue *gu = NULL, *ga = NULL, *ua = NULL;
-  TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 0, &gu));
-  if (inputs > 1) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 1, &ga));
-  if (inputs > 2) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 2, &ua));
+  const OrtValue* in[5] = {NULL, NULL, NULL, NULL, NULL};
+  for (size_t i = 0; i < inputs && i < 5; i++) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, i, &in[i]));
+  const int terms = in[1] != NULL;
+  if (terms && (!in[2] || !in[3] || !in[4])) return fail(ORT_INVALID_ARGUMENT, "SwiGlu: the LoRA inputs come four together (GA, GB, UA, UB)");
   int64_t dims[8];
   size_t rank = 0;
-  TRY(shapeOf(gu, dims, &rank));
+  TRY(shapeOf(in[0], dims, &rank));
   if (rank < 1 || dims[rank - 1] % 2 != 0) return fail(ORT_INVALID_ARGUMENT, "SwiGlu: the input's last dimension is not even (gate and up side by side)");
   const int64_t inter = dims[rank - 1] / 2;
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < rank; i++) rows *= dims[i];
+  int64_t loraRank = 0, perBatch = rows > 0 ? rows : 1;
+  if (terms) {
+    int64_t ad[8], bd[8];
+    size_t ar = 0, br = 0;
+    TRY(shapeOf(in[1], ad, &ar));
+    TRY(shapeOf(in[2], bd, &br));
+    if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || bd[0] != dims[0] || bd[2] != inter || bd[1] != ad[2])
+      return fail(ORT_INVALID_ARGUMENT, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B, R, I] do not fit");
+    TRY(expect(in[3], 3, ad, "SwiGlu: UA is not GA's shape"));
+    TRY(expect(in[4], 3, bd, "SwiGlu: UB is not GB's shape"));
+    loraRank = ad[2];
+    perBatch = dims[1] > 0 ? dims[1] : 1;
+  }
+  void* p[5] = {NULL, NULL, NULL, NULL, NULL};
+  for (int i = 0; i < (terms ? 5 : 1); i++) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[i], &p[i]));
   dims[rank - 1] = inter;
-  if (ga) TRY(expect(ga, rank, dims, "SwiGlu: the gate's addend is not [.., I]"));
-  if (ua) TRY(expect(ua, rank, dims, "SwiGlu: the up's addend is not [.., I]"));
-  void *x = NULL, *g = NULL, *u = NULL, *y = NULL;
-  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)gu, &x));
-  if (ga) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)ga, &g));
-  if (ua) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)ua, &u));
   OrtValue* out = NULL;
+  void* y = NULL;
   TRY(API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, dims, rank, &out));
   TRY(API(S_GetTensorMutableData, MutableDataFn)(out, &y));
   if (rows == 0 || inter == 0) return NULL;
   /* tasks of about 64 K values: enough of them for the threads to end together, few enough to cost nothing */
-  int64_t per = (65536 + inter - 1) / inter;
-  GluWork work = {x, g, u, y, inter, rows, per};
+  const int64_t per = (65536 + inter - 1) / inter;
+  GluWork work = {p[0], p[1], p[2], p[3], p[4], y, inter, loraRank, rows, perBatch, per};
   return API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, gluTask, (size_t)((rows + per - 1) / per), 0, &work);
 }
 
@@ -477,7 +505,7 @@ static int inputTypeGlu(const OrtCustomOp* op, size_t i) {
 }
 static size_t inputCountGlu(const OrtCustomOp* op) {
   (void)op;
-  return 3;
+  return 5;
 }
 static int characteristicGlu(const OrtCustomOp* op, size_t i) {
   (void)op;

@@ -250,11 +250,16 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
    * [b, s, r] x [b, r, out]; zeros at rank 0.
    */
   const loraTerm = (name: string, x: string): string => {
+    const [xa, bRows] = loraFactors(name, x);
+    add('MatMul', [xa, bRows], [`${name}.lora_xab`]);
+    return `${name}.lora_xab`;
+  };
+  /** The low-rank term's first product and its second factor: x A ([b, s, r]) and B ([b, r, out]), names returned. */
+  const loraFactors = (name: string, x: string): [string, string] => {
     add('Gather', [`${name}.lora_A`, LORA_INDEX], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
     add('Gather', [`${name}.lora_B`, LORA_INDEX], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
     add('MatMul', [x, `${name}.lora_a_rows`], [`${name}.lora_xa`]);
-    add('MatMul', [`${name}.lora_xa`, `${name}.lora_b_rows`], [`${name}.lora_xab`]);
-    return `${name}.lora_xab`;
+    return [`${name}.lora_xa`, `${name}.lora_b_rows`];
   };
   /** The LoRA path of projection `name` on `x`, added to `${out}_base` into `out` (nothing without LoRA). */
   const loraPath = (name: string, x: string, out: string) => {
@@ -325,10 +330,11 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.gate_up`, stackBlocks([gateBlocks, upBlocks]));
       if (opts.ops === 'ragguard') {
         // ragguard's SwiGlu (ragguard-ops.c): silu(gate + its LoRA term) x (up + its LoRA term) in one pass
-        // over the product, where the Split, the LoRA Adds, Sigmoid and the two Muls each wrote a tensor of
-        // their own (at a 2,048-token prefill, 40 MB a layer each: most of the prefill's time outside the
-        // products and the attention).
-        const terms = lora ? [loraTerm(`${p}.mlp.gate_proj`, `${p}.mlp_in`), loraTerm(`${p}.mlp.up_proj`, `${p}.mlp_in`)] : [];
+        // over the product, the terms' second products (x A times B) taken inside it (none at rank 0), where
+        // the Split, those MatMuls, the LoRA Adds, Sigmoid and the two Muls each wrote a tensor of their own
+        // (at a 2,048-token prefill, 40 MB a layer each: most of the prefill's time outside the products
+        // and the attention).
+        const terms = lora ? [...loraFactors(`${p}.mlp.gate_proj`, `${p}.mlp_in`), ...loraFactors(`${p}.mlp.up_proj`, `${p}.mlp_in`)] : [];
         add('SwiGlu', [`${p}.gate_up`, ...terms], [`${p}.act`], { domain: 'ragguard' });
         linear(`${p}.mlp.down_proj`, `${p}.act`, `${p}.mlp_out`, [`${p}.mlp.down_proj`]);
         add('Add', [`${p}.h_attn`, `${p}.mlp_out`], [`${p}.h`]);
