@@ -41,13 +41,15 @@ export interface CudaDecoderLimits {
   fp8Gemm?: 'cublaslt' | 'tiles';
   /** RAGGUARD_CUDA_QGEMV: a GGUF decoder's GEMV products (int8, the default, float, half2); dense and FP8 checkpoints ignore it. */
   qgemv?: QgemvMath;
-  /** RAGGUARD_CUDA_QGEMM: a GGUF decoder's products of more than 8 rows (mma, the default, or int8); others ignore it. */
+  /** RAGGUARD_CUDA_QGEMM: a GGUF decoder's products of 9 to 64 rows (int8, the default, or mma); others ignore it. */
   qgemm?: 'mma' | 'int8';
   maxLoraRank?: number;
 }
 
 /** A GGUF decoder's GEMV products: RAGGUARD_CUDA_QGEMV, int8 by default (as the configuration's). */
 const qgemvOf = (limits: CudaDecoderLimits): QgemvMath => limits.qgemv ?? 'int8';
+/** Its products of 9 to 64 rows: RAGGUARD_CUDA_QGEMM, int8 by default (as the configuration's). */
+const qgemmOf = (limits: CudaDecoderLimits): 'mma' | 'int8' => limits.qgemm ?? 'int8';
 
 /** FP8 weights packed for cuBLASLt (a scale a row): RAGGUARD_CUDA_FP8_GEMM's default. */
 const fp8ThroughCublasLt = (limits: CudaDecoderLimits) => limits.weights === 'fp8' && (limits.fp8Gemm ?? 'cublaslt') === 'cublaslt';
@@ -129,7 +131,7 @@ export class CudaDecoder implements DecoderBackend {
    */
   runtime(): DecoderRuntime {
     const q = this.checkpoint.quant;
-    const weights = q?.mode === 'gguf' ? `, GGUF blocks (GEMV ${qgemvOf(this.limits)}, wide products ${this.limits.qgemm ?? 'mma'})`
+    const weights = q?.mode === 'gguf' ? `, GGUF blocks (GEMV ${qgemvOf(this.limits)}, wide products ${qgemmOf(this.limits)})`
       : q?.mode === 'fp8' ? `, FP8 weights (wide products: ${fp8ThroughCublasLt(this.limits) ? 'cublaslt' : 'tiles'})` : '';
     return { layout: 'paged (one device allocation, by block)', run_path: `cuda ${this.dtype}${weights}` };
   }
@@ -148,7 +150,7 @@ export class CudaDecoder implements DecoderBackend {
   private options(numBlocks: number, loraPool?: CudaLoraPool): CudaRunnerOptions {
     const { blockSize, maxBatchedTokens, maxSeqs, dtype, device } = this.limits;
     const fp8 = this.limits.weights === 'fp8' ? { weights: 'fp8' as const, fp8Gemm: fp8ThroughCublasLt(this.limits) ? 'cublaslt' as const : 'mma' as const } : {};
-    const qgemv = this.checkpoint.quant?.mode === 'gguf' ? { qgemvMath: qgemvOf(this.limits), quantGemm: this.limits.qgemm ?? 'mma' } : {};
+    const qgemv = this.checkpoint.quant?.mode === 'gguf' ? { qgemvMath: qgemvOf(this.limits), quantGemm: qgemmOf(this.limits) } : {};
     return { numBlocks, blockSize, maxBatchedTokens, maxSeqs, dtype, device, ...fp8, ...qgemv, ...(loraPool ? { loraPool } : { maxLoras: 0 }) };
   }
 

@@ -39,8 +39,8 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     apply: oneOf(['float', 'int8', 'half2'] as const, (c, v) => (c.cudaQgemv = v)),
   },
   {
-    name: 'RAGGUARD_CUDA_QGEMM', default: 'mma',
-    doc: "A .gguf RAGGUARD_DECODER's steps of more than 8 rows on the CUDA backend (prefill, wide decode batches): mma (tensor-core tiles that decode each block to the model's 16-bit type in shared memory: activations not rounded) or int8 (each row's activations rounded to int8 a block of 32, as RAGGUARD_CUDA_QGEMV=int8 rounds them, and the blocks' integers multiplied as they are on the int8 tensor cores, their scales applied once a block, as llama.cpp's MMQ kernels do; Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, others stay on mma). Dense and FP8 checkpoints ignore it.",
+    name: 'RAGGUARD_CUDA_QGEMM', default: 'int8',
+    doc: "A .gguf RAGGUARD_DECODER's steps of 9 to 64 rows on the CUDA backend (wide decode batches, short prefills): int8 (each row's activations rounded to int8 a block of 32, as RAGGUARD_CUDA_QGEMV=int8 rounds them, and the blocks' integers multiplied as they are on the int8 tensor cores, their scales applied once a block, as llama.cpp's MMQ kernels do; Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, others stay on mma) or mma (tensor-core tiles that decode each block to the model's 16-bit type in shared memory: activations not rounded). Longer steps (prefills) take mma either way. H100, 2026-12-06, decode tokens/s at 32 / 64 concurrent: 7B Q8_0 int8 3,671 / 5,938 against mma 2,459 / 3,974 (llama.cpp 3,334 / 5,136); 7B Q4_K_M int8 2,978 / 4,965 against 3,061 / 4,923 (llama.cpp 3,543 / 5,064). 7B Q8_0 agreement with float32 0.320 nats against the int8 GEMV alone's 0.223 and llama.cpp's 0.311 (bench/results/h100-2026-12-06-qgemm-splits-37506c5.jsonl). Dense and FP8 checkpoints ignore it.",
     apply: oneOf(['mma', 'int8'] as const, (c, v) => (c.cudaQgemm = v)),
   },
   {
