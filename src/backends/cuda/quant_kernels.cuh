@@ -462,6 +462,28 @@ __device__ __forceinline__ void mma_tile_store(const float (&acc)[2][4][4], int 
       }
 }
 
+// The two shared-memory stages of the tensor-core kernels, over a split's steps s0..s1: while the warps
+// multiply one step's tiles (multiply(buffer)), the next step's are loaded (load(step): global loads into
+// registers, issued before the products) and stored into the idle buffer after them (store(step, buffer)).
+// s0 < s1 for every split the host launches, and the condition is the CTA's alike: no thread skips a barrier.
+template <typename Load, typename Multiply, typename Store>
+__device__ __forceinline__ void two_stages(int s0, int s1, Load& load, Multiply& multiply, Store& store) {
+  if (s0 < s1) {
+    load(s0);
+    store(s0, 0);
+    __syncthreads();
+  }
+  for (int s = s0; s < s1; ++s) {
+    const int cur = (s - s0) & 1;
+    const int next = min(s + 1, s1 - 1);  // the last step loads its own again, into the idle buffer
+    load(next);
+    multiply(cur);
+    // The other buffer was last read in the step before, whose barrier every thread has passed.
+    store(next, cur ^ 1);
+    __syncthreads();
+  }
+}
+
 template <typename T, int TY>
 __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict__ X, QPlanes W, void* __restrict__ Y, bool y_f32,
                                                            int ldy, float* __restrict__ partial, int rows, int n, int k,
@@ -514,16 +536,7 @@ __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict_
       *reinterpret_cast<uint4*>(&As[buf][r][c]) = xv[j];
     }
   };
-  // (s0 < s1 for every split the host launches; the guard is the CTA's alike, so no thread skips a barrier.)
-  if (s0 < s1) {
-    load(s0);
-    store(s0, 0);
-    __syncthreads();
-  }
-  for (int s = s0; s < s1; ++s) {
-    const int cur = (s - s0) & 1;
-    const int next = min(s + 1, s1 - 1);  // the last step loads its own again, into the idle buffer
-    load(next);
+  auto multiply = [&](int cur) {
 #pragma unroll
     for (int kk = 0; kk < QMMA_BK; kk += 16) {
       uint32_t a[2][4], b[4][2];
@@ -546,10 +559,8 @@ __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict_
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
     }
-    // The other buffer was last read in the step before, whose barrier every thread has passed.
-    store(next, cur ^ 1);
-    __syncthreads();
-  }
+  };
+  two_stages(s0, s1, load, multiply, store);
   mma_tile_store<T>(acc, m0 + wm * 32, n0 + wn * 32, g, tig, rows, n, partial, Y, y_f32, ldy);
 }
 

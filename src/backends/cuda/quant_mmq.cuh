@@ -181,20 +181,6 @@ __global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const
       }
     }
   };
-  // (s0 < s1 for every split the host launches; the guard is the CTA's alike, so no thread skips a barrier.)
-  if (s0 < s1) {
-    load(s0);
-    store(s0, 0);
-    __syncthreads();
-  }
-  for (int s = s0; s < s1; ++s) {
-    const int cur = (s - s0) & 1;
-    const int next = min(s + 1, s1 - 1);  // the last step loads its own again, into the idle buffer
-    load(next);
-    multiply(cur);
-    // The other buffer was last read in the step before, whose barrier every thread has passed.
-    store(next, cur ^ 1);
-    __syncthreads();
-  }
+  two_stages(s0, s1, load, multiply, store);
   mma_tile_store<T>(acc, m0 + wm * 32, n0 + wn * 32, g, tig, rows, n, partial, Y, y_f32, ldy);
 }
