@@ -7,6 +7,7 @@
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
+import { seededRandom } from '../src/generate/sampler.js';
 
 export interface Chunk {
   doc: string;
@@ -44,17 +45,8 @@ export function corpusChunks(dir: string, maxChars = 900): Chunk[] {
   return out;
 }
 
-/** A small seeded generator (mulberry32), uniform in [0, 1). */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A small seeded generator (mulberry32), uniform in [0, 1): the sampler's. */
+export const rng = seededRandom;
 
 /** Hands out chunks, each at most once: the asked document's first, then the others in a seeded order. */
 export class ContextPicker {

@@ -44,6 +44,19 @@ export function testConfig(env: Record<string, string> = {}): Config {
 }
 
 /** One turn of the event loop (setImmediate): what a test awaits to let I/O and timers run, never a clock. */
+/** A deterministic generator (xorshift32), uniform in [0, 1), so a failure repeats. */
+export function xorshift(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 2 ** 32;
+  };
+}
+
 export const turn = () => new Promise<void>((r) => setImmediate(r));
 
 /** Holds the run gate until release(): every model run queued behind it waits. Resolves once held. */

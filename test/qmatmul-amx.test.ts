@@ -13,19 +13,8 @@ import { test } from 'node:test';
 import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
 import { DirectSession, ragguardOpsAmx, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsAmx } from '../src/backends/ort/ort-direct.js';
-import { tempDir } from './helpers.js';
+import { tempDir, xorshift } from './helpers.js';
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s / 2 ** 32;
-  };
-}
 
 const floats = (name: string, dims: number[], v: Float32Array): Initializer => ({ name, dataType: ONNX_FLOAT, dims, data: new Uint8Array(v.buffer, v.byteOffset, v.byteLength) });
 
@@ -33,7 +22,7 @@ interface Case { bits: 4 | 8; k: number; n: number; blk: number; bias: boolean }
 
 /** A session holding one QMatMul of random weights (every byte value, every zero point) and x of `rows` rows. */
 async function opModel(c: Case, seed: number): Promise<{ session: DirectSession; x: (rows: number) => Float32Array }> {
-  const r = rng(seed);
+  const r = xorshift(seed);
   const blocks = c.k / c.blk;
   const values = Uint8Array.from({ length: c.n * c.k }, () => Math.floor(r() * (c.bits === 8 ? 256 : 16)));
   const d = Float32Array.from({ length: c.n * blocks }, () => 0.001 + r() * 0.02);

@@ -15,23 +15,11 @@ import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/run
 import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
 import { accountingUnavailable, installCountingAllocator } from '../src/backends/ort/ort-allocator.js';
 import { DirectSession, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsPortable } from '../src/backends/ort/ort-direct.js';
-import { tempDir } from './helpers.js';
+import { tempDir, xorshift } from './helpers.js';
 
 // Before the first session of this process, as the server installs it.
 const counters = installCountingAllocator();
 
-/** A deterministic generator (xorshift), so a failure repeats. */
-function rng(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s / 2 ** 32;
-  };
-}
 
 const floats = (name: string, dims: number[], v: Float32Array): Initializer => ({ name, dataType: ONNX_FLOAT, dims, data: new Uint8Array(v.buffer, v.byteOffset, v.byteLength) });
 
@@ -39,7 +27,7 @@ interface Case { bits: 4 | 8; k: number; n: number; blk: number; bias: boolean }
 
 async function both(c: Case, rows: number, seed: number) {
   // (weights random over the whole byte range, scales positive: every lane and column in use)
-  const r = rng(seed);
+  const r = xorshift(seed);
   const blocks = c.k / c.blk;
   // values over the whole range (0..255 at 8 bits, 0..15 at 4) and, at 4 bits, zero points 0..15 a block
   const values = Uint8Array.from({ length: c.n * c.k }, () => Math.floor(r() * (c.bits === 8 ? 256 : 16)));

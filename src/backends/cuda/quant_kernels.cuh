@@ -497,13 +497,7 @@ __global__ void __launch_bounds__(QMMA_THREADS) qmma_kernel(const T* __restrict_
   const int n0 = blockIdx.x * QMMA_BN, m0 = blockIdx.y * QMMA_BM;
   const int upr = k / 32, ksteps = (upr + 1) / 2;
   const int s0 = blockIdx.z * steps_per_split, s1 = min(ksteps, s0 + steps_per_split);
-  float acc[2][4][4];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+  float acc[2][4][4] = {};  // the warp's 32 x 32 block, as mma_tile_store reads it
   // This thread's unit of each W tile: row wr of the tile, its wu-th unit of the step (two threads a row
   // read the row's two adjacent units: 32 contiguous bytes of a 4-bit plane). Out-of-range rows and units
   // load a valid unit (clamped) and are zeroed after decoding: no branch around the loads.

@@ -70,13 +70,7 @@ __global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const
   const int m0 = blockIdx.x * QMMQ_BM, n0 = blockIdx.y * QMMQ_BN;
   const int upr = k / 32, ksteps = (upr + QMMQ_UNITS - 1) / QMMQ_UNITS;
   const int s0 = blockIdx.z * steps_per_split, s1 = min(ksteps, s0 + steps_per_split);
-  float acc[2][4][4];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+  float acc[2][4][4] = {};  // the warp's 32 x 32 block, as mma_tile_store reads it
   // This thread's units of each W tile: row wr, units wu0.. of the step (adjacent threads read a row's
   // adjacent units). Out-of-range rows and units load a valid unit (clamped) and get zero scales.
   const int wr = tid / (QMMQ_UNITS / QMMQ_WU), wu0 = (tid % (QMMQ_UNITS / QMMQ_WU)) * QMMQ_WU;
