@@ -15,7 +15,7 @@ import { DirectSession, ragguardOpsUnavailable, setRagguardOpsPortable } from '.
 import { tempDir } from './helpers.js';
 
 /** The largest differences (relative, at least absolute) of the op from ONNX Runtime's nodes and from the exact function (float64). */
-async function compare(rows: number, inter: number, loraRank: number | undefined, seed: number): Promise<{ vsOrt: number; vsExact: number; ortVsExact: number }> {
+async function compare(rows: number, inter: number, loraRank: number | undefined, seed: number, batch = 1, bBatch = 1): Promise<{ vsOrt: number; vsExact: number; ortVsExact: number }> {
   let s = seed;
   const r = () => ((s = (s * 1103515245 + 12345) >>> 0) / 2 ** 32);
   const split = new BigInt64Array([BigInt(inter), BigInt(inter)]);
@@ -37,12 +37,12 @@ async function compare(rows: number, inter: number, loraRank: number | undefined
     ],
     initializers: [{ name: 'split', dataType: ONNX_INT64, dims: [2], data: new Uint8Array(split.buffer) }],
     inputs: [
-      { name: 'gu', elemType: ONNX_FLOAT, dims: [1, 'rows', 2 * inter] },
+      { name: 'gu', elemType: ONNX_FLOAT, dims: [batch, 'rows', 2 * inter] },
       ...(withTerms ? [
-        { name: 'ga', elemType: ONNX_FLOAT, dims: [1, 'rows', R] }, { name: 'gb', elemType: ONNX_FLOAT, dims: [1, R, inter] },
-        { name: 'ua', elemType: ONNX_FLOAT, dims: [1, 'rows', R] }, { name: 'ub', elemType: ONNX_FLOAT, dims: [1, R, inter] }] : []),
+        { name: 'ga', elemType: ONNX_FLOAT, dims: [batch, 'rows', R] }, { name: 'gb', elemType: ONNX_FLOAT, dims: [bBatch, R, inter] },
+        { name: 'ua', elemType: ONNX_FLOAT, dims: [batch, 'rows', R] }, { name: 'ub', elemType: ONNX_FLOAT, dims: [bBatch, R, inter] }] : []),
     ],
-    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }, { name: 'y_ort', elemType: ONNX_FLOAT, dims: [1, 'rows', inter] }],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: [batch, 'rows', inter] }, { name: 'y_ort', elemType: ONNX_FLOAT, dims: [batch, 'rows', inter] }],
     opsets: { '': 17, ragguard: 1 },
   });
   const file = path.join(await tempDir('swiglu-'), 'model.onnx');
@@ -57,20 +57,22 @@ async function compare(rows: number, inter: number, loraRank: number | undefined
       return t;
     };
     const feeds: Record<string, ReturnType<typeof feed>> = {
-      gu: feed([1, rows, 2 * inter], 16),
-      ...(withTerms ? { ga: feed([1, rows, R], 2), gb: feed([1, R, inter], 0.5), ua: feed([1, rows, R], 2), ub: feed([1, R, inter], 0.5) } : {}),
+      gu: feed([batch, rows, 2 * inter], 16),
+      ...(withTerms ? { ga: feed([batch, rows, R], 2), gb: feed([bBatch, R, inter], 0.5), ua: feed([batch, rows, R], 2), ub: feed([bBatch, R, inter], 0.5) } : {}),
     };
     const gu = feeds['gu']!.data as Float32Array;
     const [ga, gb, ua, ub] = ['ga', 'gb', 'ua', 'ub'].map((n) => feeds[n]?.data as Float32Array | undefined);
+    // Row `row` of all batch x rows; B's batch is the row's batch, or 0 where GB and UB are broadcast.
     const term = (xa: Float32Array | undefined, b: Float32Array | undefined, row: number, j: number) => {
+      const bi = bBatch === 1 ? 0 : Math.floor(row / rows);
       let t = 0;
-      for (let k = 0; k < R; k++) t += xa![row * R + k]! * b![k * inter + j]!;
+      for (let k = 0; k < R; k++) t += xa![row * R + k]! * b![(bi * R + k) * inter + j]!;
       return t;
     };
     const out = await session.run(feeds, { y: null, y_ort: null });
     const y = out['y']!.data as Float32Array;
     const yOrt = out['y_ort']!.data as Float32Array;
-    assert.deepEqual(out['y']!.dims, [1, rows, inter]);
+    assert.deepEqual(out['y']!.dims, [batch, rows, inter]);
     const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(1, Math.abs(b));
     const worst = { vsOrt: 0, vsExact: 0, ortVsExact: 0 };
     for (let i = 0; i < y.length; i++) {
@@ -104,5 +106,11 @@ for (const path_ of ['AVX512', 'the plain C path'] as const) test(`SwiGlu on ${p
       assert.ok(w.vsExact < (loraRank ? 2e-5 : 2e-6), `SwiGlu is ${w.vsExact} off the exact function (rows ${rows}, I ${inter})`);
       assert.ok(w.vsOrt <= w.ortVsExact + 2e-6, `SwiGlu differs from ONNX Runtime's nodes by ${w.vsOrt}, more than their own ${w.ortVsExact} from the exact function (rows ${rows}, I ${inter})`);
     }
+  }
+  // A batch of several sequences: B per row's batch ([B, R, I]: an adapter entry a row) or broadcast
+  // ([1, R, I]: one adapter for all, or rank 0 for none, as lora-feeds.ts feeds a batched run).
+  for (const [batch, bBatch, loraRank] of [[3, 1, 0], [3, 1, 4], [3, 3, 4]] as const) {
+    const w = await compare(5, 40, loraRank, seed++, batch, bBatch);
+    assert.ok(w.vsExact < 2e-5, `SwiGlu is ${w.vsExact} off the exact function (batch ${batch}, B's batch ${bBatch}, rank ${loraRank})`);
   }
 });

@@ -8,7 +8,7 @@
  *   QMatMul4(A float [.., K], B uint8 [G, K / 8, 64], scales float [G, K / block_size, 16],
  *            zeros uint8 [G, K / block_size, 16], bias float [N] (optional)) -> Y float [.., N]
  *
- *   SwiGlu(GU float [B, S, 2I], GA [B, S, R], GB [B, R, I], UA [B, S, R], UB [B, R, I] (the four optional))
+ *   SwiGlu(GU float [B, S, 2I], GA [B, S, R], GB [B or 1, R, I], UA [B, S, R], UB [B or 1, R, I] (the four optional))
  *            -> Y float [B, S, I]: the MLP's activation silu(gate + GA GB) (up + UA UB) (below)
  *
  * QMatMul8 and QMatMul4 are the products MatMulNBits (com.microsoft) computes at accuracy level 4 for
@@ -379,7 +379,7 @@ static int one(const OrtCustomOp* op) {
 /* --- SwiGlu ----------------------------------------------------------------------------------------- */
 
 /*
- * SwiGlu(GU float [B, S, 2I], GA float [B, S, R], GB float [B, R, I], UA float [B, S, R], UB float [B, R, I])
+ * SwiGlu(GU float [B, S, 2I], GA float [B, S, R], GB float [B or 1, R, I], UA float [B, S, R], UB float [B or 1, R, I])
  *   -> Y float [B, S, I]   (the four low-rank inputs optional, together)
  *   g = GU[.., :I] + GA GB, u = GU[.., I:] + UA UB, Y = g sigmoid(g) u
  * the MLP's activation after its gate and up product (one QMatMul of 2I columns), each half's LoRA term
@@ -394,6 +394,7 @@ typedef struct {
   const float *gu, *ga, *gb, *ua, *ub;
   float* y;
   int64_t inter, rank, rows, perBatch, perTask;
+  int bShared; /* GB and UB are [1, R, I]: one adapter (or none) for every row, broadcast */
 } GluWork;
 
 #define AVX512 __attribute__((target("avx512f")))
@@ -419,7 +420,7 @@ AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; i++) {
     const float* g = w->gu + i * 2 * I;
     const float* u = g + I;
-    const int64_t bi = i / w->perBatch;
+    const int64_t bi = w->bShared ? 0 : i / w->perBatch;
     const float *ga = w->ga + i * R, *ua = w->ua + i * R, *gb = w->gb + bi * R * I, *ub = w->ub + bi * R * I;
     float* y = w->y + i * I;
     for (int64_t j = 0; j < I; j += 16) {
@@ -444,7 +445,7 @@ AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
 static void glu_rows_c(const GluWork* w, int64_t r0, int64_t r1) {
   const int64_t I = w->inter, R = w->rank;
   for (int64_t i = r0; i < r1; i++) {
-    const int64_t bi = i / w->perBatch;
+    const int64_t bi = w->bShared ? 0 : i / w->perBatch;
     for (int64_t j = 0; j < I; j++) {
       float g = w->gu[i * 2 * I + j], u = w->gu[i * 2 * I + I + j];
       if (R > 0) {
@@ -494,17 +495,20 @@ static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < rank; i++) rows *= dims[i];
   int64_t loraRank = 0, perBatch = rows > 0 ? rows : 1;
+  int bShared = 1;
   if (terms) {
     int64_t ad[8], bd[8];
     size_t ar = 0, br = 0;
     TRY(shapeOf(in[1], ad, &ar));
     TRY(shapeOf(in[2], bd, &br));
-    if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || bd[0] != dims[0] || bd[2] != inter || bd[1] != ad[2])
-      return fail(ORT_INVALID_ARGUMENT, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B, R, I] do not fit");
+    /* GB's batch is B (an adapter entry a row) or 1 (one for all, or none: lora-feeds.ts broadcasts it) */
+    if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || (bd[0] != dims[0] && bd[0] != 1) || bd[2] != inter || bd[1] != ad[2])
+      return fail(ORT_INVALID_ARGUMENT, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B or 1, R, I] do not fit");
     TRY(expect(in[3], 3, ad, "SwiGlu: UA is not GA's shape"));
     TRY(expect(in[4], 3, bd, "SwiGlu: UB is not GB's shape"));
     loraRank = ad[2];
     perBatch = dims[1] > 0 ? dims[1] : 1;
+    bShared = bd[0] == 1;
   }
   void* p[5] = {NULL, NULL, NULL, NULL, NULL};
   for (int i = 0; i < (terms ? 5 : 1); i++) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[i], &p[i]));
@@ -517,7 +521,7 @@ static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
   hugeOutput(y, (size_t)(rows * inter) * sizeof(float));
   /* tasks of about 64 K values: enough of them for the threads to end together, few enough to cost nothing */
   const int64_t per = (65536 + inter - 1) / inter;
-  GluWork work = {p[0], p[1], p[2], p[3], p[4], y, inter, loraRank, rows, perBatch, per};
+  GluWork work = {p[0], p[1], p[2], p[3], p[4], y, inter, loraRank, rows, perBatch, per, bShared};
   return API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, gluTask, (size_t)((rows + per - 1) / per), 0, &work);
 }
 
