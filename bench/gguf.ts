@@ -32,6 +32,12 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { ggufWorkload } from './gguf-workload.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
+// llama.cpp runs in this process (node-llama-cpp) on the same libuv worker threads as ragguard's ops. Its AMX
+// kernels load their tile configuration once a thread and keep it, while ragguard's prefill products on AMX
+// release the tile state after each product: llama.cpp's next tileloadd then faults (SIGILL; seen on the
+// 2026-12-06 runs). The comparison runs ragguard on its AVX512-VNNI kernels unless told otherwise.
+process.env['RAGGUARD_OPS_AMX'] ??= '0';
+
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
 const NEW_TOKENS = Number(process.env['BENCH_GGUF_NEW_TOKENS'] ?? 64);

@@ -49,6 +49,16 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     apply: oneOf(['ragguard', 'onnxruntime'] as const, (c, v) => (c.cpuKernels = v)),
   },
   {
+    name: 'RAGGUARD_OPS_AMX', default: '1',
+    doc: "ragguard's CPU block products (RAGGUARD_CPU_KERNELS=ragguard) of 16 rows or more (prefills) on AMX-INT8 where the CPU has it and Linux grants the process the tile state (1), or always on AVX512-VNNI (0: the same numbers, bit for bit). Read by the ops library itself (src/backends/ort/qmatmul.c) at its first product. Each product releases the tile state when it ends, so a process that also runs llama.cpp's AMX kernels on the same threads (node-llama-cpp in process, as bench:gguf does) needs 0: llama.cpp keeps its tile configuration a thread and faults on its next tile load. Qwen2.5-Coder-0.5B prefill, 2 cores, 2026-12-06: 536 / 343 / 273 prompt tokens/s at 256 / 1,024 / 2,048 tokens against 286 / 266 / 213 with 0 (bench/results/cpu-2026-12-06-prefill-41e4b17.jsonl).",
+    apply: oneOf(['0', '1'] as const, () => undefined),
+  },
+  {
+    name: 'RAGGUARD_OPS_HUGE_OUTPUTS', default: '0',
+    doc: "1: ragguard's CPU ops advise their outputs of 8 MiB or more onto transparent huge pages (madvise), so that a long prefill's fresh activations fault in 2 MiB at a time instead of 4 KiB (on one core a 2,048-row gate-and-up output took 143-146 ms into fresh memory against 112-116 with the advice). Off until measured end to end. Read by the ops library itself.",
+    apply: oneOf(['0', '1'] as const, () => undefined),
+  },
+  {
     name: 'RAGGUARD_DECODER_LORA', default: 'auto',
     doc: "LoRA inputs in a .gguf RAGGUARD_DECODER's converted graph: on, off, or auto (on where RAGGUARD_ADAPTER_DIR holds an adapter that fits the decoder at start-up, else off; setup's adapters coder-grounded and coder-random-r8 fit the default decoder, so it is on there). Each projection's LoRA path costs its small ops even for base-model rows: on Qwen2.5-Coder-0.5B Q4_K_M, bench:gguf made 26.0-27.3 tokens/s at 1 concurrent without them against 23.7 with (66-69 against 73 CPU ms a token), the same at 8 (74-77 against 76). Without them a request naming an adapter is refused (400 adapter_not_found, saying why); an adapter added later needs on, or a restart that finds it.",
     apply: oneOf(['auto', 'on', 'off'] as const, (c, v) => (c.decoderLora = v)),
