@@ -25,7 +25,7 @@ import { ortEngine } from '../src/backends/ort/ort-runner.js';
 import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
 import { applySessionSettings, ragguardOpsVnni, type DirectSession } from '../src/backends/ort/ort-direct.js';
-import { setRunObserver, type RunStage } from '../src/runtime/run-meter.js';
+import { timeStages } from '../src/runtime/run-meter.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
@@ -47,20 +47,7 @@ for (const f of files) {
   if (text.length > 40_000) break;
 }
 
-let spent = { ms: 0, runs: 0 };
-setRunObserver({
-  async observe<T>(stage: RunStage, run: () => Promise<T>): Promise<T> {
-    const t0 = performance.now();
-    try {
-      return await run();
-    } finally {
-      if (stage === 'prefill') {
-        spent.ms += performance.now() - t0;
-        spent.runs++;
-      }
-    }
-  },
-});
+const times = timeStages();
 
 interface Timed { prefillMs: number[]; ttftMs: number[]; cpuMs: number[]; runs: number }
 
@@ -78,7 +65,7 @@ async function prefills(model: DecoderModel, reps: number): Promise<Map<number, 
       const engine = ortEngine(model, blocks, { numBlocks, blockSize: BLOCK, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: Math.max(cfg.maxNumBatchedTokens, maxLen) });
       // A different slice each time (the same length): nothing is reused between requests.
       const prompt = ids.slice(i * 7, i * 7 + len);
-      spent = { ms: 0, runs: 0 };
+      times.clear();
       const t0 = performance.now();
       const c0 = process.cpuUsage();
       await engine.generate(prompt, { maxNewTokens: 1, temperature: 0, ignoreEos: true });
@@ -86,9 +73,9 @@ async function prefills(model: DecoderModel, reps: number): Promise<Map<number, 
       const c = process.cpuUsage(c0);
       if (i === 0) continue; // warm-up at this shape
       r.cpuMs.push((c.user + c.system) / 1000);
-      r.prefillMs.push(spent.ms);
+      r.prefillMs.push(times.spent.prefill?.ms ?? 0);
       r.ttftMs.push(ttft);
-      r.runs = spent.runs;
+      r.runs = times.spent.prefill?.runs ?? 0;
     }
     out.set(len, r);
   }

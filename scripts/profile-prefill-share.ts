@@ -11,7 +11,7 @@ import path from 'node:path';
 import { BlockManager } from '../src/generate/block-manager.js';
 import { Engine } from '../src/generate/engine.js';
 import { ggufWorkload } from '../bench/gguf-workload.js';
-import { setRunObserver, type RunStage } from '../src/runtime/run-meter.js';
+import { timeStages, type RunStage } from '../src/runtime/run-meter.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -24,19 +24,7 @@ const BLOCK = 16;
 
 const { model, prompts, maxPrompt } = await ggufWorkload(ROOT, GGUF, REQUESTS);
 
-const spent: Record<string, { ms: number; runs: number }> = {};
-setRunObserver({
-  async observe<T>(stage: RunStage, run: () => Promise<T>): Promise<T> {
-    const t0 = performance.now();
-    try {
-      return await run();
-    } finally {
-      const s = (spent[stage] ??= { ms: 0, runs: 0 });
-      s.ms += performance.now() - t0;
-      s.runs++;
-    }
-  },
-});
+const { spent, clear } = timeStages();
 
 async function round(requests: number, newTokens: number): Promise<{ seconds: number; tokens: number; outputs: number[][]; stats: Engine['stats'] }> {
   const numBlocks = Math.ceil((maxPrompt + newTokens) / BLOCK) * C + 8;
@@ -59,10 +47,10 @@ async function round(requests: number, newTokens: number): Promise<{ seconds: nu
 
 await round(1, 4);
 for (let r = 0; r < ROUNDS; r++) {
-  for (const k of Object.keys(spent)) delete spent[k];
+  clear();
   const { seconds, tokens, outputs, stats } = await round(REQUESTS, NEW_TOKENS);
   const wall = seconds * 1000;
-  const share = (k: string) => +(((spent[k]?.ms ?? 0) / wall) * 100).toFixed(1);
+  const share = (k: RunStage) => +(((spent[k]?.ms ?? 0) / wall) * 100).toFixed(1);
   console.log(JSON.stringify({
     profile: 'prefill-share', concurrency: C, requests: REQUESTS, new_tokens: NEW_TOKENS, prompt_tokens: prompts.map((p) => p.length),
     wall_ms: Math.round(wall), tokens_per_s: +(tokens / seconds).toFixed(1),
