@@ -161,16 +161,18 @@ if has rag; then
 fi
 has bench7b && BENCH_GPU_GGUF=$(files qwen2-7b-bf16) LLAMA_BIN=$LLAMA/build/bin record bench7b node --import tsx bench/gpu-gguf.ts
 # Where a wide quantized step's time goes: Nsight Compute on the tensor-core kernel of a 7B step of
-# PROFILE_ROWS (32) rows (the first GGUF_TYPES file), after PROFILE_SKIP launches of warm-up; the sections
-# say whether it waits on memory, on shared memory or on issuing (at 32 rows a 7B Q4_K_M step takes ~13 ms
-# against the 1.4 ms its weights need at the H100's bandwidth). Output: $out/ncu-<kernel>.txt.
+# PROFILE_ROWS (32) rows (the first GGUF_TYPES file) with the wide products PROFILE_QGEMM (int8: qmmq_kernel;
+# mma: qmma_kernel), after PROFILE_SKIP launches of warm-up; the sections say whether it waits on memory, on
+# shared memory or on issuing (at 32 rows a 7B Q4_K_M step takes ~10.7 ms against the 1.4 ms its weights
+# need at the H100's bandwidth). Output: $out/ncu-<kernel>.txt.
 profile_qmma() {
-  local f=${PROFILE_FILE:-$GGUF/qwen2-7b-bf16-${GGUF_TYPES%% *}.gguf} kernel=${PROFILE_KERNEL:-qmma_kernel}
+  local f=${PROFILE_FILE:-$GGUF/qwen2-7b-bf16-${GGUF_TYPES%% *}.gguf} qgemm=${PROFILE_QGEMM:-int8}
+  local kernel=${PROFILE_KERNEL:-$([[ $qgemm == int8 ]] && echo qmmq_kernel || echo qmma_kernel)}
   local ncu
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   [[ -x $ncu ]] || { echo '{"error":"no ncu on the GPU host"}'; return 1; }
   [[ -f $f ]] || { echo "{\"error\":\"$f is not here (gguf7b)\"}"; return 1; }
-  BENCH_GPU_GGUF=$f BENCH_GPU_CONCURRENCY=${PROFILE_ROWS:-32} BENCH_GPU_GREEDY=0 LLAMA_BIN= BENCH_GPU_QGEMM=mma BENCH_GPU_QGEMV_MATH=int8 \
+  BENCH_GPU_GGUF=$f BENCH_GPU_CONCURRENCY=${PROFILE_ROWS:-32} BENCH_GPU_GREEDY=0 LLAMA_BIN= BENCH_GPU_QGEMM=$qgemm BENCH_GPU_QGEMV_MATH=int8 \
     "$ncu" --kernel-name "regex:$kernel" --launch-skip "${PROFILE_SKIP:-200}" --launch-count "${PROFILE_COUNT:-8}" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section LaunchStats node --import tsx bench/gpu-gguf.ts > "$out/ncu-$kernel.txt" 2>&1

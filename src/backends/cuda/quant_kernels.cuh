@@ -440,14 +440,14 @@ template <> __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[
 }
 template <typename T> __device__ __forceinline__ uint32_t lds32(const T* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// A warp's 32 x 32 block of a tensor-core product (accumulators [mi][ni][e] of m16n8 tiles, rows r0.., columns
-// c0..) into Y, or, where the inner dimension is split over gridDim.z, into its split's partial sums.
+// A warp's MI x 16 by 32 block of a tensor-core product (accumulators [mi][ni][e] of m16n8 tiles, rows r0..,
+// columns c0..) into Y, or, where the inner dimension is split over gridDim.z, into its split's partial sums.
 // Accumulator e of (mi, ni): row g (+8 for e >= 2), columns 2 tig and 2 tig + 1 of the 16 x 8 tile.
-template <typename T>
-__device__ __forceinline__ void mma_tile_store(const float (&acc)[2][4][4], int r0, int c0, int g, int tig, int rows, int n,
+template <typename T, int MI>
+__device__ __forceinline__ void mma_tile_store(const float (&acc)[MI][4][4], int r0, int c0, int g, int tig, int rows, int n,
                                                float* __restrict__ partial, void* __restrict__ Y, bool y_f32, int ldy) {
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
+  for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -585,6 +585,19 @@ inline int qmma_splits(int ctas, int ksteps, int sms, int resident, size_t rows,
   s = std::min(s, 16);
   while (s > 1 && (size_t)s * rows * n * 4 > scratch) --s;
   return std::max(s, 1);
+}
+
+// How a tensor-core product splits its inner dimension: `per` steps a split, `splits` splits (none empty),
+// `partial` their sums (in the scratch at `scratch`, `scratch_bytes` long; null for one split).
+struct KSplit {
+  int per, splits;
+  float* partial;
+};
+inline KSplit ksplit_plan(int ctas, int ksteps, int sms, int resident, int rows, int n, void* scratch, size_t scratch_bytes) {
+  const int want = qmma_splits(ctas, ksteps, sms, resident, (size_t)rows, (size_t)n, scratch_bytes);
+  const int per = (ksteps + want - 1) / want;
+  const int splits = (ksteps + per - 1) / per;
+  return {per, splits, splits > 1 ? static_cast<float*>(scratch) : nullptr};
 }
 
 // Calls body with TY bound to the unit type `ty` as a constant; an unknown type runs `bad`.

@@ -19,24 +19,25 @@
 // agreement check's @i8mma measures it). CTAs are ordered M-fastest (blockIdx.x is the tile of X's rows) so
 // that the CTAs reading one tile of W run together and a prefill streams W from memory once, not once for
 // every 64 rows. Types with integer values only (qgemv_i8_type); F16, BF16 and FP8 stay on qmma_kernel.
-constexpr int QMMQ_BM = 64, QMMQ_BN = 64, QMMQ_UNITS = 4, QMMQ_THREADS = 128;
-constexpr int QMMQ_BK = QMMQ_UNITS * 32;
-// CTAs a multiprocessor should hold at once: caps the registers (65,536 / (3 x 128) = 170 a thread) so that
-// 12 warps hide each other's loads; unbounded, ptxas gave the Q6_K and Q5_0 kernels 211-230 (8 warps).
-constexpr int QMMQ_MIN_CTAS = 3;
+// A CTA's tile: QMMQ_BN rows of W by BM rows of X (64, or 32 for products of up to 32 rows: a decode batch
+// of 32 in a 64-row tile left half the warps without products, and their accumulators' registers cost a
+// resident CTA a multiprocessor).
+constexpr int QMMQ_BN = 64, QMMQ_UNITS = 4, QMMQ_THREADS = 128;
+constexpr int QMMQ_BK = QMMQ_UNITS * 32;  // int8 values of the inner dimension a step
+// CTAs a multiprocessor should hold at once: caps the registers (65,536 / (3 x 128) = 170 a thread for the
+// 64-row tile, 128 for the 32-row one) so that 12-16 warps hide each other's loads; unbounded, ptxas gave the
+// 64-row Q6_K and Q5_0 kernels 211-230 (8 warps).
+constexpr int qmmq_min_ctas(int bm) { return bm == 64 ? 3 : 4; }
 // Products of up to this many rows (wide decode batches, short prefills) take qmmq_kernel; longer ones stay on
 // qmma_kernel. Why: the scales cost a few float operations for every output and block of 32 (a prefill's
 // share grows with its rows), where qmma_kernel decodes each unit once for 64 rows and leaves the rest to the
 // tensor cores: on the H100 a 1,536-row prefill of a 7B Q4_K_M took 0.197 s here against 0.161 s there,
 // while at 24-32 rows this one was the faster.
-constexpr int QMMQ_MAX_ROWS = 64;  // int8 values of the inner dimension a step
+constexpr int QMMQ_MAX_ROWS = 64;
 // Rows padded by 16 bytes (36 words): a warp's fragment loads (8 rows x 4 words) fall in 32 distinct banks.
 constexpr int QMMQ_LDS = QMMQ_BK + 16;
-constexpr int QMMQ_WU = QMMQ_BN * QMMQ_UNITS / QMMQ_THREADS;          // units of W a thread unpacks a step
-constexpr int QMMQ_XV = QMMQ_BM * QMMQ_BK / 16 / QMMQ_THREADS;        // 16-byte pieces of X a thread copies
-constexpr int QMMQ_XS = QMMQ_BM * QMMQ_UNITS / QMMQ_THREADS;          // X block scales a thread copies
+constexpr int QMMQ_WU = QMMQ_BN * QMMQ_UNITS / QMMQ_THREADS;  // units of W a thread unpacks a step
 static_assert(QMMQ_WU * QMMQ_THREADS == QMMQ_BN * QMMQ_UNITS && QMMQ_UNITS % QMMQ_WU == 0, "W tile split");
-static_assert(QMMQ_XV * QMMQ_THREADS * 16 == QMMQ_BM * QMMQ_BK && QMMQ_XS * QMMQ_THREADS == QMMQ_BM * QMMQ_UNITS, "X tile split");
 
 // D = A B for A 16 x 32 (rows g and g + 8: words tig and 4 + tig of a row's 32 bytes), B 32 x 8 (column g:
 // words tig and 4 + tig), D's e-th value row g (+8 for e >= 2), column 2 tig + (e & 1).
@@ -52,45 +53,50 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(b), "r"(0));
 }
 
-// Y[r, c] = X[r, :] . W[c, :] for a tile of QMMQ_BM rows of X (xq, xd: quantize_x_i8_kernel's, rows k apart)
-// by QMMQ_BN rows of W, QMMQ_UNITS units of the inner dimension a step; four warps (2 x 2) each 32 x 32 of
+// Y[r, c] = X[r, :] . W[c, :] for a tile of BM rows of X (xq, xd: quantize_x_i8_kernel's, rows k apart) by
+// QMMQ_BN rows of W, QMMQ_UNITS units of the inner dimension a step; four warps (2 x 2) each BM / 2 x 32 of
 // the tile. Splits of the inner dimension over gridDim.z write partial sums as qmma_kernel's do.
-template <typename T, int TY>
-__global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const int8_t* __restrict__ xq, const float2* __restrict__ xd, QPlanes W,
+template <typename T, int TY, int BM>
+__global__ void __launch_bounds__(QMMQ_THREADS, qmmq_min_ctas(BM)) qmmq_kernel(const int8_t* __restrict__ xq, const float2* __restrict__ xd, QPlanes W,
                                                            void* __restrict__ Y, bool y_f32, int ldy, float* __restrict__ partial,
                                                            int rows, int n, int k, int steps_per_split) {
+  static_assert(BM == 32 || BM == 64, "a warp holds one or two 16-row halves");
+  constexpr int MI = BM / 32;                                    // 16-row tiles a warp multiplies
+  constexpr int XV = BM * QMMQ_BK / 16 / QMMQ_THREADS;           // 16-byte pieces of X a thread copies
+  constexpr int XS = BM * QMMQ_UNITS / QMMQ_THREADS;             // X block scales a thread copies
+  static_assert(XV * QMMQ_THREADS * 16 == BM * QMMQ_BK && XS * QMMQ_THREADS == BM * QMMQ_UNITS, "X tile split");
   // Two stages: while the warps multiply one step's tiles, the next step's units and X are loaded (their
   // global loads issued before the products, their unpacking and shared stores after).
-  __shared__ __align__(16) int8_t As[2][QMMQ_BM][QMMQ_LDS];
+  __shared__ __align__(16) int8_t As[2][BM][QMMQ_LDS];
   __shared__ __align__(16) int8_t Bs[2][QMMQ_BN][QMMQ_LDS];
-  __shared__ float2 Xs[2][QMMQ_BM][QMMQ_UNITS];  // (dx, dx x sum) of a row's block
+  __shared__ float2 Xs[2][BM][QMMQ_UNITS];  // (dx, dx x sum) of a row's block
   __shared__ float2 Ws[2][QMMQ_BN][QMMQ_UNITS];  // (d0, m), or Q6_K's (d0, d1), of a W row's unit
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, tig = lane & 3;
-  const int m0 = blockIdx.x * QMMQ_BM, n0 = blockIdx.y * QMMQ_BN;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * QMMQ_BN;
   const int upr = k / 32, ksteps = (upr + QMMQ_UNITS - 1) / QMMQ_UNITS;
   const int s0 = blockIdx.z * steps_per_split, s1 = min(ksteps, s0 + steps_per_split);
-  float acc[2][4][4] = {};  // the warp's 32 x 32 block, as mma_tile_store reads it
+  float acc[MI][4][4] = {};  // the warp's BM / 2 x 32 block, as mma_tile_store reads it
   // This thread's units of each W tile: row wr, units wu0.. of the step (adjacent threads read a row's
   // adjacent units). Out-of-range rows and units load a valid unit (clamped) and get zero scales.
   const int wr = tid / (QMMQ_UNITS / QMMQ_WU), wu0 = (tid % (QMMQ_UNITS / QMMQ_WU)) * QMMQ_WU;
   const bool row_ok = n0 + wr < n;
   const size_t wrow = (size_t)min(n0 + wr, n - 1) * upr;
   UnitRaw raw[QMMQ_WU];
-  uint4 xv[QMMQ_XV];
-  float2 xs[QMMQ_XS];
+  uint4 xv[XV];
+  float2 xs[XS];
   auto load = [&](int s) {
 #pragma unroll
     for (int w = 0; w < QMMQ_WU; ++w) unit_load<TY>(W, wrow + min(s * QMMQ_UNITS + wu0 + w, upr - 1), raw[w]);
 #pragma unroll
-    for (int j = 0; j < QMMQ_XV; ++j) {
+    for (int j = 0; j < XV; ++j) {
       const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
       const int gm = m0 + r, kk = s * QMMQ_BK + c;
-      // Rows past X's (half the tile at a decode batch of 32) load nothing.
+      // Rows past X's (a tile's padding) load nothing.
       xv[j] = gm < rows && kk < k ? __ldg(reinterpret_cast<const uint4*>(xq + (size_t)gm * k + kk)) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int j = 0; j < QMMQ_XS; ++j) {
+    for (int j = 0; j < XS; ++j) {
       const int i = tid + j * QMMQ_THREADS, r = i / QMMQ_UNITS, u = s * QMMQ_UNITS + i % QMMQ_UNITS, gm = m0 + r;
       xs[j] = gm < rows && u < upr ? __ldg(xd + (size_t)gm * upr + u) : make_float2(0.f, 0.f);
     }
@@ -109,28 +115,31 @@ __global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const
       Ws[buf][wr][uu] = ok ? make_float2(u.d0, i8_halves(TY) ? u.d1 : u.m) : make_float2(0.f, 0.f);
     }
 #pragma unroll
-    for (int j = 0; j < QMMQ_XV; ++j) {
+    for (int j = 0; j < XV; ++j) {
       const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
       *reinterpret_cast<uint4*>(&As[buf][r][c]) = xv[j];
     }
 #pragma unroll
-    for (int j = 0; j < QMMQ_XS; ++j) {
+    for (int j = 0; j < XS; ++j) {
       const int i = tid + j * QMMQ_THREADS;
       Xs[buf][i / QMMQ_UNITS][i % QMMQ_UNITS] = xs[j];
     }
   };
   // The warp's 16-row halves that hold rows of X (a decode batch of 32 fills half the tile): the others skip
   // their products. Uniform across the warp, so mma.sync sees all its lanes.
-  const bool half_ok[2] = {m0 + wm * 32 < rows, m0 + wm * 32 + 16 < rows};
+  const int wm0 = wm * (BM / 2);  // the warp's first row of the tile
+  bool half_ok[MI];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) half_ok[mi] = m0 + wm0 + mi * 16 < rows;
   auto multiply = [&](int cur) {
 #pragma unroll
     for (int u = 0; u < QMMQ_UNITS; ++u) {
       const int kb = u * 32 + 4 * tig;
-      uint32_t a[2][4], b[4][2];
-      float2 xsc[2][2], wsc[4][2];
+      uint32_t a[MI][4], b[4][2];
+      float2 xsc[MI][2], wsc[4][2];
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int r = wm * 32 + mi * 16 + g;
+      for (int mi = 0; mi < MI; ++mi) {
+        const int r = wm0 + mi * 16 + g;
         a[mi][0] = lds32(&As[cur][r][kb]);
         a[mi][1] = lds32(&As[cur][r + 8][kb]);
         a[mi][2] = lds32(&As[cur][r][kb + 16]);
@@ -147,7 +156,7 @@ __global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const
         wsc[ni][1] = Ws[cur][c + 2 * tig + 1][u];
       }
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
+      for (int mi = 0; mi < MI; ++mi) {
         if (!half_ok[mi]) continue;
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) {
@@ -176,5 +185,5 @@ __global__ void __launch_bounds__(QMMQ_THREADS, QMMQ_MIN_CTAS) qmmq_kernel(const
     }
   };
   two_stages(s0, s1, load, multiply, store);
-  mma_tile_store<T>(acc, m0 + wm * 32, n0 + wn * 32, g, tig, rows, n, partial, Y, y_f32, ldy);
+  mma_tile_store<T>(acc, m0 + wm0, n0 + wn * 32, g, tig, rows, n, partial, Y, y_f32, ldy);
 }

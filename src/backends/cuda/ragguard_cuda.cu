@@ -1490,10 +1490,34 @@ int fp8_lt_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, si
   return 0;
 }
 
-// Y[:, row0 .. row0 + sg.rows) = X . W^T through qmmq_kernel (quant_mmq.cuh) for up to QMMQ_MAX_ROWS rows: X
-// quantized to int8 blocks in e.qtile once for every segment of the product (xq, xd keep it for the next),
-// the split partial sums after it. 0 done; 1 the scratch does not hold X's int8 rows (nothing launched: the
-// caller runs qmma_kernel); < 0 an error.
+// A split product's partial sums (plan.partial) added into y, after the product's kernel.
+template <typename T>
+void reduce_splits(Engine& e, const KSplit& plan, char* y, bool f32, int ldy, int rows, int n) {
+  if (!plan.partial) return;
+  const size_t total = (size_t)rows * n;
+  qmma_reduce_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(plan.partial, plan.splits, y, f32, ldy, rows, n);
+}
+
+// qmmq_kernel's launch for a tile of BM rows of X (quant_mmq.cuh), its splits and their sum.
+template <typename T, int BM>
+int qmmq_launch(Engine& e, const Engine::QSeg& sg, const int8_t* xq, const float2* xd, char* y, bool f32, int ldy, int rows, int k,
+                void* scratch, size_t scratch_bytes) {
+  const int ksteps = (k / 32 + QMMQ_UNITS - 1) / QMMQ_UNITS;
+  const int ctas_n = (sg.rows + QMMQ_BN - 1) / QMMQ_BN, ctas_m = (rows + BM - 1) / BM;
+  const KSplit plan = ksplit_plan(ctas_n * ctas_m, ksteps, e.sms, qmmq_min_ctas(BM), rows, sg.rows, scratch, scratch_bytes);
+  int bad = 0;
+  QTYPE_DISPATCH(sg.type, bad = 1,
+    if constexpr (qgemv_i8_type(TY))
+      qmmq_kernel<T, TY, BM><<<dim3(ctas_m, ctas_n, plan.splits), QMMQ_THREADS, 0, e.stream>>>(xq, xd, sg.p, y, f32, ldy, plan.partial, rows, sg.rows, k, plan.per))
+  if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
+  reduce_splits<T>(e, plan, y, f32, ldy, rows, sg.rows);
+  return 0;
+}
+
+// Y[:, row0 .. row0 + sg.rows) = X . W^T through qmmq_kernel (quant_mmq.cuh) for up to QMMQ_MAX_ROWS rows (a
+// 32-row tile up to 32): X quantized to int8 blocks in e.qtile once for every segment of the product (xq, xd
+// keep it for the next), the split partial sums after it. 0 done; 1 the scratch does not hold X's int8 rows
+// (nothing launched: the caller runs qmma_kernel); < 0 an error.
 template <typename T>
 int qmmq_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size_t ysz, int ldy, int rows, int k,
                  int8_t*& xq, float2*& xd) {
@@ -1501,22 +1525,9 @@ int qmmq_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size
   const size_t whole = qalign256(qgemv_i8_scratch_bytes(rows, k));
   if (whole > cap) return 1;
   if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
-  const int ksteps = (k / 32 + QMMQ_UNITS - 1) / QMMQ_UNITS;
-  const int ctas_n = (sg.rows + QMMQ_BN - 1) / QMMQ_BN, ctas_m = (rows + QMMQ_BM - 1) / QMMQ_BM;
-  const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, QMMQ_MIN_CTAS, rows, sg.rows, cap - whole);
-  const int per = (ksteps + want - 1) / want;
-  const int splits = (ksteps + per - 1) / per;  // none empty
-  float* partial = splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(e.qtile) + whole) : nullptr;
-  int bad = 0;
-  QTYPE_DISPATCH(sg.type, bad = 1,
-    if constexpr (qgemv_i8_type(TY))
-      qmmq_kernel<T, TY><<<dim3(ctas_m, ctas_n, splits), QMMQ_THREADS, 0, e.stream>>>(xq, xd, sg.p, y, ysz == 4, ldy, partial, rows, sg.rows, k, per))
-  if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
-  if (partial) {
-    const size_t total = (size_t)rows * sg.rows;
-    qmma_reduce_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(partial, splits, y, ysz == 4, ldy, rows, sg.rows);
-  }
-  return 0;
+  void* scratch = static_cast<char*>(e.qtile) + whole;
+  return rows <= 32 ? qmmq_launch<T, 32>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole)
+                    : qmmq_launch<T, 64>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole);
 }
 
 // Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
@@ -1563,18 +1574,11 @@ int qproject(Engine& e, int kind, int layer, const void* X, void* Y, int rows, i
     if (e.cfg.quant_gemm != 1) {
       const int ctas_n = (sg.rows + QMMA_BN - 1) / QMMA_BN, ctas_m = (rows + QMMA_BM - 1) / QMMA_BM;
       const int ksteps = (k / 32 + 1) / 2;
-      const int want = qmma_splits(ctas_n * ctas_m, ksteps, e.sms, QMMA_RESIDENT, rows, sg.rows, (size_t)e.cfg.quant_tile_bytes);
-      const int per = (ksteps + want - 1) / want;
-      const int splits = (ksteps + per - 1) / per;  // none empty
-      float* partial = splits > 1 ? static_cast<float*>(e.qtile) : nullptr;
-      const dim3 grid(ctas_n, ctas_m, splits);
+      const KSplit plan = ksplit_plan(ctas_n * ctas_m, ksteps, e.sms, QMMA_RESIDENT, rows, sg.rows, e.qtile, (size_t)e.cfg.quant_tile_bytes);
       QTYPE_DISPATCH(sg.type, bad = 1,
-        qmma_kernel<T, TY><<<grid, QMMA_THREADS, 0, e.stream>>>((const T*)X, sg.p, y, f32, n, partial, rows, sg.rows, k, per))
+        qmma_kernel<T, TY><<<dim3(ctas_n, ctas_m, plan.splits), QMMA_THREADS, 0, e.stream>>>((const T*)X, sg.p, y, f32, n, plan.partial, rows, sg.rows, k, plan.per))
       if (bad) return fail("unknown quantized type " + std::to_string(sg.type));
-      if (partial) {
-        const size_t total = (size_t)rows * sg.rows;
-        qmma_reduce_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, e.stream>>>(partial, splits, y, f32, n, rows, sg.rows);
-      }
+      reduce_splits<T>(e, plan, y, f32, n, rows, sg.rows);
       continue;
     }
     for (int r0 = 0; r0 < sg.rows; r0 += (int)tile_rows) {
