@@ -175,7 +175,7 @@ profile_qmma() {
   BENCH_GPU_GGUF=$f BENCH_GPU_CONCURRENCY=${PROFILE_ROWS:-32} BENCH_GPU_GREEDY=0 LLAMA_BIN= BENCH_GPU_QGEMM=$qgemm BENCH_GPU_QGEMV_MATH=int8 \
     "$ncu" --kernel-name "regex:$kernel" --launch-skip "${PROFILE_SKIP:-200}" --launch-count "${PROFILE_COUNT:-8}" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-    --section Occupancy --section LaunchStats node --import tsx bench/gpu-gguf.ts > "$out/ncu-$kernel.txt" 2>&1
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis_Tables node --import tsx bench/gpu-gguf.ts > "$out/ncu-$kernel.txt" 2>&1
   local rc=$?
   grep -E 'Duration|Throughput|Achieved Occupancy|Stall|Issued Warp|No Eligible' "$out/ncu-$kernel.txt" | head -40
   echo "{\"ncu\":\"$out/ncu-$kernel.txt\",\"rc\":$rc}"

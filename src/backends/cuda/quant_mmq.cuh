@@ -34,8 +34,17 @@ constexpr int qmmq_min_ctas(int bm) { return bm == 64 ? 3 : 4; }
 // tensor cores: on the H100 a 1,536-row prefill of a 7B Q4_K_M took 0.197 s here against 0.161 s there,
 // while at 24-32 rows this one was the faster.
 constexpr int QMMQ_MAX_ROWS = 64;
-// Rows padded by 16 bytes (36 words): a warp's fragment loads (8 rows x 4 words) fall in 32 distinct banks.
-constexpr int QMMQ_LDS = QMMQ_BK + 16;
+// The shared tiles hold each unit's 32 bytes with its words interleaved (0 4 1 5 2 6 3 7): the two words an
+// m16n8k32 fragment takes from a row (tig and tig + 4) are one 8-byte load. Rows padded by 32 bytes (40
+// words): the four rows of a half warp's 8-byte loads fall in 32 distinct banks.
+constexpr int QMMQ_LDS = QMMQ_BK + 32;
+__device__ __forceinline__ uint2 lds64(const int8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+// A unit's words 0-3 (a) and 4-7 (b) interleaved into the 32 bytes at dst.
+__device__ __forceinline__ void sts_unit(int8_t* dst, uint4 a, uint4 b) {
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(a.x, b.x, a.y, b.y);
+  d[1] = make_uint4(a.z, b.z, a.w, b.w);
+}
 constexpr int QMMQ_WU = QMMQ_BN * QMMQ_UNITS / QMMQ_THREADS;  // units of W a thread unpacks a step
 static_assert(QMMQ_WU * QMMQ_THREADS == QMMQ_BN * QMMQ_UNITS && QMMQ_UNITS % QMMQ_WU == 0, "W tile split");
 
@@ -62,15 +71,15 @@ __global__ void __launch_bounds__(QMMQ_THREADS, qmmq_min_ctas(BM)) qmmq_kernel(c
                                                            int rows, int n, int k, int steps_per_split) {
   static_assert(BM == 32 || BM == 64, "a warp holds one or two 16-row halves");
   constexpr int MI = BM / 32;                                    // 16-row tiles a warp multiplies
-  constexpr int XV = BM * QMMQ_BK / 16 / QMMQ_THREADS;           // 16-byte pieces of X a thread copies
-  constexpr int XS = BM * QMMQ_UNITS / QMMQ_THREADS;             // X block scales a thread copies
-  static_assert(XV * QMMQ_THREADS * 16 == BM * QMMQ_BK && XS * QMMQ_THREADS == BM * QMMQ_UNITS, "X tile split");
+  constexpr int XU = BM * QMMQ_UNITS / QMMQ_THREADS;             // blocks of X (32 bytes, a scale) a thread copies
+  static_assert(XU * QMMQ_THREADS == BM * QMMQ_UNITS, "X tile split");
   // Two stages: while the warps multiply one step's tiles, the next step's units and X are loaded (their
   // global loads issued before the products, their unpacking and shared stores after).
   __shared__ __align__(16) int8_t As[2][BM][QMMQ_LDS];
   __shared__ __align__(16) int8_t Bs[2][QMMQ_BN][QMMQ_LDS];
   __shared__ float2 Xs[2][BM][QMMQ_UNITS];  // (dx, dx x sum) of a row's block
-  __shared__ float2 Ws[2][QMMQ_BN][QMMQ_UNITS];  // (d0, m), or Q6_K's (d0, d1), of a W row's unit
+  // (d0, m), or Q6_K's (d0, d1), of a W row's unit; unit-major, so that a lane's two columns are one load
+  __shared__ __align__(16) float2 Ws[2][QMMQ_UNITS][QMMQ_BN];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, tig = lane & 3;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * QMMQ_BN;
@@ -83,22 +92,21 @@ __global__ void __launch_bounds__(QMMQ_THREADS, qmmq_min_ctas(BM)) qmmq_kernel(c
   const bool row_ok = n0 + wr < n;
   const size_t wrow = (size_t)min(n0 + wr, n - 1) * upr;
   UnitRaw raw[QMMQ_WU];
-  uint4 xv[XV];
-  float2 xs[XS];
+  uint4 xv[XU][2];
+  float2 xs[XU];
   auto load = [&](int s) {
 #pragma unroll
     for (int w = 0; w < QMMQ_WU; ++w) unit_load<TY>(W, wrow + min(s * QMMQ_UNITS + wu0 + w, upr - 1), raw[w]);
 #pragma unroll
-    for (int j = 0; j < XV; ++j) {
-      const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
-      const int gm = m0 + r, kk = s * QMMQ_BK + c;
-      // Rows past X's (a tile's padding) load nothing.
-      xv[j] = gm < rows && kk < k ? __ldg(reinterpret_cast<const uint4*>(xq + (size_t)gm * k + kk)) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int j = 0; j < XS; ++j) {
+    for (int j = 0; j < XU; ++j) {
+      // Block u of row r (adjacent threads: a row's adjacent blocks). Rows past X's (a tile's padding) and
+      // blocks past k load nothing.
       const int i = tid + j * QMMQ_THREADS, r = i / QMMQ_UNITS, u = s * QMMQ_UNITS + i % QMMQ_UNITS, gm = m0 + r;
-      xs[j] = gm < rows && u < upr ? __ldg(xd + (size_t)gm * upr + u) : make_float2(0.f, 0.f);
+      const bool ok = gm < rows && u < upr;
+      const uint4* src = reinterpret_cast<const uint4*>(xq + (size_t)gm * k + (size_t)u * 32);
+      xv[j][0] = ok ? __ldg(src) : make_uint4(0u, 0u, 0u, 0u);
+      xv[j][1] = ok ? __ldg(src + 1) : make_uint4(0u, 0u, 0u, 0u);
+      xs[j] = ok ? __ldg(xd + (size_t)gm * upr + u) : make_float2(0.f, 0.f);
     }
   };
   auto store = [&](int s, int buf) {
@@ -107,22 +115,16 @@ __global__ void __launch_bounds__(QMMQ_THREADS, qmmq_min_ctas(BM)) qmmq_kernel(c
       UnitI8 u;
       unit_i8<TY>(raw[w], u);
       const int uu = wu0 + w;
-      uint4* dst = reinterpret_cast<uint4*>(&Bs[buf][wr][uu * 32]);
-      dst[0] = make_uint4(u.q[0], u.q[1], u.q[2], u.q[3]);
-      dst[1] = make_uint4(u.q[4], u.q[5], u.q[6], u.q[7]);
+      sts_unit(&Bs[buf][wr][uu * 32], make_uint4(u.q[0], u.q[1], u.q[2], u.q[3]), make_uint4(u.q[4], u.q[5], u.q[6], u.q[7]));
       // A padded row or unit multiplies by zero scales (its integers are a real unit's: finite).
       const bool ok = row_ok && s * QMMQ_UNITS + uu < upr;
-      Ws[buf][wr][uu] = ok ? make_float2(u.d0, i8_halves(TY) ? u.d1 : u.m) : make_float2(0.f, 0.f);
+      Ws[buf][uu][wr] = ok ? make_float2(u.d0, i8_halves(TY) ? u.d1 : u.m) : make_float2(0.f, 0.f);
     }
 #pragma unroll
-    for (int j = 0; j < XV; ++j) {
-      const int i = tid + j * QMMQ_THREADS, r = i / (QMMQ_BK / 16), c = (i % (QMMQ_BK / 16)) * 16;
-      *reinterpret_cast<uint4*>(&As[buf][r][c]) = xv[j];
-    }
-#pragma unroll
-    for (int j = 0; j < XS; ++j) {
-      const int i = tid + j * QMMQ_THREADS;
-      Xs[buf][i / QMMQ_UNITS][i % QMMQ_UNITS] = xs[j];
+    for (int j = 0; j < XU; ++j) {
+      const int i = tid + j * QMMQ_THREADS, r = i / QMMQ_UNITS, u = i % QMMQ_UNITS;
+      sts_unit(&As[buf][r][u * 32], xv[j][0], xv[j][1]);
+      Xs[buf][r][u] = xs[j];
     }
   };
   // The warp's 16-row halves that hold rows of X (a decode batch of 32 fills half the tile): the others skip
@@ -134,26 +136,30 @@ __global__ void __launch_bounds__(QMMQ_THREADS, qmmq_min_ctas(BM)) qmmq_kernel(c
   auto multiply = [&](int cur) {
 #pragma unroll
     for (int u = 0; u < QMMQ_UNITS; ++u) {
-      const int kb = u * 32 + 4 * tig;
+      // Words tig and tig + 4 of each row's unit (interleaved: one load), as the fragments take them.
+      const int kb = u * 32 + 8 * tig;
       uint32_t a[MI][4], b[4][2];
       float2 xsc[MI][2], wsc[4][2];
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         const int r = wm0 + mi * 16 + g;
-        a[mi][0] = lds32(&As[cur][r][kb]);
-        a[mi][1] = lds32(&As[cur][r + 8][kb]);
-        a[mi][2] = lds32(&As[cur][r][kb + 16]);
-        a[mi][3] = lds32(&As[cur][r + 8][kb + 16]);
+        const uint2 top = lds64(&As[cur][r][kb]), bottom = lds64(&As[cur][r + 8][kb]);
+        a[mi][0] = top.x;
+        a[mi][1] = bottom.x;
+        a[mi][2] = top.y;
+        a[mi][3] = bottom.y;
         xsc[mi][0] = Xs[cur][r][u];
         xsc[mi][1] = Xs[cur][r + 8][u];
       }
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         const int c = wn * 32 + ni * 8;
-        b[ni][0] = lds32(&Bs[cur][c + g][kb]);
-        b[ni][1] = lds32(&Bs[cur][c + g][kb + 16]);
-        wsc[ni][0] = Ws[cur][c + 2 * tig][u];
-        wsc[ni][1] = Ws[cur][c + 2 * tig + 1][u];
+        const uint2 col = lds64(&Bs[cur][c + g][kb]);
+        b[ni][0] = col.x;
+        b[ni][1] = col.y;
+        const float4 sc = *reinterpret_cast<const float4*>(&Ws[cur][u][c + 2 * tig]);  // columns 2 tig, 2 tig + 1
+        wsc[ni][0] = make_float2(sc.x, sc.y);
+        wsc[ni][1] = make_float2(sc.z, sc.w);
       }
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
