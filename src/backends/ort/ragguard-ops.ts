@@ -17,6 +17,13 @@ function ragguardOps(): NonNullable<typeof opsSwitches> {
   return opsSwitches;
 }
 
+/** The library's switches where its ops can run here; otherwise the reason they cannot, thrown (what every setter checks first). */
+function usableOps(): NonNullable<typeof opsSwitches> {
+  const why = ragguardOpsUnavailable();
+  if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
+  return ragguardOps();
+}
+
 /**
  * Whether ragguard's ops run their AVX512-VNNI kernels on this CPU (false: their plain C path, correct
  * but many times slower than ONNX Runtime's own MatMulNBits). Asked of the library each time: a test
@@ -31,9 +38,7 @@ export function ragguardOpsVnni(): boolean {
  * what a CPU without AVX512-VNNI runs, for tests on one that has it.
  */
 export function setRagguardOpsPortable(on: boolean): void {
-  const why = ragguardOpsUnavailable();
-  if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
-  ragguardOps().setPortable(on ? 1 : 0);
+  usableOps().setPortable(on ? 1 : 0);
 }
 
 /**
@@ -48,7 +53,5 @@ export function ragguardOpsAmx(): boolean {
 
 /** Keeps ragguard's ops on their AVX512-VNNI kernels at every row count (false), or lets prefills use AMX again (true): for tests. */
 export function setRagguardOpsAmx(on: boolean): void {
-  const why = ragguardOpsUnavailable();
-  if (why) throw new Error(`ragguard's ops cannot run here: ${why}`);
-  ragguardOps().setAmx(on ? 1 : 0);
+  usableOps().setAmx(on ? 1 : 0);
 }
