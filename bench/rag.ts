@@ -24,8 +24,9 @@
  *
  * BENCH_RAG_ADAPTER=name answers every chosen question twice, with the base model and with that LoRA adapter
  * (a name under RAGGUARD_ADAPTER_DIR; e.g. coder-grounded, trained on the tune split), in turn, judged the same
- * way: `answers` is the base model's, `answers_adapter` the adapter's, and `adapter_gain` the difference in
- * correct answers.
+ * way: `answers` is the base model's (asked for with `adapter: null`), `answers_adapter` the adapter's, and
+ * `adapter_gain` the difference in correct answers. Without it the questions go as a user's would, naming no
+ * adapter: `answers` is what the server's RAGGUARD_QUERY_ADAPTER gives (`query_adapter` names it).
  *
  * BENCH_RAG_ANSWERS=0 skips the answers (retrieval only); BENCH_RAG_RETRIEVAL=0 the retrieval tables (answers only). For prompt work on the tuning split (never the
  * held-out one): BENCH_RAG_SPLIT=tune answers the tuning questions instead (all: both splits, each reported
@@ -193,9 +194,9 @@ async function main(): Promise<void> {
       const server = createApp(service).listen(0, '127.0.0.1');
       await new Promise<void>((resolve) => server.once('listening', () => resolve()));
       const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/query`;
-      const ask = async (q: Question, adapter?: string): Promise<Answered> => {
+      const ask = async (q: Question, adapter?: string | null): Promise<Answered> => {
         const t0 = performance.now();
-        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...policy, ...(adapter ? { adapter } : {}) }) });
+        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query: q.question, ...policy, ...(adapter === undefined ? {} : { adapter }) }) });
         const body = (await res.json()) as { answer?: string; citations?: { doc_id: string; title: string; text: string }[]; finish_reason?: string; usage?: { completion_tokens?: number }; error?: { code: string } };
         if (res.status !== 200) throw new Error(`/query ${q.id}: ${res.status} ${JSON.stringify(body.error)}`);
         const citations = body.citations ?? [];
@@ -211,9 +212,10 @@ async function main(): Promise<void> {
       const logFile = process.env['BENCH_RAG_LOG'];
       if (logFile) await writeFile(logFile, '');
       try {
-        await ask(chosen[0]!); // warm-up, not counted
-        if (adapter) await ask(chosen[0]!, adapter);
-        const runs = [{ adapter: undefined as string | undefined }, ...(adapter ? [{ adapter }] : [])];
+        // Alone, the server's own choice (RAGGUARD_QUERY_ADAPTER's adapter where it has one); beside an
+        // adapter, the base model asked for by name (null) so that the two are the base and the adapter.
+        const runs: { adapter: string | null | undefined }[] = adapter ? [{ adapter: null }, { adapter }] : [{ adapter: undefined }];
+        for (const run of runs) await ask(chosen[0]!, run.adapter); // warm-up, not counted
         const tally = new Map<string, Tally>();
         // BENCH_RAG_CONCURRENCY workers, each taking the next question when its last one is answered.
         let next = 0;
@@ -278,7 +280,7 @@ async function main(): Promise<void> {
     console.log(JSON.stringify({
       questions: questions.length, heldout_questions: splits.heldout.length, documents: store.documentCount, chunks: store.chunkCount,
       embedder: path.relative(ROOT, cfg.embedderPath), reranker: path.relative(ROOT, cfg.rerankerPath), decoder: path.relative(ROOT, cfg.decoderPath),
-      retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan, context_sentences: cfg.contextSentences, rerank_top_n: cfg.defaultRerankTopN,
+      query_adapter: adapter ? null : service.queryAdapter ?? null, retrieval: cfg.retrieval, rerank: cfg.rerank, query_copy_span: cfg.queryCopySpan, context_sentences: cfg.contextSentences, rerank_top_n: cfg.defaultRerankTopN,
       ...(a && h ? { all: flat(a), heldout: flat(h), tune: flat(table['tune']!), rerank_fixed_top1: rerankFixed, rerank_broke_top1: rerankBroke } : {}),
       answers, ...(adapter ? { adapter, answers_adapter: adapterAnswers, adapter_gain: answers && adapterAnswers ? round(adapterAnswers.exact_fact - answers.exact_fact) : null } : {}),
       ...(concurrency > 1 ? { concurrency } : {}), ...(answers ? { answers_wall_s: wallS } : {}),

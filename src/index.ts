@@ -49,8 +49,8 @@ export interface QueryOptions {
   maxNewTokens?: number;
   temperature?: number;
   seed?: number;
-  /** A LoRA adapter's name under RAGGUARD_ADAPTER_DIR. */
-  adapter?: string;
+  /** A LoRA adapter's name under RAGGUARD_ADAPTER_DIR; null for the base model; left out, RAGGUARD_QUERY_ADAPTER's (`queryAdapter`). */
+  adapter?: string | null;
   /** A tenant's prefix-cache salt: its cached prompt blocks are found only by requests with the same salt (vLLM's cache_salt). */
   cacheSalt?: string;
   /** The collection searched ('default' when left out) and metadata conditions every hit meets. */
@@ -125,6 +125,11 @@ export class Ragguard {
     return this.service.cfg;
   }
 
+  /** The adapter a query that names none generates with (RAGGUARD_QUERY_ADAPTER as start-up resolved it), or undefined. */
+  get queryAdapter(): string | undefined {
+    return this.service.queryAdapter;
+  }
+
   /** Chunks, embeds and stores the documents; durable once it resolves (one snapshot for the batch). */
   ingest(docs: readonly DocumentInput[], signal?: AbortSignal): Promise<IngestResult[]> {
     this.open();
@@ -138,7 +143,7 @@ export class Ragguard {
     const q = {
       query: o.query, topK: o.topK ?? cfg.defaultTopK, rerankTopN: o.rerankTopN ?? cfg.defaultRerankTopN,
       maxNewTokens: o.maxNewTokens ?? cfg.defaultMaxNewTokens, temperature: o.temperature ?? 0, seed: o.seed,
-      adapter: o.adapter, sampling: o.sampling, filter: o.filter, ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
+      adapter: this.service.queryAdapterFor(o.adapter), sampling: o.sampling, filter: o.filter, ...(o.cacheSalt === undefined ? {} : { cacheSalt: o.cacheSalt }),
     };
     return (await guardedQuery(this.service, this.admission, q, { signal: o.signal })).result;
   }

@@ -2,7 +2,8 @@
  * Adapters on the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, RAGGUARD_DECODER's default): the
  * adapters setup makes for it (scripts/build-adapters.ts: coder-random-r8, and the trained coder-grounded
  * copied from models/shipped-adapters) fit it, so RAGGUARD_DECODER_LORA=auto converts it with LoRA inputs,
- * and over real HTTP a request naming an adapter is answered in the same batch as base-model requests.
+ * and over real HTTP a request naming an adapter is answered in the same batch as base-model requests. A /query
+ * that names none runs coder-grounded (RAGGUARD_QUERY_ADAPTER=auto); `adapter: null` is the base model.
  */
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
@@ -68,6 +69,7 @@ test('default configuration: requests naming adapters answer 200 in one batch wi
   assert.ok(decoder instanceof DecoderModel, 'the CPU path');
   assert.ok(decoder.loraSlots, 'converted with LoRA inputs');
   assert.equal(service.adapters.unavailable, '');
+  assert.equal(service.queryAdapter, 'coder-grounded', 'RAGGUARD_QUERY_ADAPTER=auto finds the grounded adapter');
   // Every forward run's rows: which adapter each had.
   const runs: (DecoderAdapter | undefined)[][] = [];
   const forward = decoder.forward.bind(decoder);
@@ -88,14 +90,14 @@ test('default configuration: requests naming adapters answer 200 in one batch wi
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   try {
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/query`;
-    const ask = async (adapter?: string) => {
+    const ask = async (adapter?: string | null) => {
       const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ query: 'What are disk quotas for?', max_new_tokens: 8, ...(adapter ? { adapter } : {}) }) });
+        body: JSON.stringify({ query: 'What are disk quotas for?', max_new_tokens: 8, ...(adapter === undefined ? {} : { adapter }) }) });
       return { status: res.status, body: (await res.json()) as { answer?: string; adapter?: { name: string; key: string }; usage?: { completion_tokens: number } } };
     };
-    const answers = await Promise.all([ask(), ask('coder-grounded'), ask(), ask('coder-random-r8')]);
+    const answers = await Promise.all([ask(null), ask('coder-grounded'), ask(), ask('coder-random-r8')]);
     assert.deepEqual(answers.map((a) => a.status), [200, 200, 200, 200], JSON.stringify(answers.map((a) => a.body)));
-    assert.deepEqual(answers.map((a) => a.body.adapter?.name), [undefined, 'coder-grounded', undefined, 'coder-random-r8']);
+    assert.deepEqual(answers.map((a) => a.body.adapter?.name), [undefined, 'coder-grounded', 'coder-grounded', 'coder-random-r8']);
     for (const a of answers) assert.ok(a.body.usage!.completion_tokens > 0);
     assert.match(answers[1]!.body.adapter!.key, /^coder-grounded@[0-9a-f]{16}$/);
     // A run with both kinds of rows: base rows (no adapter) beside rows of both adapters.

@@ -36,6 +36,8 @@ export interface Config {
   decoderConvert: 'auto' | 'genai' | 'off';
   /** Directory of LoRA adapters (one PEFT directory each); '' = adapters off. */
   adapterDir: string;
+  /** The adapter a /query that names none generates with: auto (the shipped grounded one where it fits), off, or a name. */
+  queryAdapter: string;
   /** Adapter slots: resident at once, and the largest rank of one module. */
   maxLoras: number;
   maxLoraRank: number;

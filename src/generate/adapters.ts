@@ -16,6 +16,7 @@ import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime
 import { dtypeBytes, type KvDtype } from './decoder-shape.js';
 import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
 import type { AdapterSlots, DecoderAdapter } from './lora-pool.js';
+import { ADAPTER_NAME as NAME } from '../config/variables/parse.js';
 
 /** The decoder as adapters need it. */
 export interface AdapterHost {
@@ -78,7 +79,6 @@ export interface AdapterStats {
   unloads: number;
 }
 
-const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export class AdapterRegistry {
   private readonly loaded = new Map<string, Loaded>();
@@ -316,3 +316,35 @@ async function firstFitting(dir: string, shape: LoraShape, maxRank: number): Pro
   }
   return undefined;
 }
+
+/** The grounded-answer adapter setup ships for the default decoder (models/shipped-adapters/README.md). */
+export const GROUNDED_ADAPTER = 'coder-grounded';
+
+/** RAGGUARD_QUERY_ADAPTER at start-up: the adapter a /query naming none runs with, and why (the start-up log). */
+export interface QueryAdapter {
+  name: string | undefined;
+  note: string;
+}
+
+/**
+ * RAGGUARD_QUERY_ADAPTER resolved against the registry: off, a name that must load here (throws its
+ * AdapterNotFoundError or AdapterInvalidError, so that the start fails saying why), or auto: the grounded
+ * adapter where it loads, else none with the reason.
+ */
+export async function resolveQueryAdapter(setting: string, registry: Pick<AdapterRegistry, 'inspect'>): Promise<QueryAdapter> {
+  if (setting === 'off') return { name: undefined, note: 'query adapter: none (RAGGUARD_QUERY_ADAPTER=off)' };
+  if (setting !== 'auto') {
+    await registry.inspect(setting);
+    return { name: setting, note: `query adapter: ${setting} (RAGGUARD_QUERY_ADAPTER)` };
+  }
+  try {
+    await registry.inspect(GROUNDED_ADAPTER);
+    return { name: GROUNDED_ADAPTER, note: `query adapter: ${GROUNDED_ADAPTER} (RAGGUARD_QUERY_ADAPTER=auto; off for the base model)` };
+  } catch (e) {
+    if (e instanceof AdapterNotFoundError || e instanceof AdapterInvalidError) {
+      return { name: undefined, note: `query adapter: none (RAGGUARD_QUERY_ADAPTER=auto: ${e.message})` };
+    }
+    throw e;
+  }
+}
+

@@ -95,6 +95,8 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
     const q = parseQuery(req.body, cfg, tenantOf(res));
     // The key's right to its adapter, as to its collection, is decided first (403 before 429, before the files).
     if (q.adapter !== undefined) checkAdapter(tenantOf(res), q.adapter);
+    // None named: the server's query adapter (RAGGUARD_QUERY_ADAPTER), a policy of the server's, not the key's.
+    q.adapter = service.queryAdapterFor(q.baseModel ? null : q.adapter);
     checkTokenBudget(res);
     // response_format: the answer generated under its grammar (json_object or a schema).
     if (q.responseFormat) q.sampling = { ...q.sampling, grammar: await outputs.forFormat(q.responseFormat) };

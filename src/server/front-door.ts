@@ -42,6 +42,8 @@ export async function healthReport(service: RagService, admission: Admission, ca
     providers: { embedder: embedder.provider, reranker: reranker.provider, decoder: decoder.provider },
     // How the decoder takes its KV cache and how its runs reach its runtime (decoder-model.ts, backends/cuda).
     decoder: decoderRuntime(decoder),
+    // The adapter a /query naming none generates with (RAGGUARD_QUERY_ADAPTER), null for the base model.
+    query_adapter: service.queryAdapter ?? null,
     queue: { running: admission.running, waiting: admission.waiting },
     kv: service.blocks.stats(),
   };

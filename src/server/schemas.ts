@@ -83,7 +83,7 @@ export function querySchema(cfg: Config) {
     top_k: z.number().int().min(1).max(cfg.maxTopK).default(cfg.defaultTopK).describe('Hits retrieved from the index.'),
     rerank_top_n: z.number().int().min(1).max(cfg.maxRerankTopN).default(cfg.defaultRerankTopN).describe('Hits kept after reranking.'),
     max_new_tokens: _maxTokens.default(cfg.defaultMaxNewTokens),
-    adapter: z.string().optional().describe('A LoRA adapter under RAGGUARD_ADAPTER_DIR.'),
+    adapter: z.string().nullable().optional().describe('A LoRA adapter under RAGGUARD_ADAPTER_DIR; null: the base model; absent: RAGGUARD_QUERY_ADAPTER\'s (the shipped grounded adapter by default).'),
     collection: collectionSchema.optional(),
     filter: filterSchema.optional(),
     sample_top_k: tokenTopK.describe('The sampler\'s top-k (top_k here is retrieval\'s): 0 or -1 all tokens, 1 greedy.'),

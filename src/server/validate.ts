@@ -39,8 +39,12 @@ export function samplingOptions(b: {
   return o;
 }
 
-/** A /query body as the service takes it; `tenant` decides the collection searched (tenant.ts). */
-export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TENANT): QueryInput & { stream: boolean; responseFormat?: QueryBody['response_format'] } {
+/**
+ * A /query body as the service takes it; `tenant` decides the collection searched (tenant.ts). `adapter` is
+ * the one the body names; `baseModel` that it asked for none (`adapter: null`), where one that says nothing
+ * gets the service's query adapter (RagService.queryAdapterFor).
+ */
+export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TENANT): QueryInput & { stream: boolean; baseModel: boolean; responseFormat?: QueryBody['response_format'] } {
   const b = parseBody(schemasFor(cfg).query, body);
   return {
     query: b.query,
@@ -49,7 +53,8 @@ export function parseQuery(body: unknown, cfg: Config, tenant: Tenant = OPEN_TEN
     maxNewTokens: b.max_new_tokens,
     temperature: b.temperature ?? 0,
     seed: b.seed,
-    adapter: b.adapter,
+    adapter: b.adapter ?? undefined,
+    baseModel: b.adapter === null,
     filter: searchFilter(b.collection, b.filter, tenant),
     ...(tenant.cacheSalt === undefined ? {} : { cacheSalt: tenant.cacheSalt }),
     sampling: samplingOptions(b, b.sample_top_k),

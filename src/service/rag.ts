@@ -8,7 +8,7 @@
 import { createHash } from 'node:crypto';
 import { totalmem } from 'node:os';
 import type { Config } from '../config/config.js';
-import { AdapterRegistry } from '../generate/adapters.js';
+import { AdapterNotFoundError, AdapterInvalidError, AdapterRegistry, resolveQueryAdapter } from '../generate/adapters.js';
 import type { BlockManager } from '../generate/block-manager.js';
 import type { Engine } from '../generate/engine.js';
 import { ChatTemplate } from '../generate/chat-template.js';
@@ -69,6 +69,8 @@ export class RagService {
   readonly blocks: BlockManager;
   /** LoRA adapters, loaded for the requests naming them and unloaded after the last. */
   readonly adapters: AdapterRegistry;
+  /** RAGGUARD_QUERY_ADAPTER as start() resolved it: the adapter a query naming none runs with. */
+  queryAdapter: string | undefined = undefined;
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
   /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
@@ -235,6 +237,15 @@ export class RagService {
     const m = models ?? (await loadModels(cfg));
     const store = await openStore(cfg, m.embedder.dimension);
     const service = new RagService(cfg, m, store);
+    try {
+      const qa = await resolveQueryAdapter(cfg.queryAdapter, service.adapters);
+      service.queryAdapter = qa.name;
+      console.log(qa.note);
+    } catch (e) {
+      await service.close();
+      if (e instanceof AdapterNotFoundError || e instanceof AdapterInvalidError) throw new Error(`RAGGUARD_QUERY_ADAPTER: ${e.message}`);
+      throw e;
+    }
     if (cfg.profileRun) onPhase?.({ phase: 'profile' }, service);
     if (cfg.profileRun) await service.profileMemory();
     if ((await store.counts()).documents === 0 && cfg.corpusDir) {
@@ -319,6 +330,11 @@ export class RagService {
     // Atomic: queries, /healthz and later snapshots see the batch only once its own snapshot is durable.
     await this.store.addBatch(batch);
     return results;
+  }
+
+  /** The adapter a query generates with: the one it names, the base model for null, else RAGGUARD_QUERY_ADAPTER's. */
+  queryAdapterFor(asked: string | null | undefined): string | undefined {
+    return asked === undefined ? this.queryAdapter : (asked ?? undefined);
   }
 
   /** Answers the query as it is given (the query pipeline); an abort of `signal` stops it between stages or at the engine's next step. */

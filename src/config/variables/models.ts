@@ -1,6 +1,6 @@
 /** The models and where they run: the embedder, reranker and decoder, the GGUF and Optimum conversions, LoRA adapters, execution providers and the CUDA encoder (config.ts: VARIABLES, in the README's order). */
 import { PROVIDERS, type Config } from '../settings.js';
-import { int, str, oneOf, rel, type Variable } from './parse.js';
+import { ADAPTER_NAME, int, str, oneOf, rel, type Variable } from './parse.js';
 
 export const MODEL_VARIABLES: readonly Variable[] = [
   {
@@ -77,6 +77,14 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     name: 'RAGGUARD_ADAPTER_DIR', default: 'models/adapters',
     doc: "Directory of LoRA adapters, one PEFT directory each (adapter_config.json, adapter_model.safetensors), named by a request's `adapter`: loaded for the requests naming it and unloaded after the last; '' for none.",
     apply: str((c, v) => (c.adapterDir = v === '' ? '' : rel(v)), true),
+  },
+  {
+    name: 'RAGGUARD_QUERY_ADAPTER', default: 'auto',
+    doc: "The LoRA adapter a /query (and the library's query) generates with when its body names none: auto (coder-grounded, the grounded-answer adapter setup ships for the default decoder, where RAGGUARD_ADAPTER_DIR holds it and it fits the decoder; else the base model, the start-up log says why), off (the base model), or an adapter's name (start-up fails where it cannot load). A body's `adapter` names another, or null for the base model; a key's adapter list limits what it names, not this default. The response's `adapter` says which ran. Why on by default: on the 106 held-out questions coder-grounded states the fact as often as the base model (0.726 both) in 3 words p50 against 14, so /query p50 2.98 s against 4.06 s (bench/results/cpu-2026-12-06-rag-adapter-e6670cf.jsonl). /v1 routes name adapters by model and are not affected.",
+    apply: (c, raw) => {
+      if (raw !== 'auto' && raw !== 'off' && !ADAPTER_NAME.test(raw)) throw new Error(`expected auto, off or an adapter's name (letters, digits, '.', '_', '-'), got '${raw}'`);
+      c.queryAdapter = raw;
+    },
   },
   {
     name: 'RAGGUARD_MAX_LORAS', default: '4',

@@ -61,6 +61,9 @@ export function oneOf<T extends string>(values: readonly T[], set: (c: Partial<C
   };
 }
 
+/** A LoRA adapter's name: a directory under RAGGUARD_ADAPTER_DIR, never a path. */
+export const ADAPTER_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
 const ROOT = path.resolve(import.meta.dirname, '..', '..', '..');
 export const rel = (p: string) => path.resolve(ROOT, p);
 
