@@ -17,7 +17,7 @@ import { parseKeysFile } from '../src/config/keys-file.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { loadModels, RagService } from '../src/service/rag.js';
-import { smallCorpus, tempDir, testConfig } from './helpers.js';
+import { callJson, smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const DEMO = 'demo-scoped-key-0001';
 const BASE_ONLY = 'base-only-key-00002';
@@ -35,17 +35,7 @@ let server: Server;
 let base: string;
 
 async function call(key: string, method: string, route: string, body?: unknown) {
-  const res = await fetch(`${base}${route}`, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  });
-  const text = await res.text();
-  let parsed: Record<string, any> = {};
-  try {
-    parsed = JSON.parse(text) as Record<string, any>;
-  } catch { /* a stream */ }
-  return { status: res.status, body: parsed, text };
+  return callJson(base, key, method, route, body);
 }
 
 before(async () => {

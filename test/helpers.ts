@@ -123,3 +123,21 @@ export function sseEvents(text: string): [string | undefined, string][] {
     return [event, data];
   });
 }
+
+/**
+ * A request to a test server on loopback: `key` as a bearer token where given, `body` as JSON where given.
+ * Its status, headers, text, and the text parsed as JSON ({} where it is not: a stream, Prometheus text).
+ */
+export async function callJson(base: string, key: string | undefined, method: string, route: string, body?: unknown) {
+  const res = await fetch(`${base}${route}`, {
+    method,
+    headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  });
+  const text = await res.text();
+  let parsed: Record<string, any> = {};
+  try {
+    parsed = JSON.parse(text) as Record<string, any>;
+  } catch { /* not JSON */ }
+  return { status: res.status, headers: res.headers, body: parsed, text };
+}

@@ -21,7 +21,7 @@ import { PostgresUsageStore } from '../src/server/limit-store.js';
 import { HttpError, toHttpError } from '../src/server/errors.js';
 import { keyTenant } from '../src/server/tenant.js';
 import { loadModels, RagService } from '../src/service/rag.js';
-import { holdRuns, tempDir, testConfig } from './helpers.js';
+import { callJson, holdRuns, tempDir, testConfig } from './helpers.js';
 import { startTestPostgres, type TestPostgres } from './postgres.js';
 
 const LIMITED = 'limited-key-0000001';
@@ -44,17 +44,7 @@ const replicas: { service: RagService; server: Server; base: string }[] = [];
 let ids: { decoder: string; embedder: string; reranker: string };
 
 async function call(base: string, key: string, method: string, route: string, body?: unknown) {
-  const res = await fetch(`${base}${route}`, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  });
-  const text = await res.text();
-  let parsed: Record<string, any> = {};
-  try {
-    parsed = JSON.parse(text) as Record<string, any>;
-  } catch { /* a stream */ }
-  return { status: res.status, headers: res.headers, body: parsed, text };
+  return callJson(base, key, method, route, body);
 }
 
 /** The key's tokens in the current window, as the database holds them. */

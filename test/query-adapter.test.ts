@@ -16,7 +16,7 @@ import { AdapterInvalidError, AdapterNotFoundError, GROUNDED_ADAPTER, resolveQue
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
-import { smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
+import { callJson, smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
 
 describe('resolving RAGGUARD_QUERY_ADAPTER', () => {
   const registry = (fits: (name: string) => Error | undefined) => ({
@@ -66,19 +66,7 @@ describe('a /query that names no adapter, over HTTP (test models, RAGGUARD_QUERY
   let base: string;
   let dir: string;
 
-  const call = async (key: string, route: string, body?: unknown) => {
-    const res = await fetch(`${base}${route}`, {
-      method: body === undefined ? 'GET' : 'POST',
-      headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    });
-    const text = await res.text();
-    let json: Record<string, any> = {};
-    try {
-      json = JSON.parse(text) as Record<string, any>;
-    } catch { /* a stream */ }
-    return { status: res.status, body: json, text };
-  };
+  const call = (key: string, route: string, body?: unknown) => callJson(base, key, body === undefined ? 'GET' : 'POST', route, body);;
   const env = async (extra: Record<string, string>) => testConfig({
     RAGGUARD_INDEX_DIR: path.join(dir, `index-${Object.values(extra).join('-')}`), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['apt-cache']),
     RAGGUARD_PROFILE_RUN: 'false', ...extra,

@@ -17,7 +17,7 @@ import { readKeysFile } from '../src/config/keys-file.js';
 import { reloadKeysOnChange } from '../src/server/key-reload.js';
 import { createLogger } from '../src/server/logging.js';
 import { loadModels, RagService } from '../src/service/rag.js';
-import { tempDir, testConfig } from './helpers.js';
+import { callJson, tempDir, testConfig } from './helpers.js';
 
 const ADMIN = 'operator-admin-key-01';
 const OPS = 'ops-every-collection-02';
@@ -38,17 +38,7 @@ let service: RagService;
 let keysFile: string;
 
 async function call(key: string | undefined, method: string, route: string, body?: unknown) {
-  const res = await fetch(`${base}${route}`, {
-    method,
-    headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  });
-  const text = await res.text();
-  let parsed: Record<string, any> = {};
-  try {
-    parsed = JSON.parse(text) as Record<string, any>;
-  } catch { /* Prometheus text */ }
-  return { status: res.status, headers: res.headers, body: parsed, text };
+  return callJson(base, key, method, route, body);
 }
 
 function refused(r: { status: number; body: Record<string, any> }, status: number, code: string): void {

@@ -25,7 +25,7 @@ import { KeyLimits, limitsFor } from '../src/server/rate-limits.js';
 import { keyTenant } from '../src/server/tenant.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { createLogger } from '../src/server/logging.js';
-import { smallCorpus, sseEvents, tempDir, testConfig, TEST_ENV } from './helpers.js';
+import { callJson, smallCorpus, sseEvents, tempDir, TEST_ENV, testConfig } from './helpers.js';
 import { startTestPostgres } from './postgres.js';
 
 const KEY_A = 'tenant-a-key-000001';
@@ -101,17 +101,7 @@ interface Reply {
 }
 
 async function call(key: string | undefined, method: string, route: string, body?: unknown): Promise<Reply> {
-  const res = await fetch(`${base}${route}`, {
-    method,
-    headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  });
-  const text = await res.text();
-  let parsed: Record<string, unknown> = {};
-  try {
-    parsed = JSON.parse(text) as Record<string, unknown>;
-  } catch { /* a stream */ }
-  return { status: res.status, headers: res.headers, body: parsed, text };
+  return callJson(base, key, method, route, body);
 }
 
 /** The data of each server-sent event, parsed where it is JSON. */
