@@ -32,11 +32,10 @@ import { BlockManager } from '../src/generate/block-manager.js';
 import { ggufWorkload } from './gguf-workload.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
-// llama.cpp runs in this process (node-llama-cpp) on the same libuv worker threads as ragguard's ops. Its AMX
-// kernels load their tile configuration once a thread and keep it, while ragguard's prefill products on AMX
-// release the tile state after each product: llama.cpp's next tileloadd then faults (SIGILL; seen on the
-// 2026-12-06 runs). The comparison runs ragguard on its AVX512-VNNI kernels unless told otherwise.
-process.env['RAGGUARD_OPS_AMX'] ??= '0';
+// llama.cpp runs in this process (node-llama-cpp) on the same libuv worker threads as ragguard's ops, both on
+// AMX where the CPU has it: ragguard's prefill products put back the thread's tile configuration they found
+// (qmatmul.c, amx_begin / amx_end), which llama.cpp's AMX kernels load once a thread and keep. Before 3fa5fb5
+// they released it, llama.cpp's next tile load died with SIGILL, and this bench set RAGGUARD_OPS_AMX=0.
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf');
