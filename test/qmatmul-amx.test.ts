@@ -4,9 +4,12 @@
  * kernels: the same outputs bit for bit (each block's integer sum is exact either way, and its scaling
  * the same operations in the same order), at row counts around the 16-row tiles (the rows past the last
  * 16 take the VNNI tiles), column counts not a multiple of 16, blocks of 16 to 128, K not a multiple of 64.
- * test/qmatmul.test.ts holds the VNNI kernels to ONNX Runtime's MatMulNBits.
+ * test/qmatmul.test.ts holds the VNNI kernels to ONNX Runtime's MatMulNBits. And a product on AMX leaves
+ * the thread's tile configuration as it found it (test/fixtures/qmatmul-tile-state.c), which llama.cpp's
+ * AMX kernels in the same process rely on.
  */
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
@@ -103,5 +106,31 @@ test('QMatMul8 and QMatMul4 on AMX give the AVX512-VNNI kernels\' outputs bit fo
       session.dispose();
     }
     t.diagnostic(`${c.bits} bits, k ${c.k} n ${c.n} blk ${c.blk}: equal at rows 15-100`);
+  }
+});
+
+test('a product on AMX puts back the tile configuration its thread held (llama.cpp\'s next tile load works) and releases the tiles where none was held', async (t) => {
+  const ROOT = path.resolve(import.meta.dirname, '..');
+  const dir = await tempDir('qmatmul-tile-state-');
+  // Built as scripts/setup.sh builds the ops (-O3), and at -O2, where GCC 12's own _tile_loadconfig lost our configuration.
+  for (const opt of ['-O3', '-O2']) {
+    const exe = path.join(dir, `tile-state${opt}`);
+    const cc = spawnSync('cc', [opt, '-Wall', '-Wextra', '-Werror', '-I', path.join(ROOT, 'src/backends/ort'), '-o', exe,
+      path.join(ROOT, 'test/fixtures/qmatmul-tile-state.c'), path.join(ROOT, 'src/backends/ort/qmatmul.c'), '-lm'], { encoding: 'utf8' });
+    if (cc.error) {
+      t.skip(`no C compiler (cc: ${cc.error.message})`);
+      return;
+    }
+    assert.equal(cc.status, 0, `cc ${opt} failed:\n${cc.stderr}`);
+    const r = spawnSync(exe, [], { encoding: 'utf8', timeout: 60_000 });
+    if (r.status === 2) {
+      t.skip(`no AMX here: ${r.stdout.trim()}`);
+      return;
+    }
+    assert.equal(r.signal, null, `${opt}: died with ${r.signal} after:\n${r.stdout}`);
+    assert.equal(r.status, 0, `${opt}:\n${r.stdout}${r.stderr}`);
+    assert.equal((r.stdout.match(/as before/g) ?? []).length, 4, r.stdout);
+    assert.equal((r.stdout.match(/a tile load after our product works/g) ?? []).length, 2, r.stdout);
+    t.diagnostic(`${opt}: ${r.stdout.trim().split('\n').join('; ')}`);
   }
 });
