@@ -444,6 +444,10 @@ AMX static INLINE void amx_tile(const int BITS, int64_t k, int64_t n, int64_t bl
   int32_t sums[4][16][16] __attribute__((aligned(64)));
   _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
   const int8_t* x0 = r->xq + m0 * k;
+  /* GCC's _tile_loadd names no memory it reads (its asm has only the address as an input), so nothing
+     stops the compiler from moving a store to the rows' int8 values or the packed weights past a tile
+     load that reads them: this barrier keeps every earlier store before the loads below. */
+  __asm__ volatile("" : : : "memory");
   for (int64_t b = 0; b < nb + 2; b++) {
     if (b < nb) switch (b & 3) {
         case 0: AMX_BLOCK(0, 4, 6, b, sums[0]); break;
