@@ -12,11 +12,11 @@
 import { createHash } from 'node:crypto';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
+import { ADAPTER_NAME as NAME } from '../config/variables/parse.js';
 import { headerOf, readHeader, SafetensorsError, tensorValues } from '../runtime/safetensors.js';
 import { dtypeBytes, type KvDtype } from './decoder-shape.js';
 import { AdapterInvalidError, planAdapter, slotTensors, type AdapterPlan, type LoraShape, type LoraSlot, type PeftConfig, type SlotTensors } from './lora.js';
 import type { AdapterSlots, DecoderAdapter } from './lora-pool.js';
-import { ADAPTER_NAME as NAME } from '../config/variables/parse.js';
 
 /** The decoder as adapters need it. */
 export interface AdapterHost {
@@ -78,7 +78,6 @@ export interface AdapterStats {
   loads: number;
   unloads: number;
 }
-
 
 export class AdapterRegistry {
   private readonly loaded = new Map<string, Loaded>();
@@ -347,4 +346,3 @@ export async function resolveQueryAdapter(setting: string, registry: Pick<Adapte
     throw e;
   }
 }
-

@@ -69,8 +69,8 @@ export class RagService {
   readonly blocks: BlockManager;
   /** LoRA adapters, loaded for the requests naming them and unloaded after the last. */
   readonly adapters: AdapterRegistry;
-  /** RAGGUARD_QUERY_ADAPTER as start() resolved it: the adapter a query naming none runs with. */
-  queryAdapter: string | undefined = undefined;
+  /** RAGGUARD_QUERY_ADAPTER as start() resolved it. */
+  private resolvedQueryAdapter: string | undefined;
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
   /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
@@ -239,7 +239,7 @@ export class RagService {
     const service = new RagService(cfg, m, store);
     try {
       const qa = await resolveQueryAdapter(cfg.queryAdapter, service.adapters);
-      service.queryAdapter = qa.name;
+      service.resolvedQueryAdapter = qa.name;
       console.log(qa.note);
     } catch (e) {
       await service.close();
@@ -332,9 +332,14 @@ export class RagService {
     return results;
   }
 
+  /** The adapter a query naming none runs with (RAGGUARD_QUERY_ADAPTER as start() resolved it), or undefined: the base model. */
+  get queryAdapter(): string | undefined {
+    return this.resolvedQueryAdapter;
+  }
+
   /** The adapter a query generates with: the one it names, the base model for null, else RAGGUARD_QUERY_ADAPTER's. */
   queryAdapterFor(asked: string | null | undefined): string | undefined {
-    return asked === undefined ? this.queryAdapter : (asked ?? undefined);
+    return asked === undefined ? this.resolvedQueryAdapter : (asked ?? undefined);
   }
 
   /** Answers the query as it is given (the query pipeline); an abort of `signal` stops it between stages or at the engine's next step. */
