@@ -228,6 +228,8 @@ describe('ragguard serve', () => {
       assert.ok(cap, 'a capacity summary');
       assert.ok(cap['kv_blocks']! > 0 && cap['seqs_at_prompt_limit']! >= 1 && cap['budget_bytes']! > cap['kv_pool_bytes']!);
       assert.ok(logs.some((l) => /^# KV blocks: \d+/.test(String(l['msg']))));
+      // Which adapter a /query naming none runs with, and why (the test decoder: none fits it, auto says so).
+      assert.ok(logs.some((l) => l['query_adapter'] === null && /^query adapter: none \(RAGGUARD_QUERY_ADAPTER=auto: /.test(String(l['msg']))), JSON.stringify(logs.map((l) => l['msg'])));
       assert.ok(logs.some((l) => /maximum concurrency for \d+ tokens per request/.test(String(l['msg']))));
       assert.ok(logs.some((l) => /^ingesting 1 documents/.test(String(l['msg']))));
       assert.ok(logs.some((l) => /^models loaded/.test(String(l['msg']))));

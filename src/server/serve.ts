@@ -30,7 +30,7 @@ const TRACE_FLUSH_MS = 5000;
 export interface ServeOptions {
   logger: Logger;
   /** How the models are loaded (loadModels unless given: a test hands in loaded ones, or holds the phase). */
-  loadModels?: (cfg: Config, onLoaded: (done: number, of: number) => void) => Promise<Models>;
+  loadModels?: (cfg: Config, onLoaded: (done: number, of: number) => void, note: (message: string) => void) => Promise<Models>;
 }
 
 export interface Serving {
@@ -79,7 +79,8 @@ export async function serve(cfg: Config, opts: ServeOptions): Promise<Serving> {
       await serviceModules();
     const t0 = performance.now();
     log.info({ embedder: cfg.embedderPath, reranker: cfg.rerankerPath, decoder: cfg.decoderPath }, 'loading models');
-    const models = await (opts.loadModels ?? loadModels)(cfg, startup.onModelLoaded);
+    // The conversion's and kernels' notes as log lines (JSON, as every other line the server writes).
+    const models = await (opts.loadModels ?? loadModels)(cfg, startup.onModelLoaded, (m) => log.info(m));
     logModels(log, cfg, models, performance.now() - t0);
     const progress = startProgress(log);
     let started: RagService;

@@ -64,6 +64,7 @@ export async function logCapacity(log: Logger, service: RagService): Promise<voi
   log.info({ seqs: c.seqs_at_prompt_limit, tokens: c.prompt_limit_tokens },
     `maximum concurrency for ${c.prompt_limit_tokens} tokens per request (the prompt limit): ${c.seqs_at_prompt_limit} sequences ` +
     `(${c.seqs_at_prompt_and_new_tokens_limit} at ${c.prompt_and_new_tokens_limit} tokens with the largest max_new_tokens; max_num_seqs ${c.max_num_seqs})`);
+  log.info({ query_adapter: service.queryAdapter ?? null }, service.queryAdapterNote);
 }
 
 /**

@@ -71,9 +71,10 @@ export function cudaDecoderLimits(cfg: Config): CudaDecoderLimits {
 
 /**
  * Loads the three models one after the other, so that each one's resident footprint is measured;
- * `onLoaded(done, of)` hears each one loaded (the start-up's progress).
+ * `onLoaded(done, of)` hears each one loaded (the start-up's progress); `note` the GGUF conversion's and
+ * the kernels' decisions (the server logs them as JSON lines; stdout by default).
  */
-export async function loadModels(cfg: Config, onLoaded?: (done: number, of: number) => void): Promise<Models> {
+export async function loadModels(cfg: Config, onLoaded?: (done: number, of: number) => void, note: (message: string) => void = (m) => console.log(m)): Promise<Models> {
   // Before any session is made: a session takes its allocators when it is created.
   installHostAccounting(cfg);
   applySessionSettings(cfg);
@@ -97,11 +98,11 @@ export async function loadModels(cfg: Config, onLoaded?: (done: number, of: numb
     return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: decoder.loadBytes() } };
   }
   // A GGUF file is converted (or found converted) before its load is measured.
-  const gguf = isGguf(cfg.decoderPath) ? ggufOptionsFor(cfg, (m) => console.log(m)) : undefined;
+  const gguf = isGguf(cfg.decoderPath) ? ggufOptionsFor(cfg, note) : undefined;
   // Which kernels run the block products: said at every start, a cached conversion included.
-  if (gguf?.weights === 'nbits') console.log(`[gguf] block products on ${gguf.kernels === 'ragguard' ? "ragguard's QMatMul8 and QMatMul4 (AVX512-VNNI)" : "ONNX Runtime's MatMulNBits"} (RAGGUARD_CPU_KERNELS)`);
+  if (gguf?.weights === 'nbits') note(`[gguf] block products on ${gguf.kernels === 'ragguard' ? "ragguard's QMatMul8 and QMatMul4 (AVX512-VNNI)" : "ONNX Runtime's MatMulNBits"} (RAGGUARD_CPU_KERNELS)`);
   const decoderDir = gguf ? await ggufDecoderDir(cfg.decoderPath, gguf)
-    : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: (m) => console.log(m) });
+    : await exportDecoderDir(cfg.decoderPath, { cacheDir: cfg.ggufCacheDir, mode: cfg.decoderConvert, provider: cfg.providers.decoder, log: note });
   const { value: decoder, ...d } = await measureLoad(() => DecoderModel.load(decoderDir, cfg.providers.decoder, extras), gpu);
   onLoaded?.(3, 3);
   return { embedder, reranker, decoder, loads: { embedder: e, reranker: r, decoder: d } };

@@ -69,8 +69,9 @@ export class RagService {
   readonly blocks: BlockManager;
   /** LoRA adapters, loaded for the requests naming them and unloaded after the last. */
   readonly adapters: AdapterRegistry;
-  /** RAGGUARD_QUERY_ADAPTER as start() resolved it. */
+  /** RAGGUARD_QUERY_ADAPTER as start() resolved it, and why (the start-up log's line). */
   private resolvedQueryAdapter: string | undefined;
+  private queryAdapterWhy = '';
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
   /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
@@ -240,7 +241,7 @@ export class RagService {
     try {
       const qa = await resolveQueryAdapter(cfg.queryAdapter, service.adapters);
       service.resolvedQueryAdapter = qa.name;
-      console.log(qa.note);
+      service.queryAdapterWhy = qa.note;
     } catch (e) {
       await service.close();
       if (e instanceof AdapterNotFoundError || e instanceof AdapterInvalidError) throw new Error(`RAGGUARD_QUERY_ADAPTER: ${e.message}`);
@@ -335,6 +336,11 @@ export class RagService {
   /** The adapter a query naming none runs with (RAGGUARD_QUERY_ADAPTER as start() resolved it), or undefined: the base model. */
   get queryAdapter(): string | undefined {
     return this.resolvedQueryAdapter;
+  }
+
+  /** Which adapter that is and why ("query adapter: coder-grounded (RAGGUARD_QUERY_ADAPTER=auto; ...)"), for the start-up log. */
+  get queryAdapterNote(): string {
+    return this.queryAdapterWhy;
   }
 
   /** The adapter a query generates with: the one it names, the base model for null, else RAGGUARD_QUERY_ADAPTER's. */
