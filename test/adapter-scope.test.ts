@@ -9,15 +9,11 @@
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { parseKeysFile } from '../src/config/keys-file.js';
-import { createApp } from '../src/server/app.js';
-import { createLogger } from '../src/server/logging.js';
 import { loadModels, RagService } from '../src/service/rag.js';
-import { callJson, smallCorpus, tempDir, testConfig } from './helpers.js';
+import { callJson, serveApp, smallCorpus, tempDir, testConfig } from './helpers.js';
 
 const DEMO = 'demo-scoped-key-0001';
 const BASE_ONLY = 'base-only-key-00002';
@@ -31,7 +27,7 @@ const KEYS = [
 const DECODER = 'decoder-gqa';
 
 let service: RagService;
-let server: Server;
+let close: (() => Promise<void>) | undefined;
 let base: string;
 
 async function call(key: string, method: string, route: string, body?: unknown) {
@@ -47,15 +43,11 @@ before(async () => {
     RAGGUARD_KEYS_FILE: keysFile, RAGGUARD_API_KEY: OPERATOR,
   });
   service = await RagService.start(cfg, await loadModels(cfg));
-  server = createApp(service, { logger: createLogger('silent') }).listen(0, '127.0.0.1');
-  await new Promise((r) => server.once('listening', r));
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  ({ base, close } = await serveApp(service));
 });
 
 after(async () => {
-  server?.closeAllConnections();
-  await new Promise((r) => server?.close(r));
-  await service?.close();
+  await close?.();
 });
 
 /** The 403 a key gets for an adapter outside its list. */

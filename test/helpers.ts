@@ -7,6 +7,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after } from 'node:test';
 import { loadConfig, type Config } from '../src/config/config.js';
+import type { AddressInfo } from 'node:net';
+import type { RagService } from '../src/service/rag.js';
 import { gatedRun } from '../src/runtime/run-gate.js';
 
 export const ROOT = path.resolve(import.meta.dirname, '..');
@@ -140,4 +142,23 @@ export async function callJson(base: string, key: string | undefined, method: st
     parsed = JSON.parse(text) as Record<string, any>;
   } catch { /* not JSON */ }
   return { status: res.status, headers: res.headers, body: parsed, text };
+}
+
+/**
+ * The service's app on loopback (silent logs): its base URL, and a close that ends open connections, the
+ * server and the service.
+ */
+export async function serveApp(service: RagService): Promise<{ base: string; close: () => Promise<void> }> {
+  // Imported here: most tests that use these helpers never load the server.
+  const [{ createApp }, { createLogger }] = await Promise.all([import('../src/server/app.js'), import('../src/server/logging.js')]);
+  const server = createApp(service, { logger: createLogger('silent') }).listen(0, '127.0.0.1');
+  await new Promise((r) => server.once('listening', r));
+  return {
+    base: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise((r) => server.close(r));
+      await service.close();
+    },
+  };
 }

@@ -7,16 +7,12 @@
  */
 import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
 import { AdapterInvalidError, AdapterNotFoundError, GROUNDED_ADAPTER, resolveQueryAdapter } from '../src/generate/adapters.js';
-import { createApp } from '../src/server/app.js';
-import { createLogger } from '../src/server/logging.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
-import { callJson, smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
+import { callJson, serveApp, smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
 
 describe('resolving RAGGUARD_QUERY_ADAPTER', () => {
   const registry = (fits: (name: string) => Error | undefined) => ({
@@ -62,7 +58,7 @@ describe('a /query that names no adapter, over HTTP (test models, RAGGUARD_QUERY
   const OPERATOR = 'operator-key-000004';
   let models: Models;
   let service: RagService;
-  let server: Server;
+  let close: (() => Promise<void>) | undefined;
   let base: string;
   let dir: string;
 
@@ -79,15 +75,11 @@ describe('a /query that names no adapter, over HTTP (test models, RAGGUARD_QUERY
     const cfg = await env({ RAGGUARD_QUERY_ADAPTER: 'demo-r8', RAGGUARD_KEYS_FILE: keysFile, RAGGUARD_API_KEY: OPERATOR });
     models = await loadModels(cfg);
     service = await RagService.start(cfg, models);
-    server = createApp(service, { logger: createLogger('silent') }).listen(0, '127.0.0.1');
-    await new Promise((r) => server.once('listening', r));
-    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    ({ base, close } = await serveApp(service));
   });
 
   after(async () => {
-    server?.closeAllConnections();
-    await new Promise((r) => server?.close(r));
-    await service?.close();
+    await close?.();
   });
 
   const q = { query: 'What is apt?', max_new_tokens: 2 };
