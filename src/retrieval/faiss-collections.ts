@@ -1,39 +1,47 @@
 /**
  * The faiss store's vectors per collection (faiss-store.ts): each collection's vectors also kept together,
- * contiguous, in an exact index of their own (IndexFlatIP), slot by slot with their chunk ids. A search
- * filtered to a collection that is a small part of the store scans these alone, so its cost follows the
- * collection: the store-wide index with a bitmap of the collection's positions checks every position
- * of the store, and the bitmap itself was built from every document whenever it was not among the 16
- * cached (bench:scale-real, 1M rows in 100 collections, 16 clients: p95 236 ms, 90 queries/s).
+ * contiguous, in a Float32Array of their own, slot by slot with their chunk ids. A search filtered to a
+ * collection that is a small part of the store scans these alone, so its cost follows the collection:
+ * the store-wide index with a bitmap of the collection's positions checks every position of the store,
+ * and the bitmap itself was built from every document whenever it was not among the 16 cached
+ * (bench:scale-real, 1M rows in 100 collections, 16 clients: p95 236 ms, 90 queries/s).
  *
  * Kept by chunk id, not position: the store-wide index's positions move on a rebuild, ids never do. A
- * removed chunk leaves its collection's index at once (a flat index compacts: O(collection)). Not
- * persisted: rebuilt from the store-wide index's vectors when a snapshot is loaded, kept level with every
- * write after (the log's replay included). The price is memory: each vector is held twice (counted in
- * the store's indexBytes). Each search is one synchronous faiss call over one collection's vectors
- * (10,000 x 384 floats: about a millisecond), short enough for the event loop.
+ * removed chunk leaves its collection's rows at once (compacted: O(collection)). Not persisted: rebuilt
+ * from the store-wide index's vectors when a snapshot is loaded, kept level with every write after (the
+ * log's replay included). The price is memory: each vector is held twice (counted in the store's
+ * indexBytes, capacity included). Each search is one synchronous exact scan (dense-scan.ts: ragguard's
+ * AVX512 loop, about 0.5 ms over 10,000 x 384 floats, where faiss's IndexFlatIP in the generic build
+ * linked here took 4-7 ms), short enough for the event loop.
  */
-import { Bitmap } from './positions.js';
-import { VectorIndex } from './vector-index.js';
+import type { Bitmap } from './positions.js';
+import { scanTopK } from './dense-scan.js';
+import type { VectorIndex } from './vector-index.js';
 
 export class CollectionVectors {
-  private constructor(private index: VectorIndex, private ids: number[]) {}
+  /** Rows in slot order; capacity beyond ids.length * dimension is spare room for adds. */
+  private rows: Float32Array;
+
+  private constructor(readonly dimension: number, rows: Float32Array, private ids: number[]) {
+    this.rows = rows;
+  }
 
   static empty(dimension: number): CollectionVectors {
-    return new CollectionVectors(VectorIndex.flat(dimension), []);
+    return new CollectionVectors(dimension, new Float32Array(0), []);
   }
 
   static of(dimension: number, ids: number[], vectors: Float32Array): CollectionVectors {
-    return new CollectionVectors(VectorIndex.flatOf(dimension, vectors), ids);
+    if (vectors.length !== ids.length * dimension) throw new Error(`${vectors.length} floats for ${ids.length} chunks`);
+    return new CollectionVectors(dimension, vectors.slice(), ids);
   }
 
   get size(): number {
     return this.ids.length;
   }
 
-  /** Bytes of the vectors and the ids. */
+  /** Bytes of the vectors (the allocation, spare room included) and the ids. */
   get bytes(): number {
-    return this.index.memoryBytes().vectors + this.ids.length * 8;
+    return this.rows.byteLength + this.ids.length * 8;
   }
 
   /** The chunk id in each slot (slot order: the order they were added). */
@@ -42,30 +50,39 @@ export class CollectionVectors {
   }
 
   add(ids: readonly number[], vectors: Float32Array): void {
-    if (vectors.length !== ids.length * this.index.dimension) throw new Error(`${vectors.length} floats for ${ids.length} chunks`);
-    this.index.add(vectors);
+    if (vectors.length !== ids.length * this.dimension) throw new Error(`${vectors.length} floats for ${ids.length} chunks`);
+    const used = this.ids.length * this.dimension;
+    if (used + vectors.length > this.rows.length) {
+      // Doubled, as a faiss index's std::vector grows: one copy per doubling, not per add.
+      const grown = new Float32Array(Math.max(used + vectors.length, this.rows.length * 2));
+      grown.set(this.rows.subarray(0, used));
+      this.rows = grown;
+    }
+    this.rows.set(vectors, used);
     for (const id of ids) this.ids.push(id);
   }
 
   /** Drops these chunks (later slots move down). */
   remove(ids: ReadonlySet<number>): void {
-    const slots: number[] = [];
+    if (!this.ids.some((id) => ids.has(id))) return;
+    const d = this.dimension;
+    let to = 0;
     this.ids.forEach((id, slot) => {
-      if (ids.has(id)) slots.push(slot);
+      if (ids.has(id)) return;
+      if (to !== slot) this.rows.copyWithin(to * d, slot * d, (slot + 1) * d);
+      to++;
     });
-    if (slots.length === 0) return;
-    this.index.removePositions(slots);
     this.ids = this.ids.filter((id) => !ids.has(id));
   }
 
   /** The k best chunk ids by inner product among the slots `allow` lets through (none: all), best first. */
   search(query: Float32Array, k: number, allow?: Bitmap): { ids: number[]; scores: number[] } {
-    const { positions, scores } = this.index.search(query, k, allow ? { allow: allow.bytes } : undefined);
-    return { ids: positions.map((p) => this.ids[p]!), scores };
+    const { slots, scores } = scanTopK(this.rows, this.ids.length, this.dimension, query, k, allow?.bytes);
+    return { ids: slots.map((p) => this.ids[p]!), scores };
   }
 
   clone(): CollectionVectors {
-    return new CollectionVectors(this.index.clone(), [...this.ids]);
+    return new CollectionVectors(this.dimension, this.rows.slice(0, this.ids.length * this.dimension), [...this.ids]);
   }
 }
 
