@@ -28,9 +28,12 @@ __host__ __device__ constexpr bool qgemv_i8_type(int t) {
 inline size_t qgemv_i8_values_bytes(int rows, int k) { return qalign256((size_t)rows * k); }
 inline size_t qgemv_i8_scratch_bytes(int rows, int k) { return qgemv_i8_values_bytes(rows, k) + (size_t)rows * (k / 32) * sizeof(float2); }
 
-// X [rows, k] (contiguous, k a multiple of 32) as `blocks` = rows x k / 32 blocks: a warp a block.
+// X [rows, k] (contiguous, k a multiple of 32) as `blocks` = rows x k / 32 blocks: a warp a block. With
+// `interleaved`, each block's eight 32-bit words are stored in the order 0 4 1 5 2 6 3 7, as qmmq_kernel's
+// shared tiles hold them (quant_mmq.cuh): it copies X's blocks there as they are, with cp.async.
 template <typename T>
-__global__ void quantize_x_i8_kernel(const T* __restrict__ X, int blocks, int8_t* __restrict__ xq, float2* __restrict__ xd) {
+__global__ void quantize_x_i8_kernel(const T* __restrict__ X, int blocks, int8_t* __restrict__ xq, float2* __restrict__ xd,
+                                     bool interleaved) {
   const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (b >= blocks) return;  // the whole warp: b is the same for its lanes
   const int lane = threadIdx.x & 31;
@@ -38,7 +41,8 @@ __global__ void quantize_x_i8_kernel(const T* __restrict__ X, int blocks, int8_t
   const float amax = warp_max(fabsf(v));
   const float d = amax / 127.f;
   const int q = amax > 0.f ? __float2int_rn(v / d) : 0;
-  xq[(size_t)b * 32 + lane] = (int8_t)q;
+  const int word = lane >> 2, at = interleaved ? ((word & 3) * 2 + (word >> 2)) * 4 + (lane & 3) : lane;
+  xq[(size_t)b * 32 + at] = (int8_t)q;
   const float sum = warp_sum((float)q);  // at most 32 x 127: exact in float
   if (lane == 0) xd[b] = make_float2(d, d * sum);
 }

@@ -446,19 +446,35 @@ template <typename T> __device__ __forceinline__ uint32_t lds32(const T* p) { re
 template <typename T, int MI>
 __device__ __forceinline__ void mma_tile_store(const float (&acc)[MI][4][4], int r0, int c0, int g, int tig, int rows, int n,
                                                float* __restrict__ partial, void* __restrict__ Y, bool y_f32, int ldy) {
+  // A lane's two adjacent columns are one store where the pair is aligned (n and ldy even, Y 4-byte aligned:
+  // every shape the models have); otherwise they are stored one by one.
+  const bool pairs = ((n | ldy) & 1) == 0 && (reinterpret_cast<uintptr_t>(Y) & 3) == 0;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = r0 + mi * 16 + g + (e >= 2 ? 8 : 0);
-        const int c = c0 + ni * 8 + 2 * tig + (e & 1);
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + mi * 16 + g + 8 * h;
+        const int c = c0 + ni * 8 + 2 * tig;
         if (r >= rows || c >= n) continue;
-        const float v = acc[mi][ni][e];
-        if (partial) partial[((size_t)blockIdx.z * rows + r) * n + c] = v;
-        else if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + c] = v;
-        else static_cast<T*>(Y)[(size_t)r * ldy + c] = from_f<T>(v);
+        const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        if (pairs) {
+          if (partial) *reinterpret_cast<float2*>(&partial[((size_t)blockIdx.z * rows + r) * n + c]) = make_float2(v0, v1);
+          else if (y_f32) *reinterpret_cast<float2*>(&static_cast<float*>(Y)[(size_t)r * ldy + c]) = make_float2(v0, v1);
+          else {
+            __align__(4) const T two[2] = {from_f<T>(v0), from_f<T>(v1)};
+            *reinterpret_cast<uint32_t*>(&static_cast<T*>(Y)[(size_t)r * ldy + c]) = *reinterpret_cast<const uint32_t*>(two);
+          }
+          continue;
+        }
+        for (int e = 0; e < 2; ++e) {
+          if (c + e >= n) break;
+          const float v = e ? v1 : v0;
+          if (partial) partial[((size_t)blockIdx.z * rows + r) * n + c + e] = v;
+          else if (y_f32) static_cast<float*>(Y)[(size_t)r * ldy + c + e] = v;
+          else static_cast<T*>(Y)[(size_t)r * ldy + c + e] = from_f<T>(v);
+        }
       }
 }
 

@@ -1345,11 +1345,11 @@ void launch_qgemv(Engine& e, const Engine::QSeg& sg, const void* X, void* y, boo
 
 // The step's activations X [rows, k] as int8 blocks in e.qtile for qgemv_i8_kernel (quant_gemv_i8.cuh).
 template <typename T>
-void quantize_x_i8(Engine& e, const void* X, int rows, int k, int8_t*& xq, float2*& xd) {
+void quantize_x_i8(Engine& e, const void* X, int rows, int k, int8_t*& xq, float2*& xd, bool interleaved = false) {
   xq = static_cast<int8_t*>(e.qtile);
   xd = reinterpret_cast<float2*>(static_cast<char*>(e.qtile) + qgemv_i8_values_bytes(rows, k));
   const int blocks = rows * (k / 32);
-  quantize_x_i8_kernel<T><<<(blocks + 7) / 8, 256, 0, e.stream>>>((const T*)X, blocks, xq, xd);
+  quantize_x_i8_kernel<T><<<(blocks + 7) / 8, 256, 0, e.stream>>>((const T*)X, blocks, xq, xd, interleaved);
 }
 
 template <typename T, int R, int TY>
@@ -1517,14 +1517,17 @@ int qmmq_launch(Engine& e, const Engine::QSeg& sg, const int8_t* xq, const float
 // Y[:, row0 .. row0 + sg.rows) = X . W^T through qmmq_kernel (quant_mmq.cuh) for up to QMMQ_MAX_ROWS rows (a
 // 32-row tile up to 32): X quantized to int8 blocks in e.qtile once for every segment of the product (xq, xd
 // keep it for the next), the split partial sums after it. 0 done; 1 the scratch does not hold X's int8 rows
-// (nothing launched: the caller runs qmma_kernel); < 0 an error.
+// or k is not a multiple of 64 (nothing launched: the caller runs qmma_kernel); < 0 an error.
 template <typename T>
 int qmmq_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size_t ysz, int ldy, int rows, int k,
                  int8_t*& xq, float2*& xd) {
   const size_t cap = (size_t)e.cfg.quant_tile_bytes;
   const size_t whole = qalign256(qgemv_i8_scratch_bytes(rows, k));
-  if (whole > cap) return 1;
-  if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd);
+  // Units are loaded two at a time (qmmq_kernel): a row's unit count must be even.
+  if (whole > cap || k % 64 != 0) return 1;
+  // Interleaved for the kernel's tiles. A product's segments take the GEMV or this path alike (the choice is
+  // by rows), so X's int8 rows from one segment are in this layout for the next.
+  if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd, true);
   void* scratch = static_cast<char*>(e.qtile) + whole;
   return rows <= 32 ? qmmq_launch<T, 32>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole)
                     : qmmq_launch<T, 64>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole);
