@@ -35,6 +35,11 @@ constexpr int qmmq_min_ctas(int bm) { return bm == 64 ? 3 : 5; }
 // tensor cores: on the H100 a 1,536-row prefill of a 7B Q4_K_M took 0.197 s here against 0.161 s there,
 // while at 24-32 rows this one was the faster.
 constexpr int QMMQ_MAX_ROWS = 64;
+// Products of up to this many rows take the 32-row tile (two or more M tiles of it past 32 rows), longer ones
+// the 64-row tile. A build-time setting (-DQMMQ_TILE32_ROWS=64) so that the device runs can time both.
+#ifndef QMMQ_TILE32_ROWS
+#define QMMQ_TILE32_ROWS 32
+#endif
 // The shared tiles hold each unit's 32 bytes with its words interleaved (0 4 1 5 2 6 3 7): the two words an
 // m16n8k32 fragment takes from a row (tig and tig + 4) are one 8-byte load. Rows padded by 32 bytes (40
 // words): the four rows of a half warp's 8-byte loads fall in 32 distinct banks. X's blocks arrive

@@ -1529,8 +1529,8 @@ int qmmq_project(Engine& e, const Engine::QSeg& sg, const void* X, char* y, size
   // by rows), so X's int8 rows from one segment are in this layout for the next.
   if (!xq) quantize_x_i8<T>(e, X, rows, k, xq, xd, true);
   void* scratch = static_cast<char*>(e.qtile) + whole;
-  return rows <= 32 ? qmmq_launch<T, 32>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole)
-                    : qmmq_launch<T, 64>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole);
+  return rows <= QMMQ_TILE32_ROWS ? qmmq_launch<T, 32>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole)
+                                  : qmmq_launch<T, 64>(e, sg, xq, xd, y, ysz == 4, ldy, rows, k, scratch, cap - whole);
 }
 
 // Y[rows, n] = X[rows, k] . W^T for a GGUF decoder's quantized matrix (kind, layer), segment by segment
