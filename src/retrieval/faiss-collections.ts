@@ -30,9 +30,10 @@ export class CollectionVectors {
     return new CollectionVectors(dimension, new Float32Array(0), []);
   }
 
+  /** Takes `ids` and `vectors` as its own (not copied: the caller passes fresh arrays and keeps neither). */
   static of(dimension: number, ids: number[], vectors: Float32Array): CollectionVectors {
     if (vectors.length !== ids.length * dimension) throw new Error(`${vectors.length} floats for ${ids.length} chunks`);
-    return new CollectionVectors(dimension, vectors.slice(), ids);
+    return new CollectionVectors(dimension, vectors, ids);
   }
 
   get size(): number {

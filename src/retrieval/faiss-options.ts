@@ -21,3 +21,6 @@ export function defaults(): Required<Omit<FaissStoreOptions, 'warn' | 'compactBy
   const c = loadConfig({});
   return { annMin: c.faissAnnMin, efSearch: c.faissEfSearch, hnswM: c.faissHnswM, efConstruction: c.faissEfConstruction, logBytes: c.faissLogBytes };
 }
+
+/** Where the store's warnings go when FaissStoreOptions.warn names nowhere. */
+export const defaultWarn = (message: string): void => console.warn(`[faiss-store] ${message}`);

@@ -23,7 +23,7 @@
 import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { apply, concatVectors, encodeChange, loggedBatch, noChange, replay, type Applied, type Change } from './faiss-change.js';
-import { defaults, type FaissStoreOptions } from './faiss-options.js';
+import { defaults, defaultWarn, type FaissStoreOptions } from './faiss-options.js';
 import { everything, lexicalEntry, nothing, passes, searchState } from './faiss-search.js';
 import { captureView, encodeState, encodeView, loadState, SNAPSHOT } from './faiss-snapshot-sections.js';
 import { collectionVectorBytes, concat, copyState, dropTombstones, emptyState, groupByCollection, key, liveChunks, type State } from './faiss-state.js';
@@ -495,6 +495,5 @@ export class FaissStore implements RetrievalStore {
   }
 }
 
-const defaultWarn = (message: string) => console.warn(`[faiss-store] ${message}`);
 /** What the write queue's tail settles with: nothing that holds memory. */
 const settled = (): undefined => undefined;

@@ -8,7 +8,7 @@
 import { createHash } from 'node:crypto';
 import { totalmem } from 'node:os';
 import type { Config } from '../config/config.js';
-import { AdapterNotFoundError, AdapterInvalidError, AdapterRegistry, resolveQueryAdapter } from '../generate/adapters.js';
+import { AdapterNotFoundError, AdapterInvalidError, AdapterRegistry, resolveQueryAdapter, type QueryAdapter } from '../generate/adapters.js';
 import type { BlockManager } from '../generate/block-manager.js';
 import type { Engine } from '../generate/engine.js';
 import { ChatTemplate } from '../generate/chat-template.js';
@@ -70,8 +70,7 @@ export class RagService {
   /** LoRA adapters, loaded for the requests naming them and unloaded after the last. */
   readonly adapters: AdapterRegistry;
   /** RAGGUARD_QUERY_ADAPTER as start() resolved it, and why (the start-up log's line). */
-  private resolvedQueryAdapter: string | undefined;
-  private queryAdapterWhy = '';
+  private resolvedQueryAdapter: QueryAdapter = { name: undefined, note: '' };
   /** Process memory after each query, for the leak check. */
   readonly growth: GrowthTracker;
   /** Process memory over time, less the stored documents' predicted bytes: the slow-leak check (growth.ts). */
@@ -239,9 +238,7 @@ export class RagService {
     const store = await openStore(cfg, m.embedder.dimension);
     const service = new RagService(cfg, m, store);
     try {
-      const qa = await resolveQueryAdapter(cfg.queryAdapter, service.adapters);
-      service.resolvedQueryAdapter = qa.name;
-      service.queryAdapterWhy = qa.note;
+      service.resolvedQueryAdapter = await resolveQueryAdapter(cfg.queryAdapter, service.adapters);
     } catch (e) {
       await service.close();
       if (e instanceof AdapterNotFoundError || e instanceof AdapterInvalidError) throw new Error(`RAGGUARD_QUERY_ADAPTER: ${e.message}`);
@@ -335,17 +332,17 @@ export class RagService {
 
   /** The adapter a query naming none runs with (RAGGUARD_QUERY_ADAPTER as start() resolved it), or undefined: the base model. */
   get queryAdapter(): string | undefined {
-    return this.resolvedQueryAdapter;
+    return this.resolvedQueryAdapter.name;
   }
 
   /** Which adapter that is and why ("query adapter: coder-grounded (RAGGUARD_QUERY_ADAPTER=auto; ...)"), for the start-up log. */
   get queryAdapterNote(): string {
-    return this.queryAdapterWhy;
+    return this.resolvedQueryAdapter.note;
   }
 
   /** The adapter a query generates with: the one it names, the base model for null, else RAGGUARD_QUERY_ADAPTER's. */
   queryAdapterFor(asked: string | null | undefined): string | undefined {
-    return asked === undefined ? this.resolvedQueryAdapter : (asked ?? undefined);
+    return asked === undefined ? this.resolvedQueryAdapter.name : (asked ?? undefined);
   }
 
   /** Answers the query as it is given (the query pipeline); an abort of `signal` stops it between stages or at the engine's next step. */
