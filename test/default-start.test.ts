@@ -1,8 +1,10 @@
 /**
  * The server as the README's first command serves it: `npm start` with the defaults (the default decoder,
- * setup's adapters and so its LoRA inputs, ragguard's CPU kernels, the start-up profile run), not the test
- * models the other tests use. 41e4b17 broke exactly this (the profile run's batched steps fed the SwiGlu op
- * a broadcast LoRA B it refused, so the server never became ready) while every other test passed.
+ * Qwen2.5-Coder-1.5B, with query-focused context; ragguard's CPU kernels; the start-up profile run), not the
+ * test models the other tests use; and the same with RAGGUARD_DECODER naming Qwen2.5-Coder-0.5B, the decoder
+ * setup's adapters fit (so LoRA inputs are on, and the query adapter is coder-grounded). 41e4b17 broke
+ * exactly that second start (the profile run's batched steps fed the SwiGlu op a broadcast LoRA B it
+ * refused, so the server never became ready) while every other test passed.
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -13,13 +15,24 @@ import { loadConfig } from '../src/config/config.js';
 import { ROOT, smallCorpus, tempDir } from './helpers.js';
 
 const GGUF = loadConfig({}).decoderPath;
+const SMALL = 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf';
+const missing = (f: string) => (existsSync(f) ? false : `${f} is missing: run npm run setup`);
 
-test('npm start with the default settings becomes ready and answers a /query', { skip: existsSync(GGUF) ? false : `${GGUF} is missing: run npm run setup` }, async () => {
+test('npm start with the default settings becomes ready and answers a /query', { skip: missing(GGUF) }, async () => {
+  await startAndAsk({}, /Qwen2\.5-Coder-1\.5B/, null);
+});
+
+test('npm start on Qwen2.5-Coder-0.5B (setup\'s adapters, LoRA inputs) becomes ready and answers with coder-grounded', { skip: missing(SMALL) }, async () => {
+  await startAndAsk({ RAGGUARD_DECODER: SMALL }, /Qwen2\.5-Coder-0\.5B/, 'coder-grounded');
+});
+
+/** npm start with only `extra` set of RAGGUARD_*; its /v1/models names `model`, and a /query answers with `adapter`. */
+async function startAndAsk(extra: Record<string, string>, model: RegExp, adapter: string | null): Promise<void> {
   // Only what a test must set: a free port, its own index, a small corpus (ingesting the whole one is not
   // the subject). Every RAGGUARD_* the caller's environment carries is dropped: the defaults are the subject.
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('RAGGUARD_') && v !== undefined) env[k] = v;
-  Object.assign(env, { PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(4) });
+  Object.assign(env, { PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(4) }, extra);
   const proc = spawn('npm', ['start', '--silent'], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
@@ -37,14 +50,15 @@ test('npm start with the default settings becomes ready and answers a /query', {
     assert.equal((await request(base).get('/healthz')).status, 200);
     const models = await request(base).get('/v1/models');
     assert.equal(models.status, 200);
-    assert.ok((models.body.data as { id: string }[]).some((m) => /Qwen2\.5-Coder-0\.5B/.test(m.id)), `the default decoder serves: ${JSON.stringify(models.body)}`);
+    assert.ok((models.body.data as { id: string }[]).some((m) => model.test(m.id)), `${model} serves: ${JSON.stringify(models.body)}`);
     const res = await request(base).post('/query').send({ query: 'Which command shows the packages a file belongs to?' });
     assert.equal(res.status, 200, JSON.stringify(res.body));
     assert.equal(typeof res.body.answer, 'string');
     assert.ok(res.body.answer.length > 0, 'an answer');
     assert.ok(Array.isArray(res.body.citations) && res.body.citations.length > 0, 'with citations');
+    assert.equal(res.body.adapter ?? null, adapter, 'the query adapter RAGGUARD_QUERY_ADAPTER=auto chose');
   } finally {
     proc.kill('SIGTERM');
     await exited;
   }
-});
+}

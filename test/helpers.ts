@@ -37,9 +37,14 @@ export async function smallCorpus(n: number, names?: string[]): Promise<string> 
 /**
  * The tests' models, for in-process services and spawned servers alike: the small self-trained
  * embedder and decoder (fast, and in git or built from it; the default pretrained ones come with setup)
- * and the reranker on (off by default), so that the tests cover the whole pipeline and its memory guard.
+ * and the reranker on (off by default), so that the tests cover the whole pipeline and its memory guard;
+ * whole chunks in /query prompts (RAGGUARD_CONTEXT_SENTENCES=0), as the tests' prompts and budgets were
+ * written for (the default's 2 sentences a chunk is tuned for the default decoder: test/focus.test.ts and
+ * test/default-start.test.ts cover it).
  */
-export const TEST_ENV: Readonly<Record<string, string>> = { RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_DECODER: 'models/decoder-gqa', RAGGUARD_RERANK: 'true' };
+export const TEST_ENV: Readonly<Record<string, string>> = {
+  RAGGUARD_EMBEDDER: 'models/embedder', RAGGUARD_DECODER: 'models/decoder-gqa', RAGGUARD_RERANK: 'true', RAGGUARD_CONTEXT_SENTENCES: '0',
+};
 
 export function testConfig(env: Record<string, string> = {}): Config {
   return loadConfig({ PORT: '0', ...TEST_ENV, ...env });

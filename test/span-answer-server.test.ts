@@ -1,6 +1,6 @@
 /**
  * The copied-span constraint end to end (RAGGUARD_QUERY_COPY_SPAN=first, src/generate/span-answer.ts): the
- * real server on the default models (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, all-MiniLM-L6-v2) over loopback
+ * real server on Qwen2.5-Coder-0.5B-Instruct Q4_K_M (whole chunks) and the default embedder, all-MiniLM-L6-v2, over loopback
  * HTTP. A /query whose retrieved chunk names a command (atrm) answers opening with a code span, and every code
  * span of the answer stands verbatim in a chunk it cites; /v1/chat/completions with rag, on the same
  * prompt, runs unconstrained and answers as it does with the constraint off. One question, greedy, no clock.
@@ -14,11 +14,13 @@ import { loadConfig } from '../src/config/config.js';
 import { SpanAnswerGrammar, SPAN_MAX_CHARS } from '../src/generate/span-answer.js';
 import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
-import { smallCorpus, tempDir } from './helpers.js';
+import { ROOT, smallCorpus, tempDir } from './helpers.js';
 
 const DEFAULTS = loadConfig({});
-const missing = [DEFAULTS.decoderPath, DEFAULTS.embedderPath].find((p) => !existsSync(p));
-// Unconstrained, the default model answers this one with a span the chunks do not hold (`atrm 1`, where the
+// The 0.5B (setup fetches it beside the default 1.5B), whose unconstrained answer below is known.
+const DECODER = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
+const missing = [DECODER, DEFAULTS.embedderPath].find((p) => !existsSync(p));
+// Unconstrained, this model answers this one with a span the chunks do not hold (`atrm 1`, where the
 // chunk says `atrm task-number`): the constraint is what keeps /query's spans copied.
 const QUESTION = 'I queued a one-off job with at; how do I cancel it?';
 const MAX_TOKENS = 48;
@@ -35,11 +37,11 @@ function codeSpans(answer: string): string[] {
 test('RAGGUARD_QUERY_COPY_SPAN=first: /query code spans are copied from its citations; /v1/chat/completions is not constrained', { skip: missing ? `${missing} is missing: run npm run setup` : false }, async () => {
   const cfg = loadConfig({
     PORT: '0', RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: await smallCorpus(0, ['task-scheduling-cron-atd']), RAGGUARD_PROFILE_RUN: 'false',
-    RAGGUARD_QUERY_COPY_SPAN: 'first',
+    RAGGUARD_QUERY_COPY_SPAN: 'first', RAGGUARD_DECODER: DECODER, RAGGUARD_CONTEXT_SENTENCES: '0',
     // The conversion goes where the environment says (a worktree sharing models/gguf-cache points it at its own).
     ...(process.env['RAGGUARD_GGUF_CACHE'] ? { RAGGUARD_GGUF_CACHE: process.env['RAGGUARD_GGUF_CACHE'] } : {}),
   });
-  assert.equal(cfg.decoderPath, DEFAULTS.decoderPath);
+  assert.equal(cfg.decoderPath, DECODER);
   assert.equal(cfg.queryCopySpan, 'first');
   const service = await RagService.start(cfg);
   // The grammar each generation was given (the constraint is the engine's params.grammar).
