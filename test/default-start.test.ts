@@ -56,7 +56,7 @@ async function startAndAsk(extra: Record<string, string>, model: RegExp, adapter
     assert.equal(typeof res.body.answer, 'string');
     assert.ok(res.body.answer.length > 0, 'an answer');
     assert.ok(Array.isArray(res.body.citations) && res.body.citations.length > 0, 'with citations');
-    assert.equal(res.body.adapter ?? null, adapter, 'the query adapter RAGGUARD_QUERY_ADAPTER=auto chose');
+    assert.equal((res.body.adapter as { name?: string } | undefined)?.name ?? null, adapter, 'the query adapter RAGGUARD_QUERY_ADAPTER=auto chose');
   } finally {
     proc.kill('SIGTERM');
     await exited;
