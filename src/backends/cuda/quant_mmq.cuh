@@ -80,41 +80,37 @@ template <int TY> __device__ __forceinline__ void unit_load_pair(const QPlanes& 
   unit_load<TY>(p, u, r[0]);
   unit_load<TY>(p, u + 1, r[1]);
 }
-template <> __device__ __forceinline__ void unit_load_pair<QT_Q8_0>(const QPlanes& p, size_t u, UnitRaw (&r)[2]) {
+// The pair's two 2-byte scales (S) as one 4-byte load (u even: 4-byte aligned).
+__device__ __forceinline__ void pair_scales(const QPlanes& p, size_t u, UnitRaw (&r)[2]) {
   const uint32_t s = ld_u32(p.s + 2 * u);
-  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
   r[0].s = s & 0xffffu;
   r[1].s = s >> 16;
+}
+template <> __device__ __forceinline__ void unit_load_pair<QT_Q8_0>(const QPlanes& p, size_t u, UnitRaw (&r)[2]) {
+  pair_scales(p, u, r);
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 32);
   r[0].q[0] = __ldg(q);
   r[0].q[1] = __ldg(q + 1);
   r[1].q[0] = __ldg(q + 2);
   r[1].q[1] = __ldg(q + 3);
 }
 template <> __device__ __forceinline__ void unit_load_pair<QT_Q4_0>(const QPlanes& p, size_t u, UnitRaw (&r)[2]) {
-  const uint32_t s = ld_u32(p.s + 2 * u);
+  pair_scales(p, u, r);
   const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 16);
-  r[0].s = s & 0xffffu;
-  r[1].s = s >> 16;
   r[0].q[0] = __ldg(q);
   r[1].q[0] = __ldg(q + 1);
 }
+// Q4_K: Q4_0's planes (16 bytes and a 2-byte scale a unit) and the super-block's d and dmin.
 template <> __device__ __forceinline__ void unit_load_pair<QT_Q4_K>(const QPlanes& p, size_t u, UnitRaw (&r)[2]) {
-  const uint32_t s = ld_u32(p.s + 2 * u), h = ld_u32(p.h + 4 * (u >> 3));
-  const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 16);
-  r[0].s = s & 0xffffu;
-  r[1].s = s >> 16;
-  r[0].h = r[1].h = h;
-  r[0].q[0] = __ldg(q);
-  r[1].q[0] = __ldg(q + 1);
+  unit_load_pair<QT_Q4_0>(p, u, r);
+  r[0].h = r[1].h = ld_u32(p.h + 4 * (u >> 3));
 }
 // Q6_K: the pair's 48 bytes (16-byte aligned for u even) as three 16-byte loads.
 template <> __device__ __forceinline__ void unit_load_pair<QT_Q6_K>(const QPlanes& p, size_t u, UnitRaw (&r)[2]) {
-  const uint32_t s = ld_u32(p.s + 2 * u), h = ld_u16(p.h + 2 * (u >> 3));
+  pair_scales(p, u, r);
+  r[0].h = r[1].h = ld_u16(p.h + 2 * (u >> 3));
   const uint4* q = reinterpret_cast<const uint4*>(p.q + u * 24);
   const uint4 a = __ldg(q), b = __ldg(q + 1), c = __ldg(q + 2);
-  r[0].s = s & 0xffffu;
-  r[1].s = s >> 16;
-  r[0].h = r[1].h = h;
   r[0].q[0] = a;
   r[0].q[1].x = b.x;
   r[0].q[1].y = b.y;
