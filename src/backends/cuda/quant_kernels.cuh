@@ -446,9 +446,9 @@ template <typename T> __device__ __forceinline__ uint32_t lds32(const T* p) { re
 template <typename T, int MI>
 __device__ __forceinline__ void mma_tile_store(const float (&acc)[MI][4][4], int r0, int c0, int g, int tig, int rows, int n,
                                                float* __restrict__ partial, void* __restrict__ Y, bool y_f32, int ldy) {
-  // A lane's two adjacent columns are one store where the pair is aligned (n and ldy even, Y 4-byte aligned:
-  // every shape the models have); otherwise they are stored one by one.
-  const bool pairs = ((n | ldy) & 1) == 0 && (reinterpret_cast<uintptr_t>(Y) & 3) == 0;
+  // A lane's two adjacent columns are one store where the pair is aligned (n and ldy even, Y aligned to a pair:
+  // 8 bytes for float, 4 for 16-bit; every shape the models have); otherwise they are stored one by one.
+  const bool pairs = ((n | ldy) & 1) == 0 && (reinterpret_cast<uintptr_t>(Y) & (y_f32 ? 7 : 3)) == 0;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
