@@ -1,13 +1,14 @@
 /**
  * A GGUF decoder (llama or qwen2) as a Hugging Face checkpoint in float32: config.json and
- * model.safetensors with transformers' module names and layouts, the weights dequantized by the same
+ * model.safetensors (or, past 2 GiB, transformers' shards and model.safetensors.index.json: one array
+ * cannot hold a 1.5B model's 7 GB) with transformers' module names and layouts, the weights dequantized by the same
  * reader the server converts with (gguf-weights.ts: llama's q/k row permutation undone). Training a
  * LoRA adapter for the GGUF decoder starts from it (scripts/train-grounded-lora.py), so that the
  * adapter's modules and shapes are the ones the converted graph's LoRA inputs take.
  *
  *   npx tsx scripts/export-gguf-hf.ts <model.gguf> <out dir>
  */
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { GgufFile } from '../src/runtime/gguf.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
@@ -61,8 +62,32 @@ try {
     ragguard_source: { gguf: path.resolve(src) },
   };
   await mkdir(out, { recursive: true });
+  // Shards of at most 2 GiB, in the tensors' order, named as transformers names them.
+  const SHARD = 2 ** 31;
+  const shards: Map<string, { shape: number[]; values: Float32Array }>[] = [new Map()];
+  let size = 0;
+  let total = 0;
+  for (const [name, t] of tensors) {
+    if (size > 0 && size + t.values.byteLength > SHARD) { shards.push(new Map()); size = 0; }
+    shards.at(-1)!.set(name, t);
+    size += t.values.byteLength;
+    total += t.values.byteLength;
+  }
+  await rm(path.join(out, 'model.safetensors'), { force: true });
+  await rm(path.join(out, 'model.safetensors.index.json'), { force: true });
+  if (shards.length === 1) {
+    await writeFile(path.join(out, 'model.safetensors'), writeSafetensors(tensors, { format: 'pt' }));
+  } else {
+    const weightMap: Record<string, string> = {};
+    for (const [i, shard] of shards.entries()) {
+      const name = `model-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`;
+      await writeFile(path.join(out, name), writeSafetensors(shard, { format: 'pt' }));
+      for (const t of shard.keys()) weightMap[t] = name;
+    }
+    await writeFile(path.join(out, 'model.safetensors.index.json'), `${JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2)}\n`);
+  }
+  // config.json last: scripts/grounded-lora.sh takes its presence for a finished export.
   await writeFile(path.join(out, 'config.json'), `${JSON.stringify(config, null, 2)}\n`);
-  await writeFile(path.join(out, 'model.safetensors'), writeSafetensors(tensors, { format: 'pt' }));
   console.log(`[export] ${src} -> ${out}: ${tensors.size} tensors, ${[...tensors.values()].reduce((s, t) => s + t.values.length, 0)} parameters`);
 } finally {
   file.close();

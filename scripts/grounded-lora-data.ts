@@ -2,7 +2,7 @@
  * Training examples for the grounded-answer adapter (scripts/train-grounded-lora.py), one JSON line per
  * question of data/questions.json's tune split (never the held-out one): the prompt exactly as POST
  * /query builds it for the question with the configured decoder (retrieval, rerank, the decoder's chat
- * template and the RAG template, in a budget of `--budget` tokens) and the gold answer's tokens
+ * template, RAGGUARD_CONTEXT_SENTENCES and the RAG template, in a budget of `--budget` tokens) and the gold answer's tokens
  * followed by the decoder's end of turn:
  *
  *   {"id": "q001", "prompt": [ids...], "target": [ids...]}
@@ -20,6 +20,7 @@ import { parseQuestions } from '../bench/questions.js';
 import { loadConfig } from '../src/config/config.js';
 import { chatContextPrompt } from '../src/generate/chat-prompt.js';
 import { assemblePrompt } from '../src/generate/prompt.js';
+import { focusText, queryStems } from '../src/retrieval/focus.js';
 import { RagService } from '../src/service/rag.js';
 
 const { values, positionals } = parseArgs({ allowPositionals: true, options: { budget: { type: 'string', default: '320' } } });
@@ -42,7 +43,11 @@ try {
     // The server's own path to the prompt (retrieval, rerank, template); one token generated and dropped.
     await service.query({
       query: q.question, topK: cfg.defaultTopK, rerankTopN: cfg.defaultRerankTopN, maxNewTokens: 1, temperature: 0, promptBudget: budget,
-      promptFor: async (chunks, b, between) => {
+      promptFor: async (whole, b, between) => {
+        // A promptFor turns the server's RAGGUARD_CONTEXT_SENTENCES off (chats keep whole chunks), so the
+        // focusing a plain /query does is done here, as the pipeline does it.
+        const stems = cfg.contextSentences > 0 ? queryStems(q.question) : undefined;
+        const chunks = stems ? whole.map((c) => ({ ...c, text: focusText(stems, c.text, cfg.contextSentences) })) : whole;
         const p = service.chat ? await chatContextPrompt(service.chat, service.template, [{ role: 'user', content: q.question }], chunks, b, between)
           : assemblePrompt(decoder.tokenizer, service.template, service.promptBosId, q.question, chunks, b);
         prompt = p.ids;
