@@ -21,10 +21,10 @@ import { RagService } from '../src/service/rag.js';
 import { GgufFile } from '../src/runtime/gguf.js';
 import { readHeader } from '../src/runtime/safetensors.js';
 import { createApp } from '../src/server/app.js';
-import { ROOT, smallCorpus, tempDir } from './helpers.js';
+import { QWEN_05B_GGUF, ROOT, smallCorpus, tempDir } from './helpers.js';
 
 const DEFAULTS = loadConfig({});
-const GGUF = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
+const GGUF = QWEN_05B_GGUF;
 const ADAPTERS = path.join(ROOT, 'models', 'adapters');
 const CODER = ['coder-grounded', 'coder-random-r8'];
 const missing = !existsSync(GGUF) ? `${GGUF} is missing: run npm run setup (scripts/fetch-pretrained-qwen.sh)`

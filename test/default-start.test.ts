@@ -12,18 +12,18 @@ import { existsSync } from 'node:fs';
 import { test } from 'node:test';
 import request from 'supertest';
 import { loadConfig } from '../src/config/config.js';
-import { ROOT, smallCorpus, tempDir } from './helpers.js';
+import { QWEN_05B_GGUF, ROOT, smallCorpus, tempDir } from './helpers.js';
 
 const GGUF = loadConfig({}).decoderPath;
-const SMALL = 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf';
+
 const missing = (f: string) => (existsSync(f) ? false : `${f} is missing: run npm run setup`);
 
 test('npm start with the default settings becomes ready and answers a /query', { skip: missing(GGUF) }, async () => {
   await startAndAsk({}, /Qwen2\.5-Coder-1\.5B/, null);
 });
 
-test('npm start on Qwen2.5-Coder-0.5B (setup\'s adapters, LoRA inputs) becomes ready and answers with coder-grounded', { skip: missing(SMALL) }, async () => {
-  await startAndAsk({ RAGGUARD_DECODER: SMALL }, /Qwen2\.5-Coder-0\.5B/, 'coder-grounded');
+test('npm start on Qwen2.5-Coder-0.5B (setup\'s adapters, LoRA inputs) becomes ready and answers with coder-grounded', { skip: missing(QWEN_05B_GGUF) }, async () => {
+  await startAndAsk({ RAGGUARD_DECODER: QWEN_05B_GGUF }, /Qwen2\.5-Coder-0\.5B/, 'coder-grounded');
 });
 
 /** npm start with only `extra` set of RAGGUARD_*; its /v1/models names `model`, and a /query answers with `adapter`. */

@@ -25,7 +25,7 @@ import { int64s, ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer, type Node
 import { seededRandom } from '../src/generate/sampler.js';
 import { writeSafetensors } from '../src/runtime/safetensors.js';
 import { ragguardOpsVnni, setRagguardOpsPortable } from '../src/backends/ort/ort-direct.js';
-import { ROOT, tempDir } from './helpers.js';
+import { QWEN_05B_GGUF, ROOT, tempDir } from './helpers.js';
 import { loadConfig } from '../src/config/config.js';
 import { ortEngine } from '../src/backends/ort/ort-runner.js';
 
@@ -669,7 +669,7 @@ describe('padded prefill on a GGUF conversion (SmolLM2-135M-Instruct Q4_1, nbits
   });
 });
 
-const QWEN = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
+const QWEN = QWEN_05B_GGUF;
 
 describe('Qwen2.5-Coder-0.5B-Instruct Q4_K_M against llama.cpp (node-llama-cpp 3.21.1)', { skip: existsSync(QWEN) ? false : `${QWEN} is missing: run npm run setup (scripts/fetch-pretrained-qwen.sh)` }, () => {
   for (const kernels of ['onnxruntime', 'ragguard'] as const) test(`nbits (products on ${kernels}): the same token ids, the same greedy ids, log-probabilities within tolerance`, async (t) => {

@@ -13,6 +13,8 @@ import { gatedRun } from '../src/runtime/run-gate.js';
 
 export const ROOT = path.resolve(import.meta.dirname, '..');
 export const CORPUS = path.join(ROOT, 'data', 'corpus');
+/** The 0.5B decoder setup fetches beside the default 1.5B: the tests written about its adapters and template name it. */
+export const QWEN_05B_GGUF = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
 
 const dirs: string[] = [];
 after(async () => {

@@ -14,11 +14,11 @@ import { loadConfig } from '../src/config/config.js';
 import { SpanAnswerGrammar, SPAN_MAX_CHARS } from '../src/generate/span-answer.js';
 import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
-import { ROOT, smallCorpus, tempDir } from './helpers.js';
+import { QWEN_05B_GGUF, smallCorpus, tempDir } from './helpers.js';
 
 const DEFAULTS = loadConfig({});
 // The 0.5B (setup fetches it beside the default 1.5B), whose unconstrained answer below is known.
-const DECODER = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
+const DECODER = QWEN_05B_GGUF;
 const missing = [DECODER, DEFAULTS.embedderPath].find((p) => !existsSync(p));
 // Unconstrained, this model answers this one with a span the chunks do not hold (`atrm 1`, where the
 // chunk says `atrm task-number`): the constraint is what keeps /query's spans copied.

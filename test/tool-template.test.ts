@@ -4,16 +4,15 @@
  */
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import path from 'node:path';
 import { test } from 'node:test';
 import { ChatTemplate } from '../src/generate/chat-template.js';
 import type { TextTokenizer } from '../src/runtime/tokenizer.js';
 import { GgufFile } from '../src/runtime/gguf.js';
 import { planChat, StructuredOutputs } from '../src/server/structured.js';
 import type { ChatCompletionBody } from '../src/server/schemas.js';
-import { ROOT } from './helpers.js';
+import { QWEN_05B_GGUF } from './helpers.js';
 
-const GGUF = path.join(ROOT, 'models', 'pretrained', 'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
+const GGUF = QWEN_05B_GGUF;
 
 test('Qwen2.5\'s template writes the tools, the calls and the tool\'s answer (tool_choice auto)', { skip: existsSync(GGUF) ? false : `${GGUF} is missing: run npm run setup` }, async () => {
   const f = GgufFile.open(GGUF);

@@ -65,15 +65,19 @@ export class CollectionVectors {
 
   /** Drops these chunks (later slots move down). */
   remove(ids: ReadonlySet<number>): void {
-    if (!this.ids.some((id) => ids.has(id))) return;
+    // One walk: the kept ids move down in place with their rows (nothing moves before the first removed one).
     const d = this.dimension;
     let to = 0;
-    this.ids.forEach((id, slot) => {
-      if (ids.has(id)) return;
-      if (to !== slot) this.rows.copyWithin(to * d, slot * d, (slot + 1) * d);
+    for (let slot = 0; slot < this.ids.length; slot++) {
+      const id = this.ids[slot]!;
+      if (ids.has(id)) continue;
+      if (to !== slot) {
+        this.rows.copyWithin(to * d, slot * d, (slot + 1) * d);
+        this.ids[to] = id;
+      }
       to++;
-    });
-    this.ids = this.ids.filter((id) => !ids.has(id));
+    }
+    this.ids.length = to;
   }
 
   /** The k best chunk ids by inner product among the slots `allow` lets through (none: all), best first. */
