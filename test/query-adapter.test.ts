@@ -10,7 +10,7 @@ import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
-import { AdapterInvalidError, AdapterNotFoundError, GROUNDED_ADAPTER, resolveQueryAdapter } from '../src/generate/adapters.js';
+import { AdapterInvalidError, AdapterNotFoundError, GROUNDED_ADAPTERS, resolveQueryAdapter } from '../src/generate/adapters.js';
 import { loadModels, RagService, type Models } from '../src/service/rag.js';
 import { callJson, serveApp, smallCorpus, sseEvents, tempDir, testConfig } from './helpers.js';
 
@@ -30,14 +30,18 @@ describe('resolving RAGGUARD_QUERY_ADAPTER', () => {
     await assert.rejects(resolveQueryAdapter('bad', registry((n) => new AdapterInvalidError(`adapter '${n}': wrong shape`))), AdapterInvalidError);
   });
 
-  test('auto: the grounded adapter where it loads, else the base model saying why', async () => {
+  test('auto: the first grounded adapter that loads for the decoder, else the base model saying why', async () => {
     const asked: string[] = [];
-    const ok = await resolveQueryAdapter('auto', registry((n) => (asked.push(n), undefined)));
-    assert.deepEqual(asked, [GROUNDED_ADAPTER]);
-    assert.equal(ok.name, GROUNDED_ADAPTER);
-    const misfit = await resolveQueryAdapter('auto', registry(() => new AdapterInvalidError("adapter 'coder-grounded': q_proj is 896 wide, the decoder's 256")));
+    const first = await resolveQueryAdapter('auto', registry((n) => (asked.push(n), undefined)));
+    assert.deepEqual(asked, [GROUNDED_ADAPTERS[0]], 'the first that loads ends the search');
+    assert.equal(first.name, 'coder-grounded-1.5b');
+    // On the 0.5B the 1.5B's adapter does not fit: the 0.5B's own is next.
+    const small = await resolveQueryAdapter('auto', registry((n) => (n === 'coder-grounded-1.5b' ? new AdapterInvalidError("adapter 'coder-grounded-1.5b': q_proj is 1536 wide, the decoder's 896") : undefined)));
+    assert.equal(small.name, 'coder-grounded');
+    assert.match(small.note, /query adapter: coder-grounded \(RAGGUARD_QUERY_ADAPTER=auto/);
+    const misfit = await resolveQueryAdapter('auto', registry((n) => new AdapterInvalidError(`adapter '${n}': q_proj is 896 wide, the decoder's 256`)));
     assert.equal(misfit.name, undefined);
-    assert.match(misfit.note, /none \(RAGGUARD_QUERY_ADAPTER=auto: adapter 'coder-grounded': q_proj is 896 wide/);
+    assert.match(misfit.note, /none \(RAGGUARD_QUERY_ADAPTER=auto: adapter 'coder-grounded-1\.5b': q_proj is 896 wide.*; adapter 'coder-grounded': q_proj is 896 wide/);
     assert.equal((await resolveQueryAdapter('auto', registry(() => new AdapterNotFoundError('not found')))).name, undefined);
     // Anything else (a disk error) is not a reason to serve without it quietly.
     await assert.rejects(resolveQueryAdapter('auto', registry(() => new Error('EIO'))), /EIO/);

@@ -316,8 +316,12 @@ async function firstFitting(dir: string, shape: LoraShape, maxRank: number): Pro
   return undefined;
 }
 
-/** The grounded-answer adapter setup ships for the default decoder (models/shipped-adapters/README.md). */
-export const GROUNDED_ADAPTER = 'coder-grounded';
+/**
+ * The grounded-answer adapters setup ships (models/shipped-adapters/README.md), one for each decoder it
+ * fetches: coder-grounded-1.5b for the default Qwen2.5-Coder-1.5B, coder-grounded for the 0.5B. An
+ * adapter fits one decoder's shapes only, so at most one of them loads for a given decoder.
+ */
+export const GROUNDED_ADAPTERS: readonly string[] = ['coder-grounded-1.5b', 'coder-grounded'];
 
 /** RAGGUARD_QUERY_ADAPTER at start-up: the adapter a /query naming none runs with, and why (the start-up log). */
 export interface QueryAdapter {
@@ -327,8 +331,8 @@ export interface QueryAdapter {
 
 /**
  * RAGGUARD_QUERY_ADAPTER resolved against the registry: off, a name that must load here (throws its
- * AdapterNotFoundError or AdapterInvalidError, so that the start fails saying why), or auto: the grounded
- * adapter where it loads, else none with the reason.
+ * AdapterNotFoundError or AdapterInvalidError, so that the start fails saying why), or auto: the
+ * first grounded adapter that loads for this decoder, else none with the reasons.
  */
 export async function resolveQueryAdapter(setting: string, registry: Pick<AdapterRegistry, 'inspect'>): Promise<QueryAdapter> {
   if (setting === 'off') return { name: undefined, note: 'query adapter: none (RAGGUARD_QUERY_ADAPTER=off)' };
@@ -336,13 +340,16 @@ export async function resolveQueryAdapter(setting: string, registry: Pick<Adapte
     await registry.inspect(setting);
     return { name: setting, note: `query adapter: ${setting} (RAGGUARD_QUERY_ADAPTER)` };
   }
-  try {
-    await registry.inspect(GROUNDED_ADAPTER);
-    return { name: GROUNDED_ADAPTER, note: `query adapter: ${GROUNDED_ADAPTER} (RAGGUARD_QUERY_ADAPTER=auto; off for the base model)` };
-  } catch (e) {
-    if (e instanceof AdapterNotFoundError || e instanceof AdapterInvalidError) {
-      return { name: undefined, note: `query adapter: none (RAGGUARD_QUERY_ADAPTER=auto: ${e.message})` };
+  const why: string[] = [];
+  for (const name of GROUNDED_ADAPTERS) {
+    try {
+      await registry.inspect(name);
+      return { name, note: `query adapter: ${name} (RAGGUARD_QUERY_ADAPTER=auto; off for the base model)` };
+    } catch (e) {
+      // Not there, or made for another decoder: the next one, then the base model saying why.
+      if (!(e instanceof AdapterNotFoundError || e instanceof AdapterInvalidError)) throw e;
+      why.push(e.message);
     }
-    throw e;
   }
+  return { name: undefined, note: `query adapter: none (RAGGUARD_QUERY_ADAPTER=auto: ${why.join('; ')})` };
 }
