@@ -7,13 +7,15 @@
  * For the shipped self-trained decoder (models/decoder):
  *   demo-r8          every projection (q, k, v, o, gate, up, down), r 8, lora_alpha 16, alpha_pattern down_proj 32
  *   demo-qv-r4       q_proj and v_proj only, r 4, lora_alpha 8, use_rslora (scale alpha / sqrt(r))
- * For the default decoder (Qwen2.5-Coder-0.5B-Instruct, RAGGUARD_DECODER's default GGUF):
+ * For Qwen2.5-Coder-0.5B-Instruct (the default decoder until 2026-12-06; setup fetches it beside the 1.5B):
  *   coder-random-r8  every projection, r 8, lora_alpha 16: random, for mixing adapters in a batch
  *   coder-grounded   (shipped, trained: models/shipped-adapters/README.md) q_proj and v_proj, r 8
+ * For the default decoder, Qwen2.5-Coder-1.5B-Instruct:
+ *   coder-grounded-1.5b  (shipped, trained) q_proj and v_proj, r 8
  *
  * lora_A is uniform in +-1/sqrt(in) as PEFT initialises it; lora_B, which PEFT starts at zero (an
  * adapter that changes nothing), is drawn from N(0, sigma) so that an adapter visibly changes answers.
- * The default decoder's shape is written here rather than read from its GGUF: setup builds the adapters
+ * The 0.5B's shape is written here rather than read from its GGUF: setup builds the adapters
  * before it fetches the GGUF, whose conversion then finds them (RAGGUARD_DECODER_LORA=auto); a test
  * checks the two agree. scripts/gpu/build_adapters.py makes the same kind with PEFT itself, for a
  * cross-check against torch.

@@ -1,8 +1,9 @@
 /**
  * The server as the README's first command serves it: `npm start` with the defaults (the default decoder,
- * Qwen2.5-Coder-1.5B, with query-focused context; ragguard's CPU kernels; the start-up profile run), not the
- * test models the other tests use; and the same with RAGGUARD_DECODER naming Qwen2.5-Coder-0.5B, the decoder
- * setup's adapters fit (so LoRA inputs are on, and the query adapter is coder-grounded). 41e4b17 broke
+ * Qwen2.5-Coder-1.5B, with query-focused context and its grounded adapter coder-grounded-1.5b, so LoRA
+ * inputs on; ragguard's CPU kernels; the start-up profile run), not the test models the other tests use; and
+ * the same with RAGGUARD_DECODER naming Qwen2.5-Coder-0.5B, whose own adapters then fit (the query adapter
+ * is coder-grounded). 41e4b17 broke
  * exactly that second start (the profile run's batched steps fed the SwiGlu op a broadcast LoRA B it
  * refused, so the server never became ready) while every other test passed.
  */
@@ -19,7 +20,7 @@ const GGUF = loadConfig({}).decoderPath;
 const missing = (f: string) => (existsSync(f) ? false : `${f} is missing: run npm run setup`);
 
 test('npm start with the default settings becomes ready and answers a /query', { skip: missing(GGUF) }, async () => {
-  await startAndAsk({}, /Qwen2\.5-Coder-1\.5B/, null);
+  await startAndAsk({}, /Qwen2\.5-Coder-1\.5B/, 'coder-grounded-1.5b');
 });
 
 test('npm start on Qwen2.5-Coder-0.5B (setup\'s adapters, LoRA inputs) becomes ready and answers with coder-grounded', { skip: missing(QWEN_05B_GGUF) }, async () => {
