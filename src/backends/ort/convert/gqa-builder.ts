@@ -249,6 +249,8 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
    * A and B ([b, in, r], [b, r, out], alive only for this projection), then [b, s, in] x [b, in, r] ->
    * [b, s, r] x [b, r, out]; zeros at rank 0.
    */
+  /** The row index the current layer's LoRA gathers read (set per layer below). */
+  let layerLoraIndex = LORA_INDEX;
   const loraTerm = (name: string, x: string): string => {
     const [xa, bRows] = loraFactors(name, x);
     add('MatMul', [xa, bRows], [`${name}.lora_xab`]);
@@ -256,8 +258,8 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   };
   /** The low-rank term's first product and its second factor: x A ([b, s, r]) and B ([b, r, out]), names returned. */
   const loraFactors = (name: string, x: string): [string, string] => {
-    add('Gather', [`${name}.lora_A`, LORA_INDEX], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
-    add('Gather', [`${name}.lora_B`, LORA_INDEX], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
+    add('Gather', [`${name}.lora_A`, layerLoraIndex], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
+    add('Gather', [`${name}.lora_B`, layerLoraIndex], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
     add('MatMul', [x, `${name}.lora_a_rows`], [`${name}.lora_xa`]);
     return [`${name}.lora_xa`, `${name}.lora_b_rows`];
   };
@@ -311,6 +313,16 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   let h = 'h0';
   for (let l = 0; l < L; l++) {
     const p = `model.layers.${l}`;
+    if (lora) {
+      // The layer's own copy of the row index, made from the layer's input (lora_index + 0, the 0 from its
+      // shape), so that the layer's gathers of A and B cannot run before the layer does: on graph inputs
+      // alone, ONNX Runtime's order ran many of them early and held them, about 28 MiB of gathered slots
+      // at once on Qwen2.5-Coder-1.5B that the memory model's one-projection term (loraRows) did not hold.
+      add('Shape', [h], [`${p}.rows_shape`], { attrs: { start: { int: 0 }, end: { int: 1 } } });
+      add('Sub', [`${p}.rows_shape`, `${p}.rows_shape`], [`${p}.rows_zero`]);
+      add('Add', [LORA_INDEX, `${p}.rows_zero`], [`${p}.lora_index`]);
+      layerLoraIndex = `${p}.lora_index`;
+    }
     norm(`${p}.input_layernorm.weight`, h, `${p}.attn_in`);
     linear(`${p}.self_attn.qkv_proj`, `${p}.attn_in`, `${p}.qkv`, [`${p}.self_attn.q_proj`, `${p}.self_attn.k_proj`, `${p}.self_attn.v_proj`]);
     add('GroupQueryAttention',
