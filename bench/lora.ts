@@ -6,11 +6,13 @@
  *   base     no request naming an adapter (the graph's LoRA paths at rank 0),
  *   single   every request on the first adapter that fits the decoder (one slot entry, its A and B
  *            broadcast over the batch),
- *   mixed    requests cycling over none and the first two fitting adapters (each row's A and B gathered
- *            from the slots, one run per step),
+ *   mixed    requests cycling over none and the first two fitting adapters, or none and the one where
+ *            only one fits (the default 1.5B's coder-grounded-1.5b): each row's A and B gathered from the
+ *            slots, one run per step,
  * and, for a GGUF decoder, base_plain: the base requests on the conversion without LoRA inputs (what the
- * inputs cost rows that name no adapter). The adapters are RAGGUARD_ADAPTER_DIR's (setup: coder-grounded
- * and coder-random-r8 for the default decoder, demo-r8 and demo-qv-r4 for the small one), or
+ * inputs cost rows that name no adapter). The adapters are RAGGUARD_ADAPTER_DIR's (setup: coder-grounded-1.5b
+ * for the default decoder, coder-grounded and coder-random-r8 for the 0.5B, demo-r8 and demo-qv-r4 for the
+ * small one), or
  * BENCH_LORA_ADAPTERS=a,b.
  * Rounds interleave the modes (BENCH_ROUNDS, default 5); tokens/s is each mode's best round, a ratio the
  * median of the ratios within rounds. In the mixed runs, each request's own tokens/s (its tokens over its
@@ -54,12 +56,16 @@ for (const name of process.env['BENCH_LORA_ADAPTERS']?.split(',') ?? (await read
     if (process.env['BENCH_LORA_ADAPTERS']) throw e; // named: it must fit
   }
 }
-if (fitting.length < 2) throw new Error(`${cfg.adapterDir}: ${fitting.length} adapters fit ${cfg.decoderPath}, two needed (npm run setup builds them)`);
-const names = fitting.slice(0, 2) as [string, string];
+// Two where two fit (the 0.5B: coder-grounded, coder-random-r8); the default 1.5B has one (coder-grounded-1.5b),
+// and its mixed batches then cycle over none and that one.
+if (fitting.length < 1) throw new Error(`${cfg.adapterDir}: no adapter fits ${cfg.decoderPath} (npm run setup puts them in place)`);
+const names = fitting.slice(0, 2);
 const questions = JSON.parse(await readFile(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string }[];
 const prompts = questions.slice(0, REQUESTS).map((q) => [...(model.bosId === undefined ? [] : [model.bosId]), ...model.tokenizer.encode(`Question: ${q.question}\nAnswer:`)]);
-const leases: AdapterLease[] = [await registry.acquire(names[0]), await registry.acquire(names[1])];
-const [first, second] = leases.map((l) => l.adapter) as [DecoderAdapter, DecoderAdapter];
+const leases: AdapterLease[] = [];
+for (const name of names) leases.push(await registry.acquire(name));
+const first: DecoderAdapter = leases[0]!.adapter;
+const second: DecoderAdapter | undefined = leases[1]?.adapter;
 
 interface Run {
   tokensPerS: number;
@@ -88,13 +94,13 @@ async function run(adapterOf: (i: number) => DecoderAdapter | undefined, on: Dec
   return { tokensPerS: outputs.reduce((s, o) => s + o.length, 0) / seconds, outputs, rowRates };
 }
 
-const cycle = [undefined, first, second];
+const cycle = [undefined, first, second ?? first];
 const modes: Record<string, () => Promise<Run>> = {
   base: () => run(() => undefined),
   single: () => run(() => first),
   mixed: () => run((i) => cycle[i % 3]),
   // Each request's own adapter, all of one kind per run: the references for the mixed run.
-  second: () => run(() => second),
+  ...(second ? { second: () => run(() => second) } : {}),
   ...(plain ? { base_plain: () => run(() => undefined, plain) } : {}),
 };
 await modes['base']!(); // warm-up
@@ -106,7 +112,7 @@ for (const l of leases) l.release();
 const best = (name: string) => Math.max(...runs[name]!.map((x) => x.tokensPerS));
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const ratio = (a: string, b: string) => +median(runs[a]!.map((x, i) => x.tokensPerS / runs[b]![i]!.tokensPerS)).toFixed(3);
-const alone = (i: number) => runs[['base', 'single', 'second'][i % 3]!]![0]!.outputs[i]!;
+const alone = (i: number) => runs[['base', 'single', second ? 'second' : 'single'][i % 3]!]![0]!.outputs[i]!;
 const identical = runs['mixed']!.every((m) => m.outputs.every((o, i) => o.join() === alone(i).join()));
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 // Within each mixed run: the rows with an adapter against the rows without, then the median over rounds.
