@@ -90,7 +90,7 @@ const timed = await prefills(model, REPS);
 // The profile: a second copy of the model with ONNX Runtime's profiler on, one prefill per length
 // after a warm-up (the profiler's own cost per node inflates the total a little; the shares are what it is for).
 type Split = Record<string, number>;
-const splits = new Map<number, { totalMs: number; byOp: Split }>();
+const splits = new Map<number, { totalMs: number; byOp: Split; byNode: Split }>();
 if (PROFILE) {
   const prefix = path.join(tmpdir(), `ragguard-prefill-profile-${process.pid}`);
   const profiled = await DecoderModel.load(dir, 'cpu', { directOptions: { profilePrefix: prefix } });
@@ -111,7 +111,7 @@ if (PROFILE) {
   const name = (await readdir(tmpdir())).filter((f) => f.startsWith(path.basename(prefix))).sort().at(-1);
   if (!name) throw new Error('no profile written');
   const file = path.join(tmpdir(), name);
-  interface Event { cat: string; name: string; dur: number; ts: number; args?: { op_name?: string } }
+  interface Event { cat: string; name: string; dur: number; ts: number; args?: { op_name?: string; input_type_shape?: Record<string, number[]>[]; output_type_shape?: Record<string, number[]>[] } }
   const events = JSON.parse(await readFile(file, 'utf8')) as Event[];
   await rm(file, { force: true });
   // Profile timestamps are microseconds from the session's start: place the runs by their order instead.
@@ -122,11 +122,17 @@ if (PROFILE) {
     const run = runs[idx * perLen + perLen - 1]!;
     const nodes = events.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time') && e.ts >= run.ts && e.ts <= run.ts + run.dur);
     const byOp: Split = {};
+    // By op and shapes, summed over the layers (the graph's nodes are mostly unnamed): which of an op
+    // type's nodes take its time (the LoRA terms' MatMuls against the lm_head's, say).
+    const byNode: Split = {};
     for (const e of nodes) {
       const op = e.args?.op_name ?? '?';
       byOp[op] = (byOp[op] ?? 0) + e.dur / 1000;
+      const dims = (shapes?: Record<string, number[]>[]) => (shapes ?? []).map((t) => Object.values(t)[0]?.join('x') ?? '').join(',');
+      const node = `${op} ${dims(e.args?.input_type_shape)} -> ${dims(e.args?.output_type_shape)}`;
+      byNode[node] = (byNode[node] ?? 0) + e.dur / 1000;
     }
-    splits.set(len, { totalMs: run.dur / 1000, byOp });
+    splits.set(len, { totalMs: run.dur / 1000, byOp, byNode });
   });
   void marks;
 }
@@ -159,6 +165,7 @@ for (const len of LENGTHS) {
     ...(s ? {
       profile_run_ms: +s.totalMs.toFixed(1), profile_split_ms: groups(s.byOp),
       profile_by_op_ms: Object.fromEntries(Object.entries(s.byOp).sort((a, b) => b[1] - a[1]).map(([k, v]) => [k, +v.toFixed(1)])),
+      profile_top_nodes_ms: Object.fromEntries(Object.entries(s.byNode).sort((a, b) => b[1] - a[1]).slice(0, 16).map(([k, v]) => [k, +v.toFixed(1)])),
     } : {}),
   };
   console.log(JSON.stringify(line));

@@ -226,22 +226,47 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
   const products = ort8.nodes.filter((n) => n.op === 'MatMulNBits');
   assert.ok(products.some((n) => (n.attrs?.['bits'] as { int: number }).int === 4) && products.some((n) => (n.attrs?.['bits'] as { int: number }).int === 8));
   assert.equal(ours.nodes.filter((n) => n.op === 'MatMulNBits').length, 0, 'no MatMulNBits left');
+  let withMins = 0;
+  let withLora = 0;
   for (const n of products) {
     const bits = (n.attrs?.['bits'] as { int: number }).int;
-    const m = byOutput(ours, n.outputs[0]!)!;
+    const name = n.inputs[1]!.replace(/\.qweight$/, '');
+    // Beside MatMulNBits a product with a min term writes `${out}_q` and one with a LoRA path `${out}_base`,
+    // each term added by nodes after it; QMatMul4 has the min in its offsets, takes the LoRA term inside,
+    // and writes `out` itself.
+    const target = n.outputs[0]!.replace(/_q$/, '');
+    const m = (byOutput(ours, target) ?? byOutput(ours, target.replace(/_base$/, '')))!;
     assert.equal(m.op, `QMatMul${bits}`);
     assert.equal(m.domain, 'ragguard');
-    // x, the blocks, the scales, (4 bits) the zero points, and the bias where MatMulNBits had one (its sixth input)
-    assert.deepEqual(m.inputs, [...n.inputs.slice(0, bits === 8 ? 3 : 4), ...(n.inputs[5] ? [n.inputs[5]] : [])]);
+    // x, the blocks, the scales, (4 bits) the offsets; then the bias where MatMulNBits had one (its sixth
+    // input), and x A and B where it had a LoRA path ('' where absent)
+    const lora = target.endsWith('_base') ? [`${name}.lora_xa`, `${name}.lora_b_rows`] : [];
+    const tail = [n.inputs[5] ?? '', ...lora];
+    while (tail.at(-1) === '') tail.pop();
+    assert.deepEqual(m.inputs, [...n.inputs.slice(0, 3), ...(bits === 4 ? [`${name}.offsets`] : []), ...tail]);
+    if (n.outputs[0]!.endsWith('_q')) withMins++;
+    if (lora.length) withLora++;
     for (const a of ['K', 'N', 'block_size']) assert.deepEqual(m.attrs?.[a], n.attrs?.[a]);
     // the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts)
     const [qOrt, dOrt] = [initializer(ort8, n.inputs[1]!)!, initializer(ort8, n.inputs[2]!)!];
     const blocks = { n: qOrt.dims[0]!, k: (n.attrs?.['K'] as { int: number }).int, blockSize: (n.attrs?.['block_size'] as { int: number }).int, data: qOrt.data, scales: new Float32Array(dOrt.data.slice().buffer) };
-    const packed = bits === 8 ? qmatmul8Layout(blocks) : qmatmul4Layout({ ...blocks, zeroPoints: initializer(ort8, n.inputs[3]!)!.data });
+    // (the min, where the blocks have one: the min term's [blocks, n] initializer, back to [n, blocks])
+    const minsT = initializer(ort8, `${name}.mins`);
+    let mins: Float32Array | undefined;
+    if (minsT) {
+      const t = new Float32Array(minsT.data.slice().buffer);
+      const nb = blocks.k / blocks.blockSize;
+      mins = Float32Array.from({ length: blocks.n * nb }, (_, i) => t[(i % nb) * blocks.n + Math.floor(i / nb)]!);
+    }
+    const packed = bits === 8 ? qmatmul8Layout(blocks) : qmatmul4Layout({ ...blocks, zeroPoints: initializer(ort8, n.inputs[3]!)!.data, ...(mins ? { mins } : {}) });
     assert.deepEqual(initializer(ours, m.inputs[1]!)!.data, packed.q);
     assert.deepEqual(initializer(ours, m.inputs[2]!)!.data, new Uint8Array(packed.scales.buffer));
-    if ('zeros' in packed) assert.deepEqual(initializer(ours, m.inputs[3]!)!.data, packed.zeros);
+    if ('offsets' in packed) assert.deepEqual(initializer(ours, m.inputs[3]!)!.data, new Uint8Array((packed.offsets as Float32Array).buffer));
   }
+  assert.ok(withMins > 0 && withLora > 0, 'products with a min term and with a LoRA path are among them');
+  // no node left of the terms the products take
+  assert.equal(ours.nodes.filter((n) => n.outputs[0]!.endsWith('.x_block_sums')).length, 0, 'no min-term nodes');
+  assert.equal(ours.nodes.filter((n) => n.outputs[0]!.endsWith('.lora_xab')).length, 0, 'no LoRA second products');
   assert.deepEqual(gqaOpsets('ragguard'), { '': 17, 'com.microsoft': 1, ragguard: 1 });
   assert.deepEqual(gqaOpsets('onnxruntime'), { '': 17, 'com.microsoft': 1 });
 
@@ -287,8 +312,16 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
   }
   assert.equal(ours.nodes.filter((n) => n.op === 'SwiGlu').length, 2, 'a SwiGlu a layer');
   assert.equal(ours.nodes.filter((n) => n.op === 'Split' || n.op === 'Sigmoid').length, 0, 'no Split or Sigmoid left');
+  // And on the projections whose QMatMul takes the term inside: layer 0's o_proj and down_proj (Q4_K: the
+  // min term and the LoRA term in one product), layer 1's q/k/v (the fused slot, with the bias).
+  const projections = new Map<string, { dims: number[]; data: Float32Array }>();
+  for (const [m, inDim, rank, outDim] of [['model.layers.0.self_attn.o_proj', H, 2, H], ['model.layers.0.mlp.down_proj', I, 2, H], ['model.layers.1.self_attn.qkv_proj', H, 3, H + 256]] as const) {
+    projections.set(`${m}.lora_A`, { dims: [1, inDim, rank], data: Float32Array.from({ length: inDim * rank }, () => (r() - 0.5) * 0.6) });
+    projections.set(`${m}.lora_B`, { dims: [1, rank, outDim], data: Float32Array.from({ length: rank * outDim }, () => (r() - 0.5) * 0.6) });
+  }
   const cases: [number[], ReadonlyMap<string, { dims: number[]; data: Float32Array }>][] = [
-    [[1, 17, 42, 99, 250], new Map()], [[150, 3, 88, 12, 64, 5, 299, 7, 7], new Map()], [[150, 3, 88, 12, 64, 5, 299], adapter]];
+    [[1, 17, 42, 99, 250], new Map()], [[150, 3, 88, 12, 64, 5, 299, 7, 7], new Map()], [[150, 3, 88, 12, 64, 5, 299], adapter],
+    [[150, 3, 88, 12, 64, 5, 299], projections]];
   for (const [ids, lora] of cases) {
     const a = await run(ort8, 'onnxruntime', ids, lora);
     const b = await run(ours, 'ragguard', ids, lora);

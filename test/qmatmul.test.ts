@@ -42,7 +42,7 @@ async function both(c: Case, rows: number, seed: number) {
   const q = c.bits === 8 ? values : Uint8Array.from({ length: (c.n * c.k) / 2 }, (_, i) => values[2 * i]! | (values[2 * i + 1]! << 4));
   const zp = new Uint8Array(c.n * zpRow);
   for (let n = 0; n < c.n; n++) for (let b = 0; b < blocks; b++) zp[n * zpRow + (b >> 1)]! |= zeros[n * blocks + b]! << ((b & 1) * 4);
-  const packed: Qmatmul8Layout & { zeros?: Uint8Array } = c.bits === 8
+  const packed: Qmatmul8Layout & { offsets?: Float32Array } = c.bits === 8
     ? qmatmul8Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d })
     : qmatmul4Layout({ n: c.n, k: c.k, blockSize: c.blk, data: q, scales: d, zeroPoints: zp });
   const inits: Initializer[] = [
@@ -51,7 +51,7 @@ async function both(c: Case, rows: number, seed: number) {
     { name: 'zp', dataType: ONNX_UINT8, dims: [c.n, zpRow], data: zp },
     { name: 'q16', dataType: ONNX_UINT8, dims: [packed.groups, (c.k * c.bits) / 32, 64], data: packed.q },
     floats('d16', [packed.groups, blocks, 16], packed.scales),
-    ...(packed.zeros ? [{ name: 'z16', dataType: ONNX_UINT8, dims: [packed.groups, blocks, 16], data: packed.zeros }] : []),
+    ...(packed.offsets ? [floats('z16', [packed.groups, blocks, 16], packed.offsets)] : []),
     ...(c.bias ? [floats('bias', [c.n], bias)] : []),
   ];
   const attrs = { K: { int: c.k }, N: { int: c.n }, block_size: { int: c.blk } };

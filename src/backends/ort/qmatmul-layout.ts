@@ -8,9 +8,10 @@
  *   8-bit q  [G][k / 4][16][4]         G = ceil(n / 16); columns past n: zero weights (128)
  *   4-bit q  [G][k / 8][16][4]         value 8p + e in the low nibble of byte [p][c][e], 8p + 4 + e in the high
  *   scales   [G][k / blockSize][16]    columns past n: 0
- *   zeros    [G][k / blockSize][16]    (4 bits) one a byte
+ *   offsets  [G][k / blockSize][16]    (4 bits) -scale x zero point + min (the block's min where it has
+ *                                      one): w = scale q + offset, float
  *
- * The same values, scales and zero points, moved: what the graph computes is unchanged.
+ * The same values and scales, moved, and at 4 bits each block's zero point and min as one offset.
  */
 export interface Qmatmul8Blocks {
   n: number;
@@ -38,10 +39,12 @@ export interface Qmatmul4Blocks {
   scales: Float32Array;
   /** [n][ceil(blocks / 2)]: block 2j's in the low nibble of byte j; absent: 8. */
   zeroPoints?: Uint8Array;
+  /** [n][blocks]: each block's min, added to its weights (Q4_1, Q4_K as gguf-weights.ts reads them); absent: 0. */
+  mins?: Float32Array;
 }
 
 export interface Qmatmul4Layout extends Qmatmul8Layout {
-  zeros: Uint8Array;
+  offsets: Float32Array;
 }
 
 /** Column `col`'s scales into [G][blocks][16]. */
@@ -56,14 +59,14 @@ export function qmatmul4Layout(b: Qmatmul4Blocks): Qmatmul4Layout {
   if (k % 8 !== 0 || k % blockSize !== 0) throw new Error(`QMatMul4 layout: k ${k} is not a multiple of 8 and of the block size ${blockSize}`);
   const blocks = k / blockSize;
   const zpRow = Math.ceil(blocks / 2);
-  if (b.data.length !== (n * k) / 2 || b.scales.length !== n * blocks || (b.zeroPoints && b.zeroPoints.length !== n * zpRow)) {
+  if (b.data.length !== (n * k) / 2 || b.scales.length !== n * blocks || (b.zeroPoints && b.zeroPoints.length !== n * zpRow) || (b.mins && b.mins.length !== n * blocks)) {
     throw new Error(`QMatMul4 layout: ${b.data.length} bytes, ${b.scales.length} scales and ${b.zeroPoints?.length ?? 'no'} zero points for ${n} x ${k} in blocks of ${blockSize}`);
   }
   const groups = Math.ceil(n / 16);
   const pairs = k / 8;
   const q = new Uint8Array(groups * pairs * 64);
   const scales = new Float32Array(groups * blocks * 16);
-  const zeros = new Uint8Array(groups * blocks * 16);
+  const offsets = new Float32Array(groups * blocks * 16);
   const value = (row: number, i: number) => (b.data[(row * k + i) >> 1]! >> ((i & 1) * 4)) & 15;
   for (let col = 0; col < n; col++) {
     const g = col >> 4;
@@ -74,10 +77,11 @@ export function qmatmul4Layout(b: Qmatmul4Blocks): Qmatmul4Layout {
     }
     scatterScales(b.scales, col, blocks, scales);
     for (let blk = 0; blk < blocks; blk++) {
-      zeros[(g * blocks + blk) * 16 + c] = b.zeroPoints ? (b.zeroPoints[col * zpRow + (blk >> 1)]! >> ((blk & 1) * 4)) & 15 : 8;
+      const zero = b.zeroPoints ? (b.zeroPoints[col * zpRow + (blk >> 1)]! >> ((blk & 1) * 4)) & 15 : 8;
+      offsets[(g * blocks + blk) * 16 + c] = (b.mins?.[col * blocks + blk] ?? 0) - zero * b.scales[col * blocks + blk]!;
     }
   }
-  return { groups, q, scales, zeros };
+  return { groups, q, scales, offsets };
 }
 
 export function qmatmul8Layout(b: Qmatmul8Blocks): Qmatmul8Layout {

@@ -153,6 +153,96 @@ void qm_rows_init(qm_rows* r, void* mem, const float* x, int64_t m, int64_t k, i
   qm_rows_quantize(r, x, 0, m);
 }
 
+/*
+ * qm_add_product on AVX512. v's rows lie n floats apart: a group's 16 columns of them are copied side by
+ * side first (64 t at a time, 4 KB a group), as read in place their lines fall in two of L1's sets when
+ * n x 4 bytes is a multiple of 2 KB (17,920 columns) and every load went to L2; then 4 rows at a time
+ * against both groups, 8 independent sums, each v load and u broadcast used twice or four times.
+ */
+#define AP_T 64
+__attribute__((target("avx512f"))) static void add_rows_avx512(float* y, int64_t n, const float* u, int64_t r, int64_t t0, int64_t t1,
+                                                               const float* vp, int64_t groups, int64_t c0, __mmask16 m0, __mmask16 m1,
+                                                               int64_t i0, int64_t i1) {
+  int64_t i = i0;
+  for (; i + 4 <= i1; i += 4) {
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const float *u0 = u + i * r, *u1 = u0 + r, *u2 = u1 + r, *u3 = u2 + r;
+    for (int64_t t = t0; t < t1; t++) {
+      const __m512 v0 = _mm512_load_ps(vp + (t - t0) * 16), v1 = _mm512_load_ps(vp + (AP_T + t - t0) * 16);
+      const __m512 b0 = _mm512_set1_ps(u0[t]), b1 = _mm512_set1_ps(u1[t]), b2 = _mm512_set1_ps(u2[t]), b3 = _mm512_set1_ps(u3[t]);
+      a00 = _mm512_fmadd_ps(b0, v0, a00);
+      a01 = _mm512_fmadd_ps(b0, v1, a01);
+      a10 = _mm512_fmadd_ps(b1, v0, a10);
+      a11 = _mm512_fmadd_ps(b1, v1, a11);
+      a20 = _mm512_fmadd_ps(b2, v0, a20);
+      a21 = _mm512_fmadd_ps(b2, v1, a21);
+      a30 = _mm512_fmadd_ps(b3, v0, a30);
+      a31 = _mm512_fmadd_ps(b3, v1, a31);
+    }
+    const __m512 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    for (int j = 0; j < 4; j++) {
+      float* yi = y + (i + j) * n + c0;
+      _mm512_mask_storeu_ps(yi, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yi), acc[j][0]));
+      if (groups > 1) _mm512_mask_storeu_ps(yi + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yi + 16), acc[j][1]));
+    }
+  }
+  for (; i < i1; i++) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (int64_t t = t0; t < t1; t++) {
+      const __m512 b = _mm512_set1_ps(u[i * r + t]);
+      a0 = _mm512_fmadd_ps(b, _mm512_load_ps(vp + (t - t0) * 16), a0);
+      a1 = _mm512_fmadd_ps(b, _mm512_load_ps(vp + (AP_T + t - t0) * 16), a1);
+    }
+    float* yi = y + i * n + c0;
+    _mm512_mask_storeu_ps(yi, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yi), a0));
+    if (groups > 1) _mm512_mask_storeu_ps(yi + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yi + 16), a1));
+  }
+}
+
+__attribute__((target("avx512f"))) static void add_product_avx512(float* y, int64_t m, int64_t n, const float* u, int64_t r, const float* v,
+                                                                  int64_t per_batch, int shared, int64_t g0, int64_t g1) {
+  _Alignas(64) float vp[2 * AP_T * 16];
+  for (int64_t g = g0; g < g1; g += 2) {
+    const int64_t c0 = 16 * g;
+    if (c0 >= n) break;
+    const int64_t groups = g + 1 < g1 && c0 + 16 < n ? 2 : 1;
+    const __mmask16 m0 = n - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0)) - 1);
+    const __mmask16 m1 = groups < 2 ? 0 : n - c0 - 16 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0 - 16)) - 1);
+    /* one batch row's B at a time (every row's, where shared) */
+    for (int64_t b0 = 0; b0 < m; b0 += shared ? m : per_batch) {
+      const int64_t b1 = shared || b0 + per_batch > m ? m : b0 + per_batch;
+      const float* vb = v + (shared ? 0 : b0 / per_batch) * r * n + c0;
+      for (int64_t t0 = 0; t0 < r; t0 += AP_T) {
+        const int64_t t1 = t0 + AP_T < r ? t0 + AP_T : r;
+        for (int64_t t = t0; t < t1; t++) {
+          _mm512_store_ps(vp + (t - t0) * 16, _mm512_maskz_loadu_ps(m0, vb + t * n));
+          _mm512_store_ps(vp + (AP_T + t - t0) * 16, _mm512_maskz_loadu_ps(m1, vb + t * n + 16));
+        }
+        add_rows_avx512(y, n, u, r, t0, t1, vp, groups, c0, m0, m1, b0, b1);
+      }
+    }
+  }
+}
+
+void qm_add_product(float* y, int64_t m, int64_t n, const float* u, int64_t r, const float* v, int64_t per_batch, int shared, int64_t g0, int64_t g1) {
+  if (r <= 0 || m <= 0) return;
+  if (per_batch <= 0) per_batch = m;
+  if (qm_vnni()) {
+    add_product_avx512(y, m, n, u, r, v, per_batch, shared, g0, g1);
+    return;
+  }
+  for (int64_t g = g0; g < g1; g++) {
+    for (int64_t i = 0; i < m; i++) {
+      const float* vi = v + (shared ? 0 : i / per_batch) * r * n;
+      for (int64_t c = 16 * g; c < 16 * g + 16 && c < n; c++) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < r; t++) acc += u[i * r + t] * vi[t * n + c];
+        y[i * n + c] += acc;
+      }
+    }
+  }
+}
+
 static void groups8_c(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
   const int64_t k = w->k, blk = w->blk, nb = k / blk, quads = k / 4;
   for (int64_t g = g0; g < g1; g++) {
@@ -263,7 +353,7 @@ static void groups4_c(const qm4_weight* w, const qm_rows* r, float* y, int64_t g
   for (int64_t g = g0; g < g1; g++) {
     const uint8_t* qg = w->q + g * pairs * 64;
     const float* dg = w->scales + g * nb * 16;
-    const uint8_t* zg = w->zeros + g * nb * 16;
+    const float* og = w->offsets + g * nb * 16;
     for (int64_t i = 0; i < r->m; i++) {
       const int8_t* xi = r->xq + i * k;
       float acc[16] = {0};
@@ -276,7 +366,7 @@ static void groups4_c(const qm4_weight* w, const qm_rows* r, float* y, int64_t g
               dot[c] += (int32_t)(v & 15) * (int32_t)xi[8 * p + e] + (int32_t)(v >> 4) * (int32_t)xi[8 * p + 4 + e];
             }
         const float sx = r->sx[i * nb + b], sum = (float)r->xsum[i * nb + b];
-        for (int c = 0; c < 16; c++) acc[c] += (((float)dot[c] - (float)zg[b * 16 + c] * sum) * sx) * dg[b * 16 + c];
+        for (int c = 0; c < 16; c++) acc[c] += ((float)dot[c] * dg[b * 16 + c] + og[b * 16 + c] * sum) * sx;
       }
       for (int c = 0; c < 16 && 16 * g + c < w->n; c++) y[i * w->n + 16 * g + c] = acc[c] + (w->bias ? w->bias[16 * g + c] : 0.0f);
     }
@@ -285,14 +375,15 @@ static void groups4_c(const qm4_weight* w, const qm_rows* r, float* y, int64_t g
 
 /*
  * Rows m0..m0+MT of 4-bit column group g. A 64-byte vector holds 8 values of each of 16 columns (4 in
- * its low nibbles, the next 4 in its high ones): two VPDPBUSDs once unpacked. The zero points (each
- * column's, per block) come off in floats after the block's integer sum, exactly (integers below 2^24).
+ * its low nibbles, the next 4 in its high ones): two VPDPBUSDs once unpacked. After the block's integer
+ * sum: (d sum + offset sum(xq)) sx, each column's scale and offset of the block (the offset holds the
+ * zero point and the min: as many operations as the zero point alone took).
  */
 VNNI static INLINE void tile4(const qm4_weight* w, const qm_rows* r, float* y, int64_t g, int64_t m0, const int MT, int prefetch) {
   const int64_t k = w->k, blk = w->blk, nb = k / blk, pairs = k / 8, bp = blk / 8;
   const uint8_t* qg = w->q + g * pairs * 64;
   const float* dg = w->scales + g * nb * 16;
-  const uint8_t* zg = w->zeros + g * nb * 16;
+  const float* og = w->offsets + g * nb * 16;
   const int8_t* x0 = r->xq + m0 * k;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 acc[16];
@@ -316,11 +407,10 @@ VNNI static INLINE void tile4(const qm4_weight* w, const qm_rows* r, float* y, i
         }
       }
     }
-    const __m512 d = _mm512_loadu_ps(dg + b * 16);
-    const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(zg + b * 16))));
+    const __m512 d = _mm512_loadu_ps(dg + b * 16), o = _mm512_loadu_ps(og + b * 16);
     _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) {
-      const __m512 u = _mm512_fnmadd_ps(z, _mm512_set1_ps((float)r->xsum[(m0 + i) * nb + b]), _mm512_cvtepi32_ps(s[i]));
-      acc[i] = _mm512_fmadd_ps(u, _mm512_mul_ps(d, _mm512_set1_ps(r->sx[(m0 + i) * nb + b])), acc[i]);
+      const __m512 u = _mm512_fmadd_ps(o, _mm512_set1_ps((float)r->xsum[(m0 + i) * nb + b]), _mm512_mul_ps(_mm512_cvtepi32_ps(s[i]), d));
+      acc[i] = _mm512_fmadd_ps(u, _mm512_set1_ps(r->sx[(m0 + i) * nb + b]), acc[i]);
     }
   }
   store_tile(y, w->n, w->bias, g, m0, MT, acc);
@@ -396,7 +486,7 @@ AMX static void amx_end(const amx_config* saved) {
  * Block e's sums (sum[i]: row m0 + i, 16 columns) converted and scaled into the rows' accumulators: the
  * operations tile8 and tile4 do, in their order.
  */
-AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, const float* dg, const uint8_t* zg, int64_t m0, int64_t e,
+AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, const float* dg, const float* og, int64_t m0, int64_t e,
                                  const int32_t (*sum)[16], __m512* acc) {
   const __m512 d = _mm512_loadu_ps(dg + e * 16);
   if (BITS == 8) {
@@ -408,11 +498,11 @@ AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, c
       acc[i] = _mm512_fmadd_ps(u, d, acc[i]);
     }
   } else {
-    const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(zg + e * 16))));
+    const __m512 o = _mm512_loadu_ps(og + e * 16);
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
       const int64_t row = m0 + i;
-      const __m512 u = _mm512_fnmadd_ps(z, _mm512_set1_ps((float)r->xsum[row * nb + e]), _mm512_cvtepi32_ps(_mm512_load_si512((const void*)sum[i])));
-      acc[i] = _mm512_fmadd_ps(u, _mm512_mul_ps(d, _mm512_set1_ps(r->sx[row * nb + e])), acc[i]);
+      const __m512 u = _mm512_fmadd_ps(o, _mm512_set1_ps((float)r->xsum[row * nb + e]), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void*)sum[i])), d));
+      acc[i] = _mm512_fmadd_ps(u, _mm512_set1_ps(r->sx[row * nb + e]), acc[i]);
     }
   }
 }
@@ -430,7 +520,7 @@ AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, c
   } while (0)
 
 /*
- * Rows m0..m0+16 of group g (wq its k-quads, [k / 4][64]; dg its scales; zg its zero points at 4 bits).
+ * Rows m0..m0+16 of group g (wq its k-quads, [k / 4][64]; dg its scales; og its offsets at 4 bits).
  * Consecutive blocks take tiles 0, 4, 6 and 1, 5, 7 in turn (tiles are not renamed: a block reusing the
  * last one's would wait for it), and a block's sums are scaled one block later, while the next block's
  * products run (a load of what a tile store has not yet written would wait for it, and hold back every
@@ -438,7 +528,7 @@ AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, c
  * did not, and a tile step took longer.
  */
 AMX static INLINE void amx_tile(const int BITS, int64_t k, int64_t n, int64_t blk, const qm_rows* r, const uint8_t* wq, const float* dg,
-                                const uint8_t* zg, const float* bias, float* y, int64_t g, int64_t m0) {
+                                const float* og, const float* bias, float* y, int64_t g, int64_t m0) {
   const int64_t nb = k / blk, step = amx_step(blk);
   __m512 acc[16];
   int32_t sums[4][16][16] __attribute__((aligned(64)));
@@ -455,13 +545,13 @@ AMX static INLINE void amx_tile(const int BITS, int64_t k, int64_t n, int64_t bl
         case 2: AMX_BLOCK(2, 4, 6, b, sums[2]); break;
         default: AMX_BLOCK(3, 5, 7, b, sums[3]); break;
       }
-    if (b >= 2) amx_scale(BITS, nb, r, dg, zg, m0, b - 2, sums[(b - 2) & 3], acc);
+    if (b >= 2) amx_scale(BITS, nb, r, dg, og, m0, b - 2, sums[(b - 2) & 3], acc);
   }
   store_tile(y, n, bias, g, m0, 16, acc);
 }
 
 #define AMX_TILES(BITS, WQ) \
-  for (int64_t m0 = 0; m0 < m16; m0 += 16) amx_tile(BITS, w->k, w->n, w->blk, r, WQ, dg, zg, w->bias, y, g, m0);
+  for (int64_t m0 = 0; m0 < m16; m0 += 16) amx_tile(BITS, w->k, w->n, w->blk, r, WQ, dg, og, w->bias, y, g, m0);
 
 /* Rows past the last 16 (m16..m) of group g on the AVX512-VNNI tiles. */
 #define VNNI_TAIL(TILE)                                                                 \
@@ -478,7 +568,7 @@ AMX static INLINE void amx_tile(const int BITS, int64_t k, int64_t n, int64_t bl
 
 AMX static void groups8_amx(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {
   const int64_t k = w->k, nb = k / w->blk, quads = k / 4, m16 = r->m & ~(int64_t)15;
-  const uint8_t* zg = NULL;
+  const float* og = NULL;
   amx_config saved __attribute__((aligned(64)));
   amx_begin(amx_step(w->blk), &saved);
   for (int64_t g = g0; g < g1; g++) {
@@ -508,7 +598,7 @@ AMX static void groups4_amx(const qm4_weight* w, const qm_rows* r, float* y, int
       _mm512_store_si512((void*)(unpacked + (2 * p + 1) * 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
     }
     const float* dg = w->scales + g * nb * 16;
-    const uint8_t* zg = w->zeros + g * nb * 16;
+    const float* og = w->offsets + g * nb * 16;
     AMX_TILES(4, unpacked)
     VNNI_TAIL(tile4)
   }

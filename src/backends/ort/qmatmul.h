@@ -3,18 +3,21 @@
  * stored 16 columns side by side (the layouts below, written by the converter: qmatmul-layout.ts):
  *
  *   8 bits  w[n][k] = scale[n][k / blk] * (q[n][k] - 128)
- *   4 bits  w[n][k] = scale[n][k / blk] * (q[n][k] - zero[n][k / blk])
+ *   4 bits  w[n][k] = scale[n][k / blk] * q[n][k] + offset[n][k / blk]
+ *           (offset = -scale * zero point, plus the block's min where it has one: Q4_1's and Q4_K's)
  *
  * x is quantized to int8 per block of blk as it goes (symmetric, round to nearest even), as MatMulNBits
  * does at accuracy level 4; each block's dot product is summed in integers and scaled by both blocks'
- * scales.
+ * scales. At 4 bits the offset multiplies the block's sum of quantized x (an integer the quantization
+ * keeps): a block's min is then taken as llama.cpp takes it, in the block's own few operations, where
+ * the graph had computed it apart (x's float block sums times the mins, [rows, n] written and added).
  *
  * Layouts, for G = ceil(n / 16) groups of 16 columns (columns past n: zero weights, scale 0):
  *   8-bit q  [G][k / 4][16][4]    bytes 4j..4j+3 of column 16g + c at [g][j][c]
  *   4-bit q  [G][k / 8][16][4]    byte [g][p][c][e]: value 8p + e of column 16g + c in its low nibble,
  *                                 8p + 4 + e in its high one
  *   scales   [G][k / blk][16]     column 16g + c's scale of block b at [g][b][c]
- *   zeros    [G][k / blk][16]     (4 bits) column 16g + c's zero point of block b, one a byte
+ *   offsets  [G][k / blk][16]     (4 bits) column 16g + c's offset of block b, float
  * so one 64-byte load holds 4 (8 bits) or 8 (4 bits) weights of each of 16 columns.
  */
 #ifndef RAGGUARD_QMATMUL_H
@@ -33,7 +36,7 @@ typedef struct {
   int64_t k, n, blk;
   const uint8_t* q;      /* [G][k / 8][64] */
   const float* scales;   /* [G][k / blk][16] */
-  const uint8_t* zeros;  /* [G][k / blk][16] */
+  const float* offsets;  /* [G][k / blk][16] */
   const float* bias;     /* [n] or NULL */
 } qm4_weight;
 
@@ -58,6 +61,13 @@ void qm_rows_quantize(qm_rows* r, const float* x, int64_t i0, int64_t i1);
 /* Column groups [g0, g1) (columns 16 g0 .. 16 g1, those below n written) of every row: y[m][n]. */
 void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
 void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1);
+/*
+ * A product of small inner width added to columns [16 g0, 16 g1) of y [m][n] (those below n):
+ *   y[i][c] += sum_t u[i][t] v_i[t][c],   u [m][r], v_i = v + (shared ? 0 : i / per_batch) r n, each [r][n]
+ * the LoRA term (u: x A, [B, S, r]; v: each batch row's B, [B or 1, r, n]) taken while the product's
+ * columns are in cache, where the graph wrote it to a tensor of its own and added it in another pass.
+ */
+void qm_add_product(float* y, int64_t m, int64_t n, const float* u, int64_t r, const float* v, int64_t per_batch, int shared, int64_t g0, int64_t g1);
 /* 1 where the products run the AVX512-VNNI kernels: the CPU has it and qm_set_portable(1) was not called. */
 int qm_vnni(void);
 /* 1: the plain C path from now on, whatever the CPU (for tests); 0: back to the CPU's best. */

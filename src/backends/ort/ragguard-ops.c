@@ -3,16 +3,21 @@
  * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Three ops:
  *
  *   QMatMul8(A float [.., K], B uint8 [G, K / 4, 64], scales float [G, K / block_size, 16],
- *            bias float [N] (optional)) -> Y float [.., N];  attributes K, N, block_size; G = ceil(N / 16)
+ *            bias float [N], XA float [B, S, R], LB float [B or 1, R, N] (the last three optional))
+ *            -> Y float [.., N];  attributes K, N, block_size; G = ceil(N / 16)
  *
  *   QMatMul4(A float [.., K], B uint8 [G, K / 8, 64], scales float [G, K / block_size, 16],
- *            zeros uint8 [G, K / block_size, 16], bias float [N] (optional)) -> Y float [.., N]
+ *            offsets float [G, K / block_size, 16], bias, XA, LB (optional, as QMatMul8's)) -> Y float [.., N]
+ *
+ *            Y = A W (+ bias) (+ XA LB: the LoRA term, XA = A times each row's A, LB each row's B; none
+ *            at rank 0)
  *
  *   SwiGlu(GU float [B, S, 2I], GA [B, S, R], GB [B or 1, R, I], UA [B, S, R], UB [B or 1, R, I] (the four optional))
  *            -> Y float [B, S, I]: the MLP's activation silu(gate + GA GB) (up + UA UB) (below)
  *
  * QMatMul8 and QMatMul4 are the products MatMulNBits (com.microsoft) computes at accuracy level 4 for
- * bits 8 without zero points (128) and for bits 4 with them, by the kernels in qmatmul.c, with the weights 16 columns side by side
+ * bits 8 without zero points (128) and for bits 4 with them (as offsets, with a block's min where it has
+ * one), by the kernels in qmatmul.c, with the weights 16 columns side by side
  * (qmatmul.h says how; the converter writes them so: qmatmul-layout.ts). Column groups are shared out
  * over the session's intra-op threads (KernelContext_ParallelFor): the ops add no thread of their own.
  *
@@ -222,14 +227,21 @@ typedef struct {
   const qm_rows* rows;
   float* y;
   int64_t groups, perTask;
+  /* the LoRA term (optional): xa [m][rank] times each batch row's B ([B or 1][rank][n]) */
+  const float *xa, *loraB;
+  int64_t loraRank, perBatch;
+  int bShared;
 } Work;
 
 static void task(void* data, size_t i) {
   const Work* work = data;
   const int64_t g0 = (int64_t)i * work->perTask;
   const int64_t g1 = g0 + work->perTask < work->groups ? g0 + work->perTask : work->groups;
+  const int64_t m = work->rows->m, n = work->kernel->n;
   if (work->kernel->bits == 8) qm8_groups(work->w8, work->rows, work->y, g0, g1);
   else qm4_groups(work->w4, work->rows, work->y, g0, g1);
+  /* the LoRA term on the columns just written, while they are in cache */
+  if (work->loraRank > 0) qm_add_product(work->y, m, n, work->xa, work->loraRank, work->loraB, work->perBatch, work->bShared, g0, g1);
 }
 
 /* Rows of x to quantize: tasks of perTask rows (about 64 K values). */
@@ -247,16 +259,20 @@ static void quantTask(void* data, size_t i) {
 
 static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* q = kernel;
-  /* inputs: A, B, scales, then (4 bits) the zero points, then the optional bias */
-  const size_t biasAt = q->bits == 8 ? 3 : 4;
+  /* inputs: A, B, scales, then (4 bits) the offsets, then the optional bias and the LoRA term's x A and B
+   * (see inputCount8/inputCount4) */
+  const size_t biasAt = q->bits == 8 ? 3 : 4, xaAt = biasAt + 1;
   size_t inputs = 0;
   TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
-  const OrtValue *a = NULL, *b = NULL, *scales = NULL, *zeros = NULL, *bias = NULL;
+  const OrtValue *a = NULL, *b = NULL, *scales = NULL, *offsets = NULL, *bias = NULL, *xa = NULL, *loraB = NULL;
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 0, &a));
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 1, &b));
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 2, &scales));
-  if (q->bits == 4) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 3, &zeros));
+  if (q->bits == 4) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 3, &offsets));
   if (inputs > biasAt) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, biasAt, &bias));
+  if (inputs > xaAt) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, xaAt, &xa));
+  if (inputs > xaAt + 1) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, xaAt + 1, &loraB));
+  if ((xa == NULL) != (loraB == NULL)) return fail(ORT_INVALID_ARGUMENT, "QMatMul: the LoRA inputs come two together (x A, B)");
   int64_t dims[8];
   size_t rank = 0;
   TRY(shapeOf(a, dims, &rank));
@@ -265,16 +281,34 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   const int64_t bShape[3] = {groups, q->k / (q->bits == 8 ? 4 : 8), 64}, sShape[3] = {groups, blocks, 16}, nShape[1] = {q->n};
   TRY(expect(b, 3, bShape, q->bits == 8 ? "QMatMul8: B is not [ceil(N / 16), K / 4, 64]" : "QMatMul4: B is not [ceil(N / 16), K / 8, 64]"));
   TRY(expect(scales, 3, sShape, "QMatMul: scales are not [ceil(N / 16), K / block_size, 16]"));
-  if (zeros) TRY(expect(zeros, 3, sShape, "QMatMul4: zero points are not [ceil(N / 16), K / block_size, 16]"));
+  if (offsets) TRY(expect(offsets, 3, sShape, "QMatMul4: offsets are not [ceil(N / 16), K / block_size, 16]"));
   if (bias) TRY(expect(bias, 1, nShape, "QMatMul: bias is not [N]"));
   int64_t m = 1;
   for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
-  void *x = NULL, *wq = NULL, *ws = NULL, *wz = NULL, *wb = NULL, *y = NULL;
+  int64_t loraRank = 0, perBatch = m > 0 ? m : 1;
+  int bShared = 1;
+  if (xa) {
+    int64_t ad[8], bd[8];
+    size_t ar = 0, br = 0;
+    TRY(shapeOf(xa, ad, &ar));
+    TRY(shapeOf(loraB, bd, &br));
+    /* B's batch is A's (an adapter entry a row) or 1 (one for all, or none: lora-feeds.ts broadcasts it) */
+    if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || (bd[0] != dims[0] && bd[0] != 1) || bd[2] != q->n || bd[1] != ad[2])
+      return fail(ORT_INVALID_ARGUMENT, "QMatMul: A [B, S, K], x A [B, S, R] and B [B or 1, R, N] do not fit");
+    loraRank = ad[2];
+    perBatch = dims[1] > 0 ? dims[1] : 1;
+    bShared = bd[0] == 1;
+  }
+  void *x = NULL, *wq = NULL, *ws = NULL, *wo = NULL, *wb = NULL, *pa = NULL, *pb = NULL, *y = NULL;
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)a, &x));
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)b, &wq));
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)scales, &ws));
-  if (zeros) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)zeros, &wz));
+  if (offsets) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)offsets, &wo));
   if (bias) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)bias, &wb));
+  if (loraRank > 0) {
+    TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)xa, &pa));
+    TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)loraB, &pb));
+  }
   dims[rank - 1] = q->n;
   OrtValue* out = NULL;
   TRY(API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, dims, rank, &out));
@@ -282,7 +316,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (m == 0) return NULL;
   hugeOutput(y, (size_t)(m * q->n) * sizeof(float));
   const qm8_weight w8 = {q->k, q->n, q->blk, wq, ws, wb};
-  const qm4_weight w4 = {q->k, q->n, q->blk, wq, ws, wz, wb};
+  const qm4_weight w4 = {q->k, q->n, q->blk, wq, ws, wo, wb};
   /* x quantized (a byte a value and two numbers a block) in memory from the session's allocator: the
    * one the counting allocator accounts (session.use_env_allocators), so the guards see it as they see
    * MatMulNBits' own. */
@@ -306,7 +340,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     return qs;
   }
   /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
-  Work work = {q, &w8, &w4, &rows, y, groups, 2};
+  Work work = {q, &w8, &w4, &rows, y, groups, 2, pa, pb, loraRank, perBatch, bShared};
   const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
   alloc->Free(alloc, mem);
@@ -326,30 +360,31 @@ static const char* provider(const OrtCustomOp* op) {
   (void)op;
   return "CPUExecutionProvider";
 }
-/* QMatMul8: A, B (uint8), scales, bias (optional); QMatMul4: A, B (uint8), scales, zeros (uint8), bias (optional). */
+/* QMatMul8: A, B (uint8), scales; QMatMul4: A, B (uint8), scales, offsets; then, optional in both: bias
+ * [N], x A [B, S, R] and B [B or 1, R, N] (the LoRA term). An absent one is named ''. */
 static int inputType8(const OrtCustomOp* op, size_t i) {
   (void)op;
   return i == 1 ? ELEMENT_UINT8 : ELEMENT_FLOAT;
 }
 static int inputType4(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == 1 || i == 3 ? ELEMENT_UINT8 : ELEMENT_FLOAT;
+  return i == 1 ? ELEMENT_UINT8 : ELEMENT_FLOAT;
 }
 static size_t inputCount8(const OrtCustomOp* op) {
   (void)op;
-  return 4;
+  return 6;
 }
 static size_t inputCount4(const OrtCustomOp* op) {
   (void)op;
-  return 5;
+  return 7;
 }
 static int characteristic8(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == 3 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
+  return i >= 3 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
 }
 static int characteristic4(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == 4 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
+  return i >= 4 ? CHARACTERISTIC_OPTIONAL : CHARACTERISTIC_REQUIRED;
 }
 static int outputType(const OrtCustomOp* op, size_t i) {
   (void)op;

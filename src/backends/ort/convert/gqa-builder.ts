@@ -111,6 +111,13 @@ export interface GqaOptions {
   embedding?: 'float32' | 'float16';
 }
 
+/** The layer a projection belongs to (`model.layers.N` of `model.layers.N.self_attn.q_proj`): its LoRA gathers read that layer's row index. */
+function layerOf(projection: string): string {
+  const layer = /^model\.layers\.\d+/.exec(projection)?.[0];
+  if (!layer) throw new Error(`LoRA projection ${projection} is not in a decoder layer`);
+  return layer;
+}
+
 export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, Initializer> | WeightSource, opts: GqaOptions = {}): GqaGraph {
   const dtype = opts.dtype ?? 'float32';
   const lora = opts.lora ?? true;
@@ -140,29 +147,51 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   /**
    * The block product of `x` by `b` into `out` (plus the blocks' min term where they have one), with
    * `bias` (an initializer's name) added inside the product where given: MatMulNBits, or with
-   * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits).
+   * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits), which also take the min term and, where
+   * `lora` is given, the LoRA term inside the product (`lora` adds x A's nodes and names x A and B).
+   * `lora` only where productTakesTerms says the product takes it.
    */
-  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, lora?: () => [string, string]): void => {
     const blocks = b.k / b.blockSize;
     // ragguard's kernels: the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts says why).
     const ours = opts.ops === 'ragguard' && qmatmulTakes(b);
-    const product = b.mins ? `${out}_q` : out;
     const attrs = { K: { int: b.k }, N: { int: b.n }, block_size: { int: b.blockSize } };
-    if (ours && b.bits === 8) {
-      const packed = qmatmul8Layout(b);
-      inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 4, 64], data: packed.q });
-      inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
-      add('QMatMul8', [x, `${name}.qweight`, `${name}.scales`, ...(bias ? [bias] : [])], [product], { domain: 'ragguard', attrs });
-    } else if (ours) {
-      const packed = qmatmul4Layout(b);
-      inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 8, 64], data: packed.q });
-      inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
-      inits.push({ name: `${name}.zero_points`, dataType: ONNX_UINT8, dims: [packed.groups, blocks, 16], data: packed.zeros });
-      add('QMatMul4', [x, `${name}.qweight`, `${name}.scales`, `${name}.zero_points`, ...(bias ? [bias] : [])], [product], { domain: 'ragguard', attrs });
-    } else {
-      nbitsNode(name, x, product, b, bias);
+    if (ours) {
+      // The optional inputs after the required ones, '' where absent, none after the last given. The
+      // LoRA term is added inside the product to its columns while they are in cache, and at 4 bits a
+      // block's min is in its offset: as nodes of their own each term wrote a [rows, n] tensor and an Add
+      // read it back (at a 1,280-token prefill of Qwen2.5-Coder-1.5B, about a fifth of the prefill's
+      // time, most of it the min term of the MLP's 17,920 columns).
+      const [xa, bRows] = lora?.() ?? ['', ''];
+      const optional = [bias ?? '', xa, bRows];
+      while (optional.at(-1) === '') optional.pop();
+      if (b.bits === 8) {
+        // (no 8-bit block form read here has a min; one would keep the min term's nodes)
+        const product = b.mins ? `${out}_q` : out;
+        const packed = qmatmul8Layout(b);
+        inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 4, 64], data: packed.q });
+        inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
+        add('QMatMul8', [x, `${name}.qweight`, `${name}.scales`, ...optional], [product], { domain: 'ragguard', attrs });
+        if (b.mins) minTerm(name, x, out, product, { ...b, mins: b.mins });
+      } else {
+        const packed = qmatmul4Layout(b);
+        inits.push({ name: `${name}.qweight`, dataType: ONNX_UINT8, dims: [packed.groups, b.k / 8, 64], data: packed.q });
+        inits.push(tensor(`${name}.scales`, dtype, [packed.groups, blocks, 16], packed.scales));
+        inits.push(tensor(`${name}.offsets`, dtype, [packed.groups, blocks, 16], packed.offsets));
+        add('QMatMul4', [x, `${name}.qweight`, `${name}.scales`, `${name}.offsets`, ...optional], [out], { domain: 'ragguard', attrs });
+      }
+      return;
     }
+    if (lora) throw new Error(`${name}: the LoRA term given to a product that cannot take it`);
+    const product = b.mins ? `${out}_q` : out;
+    nbitsNode(name, x, product, b, bias);
     if (b.mins) minTerm(name, x, out, product, { ...b, mins: b.mins });
+  };
+  /** Whether the parts' product is one of ragguard's QMatMul ops, which take the LoRA term inside (nbitsMatMul). */
+  const productTakesTerms = (parts: string[]): boolean => {
+    if (opts.ops !== 'ragguard' || !nbits) return false;
+    const qs = parts.map((p) => w.blocks!(`${p}.weight`));
+    return qs.every((q) => q !== undefined && sameBlockForm(q, qs[0]!)) && qmatmulTakes(qs[0]!);
   };
   /** MatMulNBits of `x` by `b` into `out`, with `bias` (an initializer's name) inside where given. */
   const nbitsNode = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
@@ -208,12 +237,13 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
    * node each and a Concat. `bias` (made on demand: an initializer's name) is added inside a single
    * MatMulNBits, else by an Add after the product.
    */
-  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string): void => {
+  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string, lora?: () => [string, string]): void => {
     const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
     if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
-      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.());
+      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.(), lora);
       return;
     }
+    if (lora) throw new Error(`${name}: the LoRA term given to a product that cannot take it`);
     const product = bias ? `${out}_nobias` : out;
     if (nbits && qs.some((q) => q !== undefined)) {
       parts.forEach((p, i) => projection(`${name}.${i}`, x, `${product}.${i}`, [p]));
@@ -241,6 +271,11 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       inits.push(tensor(`${name}.bias`, dtype, [bias.length], bias));
       return `${name}.bias`;
     };
+    // The LoRA term inside the product where the product takes it (ragguard's ops), else added after it.
+    if (lora && productTakesTerms(parts)) {
+      projection(name, x, out, parts, hasBias ? biasInit : undefined, () => loraFactors(name, x));
+      return;
+    }
     projection(name, x, lora ? `${out}_base` : out, parts, hasBias ? biasInit : undefined);
     loraPath(name, x, out);
   };
@@ -249,8 +284,6 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
    * A and B ([b, in, r], [b, r, out], alive only for this projection), then [b, s, in] x [b, in, r] ->
    * [b, s, r] x [b, r, out]; zeros at rank 0.
    */
-  /** The row index the current layer's LoRA gathers read (set per layer below). */
-  let layerLoraIndex = LORA_INDEX;
   const loraTerm = (name: string, x: string): string => {
     const [xa, bRows] = loraFactors(name, x);
     add('MatMul', [xa, bRows], [`${name}.lora_xab`]);
@@ -258,8 +291,9 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   };
   /** The low-rank term's first product and its second factor: x A ([b, s, r]) and B ([b, r, out]), names returned. */
   const loraFactors = (name: string, x: string): [string, string] => {
-    add('Gather', [`${name}.lora_A`, layerLoraIndex], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
-    add('Gather', [`${name}.lora_B`, layerLoraIndex], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
+    const index = `${layerOf(name)}.lora_index`;
+    add('Gather', [`${name}.lora_A`, index], [`${name}.lora_a_rows`], { attrs: { axis: { int: 0 } } });
+    add('Gather', [`${name}.lora_B`, index], [`${name}.lora_b_rows`], { attrs: { axis: { int: 0 } } });
     add('MatMul', [x, `${name}.lora_a_rows`], [`${name}.lora_xa`]);
     return [`${name}.lora_xa`, `${name}.lora_b_rows`];
   };
@@ -321,7 +355,6 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       add('Shape', [h], [`${p}.rows_shape`], { attrs: { start: { int: 0 }, end: { int: 1 } } });
       add('Sub', [`${p}.rows_shape`, `${p}.rows_shape`], [`${p}.rows_zero`]);
       add('Add', [LORA_INDEX, `${p}.rows_zero`], [`${p}.lora_index`]);
-      layerLoraIndex = `${p}.lora_index`;
     }
     norm(`${p}.input_layernorm.weight`, h, `${p}.attn_in`);
     linear(`${p}.self_attn.qkv_proj`, `${p}.attn_in`, `${p}.qkv`, [`${p}.self_attn.q_proj`, `${p}.self_attn.k_proj`, `${p}.self_attn.v_proj`]);
