@@ -16,11 +16,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 GGUF=${LORA_GGUF:-models/pretrained/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf}
 base=$(basename "$GGUF")
-case $base in
-  Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf) name=coder-grounded ;;
-  Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf) name=coder-grounded-1.5b ;;
-  *) name=grounded-${base%.gguf} ;;
-esac
+# The shipped adapter's name for a decoder setup fetches (GROUNDED_ADAPTER_FOR, which /query's auto reads), else grounded-<file>.
+name=$(node --import tsx -e "import('./src/generate/adapters.ts').then((m) => console.log(m.GROUNDED_ADAPTER_FOR[process.argv[1]] ?? 'grounded-' + process.argv[1].replace(/\.gguf\$/, '')))" "$base")
 VENV=.cache/venv
 [[ -f $GGUF ]] || { echo "$GGUF missing: npm run setup fetches it" >&2; exit 1; }
 [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"

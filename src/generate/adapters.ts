@@ -318,10 +318,16 @@ async function firstFitting(dir: string, shape: LoraShape, maxRank: number): Pro
 
 /**
  * The grounded-answer adapters setup ships (models/shipped-adapters/README.md), one for each decoder it
- * fetches: coder-grounded-1.5b for the default Qwen2.5-Coder-1.5B, coder-grounded for the 0.5B. An
- * adapter fits one decoder's shapes only, so at most one of them loads for a given decoder.
+ * fetches, by the decoder's file name: what scripts/grounded-lora.sh names the adapter it trains for that
+ * decoder. An adapter fits one decoder's shapes only, so at most one of them loads for a given decoder.
  */
-export const GROUNDED_ADAPTERS: readonly string[] = ['coder-grounded-1.5b', 'coder-grounded'];
+export const GROUNDED_ADAPTER_FOR: Readonly<Record<string, string>> = {
+  'Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf': 'coder-grounded-1.5b',
+  'Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf': 'coder-grounded',
+};
+
+/** The shipped grounded adapters, in the order `auto` tries them (the default decoder's first). */
+export const GROUNDED_ADAPTERS: readonly string[] = Object.values(GROUNDED_ADAPTER_FOR);
 
 /** RAGGUARD_QUERY_ADAPTER at start-up: the adapter a /query naming none runs with, and why (the start-up log). */
 export interface QueryAdapter {
