@@ -26,6 +26,7 @@ import { DecoderModel } from '../src/backends/ort/decoder-model.js';
 import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf-decoder.js';
 import { applySessionSettings, ragguardOpsVnni, type DirectSession } from '../src/backends/ort/ort-direct.js';
 import { timeStages } from '../src/runtime/run-meter.js';
+import { installCountingAllocator } from '../src/backends/ort/ort-allocator.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
@@ -34,6 +35,9 @@ const REPS = Number(process.env['BENCH_PREFILL_REPS'] ?? 3);
 const PROFILE = process.env['BENCH_PREFILL_PROFILE'] !== '0';
 const BLOCK = 16;
 
+// ONNX Runtime's allocations counted (as the server counts them), installed before the first session:
+// each prefill's accounted peak over what was live before it.
+const counters = installCountingAllocator();
 const cfg = loadConfig(process.env);
 applySessionSettings(cfg);
 const dir = await ggufDecoderDir(GGUF, ggufOptionsFor(cfg, (m) => console.error(m)));
@@ -49,7 +53,7 @@ for (const f of files) {
 
 const times = timeStages();
 
-interface Timed { prefillMs: number[]; ttftMs: number[]; cpuMs: number[]; runs: number }
+interface Timed { prefillMs: number[]; ttftMs: number[]; cpuMs: number[]; peakBytes: number[]; runs: number }
 
 async function prefills(model: DecoderModel, reps: number): Promise<Map<number, Timed>> {
   const ids = model.tokenizer.encode(text);
@@ -58,7 +62,7 @@ async function prefills(model: DecoderModel, reps: number): Promise<Map<number, 
   if (ids.length < maxLen) throw new Error(`corpus text gives ${ids.length} tokens, fewer than ${maxLen}`);
   const numBlocks = Math.ceil((maxLen + 8) / BLOCK) + 8;
   for (const len of LENGTHS) {
-    const r: Timed = { prefillMs: [], ttftMs: [], cpuMs: [], runs: 0 };
+    const r: Timed = { prefillMs: [], ttftMs: [], cpuMs: [], peakBytes: [], runs: 0 };
     for (let i = 0; i <= reps; i++) {
       // A fresh engine and block pool a request, prefix caching off: every request prefills its whole prompt.
       const blocks = new BlockManager({ numBlocks, blockSize: BLOCK, watermark: 0.01, enablePrefixCaching: false });
@@ -66,6 +70,8 @@ async function prefills(model: DecoderModel, reps: number): Promise<Map<number, 
       // A different slice each time (the same length): nothing is reused between requests.
       const prompt = ids.slice(i * 7, i * 7 + len);
       times.clear();
+      const live0 = counters?.live() ?? 0;
+      counters?.resetPeak();
       const t0 = performance.now();
       const c0 = process.cpuUsage();
       await engine.generate(prompt, { maxNewTokens: 1, temperature: 0, ignoreEos: true });
@@ -73,6 +79,7 @@ async function prefills(model: DecoderModel, reps: number): Promise<Map<number, 
       const c = process.cpuUsage(c0);
       if (i === 0) continue; // warm-up at this shape
       r.cpuMs.push((c.user + c.system) / 1000);
+      if (counters) r.peakBytes.push(counters.peak() - live0);
       r.prefillMs.push(times.spent.prefill?.ms ?? 0);
       r.ttftMs.push(ttft);
       r.runs = times.spent.prefill?.runs ?? 0;
@@ -160,6 +167,8 @@ for (const len of LENGTHS) {
     // moved than the wall time by other processes on the machine. Half of it is the wall time the 2 cores
     // would take if nothing else ran and neither waited.
     cpu_ms: +median(t.cpuMs).toFixed(1), cpu_ms_all: t.cpuMs.map((x) => +x.toFixed(1)),
+    // ONNX Runtime's accounted bytes at the prefill's peak over those live before it (the counting allocator)
+    ...(t.peakBytes.length ? { peak_accounted_mib: +(median(t.peakBytes) / 2 ** 20).toFixed(1) } : {}),
     prefill_tokens_per_s_best: +(len / (Math.min(...t.prefillMs) / 1000)).toFixed(1),
     tokens_per_cpu_s: +(len / (median(t.cpuMs) / 1000)).toFixed(1),
     ...(s ? {
