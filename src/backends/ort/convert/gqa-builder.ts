@@ -147,11 +147,11 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   /**
    * The block product of `x` by `b` into `out` (plus the blocks' min term where they have one), with
    * `bias` (an initializer's name) added inside the product where given: MatMulNBits, or with
-   * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits), which also take the min term and, where
-   * `lora` is given, the LoRA term inside the product (`lora` adds x A's nodes and names x A and B).
-   * `lora` only where productTakesTerms says the product takes it.
+   * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits), which also take the min term. With
+   * `withLora`, projection `name`'s LoRA term too: inside the product where the op takes it, else added
+   * after it (loraPath).
    */
-  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, lora?: () => [string, string]): void => {
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, withLora = false): void => {
     const blocks = b.k / b.blockSize;
     // ragguard's kernels: the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts says why).
     const ours = opts.ops === 'ragguard' && qmatmulTakes(b);
@@ -162,7 +162,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       // block's min is in its offset: as nodes of their own each term wrote a [rows, n] tensor and an Add
       // read it back (at a 1,280-token prefill of Qwen2.5-Coder-1.5B, about a fifth of the prefill's
       // time, most of it the min term of the MLP's 17,920 columns).
-      const [xa, bRows] = lora?.() ?? ['', ''];
+      const [xa, bRows] = withLora ? loraFactors(name, x) : ['', ''];
       const optional = [bias ?? '', xa, bRows];
       while (optional.at(-1) === '') optional.pop();
       if (b.bits === 8) {
@@ -182,16 +182,11 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       }
       return;
     }
-    if (lora) throw new Error(`${name}: the LoRA term given to a product that cannot take it`);
-    const product = b.mins ? `${out}_q` : out;
+    const base = withLora ? `${out}_base` : out;
+    const product = b.mins ? `${base}_q` : base;
     nbitsNode(name, x, product, b, bias);
-    if (b.mins) minTerm(name, x, out, product, { ...b, mins: b.mins });
-  };
-  /** Whether the parts' product is one of ragguard's QMatMul ops, which take the LoRA term inside (nbitsMatMul). */
-  const productTakesTerms = (parts: string[]): boolean => {
-    if (opts.ops !== 'ragguard' || !nbits) return false;
-    const qs = parts.map((p) => w.blocks!(`${p}.weight`));
-    return qs.every((q) => q !== undefined && sameBlockForm(q, qs[0]!)) && qmatmulTakes(qs[0]!);
+    if (b.mins) minTerm(name, x, base, product, { ...b, mins: b.mins });
+    if (withLora) loraPath(name, x, out);
   };
   /** MatMulNBits of `x` by `b` into `out`, with `bias` (an initializer's name) inside where given. */
   const nbitsNode = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
@@ -235,16 +230,17 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
   /**
    * x times the parts' weights side by side: one MatMulNBits where they share a block form, else one
    * node each and a Concat. `bias` (made on demand: an initializer's name) is added inside a single
-   * MatMulNBits, else by an Add after the product.
+   * MatMulNBits, else by an Add after the product. With `withLora`, projection `name`'s LoRA term as
+   * nbitsMatMul adds it.
    */
-  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string, lora?: () => [string, string]): void => {
+  const projection = (name: string, x: string, out: string, parts: string[], bias?: () => string, withLora = false): void => {
     const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
     if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
-      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.(), lora);
+      nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.(), withLora);
       return;
     }
-    if (lora) throw new Error(`${name}: the LoRA term given to a product that cannot take it`);
-    const product = bias ? `${out}_nobias` : out;
+    const base = withLora ? `${out}_base` : out;
+    const product = bias ? `${base}_nobias` : base;
     if (nbits && qs.some((q) => q !== undefined)) {
       parts.forEach((p, i) => projection(`${name}.${i}`, x, `${product}.${i}`, [p]));
       add('Concat', parts.map((_p, i) => `${product}.${i}`), [product], { attrs: { axis: { int: -1 } } });
@@ -254,7 +250,8 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       inits.push(tensor(`${name}.weight`, dtype, [inDim, outDim], values));
       add('MatMul', [x, `${name}.weight`], [product]);
     }
-    if (bias) add('Add', [product, bias()], [out]);
+    if (bias) add('Add', [product, bias()], [base]);
+    if (withLora) loraPath(name, x, out);
   };
   const linear = (name: string, x: string, out: string, parts: string[]) => {
     const bs = parts.map((p) => w.floats(`${p}.bias`));
@@ -272,12 +269,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       return `${name}.bias`;
     };
     // The LoRA term inside the product where the product takes it (ragguard's ops), else added after it.
-    if (lora && productTakesTerms(parts)) {
-      projection(name, x, out, parts, hasBias ? biasInit : undefined, () => loraFactors(name, x));
-      return;
-    }
-    projection(name, x, lora ? `${out}_base` : out, parts, hasBias ? biasInit : undefined);
-    loraPath(name, x, out);
+    projection(name, x, out, parts, hasBias ? biasInit : undefined, lora);
   };
   /**
    * The low-rank term of projection `name` on `x` into `${name}.lora_xab` (returned): each row's entry of
