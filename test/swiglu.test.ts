@@ -4,13 +4,13 @@
  * the same inputs in one graph (the nodes it replaces in a graph converted for ragguard's kernels) and
  * against the exact function (float64), with
  * and without the LoRA terms (rank 0: no adapter in the batch, and rank 5), at row and column counts not a multiple of 16 (the masked tails), and on
- * the plain C path that CPUs without AVX512 take.
+ * the plain C path that CPUs without AVX512 take; and LoRA factors that do not fit refused by SwiGlu and QMatMul alike.
  */
 import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { test } from 'node:test';
-import { ONNX_FLOAT, ONNX_INT64, writeModel } from '../src/runtime/onnx-proto.js';
+import { ONNX_FLOAT, ONNX_INT64, ONNX_UINT8, writeModel } from '../src/runtime/onnx-proto.js';
 import { DirectSession, ragguardOpsUnavailable, setRagguardOpsPortable } from '../src/backends/ort/ort-direct.js';
 import { tempDir } from './helpers.js';
 
@@ -112,5 +112,55 @@ for (const path_ of ['AVX512', 'the plain C path'] as const) test(`SwiGlu on ${p
   for (const [batch, bBatch, loraRank] of [[3, 1, 0], [3, 1, 4], [3, 3, 4]] as const) {
     const w = await compare(5, 40, loraRank, seed++, batch, bBatch);
     assert.ok(w.vsExact < 2e-5, `SwiGlu is ${w.vsExact} off the exact function (batch ${batch}, B's batch ${bBatch}, rank ${loraRank})`);
+  }
+});
+
+test("SwiGlu and QMatMul refuse LoRA factors that do not fit their input, saying which (one shape check for both ops)", async () => {
+  assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
+  const dir = await tempDir('lora-misfit-');
+  const open = async (name: string, nodes: Parameters<typeof writeModel>[0]['nodes'], inputs: Parameters<typeof writeModel>[0]['inputs'], initializers: Parameters<typeof writeModel>[0]['initializers'] = []) => {
+    const file = path.join(dir, `${name}.onnx`);
+    await writeFile(file, writeModel({ name, nodes, initializers, inputs, outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: ['b', 's', 'n'] }], opsets: { '': 17, ragguard: 1 } }));
+    return DirectSession.create(file, { intraOpThreads: 1 })!;
+  };
+  const dyn = (name: string) => ({ name, elemType: ONNX_FLOAT, dims: [`${name}0`, `${name}1`, `${name}2`] });
+  const run = async (s: DirectSession, shapes: Record<string, number[]>) => {
+    const feeds = Object.fromEntries(Object.entries(shapes).map(([n, d]) => [n, s.tensor('float32', d)]));
+    try {
+      const out = await s.run(feeds, { y: null });
+      for (const t of Object.values(out)) t.dispose();
+    } finally {
+      for (const t of Object.values(feeds)) t.dispose();
+    }
+  };
+  const glu = await open('glu', [{ op: 'SwiGlu', inputs: ['gu', 'ga', 'gb', 'ua', 'ub'], outputs: ['y'], domain: 'ragguard' }], ['gu', 'ga', 'gb', 'ua', 'ub'].map(dyn));
+  try {
+    const fits = { gu: [2, 3, 8], ga: [2, 3, 4], gb: [1, 4, 4], ua: [2, 3, 4], ub: [1, 4, 4] };
+    await run(glu, fits);
+    await assert.rejects(run(glu, { ...fits, gb: [1, 4, 5] }), /SwiGlu: GU \[B, S, 2I\], GA \[B, S, R\] and GB \[B or 1, R, I\] do not fit/); // GB's columns not I
+    await assert.rejects(run(glu, { ...fits, ga: [2, 2, 4], ua: [2, 2, 4] }), /do not fit/); // GA's rows not GU's
+    await assert.rejects(run(glu, { ...fits, gb: [2, 5, 4] }), /do not fit/); // GB's rank not GA's
+    await assert.rejects(run(glu, { ...fits, gb: [3, 4, 4], ub: [3, 4, 4] }), /do not fit/); // GB's batch neither B nor 1
+    await assert.rejects(run(glu, { ...fits, ua: [2, 3, 3] }), /SwiGlu: UA is not GA's shape/);
+    await assert.rejects(run(glu, { ...fits, ub: [2, 4, 4] }), /SwiGlu: UB is not GB's shape/);
+  } finally {
+    glu.dispose();
+  }
+  // QMatMul8 of 32 x 16 (one group of 16 columns, one block of 32), zero weights: only the shapes matter.
+  const k = 32, n = 16;
+  const weights = [
+    { name: 'q', dataType: ONNX_UINT8, dims: [1, k / 4, 64], data: new Uint8Array(k * 16) },
+    { name: 'd', dataType: ONNX_FLOAT, dims: [1, 1, 16], data: new Uint8Array(64) },
+  ];
+  const qm = await open('qm', [{ op: 'QMatMul8', inputs: ['x', 'q', 'd', '', 'xa', 'lb'], outputs: ['y'], domain: 'ragguard', attrs: { K: { int: k }, N: { int: n }, block_size: { int: k } } }], ['x', 'xa', 'lb'].map(dyn), weights);
+  try {
+    const fits = { x: [2, 3, k], xa: [2, 3, 4], lb: [2, 4, n] };
+    await run(qm, fits);
+    await run(qm, { ...fits, lb: [1, 4, n] });
+    await assert.rejects(run(qm, { ...fits, lb: [2, 4, n - 1] }), /QMatMul: A \[B, S, K\], x A \[B, S, R\] and B \[B or 1, R, N\] do not fit/);
+    await assert.rejects(run(qm, { ...fits, xa: [2, 4, 4] }), /do not fit/);
+    await assert.rejects(run(qm, { ...fits, lb: [2, 3, n] }), /do not fit/);
+  } finally {
+    qm.dispose();
   }
 });

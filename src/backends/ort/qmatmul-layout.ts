@@ -60,7 +60,7 @@ export function qmatmul4Layout(b: Qmatmul4Blocks): Qmatmul4Layout {
   const blocks = k / blockSize;
   const zpRow = Math.ceil(blocks / 2);
   if (b.data.length !== (n * k) / 2 || b.scales.length !== n * blocks || (b.zeroPoints && b.zeroPoints.length !== n * zpRow) || (b.mins && b.mins.length !== n * blocks)) {
-    throw new Error(`QMatMul4 layout: ${b.data.length} bytes, ${b.scales.length} scales and ${b.zeroPoints?.length ?? 'no'} zero points for ${n} x ${k} in blocks of ${blockSize}`);
+    throw new Error(`QMatMul4 layout: ${b.data.length} bytes, ${b.scales.length} scales and ${b.zeroPoints?.length ?? 'no'} zero points and ${b.mins?.length ?? 'no'} mins for ${n} x ${k} in blocks of ${blockSize}`);
   }
   const groups = Math.ceil(n / 16);
   const pairs = k / 8;

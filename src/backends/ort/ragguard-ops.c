@@ -196,6 +196,29 @@ static OrtStatus* expect(const OrtValue* v, size_t rank, const int64_t* want, co
   return same ? NULL : fail(ORT_INVALID_ARGUMENT, what);
 }
 
+/* The LoRA term's factors beside an input x of shape `dims` (`rank` of them): x A [B, S, R] and B
+ * [B or 1, R, n]. B's batch is x's (an adapter entry a row) or 1 (one for all, or none: lora-feeds.ts
+ * broadcasts it). QMatMul and SwiGlu take them alike. */
+typedef struct {
+  int64_t rank, perBatch; /* R, and x's rows a batch entry (S) */
+  int shared;             /* one B for every row */
+  int64_t a[3], b[3];     /* x A's and B's shapes */
+} LoraShape;
+
+static OrtStatus* loraShape(const OrtValue* xa, const OrtValue* b, const int64_t* dims, size_t rank, int64_t n, const char* misfit, LoraShape* s) {
+  size_t ar = 0, br = 0;
+  int64_t ad[8], bd[8];
+  TRY(shapeOf(xa, ad, &ar));
+  TRY(shapeOf(b, bd, &br));
+  if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || (bd[0] != dims[0] && bd[0] != 1) || bd[2] != n || bd[1] != ad[2])
+    return fail(ORT_INVALID_ARGUMENT, misfit);
+  for (int i = 0; i < 3; i++) s->a[i] = ad[i], s->b[i] = bd[i];
+  s->rank = ad[2];
+  s->perBatch = dims[1] > 0 ? dims[1] : 1;
+  s->shared = bd[0] == 1;
+  return NULL;
+}
+
 /*
  * RAGGUARD_OPS_HUGE_OUTPUTS=1 (opt-in, not yet measured end to end): an output of 8 MiB or more (a
  * prefill's products: 80 MB for gate and up at 2,048 tokens) advised onto 2 MiB pages where the kernel
@@ -288,16 +311,11 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   int64_t loraRank = 0, perBatch = m > 0 ? m : 1;
   int bShared = 1;
   if (xa) {
-    int64_t ad[8], bd[8];
-    size_t ar = 0, br = 0;
-    TRY(shapeOf(xa, ad, &ar));
-    TRY(shapeOf(loraB, bd, &br));
-    /* B's batch is A's (an adapter entry a row) or 1 (one for all, or none: lora-feeds.ts broadcasts it) */
-    if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || (bd[0] != dims[0] && bd[0] != 1) || bd[2] != q->n || bd[1] != ad[2])
-      return fail(ORT_INVALID_ARGUMENT, "QMatMul: A [B, S, K], x A [B, S, R] and B [B or 1, R, N] do not fit");
-    loraRank = ad[2];
-    perBatch = dims[1] > 0 ? dims[1] : 1;
-    bShared = bd[0] == 1;
+    LoraShape ls;
+    TRY(loraShape(xa, loraB, dims, rank, q->n, "QMatMul: A [B, S, K], x A [B, S, R] and B [B or 1, R, N] do not fit", &ls));
+    loraRank = ls.rank;
+    perBatch = ls.perBatch;
+    bShared = ls.shared;
   }
   void *x = NULL, *wq = NULL, *ws = NULL, *wo = NULL, *wb = NULL, *pa = NULL, *pb = NULL, *y = NULL;
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)a, &x));
@@ -532,18 +550,13 @@ static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
   int64_t loraRank = 0, perBatch = rows > 0 ? rows : 1;
   int bShared = 1;
   if (terms) {
-    int64_t ad[8], bd[8];
-    size_t ar = 0, br = 0;
-    TRY(shapeOf(in[1], ad, &ar));
-    TRY(shapeOf(in[2], bd, &br));
-    /* GB's batch is B (an adapter entry a row) or 1 (one for all, or none: lora-feeds.ts broadcasts it) */
-    if (rank != 3 || ar != 3 || br != 3 || ad[0] != dims[0] || ad[1] != dims[1] || (bd[0] != dims[0] && bd[0] != 1) || bd[2] != inter || bd[1] != ad[2])
-      return fail(ORT_INVALID_ARGUMENT, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B or 1, R, I] do not fit");
-    TRY(expect(in[3], 3, ad, "SwiGlu: UA is not GA's shape"));
-    TRY(expect(in[4], 3, bd, "SwiGlu: UB is not GB's shape"));
-    loraRank = ad[2];
-    perBatch = dims[1] > 0 ? dims[1] : 1;
-    bShared = bd[0] == 1;
+    LoraShape ls;
+    TRY(loraShape(in[1], in[2], dims, rank, inter, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B or 1, R, I] do not fit", &ls));
+    TRY(expect(in[3], 3, ls.a, "SwiGlu: UA is not GA's shape"));
+    TRY(expect(in[4], 3, ls.b, "SwiGlu: UB is not GB's shape"));
+    loraRank = ls.rank;
+    perBatch = ls.perBatch;
+    bShared = ls.shared;
   }
   void* p[5] = {NULL, NULL, NULL, NULL, NULL};
   for (int i = 0; i < (terms ? 5 : 1); i++) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[i], &p[i]));
