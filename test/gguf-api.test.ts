@@ -36,3 +36,18 @@ test('a .gguf RAGGUARD_DECODER is converted and serves /query', { skip: existsSy
   assert.equal(refused.body.error.code, 'adapter_not_found');
   assert.match(refused.body.error.message, /no LoRA inputs.*RAGGUARD_DECODER_LORA/);
 });
+
+test("a GGUF converted by the server's own start counts its decoder's weights as a start that finds it converted does", { skip: existsSync(GGUF) ? false : `${GGUF} is missing: run npm run setup` }, async () => {
+  // A fresh conversion cache: the first load converts in this process, freeing hundreds of MiB of
+  // buffers just before the decoder's load; the second finds the conversion. Measured without settling
+  // first, the first load reused that freed memory unseen and counted the weights as 0 bytes, so the
+  // budget was planned as if the decoder held nothing.
+  const cache = await tempDir('gguf-load-');
+  const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_DECODER: GGUF, RAGGUARD_GGUF_CACHE: cache });
+  const converted = await loadModels(cfg);
+  const found = await loadModels(cfg);
+  const [a, b] = [converted.loads.decoder.hostBytes, found.loads.decoder.hostBytes];
+  // SmolLM2-135M Q4_1 as the runtime holds it: about 235 MiB either way.
+  assert.ok(b > 100 * 2 ** 20, `found converted: ${b} bytes`);
+  assert.ok(Math.abs(a - b) < 0.2 * b, `converted here: ${a} bytes, found converted: ${b}`);
+});

@@ -165,7 +165,7 @@ export function hostMeter(cfg: { hostMeter: 'accounted' | 'resident' }): PeakMet
 let collect: (() => void) | undefined;
 
 /** A full garbage collection: JS buffers that are already garbage must not count as a run's memory. */
-function collectGarbage(): void {
+export function collectGarbage(): void {
   if (!collect) {
     v8.setFlagsFromString('--expose-gc');
     collect = vm.runInNewContext('gc') as () => void;
