@@ -17,8 +17,9 @@
  *                       figures: with the CUDA decoder its device bytes are the accountant's for the pool
  *                       that server allocated, which BENCH_GUARD_WORKSPACE_MB only approximates): the
  *                       process went over its budget. Resident memory may also grow by the part of the
- *                       allocator's warm cache not yet filled when the burst began: the budget holds the
- *                       cache at its limit (RAGGUARD_ALLOCATOR_WARM_BYTES), as it holds the weights.
+ *                       allocator's warm cache not resident when the burst began (not yet filled, or
+ *                       blocks a run wrote only in part): the budget holds the cache at its limit
+ *                       (RAGGUARD_ALLOCATOR_WARM_BYTES), as it holds the weights.
  *   prediction_error    per request run alone: |predicted - measured| / measured, where predicted is the
  *                       memory model's workspace for the request as it ran (calibrated at start-up by
  *                       the profile run, on the meter RAGGUARD_HOST_METER names: accounted bytes by
@@ -30,7 +31,9 @@
  *   served_fraction     200s / requests, guards on.
  * Last line: JSON.
  */
+import { readFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
+import v8 from 'node:v8';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -38,11 +41,12 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
-import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
+import { collectGarbage, gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { countingAllocator } from '../src/backends/ort/ort-allocator.js';
+import { mallocStats, trimMalloc } from '../src/runtime/malloc.js';
 import { createApp } from '../src/server/app.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -227,22 +231,68 @@ setRunObserver(undefined);
 // 2. Bursts, guards on then off, the same requests.
 const bursts = Array.from({ length: BURSTS }, () => mix(BURST));
 const warmCache = accounted ? countingAllocator() : undefined;
-async function burstPhase(url: string, workspace: number): Promise<{ overflows: number; peaks: number[]; residentPeaks: number[]; replies: Reply[] }> {
+
+/**
+ * Where a burst's resident memory went, on the host: the highest value of each part seen while it ran
+ * (sampled every 5 ms from the event loop, so a peak inside one native run can be missed) and what each
+ * part still held after it (garbage collected, free heap trimmed), as growth over the part before it.
+ * Parts: anonymous and file-backed resident pages (/proc/self/status), V8's heap (physical), glibc's
+ * bytes in use (every malloc: ONNX Runtime's outside the counting allocator, faiss's, V8's C++ side) and
+ * ONNX Runtime's accounted bytes (live, and the warm cache's kept blocks: counters only, as sampling the
+ * cache's resident pages (pagemap) every 5 ms would load the machine it measures).
+ */
+interface Parts { anon: number; file: number; v8: number; malloc: number; accounted: number }
+function partsNow(): Parts {
+  const status = readFileSync('/proc/self/status', 'utf8');
+  const kb = (f: string) => Number(new RegExp(`^${f}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? 0) * 1024;
+  const counters = countingAllocator();
+  return {
+    anon: kb('RssAnon'), file: kb('RssFile'), v8: v8.getHeapStatistics().total_physical_size,
+    malloc: mallocStats()?.inUseBytes ?? 0, accounted: counters ? counters.live() + counters.warm() : 0,
+  };
+}
+const partNames = ['anon', 'file', 'v8', 'malloc', 'accounted'] as const;
+async function watchParts<T>(work: () => Promise<T>): Promise<{ value: T; peak: Parts; kept: Parts }> {
+  const settled = () => { collectGarbage(); trimMalloc(); return partsNow(); };
+  const before = settled();
+  const peak = { ...before };
+  const sample = () => { const now = partsNow(); for (const k of partNames) peak[k] = Math.max(peak[k], now[k]); };
+  const timer = setInterval(sample, 5);
+  try {
+    const value = await work();
+    sample();
+    const after = settled();
+    const growth = (p: Parts): Parts => Object.fromEntries(partNames.map((k) => [k, p[k] - before[k]])) as unknown as Parts;
+    return { value, peak: growth(peak), kept: growth(after) };
+  } finally {
+    clearInterval(timer);
+  }
+}
+const partsLine = (p: Parts) => partNames.map((k) => `${k} ${mb(p[k])}`).join(', ');
+
+async function burstPhase(url: string, workspace: number): Promise<{ overflows: number; peaks: number[]; residentPeaks: number[]; warmRooms: number[]; replies: Reply[]; parts: { peak: Parts; kept: Parts }[] }> {
   let overflows = 0;
   const peaks: number[] = [];
   const residentPeaks: number[] = [];
   const replies: Reply[] = [];
+  const parts: { peak: Parts; kept: Parts }[] = [];
+  const warmRooms: number[] = [];
   for (const asks of bursts) {
     // The allocator's warm cache is budgeted at its limit beside the weights (RagService.staticBytes):
-    // freed run buffers it keeps may make resident memory grow by what it has not filled yet.
-    const warmRoom = warmCache ? warmCache.warmLimit() - warmCache.warm() : 0;
-    const { value, bytes, residentBytes } = await measure(() => Promise.all(asks.map((a) => send(url, a))));
+    // freed run buffers it keeps may make resident memory grow by what of it is not resident yet (not
+    // filled, or blocks a run wrote only in part, which fault in at their next use).
+    const warmRoom = warmCache ? warmCache.warmLimit() - warmCache.warmResident() : 0;
+    warmRooms.push(warmRoom);
+    if (warmCache) console.log(`warm cache before the burst: ${mb(warmCache.warm())} MiB kept, ${mb(warmCache.warmResident())} of them resident, limit ${mb(warmCache.warmLimit())}`);
+    const watched = await watchParts(() => measure(() => Promise.all(asks.map((a) => send(url, a)))));
+    const { value, bytes, residentBytes } = watched.value;
+    if (!onGpu) parts.push({ peak: watched.peak, kept: watched.kept });
     replies.push(...value);
     peaks.push(bytes);
     residentPeaks.push(residentBytes);
     if (bytes > workspace || residentBytes > workspace + warmRoom) overflows++;
   }
-  return { overflows, peaks, residentPeaks, replies };
+  return { overflows, peaks, residentPeaks, warmRooms, replies, parts };
 }
 let g!: Awaited<ReturnType<typeof burstPhase>>;
 let u!: Awaited<ReturnType<typeof burstPhase>>;
@@ -273,6 +323,12 @@ for (const [name, r] of [['guards on ', g], ['guards off', u]] as const) {
   console.log(`  ${name}    ${peaksOf(r).padEnd(46)} ${String(count(r.replies, 200)).padStart(5)} ${String(count(r.replies, 413)).padStart(5)} ` +
     `${String(count(r.replies, 503)).padStart(5)} ${String(r.replies.filter((x) => !x.clear).length).padStart(8)} ${String(r.overflows).padStart(10)}`);
 }
+if (!onGpu) {
+  console.log('\nresident growth by part, MiB: the highest seen while each burst ran / what it still held after');
+  for (const [name, r] of [['guards on ', g], ['guards off', u]] as const) {
+    r.parts.forEach((p, i) => console.log(`  ${name} burst ${i + 1}: peak ${partsLine(p.peak)}\n${' '.repeat(22)}kept ${partsLine(p.kept)}`));
+  }
+}
 await rm(indexDir, { recursive: true, force: true });
 console.log(JSON.stringify({
   overflows: g.overflows,
@@ -296,6 +352,11 @@ console.log(JSON.stringify({
   unguarded_workspace_bytes: unguarded.workspaceBytes,
   peak_workspace_bytes: Math.max(...g.peaks, ...g.residentPeaks),
   unguarded_peak_workspace_bytes: Math.max(...u.peaks, ...u.residentPeaks),
+  // The budgeted warm cache's part not resident when each burst began: room for resident growth that is not the burst's.
+  ...(warmCache ? { warm_room_mib: g.warmRooms.map((b) => +mb(b)), unguarded_warm_room_mib: u.warmRooms.map((b) => +mb(b)) } : {}),
+  ...(onGpu ? {} : { burst_parts_mib: Object.fromEntries((['guarded', 'unguarded'] as const).map((side) => [side, (side === 'guarded' ? g : u).parts.map((p) => ({
+    peak: Object.fromEntries(partNames.map((k) => [k, +mb(p.peak[k])])), kept: Object.fromEntries(partNames.map((k) => [k, +mb(p.kept[k])])),
+  }))])) }),
   measured_by: onGpu ? 'NVML device memory used, sampled every ms'
     : accounted ? 'ONNX Runtime accounted bytes (counting allocator); overflows also by resident high-water mark (VmHWM)'
     : 'host resident high-water mark (VmHWM)',

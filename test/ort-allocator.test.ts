@@ -131,3 +131,30 @@ test('the warm cache keeps freed large blocks for the next run up to its limit, 
     d.dispose();
   }
 });
+
+test('the warm cache says how much of it is resident: a block written in part (or read) holds only the pages written until its next use fills it', () => {
+  const c = counters!;
+  const d = DirectSession.create(path.join(ROOT, 'models/decoder-gqa/model.onnx'));
+  assert.ok(d, 'direct session');
+  try {
+    c.setWarmLimit(40 * MiB);
+    const t = d.tensor('float32', [16, MiB / 4]);
+    (t.data as Float32Array).fill(1, 0, MiB); // the first 4 MiB written,
+    let sum = 0;
+    for (let i = MiB; i < 2 * MiB; i += 1024) sum += (t.data as Float32Array)[i]!; // the next 4 MiB only read (the zero page), the rest never touched
+    assert.equal(sum, 0);
+    t.dispose();
+    assert.equal(c.warm(), 16 * MiB + 4096);
+    // Its header page and the 4 MiB written (the header shares the first data page).
+    assert.ok(c.warmResident() >= 4 * MiB && c.warmResident() <= 4 * MiB + 8192, `${c.warmResident()} bytes of the warm block resident`);
+    const again = d.tensor('float32', [16, MiB / 4]);
+    (again.data as Float32Array).fill(2);
+    again.dispose();
+    assert.ok(c.warmResident() === c.warm(), `${c.warmResident()} of ${c.warm()} warm bytes resident once written whole`);
+    c.setWarmLimit(0);
+    assert.equal(c.warmResident(), 0);
+  } finally {
+    c.setWarmLimit(0);
+    d.dispose();
+  }
+});

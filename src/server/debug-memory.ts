@@ -170,7 +170,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     tokenMasksComponent(),
     ...(service.allocatorWarmBytes > 0 ? [{
       name: 'allocator_warm', bytes: service.allocatorWarmBytes, how: 'exact' as const,
-      detail: `freed run buffers of 2 MiB and up kept resident for the next run, at most this (RAGGUARD_ALLOCATOR_WARM_BYTES; ${countingAllocator()?.warm() ?? 0} bytes held now), counted in the budget up front`,
+      detail: `freed run buffers of 2 MiB and up kept resident for the next run, at most this (RAGGUARD_ALLOCATOR_WARM_BYTES; ${countingAllocator()?.warm() ?? 0} bytes held now, ${countingAllocator()?.warmResident() ?? 0} of them resident), counted in the budget up front`,
     }] : []),
   ];
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
@@ -217,7 +217,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
     process: snake(processMemory()),
     onnxruntime_host: ((c) => (c
-      ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations(), warm_bytes: c.warm(), warm_limit_bytes: c.warmLimit() }
+      ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations(), warm_bytes: c.warm(), warm_resident_bytes: c.warmResident(), warm_limit_bytes: c.warmLimit() }
       : { accounted: false as const, reason: accountingUnavailable() }))(countingAllocator()),
     native: ((m, p) => {
       const ort = countingAllocator();

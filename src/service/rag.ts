@@ -209,14 +209,14 @@ export class RagService {
   /**
    * Growth the process is expected to show: the store's documents, and the KV pool's blocks as they are
    * first used (a host pool's pages are written, and become resident, block by block: bounded by the
-   * pool, not a leak), and the counting allocator's warm cache (freed run buffers kept resident for
-   * reuse, filling as new run shapes come: bounded by RAGGUARD_ALLOCATOR_WARM_BYTES, not a leak). A device
-   * pool adds nothing on the host.
+   * pool, not a leak), and the counting allocator's warm cache as far as it is resident (freed run
+   * buffers kept for reuse, filling as new run shapes come and as their pages are first written: bounded
+   * by RAGGUARD_ALLOCATOR_WARM_BYTES, not a leak). A device pool adds nothing on the host.
    */
   expectedGrowthBytes(): number {
     const hostPool = this.engine.runner.pool.location !== 'device';
     const kv = hostPool ? this.blocks.stats().touchedBlocks * this.cfg.kvBlockSize * this.models.decoder.kvBytesPerToken : 0;
-    return this.storeResidentBytes() + kv + (countingAllocator()?.warm() ?? 0);
+    return this.storeResidentBytes() + kv + (countingAllocator()?.warmResident() ?? 0);
   }
 
   /**

@@ -30,6 +30,8 @@ export interface AllocatorCounters {
   allocations(): number;
   /** Bytes of freed large blocks kept resident for reuse (the warm cache), and its limit. */
   warm(): number;
+  /** The part of warm() whose pages are resident now (a block a run wrote only in part holds less than its length). */
+  warmResident(): number;
   warmLimit(): number;
   /** Sets the warm cache's limit (0: every freed large block's pages go back at once). */
   setWarmLimit(bytes: number): void;
@@ -64,14 +66,15 @@ export function installCountingAllocator(library = COUNTING_ALLOCATOR_LIBRARY): 
     const reserve = lib.func('int ragguard_reserve_regions(int count, int64_t size)') as (count: number, size: number) => number;
     const base = lib.func('void *ragguard_region_base(int i)') as (i: number) => unknown;
     const size = lib.func('int64_t ragguard_region_size(int i)') as (i: number) => number | bigint;
-    const [warm, warmLimit] = ['ragguard_warm_bytes', 'ragguard_warm_limit'].map(int64) as [() => number | bigint, () => number | bigint];
+    const [warm, warmResident, warmLimit] = ['ragguard_warm_bytes', 'ragguard_warm_resident_bytes', 'ragguard_warm_limit'].map(int64) as [
+      () => number | bigint, () => number | bigint, () => number | bigint];
     const setWarm = lib.func('void ragguard_set_warm_limit(int64_t bytes)') as (bytes: number) => void;
     const made = reserve(REGIONS, REGION_BYTES);
     viewRegions(Array.from({ length: made }, (_, i) => ({ base: base(i), size: Number(size(i)) })));
     registerCpuAllocator(make);
     counters = {
       live: () => Number(live()), peak: () => Number(peak()), resetPeak: () => reset(), allocations: () => Number(allocations()),
-      warm: () => Number(warm()), warmLimit: () => Number(warmLimit()), setWarmLimit: (bytes) => setWarm(bytes),
+      warm: () => Number(warm()), warmResident: () => Number(warmResident()), warmLimit: () => Number(warmLimit()), setWarmLimit: (bytes) => setWarm(bytes),
     };
     reason = '';
     return counters;
