@@ -41,12 +41,12 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
-import { collectGarbage, gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak } from '../src/guards/peak-meter.js';
+import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak, settledResident } from '../src/guards/peak-meter.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
 import { countingAllocator } from '../src/backends/ort/ort-allocator.js';
-import { mallocStats, trimMalloc } from '../src/runtime/malloc.js';
+import { mallocStats } from '../src/runtime/malloc.js';
 import { createApp } from '../src/server/app.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -253,15 +253,15 @@ function partsNow(): Parts {
 }
 const partNames = ['anon', 'file', 'v8', 'malloc', 'accounted'] as const;
 async function watchParts<T>(work: () => Promise<T>): Promise<{ value: T; peak: Parts; kept: Parts }> {
-  const settled = () => { collectGarbage(); trimMalloc(); return partsNow(); };
-  const before = settled();
+  const settled = async () => { await settledResident(); return partsNow(); };
+  const before = await settled();
   const peak = { ...before };
   const sample = () => { const now = partsNow(); for (const k of partNames) peak[k] = Math.max(peak[k], now[k]); };
   const timer = setInterval(sample, 5);
   try {
     const value = await work();
     sample();
-    const after = settled();
+    const after = await settled();
     const growth = (p: Parts): Parts => Object.fromEntries(partNames.map((k) => [k, p[k] - before[k]])) as unknown as Parts;
     return { value, peak: growth(peak), kept: growth(after) };
   } finally {

@@ -1,8 +1,7 @@
 /** Memory readings: the process's own counters, and bytes measured around a load (host, and GPU through NVML). */
 import { regionViewBytes } from '../backends/ort/ort-direct.js';
 import type { LoadBytes } from '../runtime/load-bytes.js';
-import { trimMalloc } from '../runtime/malloc.js';
-import { collectGarbage } from './peak-meter.js';
+import { settledResident } from './peak-meter.js';
 import { usedBytes, type GpuMemoryReader } from './nvml.js';
 
 export interface ProcessMemory {
@@ -22,25 +21,6 @@ export function processMemory(): ProcessMemory {
   return { rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external - regionViewBytes(), arrayBuffers: m.arrayBuffers };
 }
 
-
-/**
- * Resident bytes once garbage is collected and glibc's free heap given back, waiting until they stop
- * falling: V8 frees an ArrayBuffer's memory after the collection that found it dead, on a later turn
- * (measured after a GGUF conversion: 435 MiB of buffers dead, resident 562 MiB right after a collection
- * and a trim, 135 MiB two turns later).
- */
-export async function settledResident(): Promise<number> {
-  let last = Number.POSITIVE_INFINITY;
-  for (let i = 0; i < 20; i++) {
-    collectGarbage();
-    await new Promise((r) => setTimeout(r, 10));
-    trimMalloc();
-    const now = process.memoryUsage.rss();
-    if (now > last - (1 << 20)) return Math.min(now, last);
-    last = now;
-  }
-  return last;
-}
 
 /**
  * Runs `load` and reports how much memory it added: resident memory on the host and, with a `device`
