@@ -31,7 +31,6 @@
  *   served_fraction     200s / requests, guards on.
  * Last line: JSON.
  */
-import { readFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import v8 from 'node:v8';
 import type { AddressInfo } from 'node:net';
@@ -41,7 +40,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadConfig, type Config } from '../src/config/config.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { nvmlReader, usedBytes } from '../src/guards/nvml.js';
-import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak, settledResident } from '../src/guards/peak-meter.js';
+import { gpuPeakMeter, hostMeter, hostPeakMeter, measurePeak, procStatusBytes, settledResident } from '../src/guards/peak-meter.js';
 import { CudaModelRunner } from '../src/backends/cuda/cuda-runner.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { setRunObserver, type RunObserver, type RunStage } from '../src/runtime/run-meter.js';
@@ -243,11 +242,10 @@ const warmCache = accounted ? countingAllocator() : undefined;
  */
 interface Parts { anon: number; file: number; v8: number; malloc: number; accounted: number }
 function partsNow(): Parts {
-  const status = readFileSync('/proc/self/status', 'utf8');
-  const kb = (f: string) => Number(new RegExp(`^${f}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? 0) * 1024;
+  const { RssAnon, RssFile } = procStatusBytes(['RssAnon', 'RssFile']);
   const counters = countingAllocator();
   return {
-    anon: kb('RssAnon'), file: kb('RssFile'), v8: v8.getHeapStatistics().total_physical_size,
+    anon: RssAnon, file: RssFile, v8: v8.getHeapStatistics().total_physical_size,
     malloc: mallocStats()?.inUseBytes ?? 0, accounted: counters ? counters.live() + counters.warm() : 0,
   };
 }

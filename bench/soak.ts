@@ -20,6 +20,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import os, { tmpdir } from 'node:os';
 import path from 'node:path';
 import { theilSen } from '../src/guards/growth.js';
+import { procStatusBytes } from '../src/guards/peak-meter.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -53,8 +54,7 @@ async function call(port: number, method: string, route: string, body?: unknown)
 
 /** The server's own process (tuned.sh execs node, so the child's pid is the server's). */
 function rssOf(pid: number): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return m ? Number(m[1]) * 1024 : 0;
+  return procStatusBytes(['VmRSS'], pid).VmRSS;
 }
 
 interface Memory {

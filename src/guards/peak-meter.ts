@@ -27,10 +27,19 @@ export interface PeakMeter {
   settle?(): Promise<void>;
 }
 
-function statusField(status: string, field: string): number {
-  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status);
-  if (!m) throw new Error(`/proc/self/status has no ${field}`);
-  return Number(m[1]) * 1024;
+/**
+ * Fields of a process's /proc/<pid>/status that the kernel gives in kB (VmRSS, VmHWM, RssAnon...), in
+ * bytes, from one read. Linux only: throws where the file or a field is missing.
+ */
+export function procStatusBytes<F extends string>(fields: readonly F[], pid: number | 'self' = 'self'): Record<F, number> {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const out = {} as Record<F, number>;
+  for (const field of fields) {
+    const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status);
+    if (!m) throw new Error(`/proc/${pid}/status has no ${field}`);
+    out[field] = Number(m[1]) * 1024;
+  }
+  return out;
 }
 
 /**
@@ -43,13 +52,13 @@ class ProcPeakMeter implements PeakMeter {
   readonly available = true;
   readonly settle = settleResident;
   resident(): number {
-    return statusField(readFileSync('/proc/self/status', 'utf8'), 'VmRSS');
+    return procStatusBytes(['VmRSS']).VmRSS;
   }
   reset(): void {
     writeFileSync('/proc/self/clear_refs', '5');
   }
   peak(): number {
-    return statusField(readFileSync('/proc/self/status', 'utf8'), 'VmHWM');
+    return procStatusBytes(['VmHWM']).VmHWM;
   }
 }
 
