@@ -5,6 +5,7 @@ import request from 'supertest';
 import type { Express } from 'express';
 import { RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
+import { accountingUnavailable, countingAllocator } from '../src/backends/ort/ort-allocator.js';
 import { smallCorpus, tempDir, testConfig, faiss } from './helpers.js';
 
 let app: Express;
@@ -70,4 +71,24 @@ test('growth is tracked over the last requests', async () => {
   // (bounded, not a leak): its pages written, at most its blocks' length.
   assert.ok(m.onnxruntime_host.warm_resident_bytes >= 0 && m.onnxruntime_host.warm_resident_bytes <= m.onnxruntime_host.warm_bytes, JSON.stringify(m.onnxruntime_host));
   assert.ok(m.native.expected_growth_bytes >= m.native.store_predicted_bytes + m.onnxruntime_host.warm_resident_bytes, JSON.stringify(m.native));
+});
+
+test('a snapshot reads the warm cache\'s resident pages once (a pagemap pass over its blocks) and shows the same figure everywhere', async (t) => {
+  const counters = countingAllocator();
+  if (!counters) return t.skip(`no counting allocator: ${accountingUnavailable()}`);
+  const read = counters.warmResident;
+  const sample = service.sampleMemory;
+  let reads = 0;
+  let samples = 0; // the slow-leak check's timer reads it too, and may fire meanwhile
+  counters.warmResident = () => { reads++; return read(); };
+  service.sampleMemory = (at?: number) => { samples++; sample.call(service, at); };
+  try {
+    const m = (await request(app).get('/debug/memory').expect(200)).body;
+    assert.equal(reads, 1 + samples);
+    const warm = m.components.find((c: { name: string }) => c.name === 'allocator_warm');
+    if (warm) assert.match(warm.detail, new RegExp(`${m.onnxruntime_host.warm_resident_bytes} of them resident`));
+  } finally {
+    counters.warmResident = read;
+    service.sampleMemory = sample;
+  }
 });

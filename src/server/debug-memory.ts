@@ -73,9 +73,13 @@ export interface MemorySnapshot {
   /**
    * ONNX Runtime's host bytes as the counting allocator accounts them (every CPU session's
    * allocations: weights it copied, run buffers): live now, and the highest since the last profile or
-   * measurement window; or why they are not accounted.
+   * measurement window; the warm cache (freed run buffers kept for reuse): bytes held, how many of them
+   * are resident (pages present and this process's own), and its limit; or why they are not accounted.
    */
-  onnxruntime_host: { accounted: true; live_bytes: number; peak_bytes: number; allocations: number } | { accounted: false; reason: string };
+  onnxruntime_host: {
+    accounted: true; live_bytes: number; peak_bytes: number; allocations: number;
+    warm_bytes: number; warm_resident_bytes: number; warm_limit_bytes: number;
+  } | { accounted: false; reason: string };
   /**
    * Native memory by who holds it, as far as each can be read: glibc's allocator (mallinfo2: every
    * malloc, its arenas), ONNX Runtime's accounted bytes, faiss's vectors, V8's heap and external memory,
@@ -156,6 +160,9 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   const pool = engine.pool;
   const tableBytes = Object.entries(kv.tablesByBucket).reduce((s, [cap, n]) => s + Number(cap) * 4 * n, 0);
   const adapters = service.adapters.stats();
+  // The warm cache's resident pages are read once a snapshot: each read is a pagemap pass over its blocks.
+  const ort = countingAllocator();
+  const warm = ort ? { held: ort.warm(), resident: ort.warmResident() } : { held: 0, resident: 0 };
   const components: Component[] = [
     encoderComponent(service, 'embedder'),
     encoderComponent(service, 'reranker'),
@@ -170,7 +177,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
     tokenMasksComponent(),
     ...(service.allocatorWarmBytes > 0 ? [{
       name: 'allocator_warm', bytes: service.allocatorWarmBytes, how: 'exact' as const,
-      detail: `freed run buffers of 2 MiB and up kept resident for the next run, at most this (RAGGUARD_ALLOCATOR_WARM_BYTES; ${countingAllocator()?.warm() ?? 0} bytes held now, ${countingAllocator()?.warmResident() ?? 0} of them resident), counted in the budget up front`,
+      detail: `freed run buffers of 2 MiB and up kept resident for the next run, at most this (RAGGUARD_ALLOCATOR_WARM_BYTES; ${warm.held} bytes held now, ${warm.resident} of them resident), counted in the budget up front`,
     }] : []),
   ];
   const gpuTotal = gpu.source === 'nvml' ? gpu.gpus.reduce((s, g) => s + g.totalBytes, 0) : null;
@@ -205,7 +212,7 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       allocator_tuned: allocatorTuned(),
       calibration: service.profile.source,
       fits: Object.fromEntries(Object.entries(service.guard.model.calibration).map(([st, f]) => [st, { scale: f.scale, offset_bytes: f.offsetBytes }])),
-      host_meter: cfg.hostMeter === 'accounted' && countingAllocator() ? 'accounted' : 'resident',
+      host_meter: cfg.hostMeter === 'accounted' && ort ? 'accounted' : 'resident',
       headroom: service.guard.model.headroom,
       profile: service.profile,
     },
@@ -216,18 +223,17 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       : null,
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
     process: snake(processMemory()),
-    onnxruntime_host: ((c) => (c
-      ? { accounted: true as const, live_bytes: c.live(), peak_bytes: c.peak(), allocations: c.allocations(), warm_bytes: c.warm(), warm_resident_bytes: c.warmResident(), warm_limit_bytes: c.warmLimit() }
-      : { accounted: false as const, reason: accountingUnavailable() }))(countingAllocator()),
+    onnxruntime_host: ort
+      ? { accounted: true as const, live_bytes: ort.live(), peak_bytes: ort.peak(), allocations: ort.allocations(), warm_bytes: warm.held, warm_resident_bytes: warm.resident, warm_limit_bytes: ort.warmLimit() }
+      : { accounted: false as const, reason: accountingUnavailable() },
     native: ((m, p) => {
-      const ort = countingAllocator();
       return {
         malloc: m ? { arena_bytes: m.arenaBytes, mmapped_bytes: m.mmappedBytes, in_use_bytes: m.inUseBytes, free_bytes: m.freeBytes, arenas: m.arenas }
           : { unavailable: 'not glibc (mallinfo2 needs glibc 2.33 or later)' },
         onnxruntime_live_bytes: ort ? ort.live() : null,
         faiss_index_bytes: store.indexBytes,
         store_predicted_bytes: service.storeResidentBytes(),
-        expected_growth_bytes: service.expectedGrowthBytes(),
+        expected_growth_bytes: service.expectedGrowthBytes(warm.resident),
         v8_heap_total_bytes: p.heapTotal,
         v8_external_bytes: p.external,
         unattributed_bytes: Math.max(0, p.rss - p.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0)),

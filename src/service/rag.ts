@@ -212,11 +212,13 @@ export class RagService {
    * pool, not a leak), and the counting allocator's warm cache as far as it is resident (freed run
    * buffers kept for reuse, filling as new run shapes come and as their pages are first written: bounded
    * by RAGGUARD_ALLOCATOR_WARM_BYTES, not a leak). A device pool adds nothing on the host.
+   * `warmResident`: the warm cache's resident bytes where the caller read them already (each read is a
+   * pagemap pass over up to the whole cache).
    */
-  expectedGrowthBytes(): number {
+  expectedGrowthBytes(warmResident = countingAllocator()?.warmResident() ?? 0): number {
     const hostPool = this.engine.runner.pool.location !== 'device';
     const kv = hostPool ? this.blocks.stats().touchedBlocks * this.cfg.kvBlockSize * this.models.decoder.kvBytesPerToken : 0;
-    return this.storeResidentBytes() + kv + (countingAllocator()?.warmResident() ?? 0);
+    return this.storeResidentBytes() + kv + warmResident;
   }
 
   /**
