@@ -26,8 +26,9 @@
  * TTFT at the client; llama-server's own prompt_n over prompt_ms beside it, which leaves out the tokens its
  * cache already held), completion tokens/s (over the level's wall time). Ratios ragguard/llama-server:
  * requests/s at 4 and 8 (goal >= 3x) and TTFT p50 at 1, 4, 8 (goal <= 0.33x). The physical limit beside them:
- * cores x BENCH_VNNI_PER_CYCLE (1) AVX512-VNNI VPDPBUSD a cycle x 64 int8 multiply-adds x the clock of
- * /proc/cpuinfo's `cpu MHz` (the hypervisor's nominal clock), over the GGUF's multiply-adds a prompt token
+ * the int8 multiply-add peak measured on every core at once (src/backends/ort/int8-peak.c), beside the
+ * nominal cores x BENCH_VNNI_PER_CYCLE (1) VPDPBUSD a cycle x 64 int8 multiply-adds x /proc/cpuinfo's
+ * `cpu MHz` (the hypervisor's nominal clock), over the GGUF's multiply-adds a prompt token
  * (every 2-D weight but token_embd and output: the logits are computed for the last prompt token only):
  * a prefill tokens/s ceiling.
  *
@@ -50,6 +51,7 @@ import path from 'node:path';
 import { GgufFile } from '../src/runtime/gguf.js';
 import { ggufTextTokenizer } from '../src/backends/cuda/gguf-checkpoint.js';
 import { ContextPicker, corpusChunks, percentile, ragMessages, rng } from './rag-contexts.js';
+import { prefillCeiling } from './prefill-ceiling.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
@@ -262,28 +264,6 @@ function levelSummary(results: RagResult[], seconds: number) {
   };
 }
 
-/** Cores x VPDPBUSD (64 int8 multiply-adds) a cycle x clock, over the GGUF's multiply-adds a prompt token. */
-function peak() {
-  const f = GgufFile.open(GGUF);
-  let macs = 0;
-  try {
-    for (const t of f.tensors.values()) {
-      if (t.dims.length === 2 && t.name !== 'token_embd.weight' && t.name !== 'output.weight') macs += t.dims[0]! * t.dims[1]!;
-    }
-  } finally {
-    f.close();
-  }
-  const mhz = readFileSync('/proc/cpuinfo', 'utf8').split('\n').filter((l) => l.startsWith('cpu MHz')).map((l) => Number(l.split(':')[1]));
-  const clockHz = Math.max(...mhz) * 1e6;
-  const cores = os.availableParallelism();
-  const vnni = readFileSync('/proc/cpuinfo', 'utf8').includes(' avx512_vnni');
-  const perS = cores * VNNI_PER_CYCLE * 64 * clockHz;
-  return {
-    cores, clock_ghz: r2(clockHz / 1e9), clock_source: '/proc/cpuinfo cpu MHz', avx512_vnni: vnni, vpdpbusd_per_cycle_per_core: VNNI_PER_CYCLE,
-    int8_multiply_adds_per_s: perS, model_multiply_adds_per_token: macs, prefill_tokens_per_s_ceiling: Math.round(perS / macs),
-  };
-}
-
 /** The texts of every level, the same for both sides; one more for each side's warm-up. */
 async function ragRequests(): Promise<{ warmup: Messages; levels: Messages[][]; contextTokens: number[] }> {
   const chunks = corpusChunks(CORPUS);
@@ -413,7 +393,7 @@ try {
         same_first_answer: firstAnswers['ragguard'] === firstAnswers['llama-server'],
       } : {}),
     };
-    const pk = peak();
+    const pk = prefillCeiling(GGUF, VNNI_PER_CYCLE);
     out['peak'] = {
       ...pk,
       ...Object.fromEntries(sides.map((s) => [`${s.name.replace('-', '_')}_prefill_share_at_1`, r2(levels[s.name]!['at_1']!.prefill_tokens_per_s / pk.prefill_tokens_per_s_ceiling)])),

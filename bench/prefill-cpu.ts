@@ -9,7 +9,9 @@
  *   flock /tmp/ragguard-bench.lock npm run bench:prefill-cpu
  *
  * Besides the wall times (median and best of the repetitions) it reports the process's CPU time a request,
- * which other processes on a shared machine move less.
+ * which other processes on a shared machine move less, and the physical limit (prefill-ceiling.ts: the
+ * int8 multiply-add peak measured on every core, over the weights' multiply-adds a token): each length's
+ * share of that ceiling, and the block products' share of the peak in the profiled run.
  *
  * Env: BENCH_GGUF (the default decoder), BENCH_PREFILL_LENGTHS (256,1024,2048), BENCH_PREFILL_REPS (3),
  * BENCH_PREFILL_PROFILE (1; 0: no profile pass). Prints one JSON line per length, then a summary JSON
@@ -27,6 +29,7 @@ import { ggufDecoderDir, ggufOptionsFor } from '../src/backends/ort/convert/gguf
 import { applySessionSettings, ragguardOpsVnni, type DirectSession } from '../src/backends/ort/ort-direct.js';
 import { timeStages } from '../src/runtime/run-meter.js';
 import { installCountingAllocator } from '../src/backends/ort/ort-allocator.js';
+import { prefillCeiling } from './prefill-ceiling.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const GGUF = path.resolve(ROOT, process.env['BENCH_GGUF'] ?? 'models/pretrained/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf');
@@ -154,6 +157,9 @@ const groups = (byOp: Split) => {
   return Object.fromEntries(Object.entries(g).map(([k, v]) => [k, +v.toFixed(1)]));
 };
 
+// The physical limit beside the figures: the int8 multiply-add peak, measured now (nothing else runs).
+const ceiling = prefillCeiling(GGUF);
+const macs = ceiling.model_multiply_adds_per_token;
 const summary: Record<string, unknown> = {};
 for (const len of LENGTHS) {
   const t = timed.get(len)!;
@@ -173,6 +179,10 @@ for (const len of LENGTHS) {
     tokens_per_cpu_s: +(len / (median(t.cpuMs) / 1000)).toFixed(1),
     ...(s ? {
       profile_run_ms: +s.totalMs.toFixed(1), profile_split_ms: groups(s.byOp),
+      // The block products' own rate in the profiled run, against the machine's peak (their multiply-adds
+      // over their time: how close the kernels come to the limit, apart from attention and the rest).
+      qmatmul_multiply_adds_per_s: Math.round((macs * len) / (groups(s.byOp)['qmatmul']! / 1000)),
+      qmatmul_share_of_peak: +((macs * len) / (groups(s.byOp)['qmatmul']! / 1000) / ceiling.int8_multiply_adds_per_s).toFixed(2),
       profile_by_op_ms: Object.fromEntries(Object.entries(s.byOp).sort((a, b) => b[1] - a[1]).map(([k, v]) => [k, +v.toFixed(1)])),
       profile_top_nodes_ms: Object.fromEntries(Object.entries(s.byNode).sort((a, b) => b[1] - a[1]).slice(0, 16).map(([k, v]) => [k, +v.toFixed(1)])),
     } : {}),
@@ -182,6 +192,8 @@ for (const len of LENGTHS) {
   summary[`ttft_ms_${len}`] = line.ttft_ms;
   summary[`tokens_per_s_best_${len}`] = line.prefill_tokens_per_s_best;
   summary[`tokens_per_cpu_s_${len}`] = line.tokens_per_cpu_s;
+  summary[`share_of_ceiling_${len}`] = +(line.prefill_tokens_per_s / ceiling.prefill_tokens_per_s_ceiling).toFixed(2);
+  if (s) summary[`qmatmul_share_of_peak_${len}`] = line.qmatmul_share_of_peak;
   if (s) summary[`split_ms_${len}`] = groups(s.byOp);
 }
 let commit = '?';
@@ -190,5 +202,5 @@ try {
 } catch { /* not a checkout */ }
 console.log(JSON.stringify({
   bench: 'prefill-cpu', summary: true, commit, gguf: path.basename(GGUF), vnni: ragguardOpsVnni(), reps: REPS,
-  intra_op_threads: cfg.intraOpThreads ?? null, load_average: +(loadavg()[0]!).toFixed(2), ...summary,
+  intra_op_threads: cfg.intraOpThreads ?? null, load_average: +(loadavg()[0]!).toFixed(2), ...summary, ceiling,
 }));

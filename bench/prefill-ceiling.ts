@@ -1,0 +1,65 @@
+/**
+ * A quantized decoder's prefill ceiling on this CPU: the machine's int8 multiply-add peak (measured on
+ * every core at once: src/backends/ort/int8-peak.ts; the nominal cores x VPDPBUSD a cycle x 64 x
+ * /proc/cpuinfo's clock beside it, and in its place where it cannot be measured) over the GGUF's
+ * multiply-adds a prompt token (every 2-D weight but token_embd and output: the logits are computed for
+ * the last prompt token only; attention's products, which grow with the context, not counted). Shared by
+ * bench:llama-server and bench:prefill-cpu.
+ */
+import { readFileSync } from 'node:fs';
+import os from 'node:os';
+import { measureInt8Peak } from '../src/backends/ort/int8-peak.js';
+import { GgufFile } from '../src/runtime/gguf.js';
+
+export interface PrefillCeiling {
+  cores: number;
+  clock_ghz: number;
+  clock_source: string;
+  avx512_vnni: boolean;
+  vpdpbusd_per_cycle_per_core: number;
+  int8_multiply_adds_per_s_nominal: number;
+  int8_multiply_adds_per_s_measured: number | null;
+  int8_multiply_adds_per_s_measured_one_core: number | null;
+  peak_source: string;
+  /** The measured peak where there is one, else the nominal. */
+  int8_multiply_adds_per_s: number;
+  model_multiply_adds_per_token: number;
+  prefill_tokens_per_s_ceiling: number;
+}
+
+/** The weights' multiply-adds a prompt token. */
+export function multiplyAddsPerToken(gguf: string): number {
+  const f = GgufFile.open(gguf);
+  let macs = 0;
+  try {
+    for (const t of f.tensors.values()) {
+      if (t.dims.length === 2 && t.name !== 'token_embd.weight' && t.name !== 'output.weight') macs += t.dims[0]! * t.dims[1]!;
+    }
+  } finally {
+    f.close();
+  }
+  return macs;
+}
+
+/** Measures the peak (about a second, every core busy: call it on a quiet machine, nothing else running). */
+export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
+  const macs = multiplyAddsPerToken(gguf);
+  const cpuinfo = readFileSync('/proc/cpuinfo', 'utf8');
+  const mhz = cpuinfo.split('\n').filter((l) => l.startsWith('cpu MHz')).map((l) => Number(l.split(':')[1]));
+  const clockHz = Math.max(...mhz) * 1e6;
+  const cores = os.availableParallelism();
+  const nominal = cores * vnniPerCycle * 64 * clockHz;
+  // The nominal figure assumes the instruction rate and takes the hypervisor's clock, which the cores may
+  // outrun (2026-12-06, 2 EPYC cores: 469 measured against 333 nominal at 2.6 GHz).
+  const measured = measureInt8Peak(cores);
+  const perS = measured?.multiplyAddsPerS ?? nominal;
+  return {
+    cores, clock_ghz: Math.round(clockHz / 1e7) / 100, clock_source: '/proc/cpuinfo cpu MHz', avx512_vnni: cpuinfo.includes(' avx512_vnni'),
+    vpdpbusd_per_cycle_per_core: vnniPerCycle,
+    int8_multiply_adds_per_s_nominal: nominal,
+    int8_multiply_adds_per_s_measured: measured?.multiplyAddsPerS ?? null,
+    int8_multiply_adds_per_s_measured_one_core: measured?.perCoreMultiplyAddsPerS ?? null,
+    peak_source: measured ? measured.how : 'nominal (the ops library is not built, or the CPU has no AVX512-VNNI)',
+    int8_multiply_adds_per_s: perS, model_multiply_adds_per_token: macs, prefill_tokens_per_s_ceiling: Math.round(perS / macs),
+  };
+}
