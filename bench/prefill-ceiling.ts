@@ -12,6 +12,8 @@ import { measureInt8Peak } from '../src/backends/ort/int8-peak.js';
 import { GgufFile } from '../src/runtime/gguf.js';
 
 export interface PrefillCeiling {
+  /** /proc/cpuinfo's model name, family and model: the hosts of these figures have differed (Intel, AMD). */
+  cpu: string;
   cores: number;
   clock_ghz: number;
   clock_source: string;
@@ -53,8 +55,9 @@ export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
   // outrun (2026-12-06, 2 EPYC cores: 469 measured against 333 nominal at 2.6 GHz).
   const measured = measureInt8Peak(cores);
   const perS = measured?.multiplyAddsPerS ?? nominal;
+  const field = (name: string) => new RegExp(`^${name}\\s*:\\s*(.*)$`, 'm').exec(cpuinfo)?.[1]?.trim() ?? '?';
   return {
-    cores, clock_ghz: Math.round(clockHz / 1e7) / 100, clock_source: '/proc/cpuinfo cpu MHz', avx512_vnni: cpuinfo.includes(' avx512_vnni'),
+    cpu: `${field('model name')} (family ${field('cpu family')}, model ${field('model')})`, cores, clock_ghz: Math.round(clockHz / 1e7) / 100, clock_source: '/proc/cpuinfo cpu MHz', avx512_vnni: cpuinfo.includes(' avx512_vnni'),
     vpdpbusd_per_cycle_per_core: vnniPerCycle,
     int8_multiply_adds_per_s_nominal: nominal,
     int8_multiply_adds_per_s_measured: measured?.multiplyAddsPerS ?? null,
