@@ -126,7 +126,9 @@ for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QM
   ];
   let seed = 1;
   for (const c of cases) {
-    for (const rows of [1, 3, 8, 13, 33]) { // 33: two 16-row AMX tiles where AMX runs, and a row past them
+    // 33: two 16-row AMX tiles where AMX runs, and a row past them; 150: a prefill's rows in chunks of their
+    // own (48 rows at k 4,864: three and a last of 6), one chunk at k 896
+    for (const rows of [1, 3, 8, 13, 33, 150]) {
       const { y, yOrt, exact } = await both(c, rows, seed++);
       const scale = rms(exact);
       const vsOrt = maxDiff(y, yOrt) / scale;
@@ -169,6 +171,58 @@ test("the ops' working memory (x quantized) comes from the session's allocator: 
     // rise would be the output alone
     assert.ok(rise >= rows * k + rows * n * 4, `the run's accounted peak rose by ${rise} bytes`);
     assert.ok(counters.live() <= before - rows * k * 4, `all of it freed after the run, x too (${counters.live()} bytes live, ${before} before)`);
+  } finally {
+    s.dispose();
+  }
+});
+
+test("a prefill's LoRA term lands on its own rows when the product runs in chunks of rows (one B for all, and a B a batch entry)", async () => {
+  assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
+  // Zero weights: y is the LoRA term alone, x A times B, exactly. k 4,864: the rows run in chunks of 48,
+  // and a chunk (96..143) spans the two batch entries' boundary at row 100.
+  const k = 4864, n = 40, rank = 4, batch = 2, seq = 100, groups = Math.ceil(n / 16);
+  const model = writeModel({
+    name: 'qmatmul-lora',
+    nodes: [{ op: 'QMatMul8', inputs: ['x', 'q', 'd', '', 'xa', 'lb'], outputs: ['y'], domain: 'ragguard', attrs: { K: { int: k }, N: { int: n }, block_size: { int: 32 } } }],
+    initializers: [
+      { name: 'q', dataType: ONNX_UINT8, dims: [groups, k / 4, 64], data: new Uint8Array(groups * k * 16).fill(128) },
+      floats('d', [groups, k / 32, 16], new Float32Array(groups * (k / 32) * 16)),
+    ],
+    inputs: [
+      { name: 'x', elemType: ONNX_FLOAT, dims: [batch, seq, k] }, { name: 'xa', elemType: ONNX_FLOAT, dims: [batch, seq, rank] },
+      { name: 'lb', elemType: ONNX_FLOAT, dims: ['lb0', rank, n] },
+    ],
+    outputs: [{ name: 'y', elemType: ONNX_FLOAT, dims: [batch, seq, n] }],
+    opsets: { '': 17, ragguard: 1 },
+  });
+  const file = path.join(await tempDir('qmatmul-lora-'), 'model.onnx');
+  await writeFile(file, model);
+  const s = DirectSession.create(file, { intraOpThreads: 2 })!;
+  const r = xorshift(7);
+  const xa = Float32Array.from({ length: batch * seq * rank }, () => r() - 0.5);
+  try {
+    for (const entries of [1, batch]) {
+      const lb = Float32Array.from({ length: entries * rank * n }, () => r() - 0.5);
+      const xt = s.tensor('float32', [batch, seq, k]);
+      (xt.data as Float32Array).fill(0.25);
+      const at = s.tensor('float32', [batch, seq, rank]);
+      (at.data as Float32Array).set(xa);
+      const bt = s.tensor('float32', [entries, rank, n]);
+      (bt.data as Float32Array).set(lb);
+      const out = await s.run({ x: xt, xa: at, lb: bt }, { y: null });
+      const y = Float32Array.from(out['y']!.data as Float32Array);
+      for (const t of [xt, at, bt, ...Object.values(out)]) t.dispose();
+      let worst = 0;
+      for (let i = 0; i < batch * seq; i++) {
+        const e = entries === 1 ? 0 : Math.floor(i / seq);
+        for (let c = 0; c < n; c++) {
+          let want = 0;
+          for (let t = 0; t < rank; t++) want += xa[i * rank + t]! * lb[(e * rank + t) * n + c]!;
+          worst = Math.max(worst, Math.abs(y[i * n + c]! - want));
+        }
+      }
+      assert.ok(worst < 1e-5, `B ${entries === 1 ? 'shared' : 'a batch entry'}: off x A B by ${worst}`);
+    }
   } finally {
     s.dispose();
   }

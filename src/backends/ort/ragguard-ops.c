@@ -254,17 +254,44 @@ typedef struct {
   const float *xa, *loraB;
   int64_t loraRank, perBatch;
   int bShared;
+  /* rows a task takes (a chunk; m: all of them), and tasks across the groups of one chunk */
+  int64_t rowsPerTask, groupTasks;
 } Work;
 
 static void task(void* data, size_t i) {
   const Work* work = data;
-  const int64_t g0 = (int64_t)i * work->perTask;
+  const int64_t chunk = (int64_t)i / work->groupTasks;
+  const int64_t g0 = ((int64_t)i % work->groupTasks) * work->perTask;
   const int64_t g1 = g0 + work->perTask < work->groups ? g0 + work->perTask : work->groups;
-  const int64_t m = work->rows->m, n = work->kernel->n;
-  if (work->kernel->bits == 8) qm8_groups(work->w8, work->rows, work->y, g0, g1);
-  else qm4_groups(work->w4, work->rows, work->y, g0, g1);
-  /* the LoRA term on the columns just written, while they are in cache */
-  if (work->loraRank > 0) qm_add_product(work->y, m, n, work->xa, work->loraRank, work->loraB, work->perBatch, work->bShared, g0, g1);
+  const int64_t m = work->rows->m, n = work->kernel->n, k = work->rows->k, nb = k / work->rows->blk;
+  const int64_t i0 = chunk * work->rowsPerTask, i1 = i0 + work->rowsPerTask < m ? i0 + work->rowsPerTask : m;
+  /* the chunk's rows as rows of their own: every kernel indexes rows from the start of xq, sx, xsum and y */
+  qm_rows part = *work->rows;
+  part.m = i1 - i0;
+  part.xq += i0 * k;
+  part.sx += i0 * nb;
+  part.xsum += i0 * nb;
+  float* y = work->y + i0 * n;
+  if (work->kernel->bits == 8) qm8_groups(work->w8, &part, y, g0, g1);
+  else qm4_groups(work->w4, &part, y, g0, g1);
+  /* the LoRA term on the columns just written, while they are in cache (a chunk of rows only where every
+   * row takes the same B: compute() keeps whole rows otherwise, as a row's B follows its batch entry) */
+  if (work->loraRank > 0) qm_add_product(y, i1 - i0, n, work->xa + i0 * work->loraRank, work->loraRank, work->loraB, work->perBatch, work->bShared, g0, g1);
+}
+
+/*
+ * Rows a task takes. A prefill's rows of x (m x k bytes once quantized: 2 MB at 1,280 x 1,536, 11 MB at
+ * 1,280 x 8,960) outgrow a core's L2, and a task of all rows and a few column groups read them all from
+ * L3 again for every group: 1.1 GB a product for the MLP's gate and up at 1,280 tokens. Chunks of about
+ * 256 KB of x (16 to 256 rows, whole 16-row tiles) stay in L2 while the chunk's column groups pass; the
+ * weights, far fewer bytes, are what each chunk reads again. Small products (decode steps, short
+ * prompts) keep every row in one task, as does a LoRA term with a B a batch entry.
+ */
+static int64_t rowChunk(int64_t m, int64_t k, int loraByBatch) {
+  if (m < 64 || loraByBatch) return m;
+  int64_t rows = (256 * 1024 / k) & ~(int64_t)15;
+  rows = rows < 16 ? 16 : rows > 256 ? 256 : rows;
+  return rows >= m ? m : rows;
 }
 
 /* Rows of x to quantize: tasks of perTask rows (about 64 K values). */
@@ -357,9 +384,11 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
     return qs;
   }
-  /* Tasks of 2 groups (32 columns): hundreds for the large products, so that the threads end together. */
-  Work work = {q, &w8, &w4, &rows, y, groups, 2, pa, pb, loraRank, perBatch, bShared};
-  const size_t tasks = (size_t)((groups + work.perTask - 1) / work.perTask);
+  /* Tasks of 2 groups (32 columns) of a chunk of rows: hundreds for the large products, so that the
+   * threads end together. */
+  const int64_t rowsPerTask = rowChunk(m, q->k, loraRank > 0 && !bShared), perTask = 2, groupTasks = (groups + perTask - 1) / perTask;
+  Work work = {q, &w8, &w4, &rows, y, groups, perTask, pa, pb, loraRank, perBatch, bShared, rowsPerTask, groupTasks};
+  const size_t tasks = (size_t)(groupTasks * ((m + rowsPerTask - 1) / rowsPerTask));
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
   alloc->Free(alloc, mem);
   API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
