@@ -279,9 +279,11 @@ async function burstPhase(url: string, workspace: number): Promise<{ overflows: 
     // The allocator's warm cache is budgeted at its limit beside the weights (RagService.staticBytes):
     // freed run buffers it keeps may make resident memory grow by what of it is not resident yet (not
     // filled, or blocks a run wrote only in part, which fault in at their next use).
-    const warmRoom = warmCache ? warmCache.warmLimit() - warmCache.warmResident() : 0;
+    // Read once: each read is a pagemap pass over the kept blocks, and two reads could disagree.
+    const warmResident = warmCache ? warmCache.warmResident() : 0;
+    const warmRoom = warmCache ? warmCache.warmLimit() - warmResident : 0;
     warmRooms.push(warmRoom);
-    if (warmCache) console.log(`warm cache before the burst: ${mb(warmCache.warm())} MiB kept, ${mb(warmCache.warmResident())} of them resident, limit ${mb(warmCache.warmLimit())}`);
+    if (warmCache) console.log(`warm cache before the burst: ${mb(warmCache.warm())} MiB kept, ${mb(warmResident)} of them resident, limit ${mb(warmCache.warmLimit())}`);
     const watched = await watchParts(() => measure(() => Promise.all(asks.map((a) => send(url, a)))));
     const { value, bytes, residentBytes } = watched.value;
     if (!onGpu) parts.push({ peak: watched.peak, kept: watched.kept });

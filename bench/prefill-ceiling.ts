@@ -30,7 +30,7 @@ export interface PrefillCeiling {
 }
 
 /** The weights' multiply-adds a prompt token. */
-export function multiplyAddsPerToken(gguf: string): number {
+function multiplyAddsPerToken(gguf: string): number {
   const f = GgufFile.open(gguf);
   let macs = 0;
   try {

@@ -165,6 +165,8 @@ for (const len of LENGTHS) {
   const t = timed.get(len)!;
   const prefillMs = median(t.prefillMs);
   const s = splits.get(len);
+  const split = s ? groups(s.byOp) : undefined;
+  const qmatmulRate = split ? (macs * len) / (split['qmatmul']! / 1000) : undefined;
   const line = {
     bench: 'prefill-cpu', prompt_tokens: len, runs_per_prefill: t.runs,
     prefill_ms: +prefillMs.toFixed(1), prefill_tokens_per_s: +(len / (prefillMs / 1000)).toFixed(1),
@@ -177,12 +179,12 @@ for (const len of LENGTHS) {
     ...(t.peakBytes.length ? { peak_accounted_mib: +(median(t.peakBytes) / 2 ** 20).toFixed(1) } : {}),
     prefill_tokens_per_s_best: +(len / (Math.min(...t.prefillMs) / 1000)).toFixed(1),
     tokens_per_cpu_s: +(len / (median(t.cpuMs) / 1000)).toFixed(1),
-    ...(s ? {
-      profile_run_ms: +s.totalMs.toFixed(1), profile_split_ms: groups(s.byOp),
+    ...(s && split && qmatmulRate !== undefined ? {
+      profile_run_ms: +s.totalMs.toFixed(1), profile_split_ms: split,
       // The block products' own rate in the profiled run, against the machine's peak (their multiply-adds
       // over their time: how close the kernels come to the limit, apart from attention and the rest).
-      qmatmul_multiply_adds_per_s: Math.round((macs * len) / (groups(s.byOp)['qmatmul']! / 1000)),
-      qmatmul_share_of_peak: +((macs * len) / (groups(s.byOp)['qmatmul']! / 1000) / ceiling.int8_multiply_adds_per_s).toFixed(2),
+      qmatmul_multiply_adds_per_s: Math.round(qmatmulRate),
+      qmatmul_share_of_peak: +(qmatmulRate / ceiling.int8_multiply_adds_per_s).toFixed(2),
       profile_by_op_ms: Object.fromEntries(Object.entries(s.byOp).sort((a, b) => b[1] - a[1]).map(([k, v]) => [k, +v.toFixed(1)])),
       profile_top_nodes_ms: Object.fromEntries(Object.entries(s.byNode).sort((a, b) => b[1] - a[1]).slice(0, 16).map(([k, v]) => [k, +v.toFixed(1)])),
     } : {}),
@@ -193,8 +195,8 @@ for (const len of LENGTHS) {
   summary[`tokens_per_s_best_${len}`] = line.prefill_tokens_per_s_best;
   summary[`tokens_per_cpu_s_${len}`] = line.tokens_per_cpu_s;
   summary[`share_of_ceiling_${len}`] = +(line.prefill_tokens_per_s / ceiling.prefill_tokens_per_s_ceiling).toFixed(2);
-  if (s) summary[`qmatmul_share_of_peak_${len}`] = line.qmatmul_share_of_peak;
-  if (s) summary[`split_ms_${len}`] = groups(s.byOp);
+  if (split) summary[`qmatmul_share_of_peak_${len}`] = line.qmatmul_share_of_peak;
+  if (split) summary[`split_ms_${len}`] = split;
 }
 let commit = '?';
 try {

@@ -8,12 +8,14 @@
  * Each thread runs VPDPBUSD (64 unsigned x signed int8 products summed into 16 int32 lanes) on 16
  * independent accumulators, so neither the instruction's latency nor memory limits it: what it sustains
  * is the core's int8 multiply-add peak. Built into libragguard-ops.so beside the ONNX Runtime ops
- * (scripts/setup.sh); called by the benchmarks through koffi (bench/int8-peak.ts).
+ * (scripts/setup.sh); read through koffi by src/backends/ort/int8-peak.ts.
  */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
+
+#include "qmatmul.h"
 
 #define CHAINS 16
 
@@ -48,19 +50,13 @@ __attribute__((target("avx512f,avx512vnni"))) static void* vnni_loop(void* arg) 
   return NULL;
 }
 
-/* Whether this CPU runs AVX512-VNNI (and the OS saves its registers). */
-int ragguard_int8_peak_supported(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
-}
-
 /*
  * Int8 multiply-adds a second summed over `threads` threads running at once, each `iters` rounds of
  * CHAINS VPDPBUSD (each thread's count over its own time); 0 where AVX512-VNNI is missing or a thread
  * could not start. At most 256 threads.
  */
 double ragguard_int8_peak(int32_t threads, int64_t iters) {
-  if (!ragguard_int8_peak_supported() || threads < 1 || threads > 256 || iters < 1) return 0;
+  if (!qm_cpu_vnni() || threads < 1 || threads > 256 || iters < 1) return 0;
   pthread_t ids[256];
   run_t runs[256];
   int started = 0;

@@ -2,7 +2,7 @@
  * The machine's int8 multiply-add peak, measured by the ops library (int8-peak.c, through koffi): every
  * core running AVX512-VNNI's VPDPBUSD on independent accumulators at once. The physical limit of a
  * quantized decoder's prefill on this CPU (benchmarks put prompt tokens/s beside it); a figure from the
- * nominal clock and an assumed instruction rate can be off by half (2026-12-06 on a 2-core EPYC: 463
+ * nominal clock and an assumed instruction rate can be off by half (2026-12-06 on a 2-core EPYC: 461-469
  * measured against 333 nominal: the cores ran above /proc/cpuinfo's 2.6 GHz).
  */
 import { existsSync } from 'node:fs';

@@ -41,15 +41,16 @@ static int portable;
 
 void qm_set_portable(int on) { portable = on; }
 
-int qm_vnni(void) {
+int qm_cpu_vnni(void) {
   static int known = -1;
-  if (portable) return 0;
   if (known < 0) {
     __builtin_cpu_init();
     known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
   }
   return known;
 }
+
+int qm_vnni(void) { return !portable && qm_cpu_vnni(); }
 
 /* Set: the AVX512-VNNI kernels even where AMX could run (qm_set_amx(0): a test compares the two). */
 static int amx_off;

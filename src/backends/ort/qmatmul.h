@@ -70,6 +70,8 @@ void qm4_groups(const qm4_weight* w, const qm_rows* r, float* y, int64_t g0, int
 void qm_add_product(float* y, int64_t m, int64_t n, const float* u, int64_t r, const float* v, int64_t per_batch, int shared, int64_t g0, int64_t g1);
 /* 1 where the products run the AVX512-VNNI kernels: the CPU has it and qm_set_portable(1) was not called. */
 int qm_vnni(void);
+/* 1 where the CPU has AVX512-VNNI (and BW), whatever qm_set_portable says (int8-peak.c measures it). */
+int qm_cpu_vnni(void);
 /* 1: the plain C path from now on, whatever the CPU (for tests); 0: back to the CPU's best. */
 void qm_set_portable(int on);
 /* 1 where products of 16 rows or more run on AMX (TDPBSUD): the CPU has AMX-INT8, Linux grants the tile
