@@ -53,6 +53,7 @@ import { loadConfig } from '../src/config/config.js';
 import { readCorpus } from '../src/retrieval/corpus.js';
 import { Embedder } from '../src/retrieval/embedder.js';
 import { FaissStore } from '../src/retrieval/faiss-store.js';
+import { CHUNKS_PER_CANDIDATE, COLLECTION_INDEX_ROWS, EF_SEARCH_MIN } from '../src/retrieval/pg-collection-index.js';
 import { denseStatement } from '../src/retrieval/pg-search.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
 import type { Hit, NewDocument, RetrievalStore } from '../src/retrieval/retrieval-store.js';
@@ -75,6 +76,9 @@ const MIX = Number(env('BENCH_SCALE_REAL_MIX', '0.3'));
 const NOISE = Number(env('BENCH_SCALE_REAL_NOISE', '0.02'));
 const PG_SHARED_BUFFERS = env('BENCH_SCALE_PG_SHARED_BUFFERS', '2GB');
 const PG_MAX_WAL_SIZE = env('BENCH_SCALE_PG_MAX_WAL_SIZE', '4GB');
+// Postgres: chunks past which a collection gets its own HNSW index (the store's COLLECTION_INDEX_ROWS;
+// Infinity: every collection searched exactly, to compare).
+const PG_INDEX_ROWS = Number(env('BENCH_SCALE_REAL_PG_INDEX_ROWS', String(COLLECTION_INDEX_ROWS)));
 const CHUNKS_PER_DOC = 10;
 const INGEST_CHUNKS = 4;
 const HOLD_OUT_EVERY = 10;
@@ -386,7 +390,7 @@ async function measure(store: RetrievalStore): Promise<Record<string, unknown>> 
 async function postgresCase(server: PgServer): Promise<Record<string, unknown>> {
   const url = await server.database();
   const store = await PostgresStore.open(url, DIM, {
-    bm25: BM25, efSearch: cfg.pgEfSearch, poolSize: cfg.pgPoolSize, statementTimeoutMs: cfg.pgStatementTimeoutMs,
+    bm25: BM25, efSearch: cfg.pgEfSearch, poolSize: cfg.pgPoolSize, statementTimeoutMs: cfg.pgStatementTimeoutMs, collectionIndexRows: PG_INDEX_ROWS,
     hnswM: cfg.pgHnswM, hnswEfConstruction: cfg.pgHnswEfConstruction,
   });
   const client = new pg.Client({ connectionString: url });
@@ -418,7 +422,7 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
       collection_indexes: Number(sizes['indexes']), index_bytes: Number(sizes['index_bytes']), chunks_table_bytes: Number(sizes['chunks_bytes']),
       terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']), plan: plan.join(' | '),
       settings: {
-        ef_search: cfg.pgEfSearch, pool_size: cfg.pgPoolSize, hnsw_m: cfg.pgHnswM, ef_construction: cfg.pgHnswEfConstruction, shared_buffers: PG_SHARED_BUFFERS,
+        ef_search: cfg.pgEfSearch, collection_ef_search: `chunks / ${CHUNKS_PER_CANDIDATE} within [${EF_SEARCH_MIN}, ${cfg.pgEfSearch}]`, index_rows: PG_INDEX_ROWS, pool_size: cfg.pgPoolSize, hnsw_m: cfg.pgHnswM, ef_construction: cfg.pgHnswEfConstruction, shared_buffers: PG_SHARED_BUFFERS,
         max_wal_size: PG_MAX_WAL_SIZE, index: 'an HNSW index per collection past COLLECTION_INDEX_ROWS (partial, WHERE collection = ...)',
       },
     };

@@ -32,7 +32,7 @@
  */
 import pg from 'pg';
 import { grantServerRole, migrateDatabase, schemaOptions } from './pg-admin.js';
-import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
+import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionEfSearchSql, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
 import { INSUFFICIENT_PRIVILEGE, isUnavailable, placeOf, RETRY_AFTER_S } from './pg-errors.js';
 import { toChunk, toDocument, CHUNK_COLUMNS, type ChunkRow, type DocumentRow } from './pg-rows.js';
 import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, type MigrateResult } from './pg-schema.js';
@@ -50,7 +50,11 @@ export interface PostgresStoreOptions {
   bm25: Bm25Params;
   /** Connections in the pool (RAGGUARD_PG_POOL_SIZE). */
   poolSize?: number;
-  /** HNSW candidate list per scan (pgvector's hnsw.ef_search; higher: better recall, slower; default 1000, the most pgvector takes; RAGGUARD_PG_EF_SEARCH says why). */
+  /**
+   * HNSW candidate list per scan at most (pgvector's hnsw.ef_search; higher: better recall, slower; default
+   * 1000, the most pgvector takes; RAGGUARD_PG_EF_SEARCH says why); a dense search of a collection takes
+   * fewer where its size allows (collectionEfSearch).
+   */
   efSearch?: number;
   /** Milliseconds a new connection may take (RAGGUARD_PG_CONNECT_TIMEOUT_MS; 0: no limit). */
   connectTimeoutMs?: number;
@@ -109,7 +113,7 @@ export class PostgresStore implements RetrievalStore {
     readonly dimension: number,
     private readonly bm25: Bm25Params,
     private readonly where: string,
-    efSearch: number,
+    private readonly efSearch: number,
     statementTimeoutMs: number,
     private readonly url: string,
     private readonly indexOpts: { rows: number; hnswM: number; hnswEfConstruction: number; log: (message: string) => void },
@@ -213,14 +217,19 @@ export class PostgresStore implements RetrievalStore {
     return store;
   }
 
-  /** The settings a search runs with, read inside a search's own transaction (what the tests check). */
-  async settings(): Promise<{ iterativeScan: string; efSearch: number }> {
-    return this.searching(async (client) => {
+  /**
+   * The settings a search runs with, read inside a search's own transaction (what the tests check): a
+   * dense search of `collection` where given (its ef_search follows the collection's size), else the rest.
+   */
+  async settings(collection?: string): Promise<{ iterativeScan: string; efSearch: number }> {
+    const read = async (client: pg.PoolClient) => {
       const { rows } = await client.query<{ s: string; e: string }>(
         "SELECT current_setting('hnsw.iterative_scan') AS s, current_setting('hnsw.ef_search') AS e");
       return { iterativeScan: rows[0]!.s, efSearch: Number(rows[0]!.e) };
-    });
+    };
+    return collection === undefined ? this.searching(read) : this.searchingDense(collection, read);
   }
+
 
   /**
    * Whether the database answers now (a trivial statement on a pooled connection); the reason when not.
@@ -350,7 +359,7 @@ export class PostgresStore implements RetrievalStore {
   }
 
   searchDense(query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
-    return searchDense((work) => this.searching(work), query, k, filter);
+    return searchDense((work) => this.searchingDense(filter.collection, work), query, k, filter);
   }
 
   searchLexical(query: string, k: number, filter: SearchFilter): Promise<Hit[]> {
@@ -455,6 +464,11 @@ export class PostgresStore implements RetrievalStore {
   /** A read-only transaction with the search settings (SET LOCAL), on one pooled connection. */
   private searching<T>(work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
     return this.transaction(this.searchPreamble, work);
+  }
+
+  /** The same for a dense search of `collection`: ef_search from its size, set in the same round trip. */
+  private searchingDense<T>(collection: string, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+    return this.transaction(`${this.searchPreamble}; ${collectionEfSearchSql(pg.escapeLiteral(collection), this.efSearch)}`, work);
   }
 
   /** A write's transaction (the statement timeout set for it); the cached counts go stale with it. */

@@ -18,7 +18,7 @@ export const STORE_VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_PG_EF_SEARCH', default: '1000',
-    doc: "pgvector's hnsw.ef_search on the Postgres store: candidates per HNSW scan (higher: better recall, slower; pgvector's most is 1000); filtered scans continue past it (hnsw.iterative_scan). bench:scale at 1M chunks of 384 dimensions (pgvector's default m 16, ef_construction 64), two builds: recall@10 0.87 at 100, 0.95 at 400, 0.96 and 0.9505 at 800, p95 11-13 ms at 400 and 800: builds vary, so the default is the most pgvector takes.",
+    doc: "pgvector's hnsw.ef_search on the Postgres store, at most: candidates per HNSW scan (higher: better recall, slower; pgvector's most is 1000); filtered scans continue past it (hnsw.iterative_scan). A search takes fewer where its collection's own graph is small: chunks / 50, from 200 (up to 10,000 chunks) to this (from 50,000): bench:scale-real at 20 collections of 10,000 real chunks, recall@10 min 0.994 at 200 against 0.9998 at 1000, p95 50 ms against 148 (docs/tenants-and-postgres.md). bench:scale at 1M chunks in one collection of 384 dimensions (pgvector's default m 16, ef_construction 64), two builds: recall@10 0.87 at 100, 0.95 at 400, 0.96 and 0.9505 at 800, p95 11-13 ms at 400 and 800: builds vary, so the most is the most pgvector takes.",
     apply: int(10, 1000, (c, v) => (c.pgEfSearch = v)),
   },
   {
