@@ -230,7 +230,6 @@ export class PostgresStore implements RetrievalStore {
     return collection === undefined ? this.searching(read) : this.searchingDense(collection, read);
   }
 
-
   /**
    * Whether the database answers now (a trivial statement on a pooled connection); the reason when not.
    * For readiness: a replica whose database is down should not be sent queries.
