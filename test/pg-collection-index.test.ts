@@ -14,7 +14,7 @@ import { after, before, test } from 'node:test';
 import pg from 'pg';
 import { seededRandom } from '../src/generate/sampler.js';
 import { normalize } from '../src/retrieval/embedder.js';
-import { COLLECTION_INDEX_ROWS, collectionEfSearch, collectionIndexName } from '../src/retrieval/pg-collection-index.js';
+import { COLLECTION_INDEX_ROWS, collectionEfSearchExpr, collectionIndexName } from '../src/retrieval/pg-collection-index.js';
 import { denseStatement } from '../src/retrieval/pg-search.js';
 import { grantServerRole, migrateDatabase, PostgresStore } from '../src/retrieval/postgres-store.js';
 import type { NewDocument } from '../src/retrieval/retrieval-store.js';
@@ -50,7 +50,7 @@ function unit(next: () => number): Float32Array {
 /**
  * A vector as an embedder's are: near one of TOPICS directions (cosine about 0.55 to it), as texts cluster
  * by what they are about. Uniform random vectors have no neighbourhoods for a graph to follow: at the
- * candidates a collection of 5,000 gets (collectionEfSearch: 200) their recall@10 is about 0.94, where
+ * candidates a collection of 5,000 gets (the rule: 200) their recall@10 is about 0.94, where
  * the embedder's own vectors reach exact search's (bench:scale-real). These still need the candidates:
  * at an ef_search of 10 the recall below is 0.67.
  */
@@ -162,12 +162,19 @@ test('a collection past the threshold gets its own HNSW index, which its searche
 });
 
 test("a dense search's ef_search follows its collection's size, within the configured most", async () => {
-  assert.equal(collectionEfSearch(10, 1000), 200);
-  assert.equal(collectionEfSearch(10_000, 1000), 200);
-  assert.equal(collectionEfSearch(10_001, 1000), 201);
-  assert.equal(collectionEfSearch(1_000_000, 1000), 1000);
-  assert.equal(collectionEfSearch(10_000, 60), 60);
   const url = await server.database();
+  // The rule, as the database evaluates it for every dense search.
+  const db = new pg.Client({ connectionString: url });
+  await db.connect();
+  const rule = async (chunks: number, most: number) =>
+    (await db.query<{ ef: number }>(`SELECT ${collectionEfSearchExpr('$1::bigint', most)} AS ef`, [chunks])).rows[0]!.ef;
+  try {
+    assert.deepEqual([await rule(10, 1000), await rule(10_000, 1000), await rule(10_001, 1000), await rule(1_000_000, 1000)],
+      [200, 200, 201, 1000]);
+    assert.equal(await rule(10_000, 60), 60);
+  } finally {
+    await db.end();
+  }
   const store = await PostgresStore.open(url, D, { bm25: BM25, efSearch: 1000, collectionIndexRows: Infinity, log: quiet });
   const capped = await PostgresStore.open(url, D, { bm25: BM25, efSearch: 60, collectionIndexRows: Infinity, log: quiet });
   const next = seededRandom(5);

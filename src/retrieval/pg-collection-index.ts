@@ -53,18 +53,21 @@ export function collectionIndexName(collection: string): string {
 export const EF_SEARCH_MIN = 200;
 export const CHUNKS_PER_CANDIDATE = 50;
 
-export function collectionEfSearch(chunks: number, most: number): number {
-  return Math.min(most, Math.max(EF_SEARCH_MIN, Math.ceil(chunks / CHUNKS_PER_CANDIDATE)));
+/**
+ * The rule as one SQL expression of `chunks` (an SQL expression for the collection's chunk count): the
+ * only definition, run by every dense search and evaluated by the tests.
+ */
+export function collectionEfSearchExpr(chunks: string, most: number): string {
+  return `least(${Number(most)}, greatest(${EF_SEARCH_MIN}, ceil((${chunks}) / ${CHUNKS_PER_CANDIDATE}.0)))::int`;
 }
 
 /**
- * The statement (for a search's transaction, after hnsw.ef_search is set to `most`) that sets
- * collectionEfSearch for the collection from its row of ragguard_collection_stats, read in the same round
- * trip; a collection without one keeps `most`. `literal`: the collection's name as an escaped SQL literal.
+ * The statement (for a search's transaction, after hnsw.ef_search is set to `most`) that sets the rule's
+ * ef_search for the collection from its row of ragguard_collection_stats, read in the same round trip; a
+ * collection without one keeps `most`. `literal`: the collection's name as an escaped SQL literal.
  */
 export function collectionEfSearchSql(literal: string, most: number): string {
-  const m = Number(most);
-  return `SELECT set_config('hnsw.ef_search', least(${m}, greatest(${EF_SEARCH_MIN}, ceil(chunks / ${CHUNKS_PER_CANDIDATE}.0)))::int::text, true) ` +
+  return `SELECT set_config('hnsw.ef_search', ${collectionEfSearchExpr('chunks', most)}::text, true) ` +
     `FROM ragguard_collection_stats WHERE collection = ${literal}`;
 }
 

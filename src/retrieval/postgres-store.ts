@@ -53,7 +53,7 @@ export interface PostgresStoreOptions {
   /**
    * HNSW candidate list per scan at most (pgvector's hnsw.ef_search; higher: better recall, slower; default
    * 1000, the most pgvector takes; RAGGUARD_PG_EF_SEARCH says why); a dense search of a collection takes
-   * fewer where its size allows (collectionEfSearch).
+   * fewer where its size allows (collectionEfSearchExpr).
    */
   efSearch?: number;
   /** Milliseconds a new connection may take (RAGGUARD_PG_CONNECT_TIMEOUT_MS; 0: no limit). */
