@@ -280,10 +280,13 @@ async function burstPhase(url: string, workspace: number): Promise<{ overflows: 
     // freed run buffers it keeps may make resident memory grow by what of it is not resident yet (not
     // filled, or blocks a run wrote only in part, which fault in at their next use).
     // Read once: each read is a pagemap pass over the kept blocks, and two reads could disagree.
-    const warmResident = warmCache ? warmCache.warmResident() : 0;
-    const warmRoom = warmCache ? warmCache.warmLimit() - warmResident : 0;
+    let warmRoom = 0;
+    if (warmCache) {
+      const warmResident = warmCache.warmResident();
+      warmRoom = warmCache.warmLimit() - warmResident;
+      console.log(`warm cache before the burst: ${mb(warmCache.warm())} MiB kept, ${mb(warmResident)} of them resident, limit ${mb(warmCache.warmLimit())}`);
+    }
     warmRooms.push(warmRoom);
-    if (warmCache) console.log(`warm cache before the burst: ${mb(warmCache.warm())} MiB kept, ${mb(warmResident)} of them resident, limit ${mb(warmCache.warmLimit())}`);
     const watched = await watchParts(() => measure(() => Promise.all(asks.map((a) => send(url, a)))));
     const { value, bytes, residentBytes } = watched.value;
     if (!onGpu) parts.push({ peak: watched.peak, kept: watched.kept });

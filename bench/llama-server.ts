@@ -82,11 +82,14 @@ if (RAG_REQUESTS.length !== RAG_CONCURRENCY.length || RAG_REQUESTS.some((n) => !
   process.exit(2);
 }
 
-if (SIDE_NAMES.includes('llama-server') && process.env['BENCH_LLAMA_SERVER'] && !existsSync(LLAMA)) {
-  console.error(`BENCH_LLAMA_SERVER: ${LLAMA} is missing`);
-  process.exit(2);
-}
-if (SIDE_NAMES.includes('llama-server') && !process.env['BENCH_LLAMA_SERVER']) {
+if (!SIDE_NAMES.includes('llama-server')) {
+  // Not run: nothing to check.
+} else if (process.env['BENCH_LLAMA_SERVER']) {
+  if (!existsSync(LLAMA)) {
+    console.error(`BENCH_LLAMA_SERVER: ${LLAMA} is missing`);
+    process.exit(2);
+  }
+} else {
   // Missing, or built on a CPU with other instruction sets (a peer that dies of SIGILL, or runs slower).
   const check = spawnSync('bash', [path.join(ROOT, 'scripts', 'build-llama-server.sh'), '--check'], { encoding: 'utf8' });
   if (check.status !== 0) {

@@ -164,9 +164,13 @@ const summary: Record<string, unknown> = {};
 for (const len of LENGTHS) {
   const t = timed.get(len)!;
   const prefillMs = median(t.prefillMs);
-  const s = splits.get(len);
-  const split = s ? groups(s.byOp) : undefined;
-  const qmatmulRate = split ? (macs * len) / (split['qmatmul']! / 1000) : undefined;
+  // The profiled run, where there was one: its groups and the block products' own rate.
+  const profiled = (() => {
+    const s = splits.get(len);
+    if (!s) return undefined;
+    const split = groups(s.byOp);
+    return { s, split, qmatmulRate: (macs * len) / (split['qmatmul']! / 1000) };
+  })();
   const line = {
     bench: 'prefill-cpu', prompt_tokens: len, runs_per_prefill: t.runs,
     prefill_ms: +prefillMs.toFixed(1), prefill_tokens_per_s: +(len / (prefillMs / 1000)).toFixed(1),
@@ -179,14 +183,14 @@ for (const len of LENGTHS) {
     ...(t.peakBytes.length ? { peak_accounted_mib: +(median(t.peakBytes) / 2 ** 20).toFixed(1) } : {}),
     prefill_tokens_per_s_best: +(len / (Math.min(...t.prefillMs) / 1000)).toFixed(1),
     tokens_per_cpu_s: +(len / (median(t.cpuMs) / 1000)).toFixed(1),
-    ...(s && split && qmatmulRate !== undefined ? {
-      profile_run_ms: +s.totalMs.toFixed(1), profile_split_ms: split,
+    ...(profiled ? {
+      profile_run_ms: +profiled.s.totalMs.toFixed(1), profile_split_ms: profiled.split,
       // The block products' own rate in the profiled run, against the machine's peak (their multiply-adds
       // over their time: how close the kernels come to the limit, apart from attention and the rest).
-      qmatmul_multiply_adds_per_s: Math.round(qmatmulRate),
-      qmatmul_share_of_peak: +(qmatmulRate / ceiling.int8_multiply_adds_per_s).toFixed(2),
-      profile_by_op_ms: Object.fromEntries(Object.entries(s.byOp).sort((a, b) => b[1] - a[1]).map(([k, v]) => [k, +v.toFixed(1)])),
-      profile_top_nodes_ms: Object.fromEntries(Object.entries(s.byNode).sort((a, b) => b[1] - a[1]).slice(0, 16).map(([k, v]) => [k, +v.toFixed(1)])),
+      qmatmul_multiply_adds_per_s: Math.round(profiled.qmatmulRate),
+      qmatmul_share_of_peak: +(profiled.qmatmulRate / ceiling.int8_multiply_adds_per_s).toFixed(2),
+      profile_by_op_ms: Object.fromEntries(Object.entries(profiled.s.byOp).sort((a, b) => b[1] - a[1]).map(([k, v]) => [k, +v.toFixed(1)])),
+      profile_top_nodes_ms: Object.fromEntries(Object.entries(profiled.s.byNode).sort((a, b) => b[1] - a[1]).slice(0, 16).map(([k, v]) => [k, +v.toFixed(1)])),
     } : {}),
   };
   console.log(JSON.stringify(line));
@@ -195,8 +199,10 @@ for (const len of LENGTHS) {
   summary[`tokens_per_s_best_${len}`] = line.prefill_tokens_per_s_best;
   summary[`tokens_per_cpu_s_${len}`] = line.tokens_per_cpu_s;
   summary[`share_of_ceiling_${len}`] = +(line.prefill_tokens_per_s / ceiling.prefill_tokens_per_s_ceiling).toFixed(2);
-  if (split) summary[`qmatmul_share_of_peak_${len}`] = line.qmatmul_share_of_peak;
-  if (split) summary[`split_ms_${len}`] = split;
+  if (profiled) {
+    summary[`qmatmul_share_of_peak_${len}`] = line.qmatmul_share_of_peak;
+    summary[`split_ms_${len}`] = profiled.split;
+  }
 }
 let commit = '?';
 try {

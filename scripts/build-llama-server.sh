@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 version=$LLAMA_SDIST_VERSION
 out=.cache/llama-server/$version
 bin=$out/bin/llama-server
-# Each instruction set ggml can compile in, on where /proc/cpuinfo lists it, never AMX: -march=native
+# Each instruction set ggml can compile in, turned on where /proc/cpuinfo lists it, never AMX: -march=native
 # compiles ggml's AMX kernels in, and a VM whose hypervisor does not grant the tile state raises SIGILL on
 # the first tile instruction (the server died at its warm-up). Each from the CPU's own flags, not a list
 # assumed: a build with AVX-VNNI (the VEX form, Intel's since Alder Lake) on an AMD EPYC (Zen 4: AVX512-VNNI
