@@ -235,21 +235,26 @@ const warmCache = accounted ? countingAllocator() : undefined;
  * Where a burst's resident memory went, on the host: the highest value of each part seen while it ran
  * (sampled every 5 ms from the event loop, so a peak inside one native run can be missed) and what each
  * part still held after it (garbage collected, free heap trimmed), as growth over the part before it.
- * Parts: anonymous and file-backed resident pages (/proc/self/status), V8's heap (physical), glibc's
- * bytes in use (every malloc: ONNX Runtime's outside the counting allocator, faiss's, V8's C++ side) and
- * ONNX Runtime's accounted bytes (live, and the warm cache's kept blocks: counters only, as sampling the
- * cache's resident pages (pagemap) every 5 ms would load the machine it measures).
+ * Parts: anonymous and file-backed resident pages (/proc/self/status), V8's heap (physical), ONNX
+ * Runtime's accounted bytes (live, and the warm cache's kept blocks: counters only, as sampling the
+ * cache's resident pages (pagemap) every 5 ms would load the machine it measures), the part of them in
+ * malloc's blocks (those under 2 MiB; the rest lie in the allocator's regions), and glibc's other bytes
+ * in use (malloc's in-use figure less that part: ONNX Runtime's own allocations outside the allocator,
+ * faiss's, V8's C++ side). Before 2026-12-07 the results' `malloc` was glibc's whole figure, the
+ * accounted small blocks included.
  */
-interface Parts { anon: number; file: number; v8: number; malloc: number; accounted: number }
+interface Parts { anon: number; file: number; v8: number; accounted: number; accounted_in_malloc: number; malloc_other: number }
 function partsNow(): Parts {
   const { RssAnon, RssFile } = procStatusBytes(['RssAnon', 'RssFile']);
   const counters = countingAllocator();
+  const inMalloc = counters ? counters.heapLive() : 0;
   return {
     anon: RssAnon, file: RssFile, v8: v8.getHeapStatistics().total_physical_size,
-    malloc: mallocStats()?.inUseBytes ?? 0, accounted: counters ? counters.live() + counters.warm() : 0,
+    accounted: counters ? counters.live() + counters.warm() : 0, accounted_in_malloc: inMalloc,
+    malloc_other: (mallocStats()?.inUseBytes ?? 0) - inMalloc,
   };
 }
-const partNames = ['anon', 'file', 'v8', 'malloc', 'accounted'] as const;
+const partNames = ['anon', 'file', 'v8', 'accounted', 'accounted_in_malloc', 'malloc_other'] as const;
 async function watchParts<T>(work: () => Promise<T>): Promise<{ value: T; peak: Parts; kept: Parts }> {
   const settled = async () => { await settledResident(); return partsNow(); };
   const before = await settled();

@@ -71,6 +71,11 @@ test('growth is tracked over the last requests', async () => {
   // (bounded, not a leak): its pages written, at most its blocks' length.
   assert.ok(m.onnxruntime_host.warm_resident_bytes >= 0 && m.onnxruntime_host.warm_resident_bytes <= m.onnxruntime_host.warm_bytes, JSON.stringify(m.onnxruntime_host));
   assert.ok(m.native.expected_growth_bytes >= m.native.store_predicted_bytes + m.onnxruntime_host.warm_resident_bytes, JSON.stringify(m.native));
+  // ONNX Runtime's bytes by where they lie: malloc's share is inside malloc's in-use figure, the regions'
+  // (with the warm cache's resident pages) outside it; together, everything accounted.
+  const n = m.native;
+  assert.ok(n.onnxruntime_in_malloc_bytes > 0 && n.onnxruntime_in_malloc_bytes <= n.malloc.in_use_bytes, JSON.stringify(n));
+  assert.equal(n.onnxruntime_in_malloc_bytes + n.onnxruntime_regions_bytes, n.onnxruntime_live_bytes + m.onnxruntime_host.warm_resident_bytes);
 });
 
 test('a snapshot reads the warm cache\'s resident pages once (a pagemap pass over its blocks) and shows the same figure everywhere', async (t) => {

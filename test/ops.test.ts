@@ -64,6 +64,10 @@ describe('/metrics', () => {
     assert.equal(sample(res.text, 'ragguard:memory_budget_bytes'), service.budget.budgetBytes);
     assert.equal(sample(res.text, 'ragguard:memory_component_bytes', 'component="kv_pool"'), service.engine.pool.bytes);
     assert.equal(sample(res.text, 'ragguard:kv_cache_blocks', 'state="total"'), service.blocks.stats().totalBlocks);
+    // ONNX Runtime's live bytes in malloc's blocks: part of them, and part of malloc's in-use figure.
+    const inMalloc = sample(res.text, 'ragguard:onnxruntime_host_bytes', 'kind="live_in_malloc"');
+    assert.ok(inMalloc > 0 && inMalloc <= sample(res.text, 'ragguard:onnxruntime_host_bytes', 'kind="live"'), `${inMalloc}`);
+    assert.ok(inMalloc <= sample(res.text, 'ragguard:native_memory_bytes', 'kind="malloc_in_use"'));
   });
 
   test('values move after a query: tokens, TTFT, ITL, e2e, success, admissions, predicted bytes', async () => {

@@ -48,10 +48,14 @@ test("a direct session's tensors are accounted until disposed", () => {
   const d = DirectSession.create(path.join(ROOT, 'models/decoder-gqa/model.onnx'));
   assert.ok(d, 'direct session');
   const before = c.live();
+  const heapBefore = c.heapLive();
   const t = d.tensor('float32', [4, 1024]);
   assert.ok(c.live() - before >= 16384 && c.live() - before < 16384 + 4096, `${c.live() - before} bytes for 16 KiB`);
+  // A small block is malloc's: the part of the live bytes that glibc's in-use figure also holds.
+  assert.equal(c.heapLive() - heapBefore, c.live() - before);
   t.dispose();
   assert.equal(c.live(), before);
+  assert.equal(c.heapLive(), heapBefore);
   d.dispose();
 });
 
@@ -67,6 +71,7 @@ test('large tensors lie in the reserved regions: accounted, apart from each othe
   const d = DirectSession.create(path.join(ROOT, 'models/decoder-gqa/model.onnx'));
   assert.ok(d, 'direct session');
   const before = c.live();
+  const heapBefore = c.heapLive();
   const external = process.memoryUsage().external;
   // 64 tensors of 16 MiB made and freed, two alive at a time (as a batch's past buffers come and go):
   // a new ArrayBuffer for each would add 1 GiB of external memory until V8 collects them.
@@ -78,6 +83,7 @@ test('large tensors lie in the reserved regions: accounted, apart from each othe
     (t.data as Float32Array).fill(i + 2);
     assert.equal((prev.data as Float32Array)[4 * MiB - 1], i + 1, 'a live tensor keeps its contents while another is written');
     assert.equal(t.data.buffer, prev.data.buffer, 'both read through their region\'s one view');
+    assert.equal(c.heapLive(), heapBefore, 'nothing of a region block is in malloc');
     prev.dispose();
     prev = t;
   }

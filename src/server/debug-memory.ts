@@ -89,6 +89,13 @@ export interface MemorySnapshot {
   native: {
     malloc: { arena_bytes: number; mmapped_bytes: number; in_use_bytes: number; free_bytes: number; arenas: number } | { unavailable: string };
     onnxruntime_live_bytes: number | null;
+    /**
+     * Where ONNX Runtime's live bytes lie: malloc's blocks (inside malloc.in_use_bytes too) and the
+     * allocator's reserved regions (large blocks, outside malloc), the latter with the warm cache's
+     * resident bytes. Null without the counting allocator.
+     */
+    onnxruntime_in_malloc_bytes: number | null;
+    onnxruntime_regions_bytes: number | null;
     faiss_index_bytes: number;
     /** The store's documents as predicted (vectors exact; texts, postings and objects estimated): the growth the leak check expects. */
     store_predicted_bytes: number;
@@ -96,7 +103,10 @@ export interface MemorySnapshot {
     expected_growth_bytes: number;
     v8_heap_total_bytes: number;
     v8_external_bytes: number;
-    /** rss less the V8 heap, less what malloc has in use (which holds ONNX Runtime's, faiss's and V8's external buffers). */
+    /**
+     * rss less the V8 heap, less malloc's heap (in use and free: it holds ONNX Runtime's small blocks,
+     * faiss's and V8's external buffers), less ONNX Runtime's region blocks.
+     */
     unattributed_bytes: number;
   };
   /** The slow-leak check: resident memory over time less the store's predicted growth (guards/growth.ts). */
@@ -163,6 +173,9 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   // The warm cache's resident pages are read once a snapshot: each read is a pagemap pass over its blocks.
   const ort = countingAllocator();
   const warm = ort ? { held: ort.warm(), resident: ort.warmResident() } : { held: 0, resident: 0 };
+  // The live bytes read once too, with malloc's share of them, so that every figure below agrees.
+  const accounted = ort ? { live: ort.live(), inMalloc: ort.heapLive() } : undefined;
+  const regions = accounted ? { inMalloc: accounted.inMalloc, inRegions: accounted.live - accounted.inMalloc + warm.resident } : undefined;
   const components: Component[] = [
     encoderComponent(service, 'embedder'),
     encoderComponent(service, 'reranker'),
@@ -223,20 +236,22 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       : null,
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
     process: snake(processMemory()),
-    onnxruntime_host: ort
-      ? { accounted: true as const, live_bytes: ort.live(), peak_bytes: ort.peak(), allocations: ort.allocations(), warm_bytes: warm.held, warm_resident_bytes: warm.resident, warm_limit_bytes: ort.warmLimit() }
+    onnxruntime_host: ort && accounted
+      ? { accounted: true as const, live_bytes: accounted.live, peak_bytes: ort.peak(), allocations: ort.allocations(), warm_bytes: warm.held, warm_resident_bytes: warm.resident, warm_limit_bytes: ort.warmLimit() }
       : { accounted: false as const, reason: accountingUnavailable() },
     native: ((m, p) => {
       return {
         malloc: m ? { arena_bytes: m.arenaBytes, mmapped_bytes: m.mmappedBytes, in_use_bytes: m.inUseBytes, free_bytes: m.freeBytes, arenas: m.arenas }
           : { unavailable: 'not glibc (mallinfo2 needs glibc 2.33 or later)' },
-        onnxruntime_live_bytes: ort ? ort.live() : null,
+        onnxruntime_live_bytes: accounted ? accounted.live : null,
+        onnxruntime_in_malloc_bytes: regions ? regions.inMalloc : null,
+        onnxruntime_regions_bytes: regions ? regions.inRegions : null,
         faiss_index_bytes: store.indexBytes,
         store_predicted_bytes: service.storeResidentBytes(),
         expected_growth_bytes: service.expectedGrowthBytes(warm.resident),
         v8_heap_total_bytes: p.heapTotal,
         v8_external_bytes: p.external,
-        unattributed_bytes: Math.max(0, p.rss - p.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0)),
+        unattributed_bytes: Math.max(0, p.rss - p.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0) - (regions?.inRegions ?? 0)),
       };
     })(mallocStats(), processMemory()),
     trend: service.trend.report(),

@@ -117,7 +117,7 @@ export class ServerMetrics {
         this.labels('cached').set(s.cachedBlocks);
         this.labels('used').set(s.usedBlocks);
       } });
-    new Gauge({ name: name('onnxruntime_host_bytes'), help: "ONNX Runtime's host bytes as the counting allocator accounts them: live, peak, and warm (freed, kept resident for reuse; absent where it is not installed).", labelNames: ['kind'], registers: [r],
+    new Gauge({ name: name('onnxruntime_host_bytes'), help: "ONNX Runtime's host bytes as the counting allocator accounts them: live, peak, warm (freed, kept resident for reuse), and the live bytes in malloc's blocks (live_in_malloc: inside native_memory_bytes{kind=malloc_in_use} too; the rest lie in the allocator's reserved regions); absent where it is not installed.", labelNames: ['kind'], registers: [r],
       collect() {
         this.reset();
         const c = countingAllocator();
@@ -125,6 +125,7 @@ export class ServerMetrics {
         this.labels('live').set(c.live());
         this.labels('peak').set(c.peak());
         this.labels('warm').set(c.warm());
+        this.labels('live_in_malloc').set(c.heapLive());
       } });
     new Gauge({ name: name('gpu_memory_bytes'), help: 'GPU memory as NVML reads it, per GPU (absent without a GPU).', labelNames: ['gpu', 'kind'], registers: [r],
       collect() {

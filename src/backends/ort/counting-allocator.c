@@ -56,6 +56,9 @@ typedef struct OrtAllocator {
 static _Atomic int64_t live;  /* bytes allocated and not yet freed */
 static _Atomic int64_t peak;  /* highest `live` since the last reset */
 static _Atomic int64_t count; /* allocations since start */
+/* The part of `live` in malloc's blocks (small ones, and large ones where the regions are full): it is
+ * also inside glibc's own in-use figure, which a reader of both would otherwise count twice. */
+static _Atomic int64_t heap_live;
 static const void *memory_info;
 
 /* ---- large blocks: reserved regions ---------------------------------------------------------- */
@@ -297,7 +300,9 @@ static void *counting_alloc(OrtAllocator *self, size_t size) {
   }
   void *p = NULL;
   if (posix_memalign(&p, 64, size == 0 ? 1 : size) != 0) return NULL;
-  count_alloc((int64_t)malloc_usable_size(p));
+  const int64_t held = (int64_t)malloc_usable_size(p);
+  atomic_fetch_add(&heap_live, held);
+  count_alloc(held);
   return p;
 }
 
@@ -316,7 +321,9 @@ static void counting_free(OrtAllocator *self, void *p) {
     pthread_mutex_unlock(&region_lock);
     return;
   }
-  atomic_fetch_sub(&live, (int64_t)malloc_usable_size(p));
+  const int64_t held = (int64_t)malloc_usable_size(p);
+  atomic_fetch_sub(&heap_live, held);
+  atomic_fetch_sub(&live, held);
   free(p);
 }
 
@@ -336,6 +343,7 @@ OrtAllocator *ragguard_counting_allocator(const void *info) {
 int64_t ragguard_live_bytes(void) { return atomic_load(&live); }
 int64_t ragguard_peak_bytes(void) { return atomic_load(&peak); }
 int64_t ragguard_allocations(void) { return atomic_load(&count); }
+int64_t ragguard_heap_live_bytes(void) { return atomic_load(&heap_live); }
 
 /* Starts a new peak window at the live total now. */
 void ragguard_reset_peak(void) { atomic_store(&peak, atomic_load(&live)); }

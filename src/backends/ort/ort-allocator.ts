@@ -28,6 +28,11 @@ export interface AllocatorCounters {
   resetPeak(): void;
   /** Allocations since start. */
   allocations(): number;
+  /**
+   * The part of live() in malloc's blocks (those under 2 MiB, and larger ones where the regions are
+   * full): glibc's in-use figure holds them too. The rest of live() lies in the reserved regions.
+   */
+  heapLive(): number;
   /** Bytes of freed large blocks kept resident for reuse (the warm cache), and its limit. */
   warm(): number;
   /** The part of warm() whose pages are resident now (a block a run wrote only in part holds less than its length). */
@@ -59,8 +64,8 @@ export function installCountingAllocator(library = COUNTING_ALLOCATOR_LIBRARY): 
     const lib = koffi.load(library);
     const make = lib.func('void *ragguard_counting_allocator(void *info)') as (info: unknown) => unknown;
     const int64 = (name: string) => lib.func(`int64_t ${name}(void)`) as () => number | bigint;
-    const [live, peak, allocations] = ['ragguard_live_bytes', 'ragguard_peak_bytes', 'ragguard_allocations'].map(int64) as [
-      () => number | bigint, () => number | bigint, () => number | bigint];
+    const [live, peak, allocations, heapLive] = ['ragguard_live_bytes', 'ragguard_peak_bytes', 'ragguard_allocations', 'ragguard_heap_live_bytes'].map(int64) as [
+      () => number | bigint, () => number | bigint, () => number | bigint, () => number | bigint];
     const reset = lib.func('void ragguard_reset_peak(void)') as () => void;
     // Address space for large blocks (counting-allocator.c says why), before any session allocates.
     const reserve = lib.func('int ragguard_reserve_regions(int count, int64_t size)') as (count: number, size: number) => number;
@@ -73,7 +78,7 @@ export function installCountingAllocator(library = COUNTING_ALLOCATOR_LIBRARY): 
     viewRegions(Array.from({ length: made }, (_, i) => ({ base: base(i), size: Number(size(i)) })));
     registerCpuAllocator(make);
     counters = {
-      live: () => Number(live()), peak: () => Number(peak()), resetPeak: () => reset(), allocations: () => Number(allocations()),
+      live: () => Number(live()), peak: () => Number(peak()), resetPeak: () => reset(), allocations: () => Number(allocations()), heapLive: () => Number(heapLive()),
       warm: () => Number(warm()), warmResident: () => Number(warmResident()), warmLimit: () => Number(warmLimit()), setWarmLimit: (bytes) => setWarm(bytes),
     };
     reason = '';
