@@ -91,8 +91,9 @@ export interface MemorySnapshot {
     onnxruntime_live_bytes: number | null;
     /**
      * Where ONNX Runtime's live bytes lie: malloc's blocks (inside malloc.in_use_bytes too) and the
-     * allocator's reserved regions (large blocks, outside malloc), the latter with the warm cache's
-     * resident bytes. Null without the counting allocator.
+     * allocator's reserved regions (large blocks, outside malloc: the live ones by length, a block not
+     * yet written in full holding fewer pages, and the warm cache's by its resident pages). Null without
+     * the counting allocator.
      */
     onnxruntime_in_malloc_bytes: number | null;
     onnxruntime_regions_bytes: number | null;
