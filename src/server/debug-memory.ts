@@ -174,9 +174,16 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
   // The warm cache's resident pages are read once a snapshot: each read is a pagemap pass over its blocks.
   const ort = countingAllocator();
   const warm = ort ? { held: ort.warm(), resident: ort.warmResident() } : { held: 0, resident: 0 };
-  // The live bytes read once too, with malloc's share of them, so that every figure below agrees.
-  const accounted = ort ? { live: ort.live(), inMalloc: ort.heapLive() } : undefined;
-  const regions = accounted ? { inMalloc: accounted.inMalloc, inRegions: accounted.live - accounted.inMalloc + warm.resident } : undefined;
+  // The live bytes read once too, with where they lie (malloc's blocks, the allocator's regions plus the warm
+  // cache's resident pages), so that every figure below agrees.
+  const live = ort ? (() => {
+    const total = ort.live();
+    const inMalloc = ort.heapLive();
+    return { total, inMalloc, inRegions: total - inMalloc + warm.resident };
+  })() : undefined;
+  // One reading of the process too: rss and unattributed_bytes come from the same moment.
+  const proc = processMemory();
+  const m = mallocStats();
   const components: Component[] = [
     encoderComponent(service, 'embedder'),
     encoderComponent(service, 'reranker'),
@@ -236,25 +243,23 @@ export function memorySnapshot(service: RagService, admission: Admission, gpu: G
       ? { source: 'nvml', gpus: gpu.gpus.map((g) => ({ index: g.index, name: g.name, total_bytes: g.totalBytes, used_bytes: g.usedBytes, free_bytes: g.freeBytes })) }
       : null,
     ...(gpu.source === 'none' ? { gpu_unavailable_reason: gpu.reason } : {}),
-    process: snake(processMemory()),
-    onnxruntime_host: ort && accounted
-      ? { accounted: true as const, live_bytes: accounted.live, peak_bytes: ort.peak(), allocations: ort.allocations(), warm_bytes: warm.held, warm_resident_bytes: warm.resident, warm_limit_bytes: ort.warmLimit() }
+    process: snake(proc),
+    onnxruntime_host: ort && live
+      ? { accounted: true as const, live_bytes: live.total, peak_bytes: ort.peak(), allocations: ort.allocations(), warm_bytes: warm.held, warm_resident_bytes: warm.resident, warm_limit_bytes: ort.warmLimit() }
       : { accounted: false as const, reason: accountingUnavailable() },
-    native: ((m, p) => {
-      return {
-        malloc: m ? { arena_bytes: m.arenaBytes, mmapped_bytes: m.mmappedBytes, in_use_bytes: m.inUseBytes, free_bytes: m.freeBytes, arenas: m.arenas }
-          : { unavailable: 'not glibc (mallinfo2 needs glibc 2.33 or later)' },
-        onnxruntime_live_bytes: accounted ? accounted.live : null,
-        onnxruntime_in_malloc_bytes: regions ? regions.inMalloc : null,
-        onnxruntime_regions_bytes: regions ? regions.inRegions : null,
-        faiss_index_bytes: store.indexBytes,
-        store_predicted_bytes: service.storeResidentBytes(),
-        expected_growth_bytes: service.expectedGrowthBytes(warm.resident),
-        v8_heap_total_bytes: p.heapTotal,
-        v8_external_bytes: p.external,
-        unattributed_bytes: Math.max(0, p.rss - p.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0) - (regions?.inRegions ?? 0)),
-      };
-    })(mallocStats(), processMemory()),
+    native: {
+      malloc: m ? { arena_bytes: m.arenaBytes, mmapped_bytes: m.mmappedBytes, in_use_bytes: m.inUseBytes, free_bytes: m.freeBytes, arenas: m.arenas }
+        : { unavailable: 'not glibc (mallinfo2 needs glibc 2.33 or later)' },
+      onnxruntime_live_bytes: live ? live.total : null,
+      onnxruntime_in_malloc_bytes: live ? live.inMalloc : null,
+      onnxruntime_regions_bytes: live ? live.inRegions : null,
+      faiss_index_bytes: store.indexBytes,
+      store_predicted_bytes: service.storeResidentBytes(),
+      expected_growth_bytes: service.expectedGrowthBytes(warm.resident),
+      v8_heap_total_bytes: proc.heapTotal,
+      v8_external_bytes: proc.external,
+      unattributed_bytes: Math.max(0, proc.rss - proc.heapTotal - (m ? m.inUseBytes + m.freeBytes : 0) - (live?.inRegions ?? 0)),
+    },
     trend: service.trend.report(),
     growth: (({ window, samples, rssGrowthBytes, heapGrowthBytes, externalGrowthBytes, thresholdBytes, flagged }) => ({
       window, samples, rss_growth_bytes: rssGrowthBytes, heap_growth_bytes: heapGrowthBytes,
