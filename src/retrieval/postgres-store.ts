@@ -32,7 +32,8 @@
  */
 import pg from 'pg';
 import { grantServerRole, migrateDatabase, schemaOptions } from './pg-admin.js';
-import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionEfSearchSql, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
+import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
+import { searchTransactionSql } from './pg-search-settings.js';
 import { INSUFFICIENT_PRIVILEGE, isUnavailable, placeOf, RETRY_AFTER_S } from './pg-errors.js';
 import { toChunk, toDocument, CHUNK_COLUMNS, type ChunkRow, type DocumentRow } from './pg-rows.js';
 import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, type MigrateResult } from './pg-schema.js';
@@ -114,16 +115,13 @@ export class PostgresStore implements RetrievalStore {
     private readonly bm25: Bm25Params,
     private readonly where: string,
     private readonly efSearch: number,
-    statementTimeoutMs: number,
+    private readonly statementTimeoutMs: number,
     private readonly url: string,
     private readonly indexOpts: { rows: number; hnswM: number; hnswEfConstruction: number; log: (message: string) => void },
   ) {
-    // SET LOCAL: the settings hold for the transaction and end with it, so they travel with the search
-    // through a pooler in transaction mode (PgBouncer), where a session's SET stays on whichever server
-    // connection ran it and the next transaction may run on another (at pgvector's default ef_search 40).
-    const timeout = `SET LOCAL statement_timeout = ${statementTimeoutMs}`;
-    this.searchPreamble = `BEGIN READ ONLY; SET LOCAL hnsw.iterative_scan = relaxed_order; SET LOCAL hnsw.ef_search = ${efSearch}; ${timeout}`;
-    this.writePreamble = `BEGIN; ${timeout}`;
+    // SET LOCAL for searches and writes alike, so the settings survive transaction pooling (pg-search-settings.ts).
+    this.searchPreamble = searchTransactionSql({ efSearch, statementTimeoutMs });
+    this.writePreamble = `BEGIN; SET LOCAL statement_timeout = ${statementTimeoutMs}`;
   }
 
   get indexDetail(): string {
@@ -467,7 +465,7 @@ export class PostgresStore implements RetrievalStore {
 
   /** The same for a dense search of `collection`: ef_search from its size, set in the same round trip. */
   private searchingDense<T>(collection: string, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-    return this.transaction(`${this.searchPreamble}; ${collectionEfSearchSql(pg.escapeLiteral(collection), this.efSearch)}`, work);
+    return this.transaction(searchTransactionSql({ efSearch: this.efSearch, statementTimeoutMs: this.statementTimeoutMs, collection }), work);
   }
 
   /** A write's transaction (the statement timeout set for it); the cached counts go stale with it. */
