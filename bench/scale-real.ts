@@ -410,7 +410,16 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
     const plan = (await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${probe.text}`, probe.params)).rows
       .map((r) => r['QUERY PLAN'].trim()).filter((l) => /Scan|Limit|Sort/.test(l)).map((l) => l.replace(/\(cost=[^)]*\)/, '').replace(/'\[[^\]]*\]'/g, '$q'));
     await client.query('COMMIT');
+    // Shared-buffer hits and reads (from the OS, or the disk) in the measured window, queries and ingest together:
+    // whether the indexes and rows a search touches stay in shared_buffers at this size.
+    const blocks = async () => (await client.query<{ hit: string; read: string }>(
+      'SELECT blks_hit AS hit, blks_read AS read FROM pg_stat_database WHERE datname = current_database()')).rows[0]!;
+    const b0 = await blocks();
     const m = await measure(store);
+    await new Promise((r) => setTimeout(r, 1500)); // backends flush their counts within a second of going idle
+    const b1 = await blocks();
+    const hits = Number(b1.hit) - Number(b0.hit);
+    const reads = Number(b1.read) - Number(b0.read);
     const sizes = (await client.query<Record<string, string>>(
       `SELECT (SELECT coalesce(sum(pg_relation_size(i.indexrelid)), 0) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
                WHERE i.indrelid = 'ragguard_chunks'::regclass AND c.relname LIKE 'ragguard_chunks_hnsw_%') AS index_bytes,
@@ -421,7 +430,8 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
     return {
       store: 'postgres', rows: SIZE, collections: COLLECTIONS, ...loaded, index_wait_s: round(indexWaitS, 1), analyze_s: round(analyzeS, 1), ...m,
       collection_indexes: Number(sizes['indexes']), index_bytes: Number(sizes['index_bytes']), chunks_table_bytes: Number(sizes['chunks_bytes']),
-      terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']), plan: plan.join(' | '),
+      terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']),
+      buffer_hits: hits, buffer_reads: reads, buffer_hit_ratio: round(hits / Math.max(1, hits + reads), 4), plan: plan.join(' | '),
       settings: {
         ef_search: cfg.pgEfSearch, collection_ef_search: `chunks / ${CHUNKS_PER_CANDIDATE} within [${EF_SEARCH_MIN}, ${cfg.pgEfSearch}]`, index_rows: PG_INDEX_ROWS, pool_size: cfg.pgPoolSize, hnsw_m: cfg.pgHnswM, ef_construction: cfg.pgHnswEfConstruction, shared_buffers: PG_SHARED_BUFFERS,
         max_wal_size: PG_MAX_WAL_SIZE, index: 'an HNSW index per collection past COLLECTION_INDEX_ROWS (partial, WHERE collection = ...)',
