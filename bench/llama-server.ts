@@ -51,6 +51,7 @@ import path from 'node:path';
 import { GgufFile } from '../src/runtime/gguf.js';
 import { ggufTextTokenizer } from '../src/backends/cuda/gguf-checkpoint.js';
 import { ContextPicker, corpusChunks, percentile, ragMessages, rng } from './rag-contexts.js';
+import { freePort } from './http-client.js';
 import { prefillCeiling } from './prefill-ceiling.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -99,17 +100,6 @@ if (!SIDE_NAMES.includes('llama-server')) {
 }
 const questionSet = JSON.parse(readFileSync(path.join(ROOT, 'data', 'questions.json'), 'utf8')) as { question: string; doc_id: string }[];
 const questions = questionSet.map((q) => q.question);
-
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    import('node:net').then(({ createServer }) => {
-      const s = createServer().listen(0, '127.0.0.1', () => {
-        const port = (s.address() as { port: number }).port;
-        s.close(() => resolve(port));
-      });
-    });
-  });
-}
 
 const spawnErrors = new Map<ChildProcess, Error>();
 

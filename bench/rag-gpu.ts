@@ -65,16 +65,16 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
-import http from 'node:http';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { chatContextPrompt } from '../src/generate/chat-prompt.js';
 import type { ChatMessage, ChatTemplate } from '../src/generate/chat-template.js';
 import { DEFAULT_TEMPLATE } from '../src/generate/prompt.js';
 import { seededRandom } from '../src/generate/sampler.js';
-import { nvmlReader, type GpuReading } from '../src/guards/nvml.js';
 import { gpuName } from './gpu-common.js';
+import { gpuZero } from './gpu-usage.js';
+import { closedLoop, freePort, getJson, post as postWithin, type SseEvent, type StreamReply } from './http-client.js';
+import { deviceFigures, diff, guardCounts, metrics, waitIdle } from './server-reports.js';
 import { parseQuestions, type Question } from './questions.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
 
@@ -91,6 +91,9 @@ const QUESTION_LIMIT = Number(env['BENCH_RAG_GPU_QUESTIONS'] ?? (STANDIN ? 4 : I
 const SETTLE_MS = Number(env['BENCH_RAG_GPU_SETTLE_MS'] ?? 1000);
 const SAMPLE_MS = 50;
 const REQUEST_TIMEOUT_MS = Number(env['BENCH_RAG_GPU_REQUEST_TIMEOUT_MS'] ?? 120_000);
+/** A streamed POST (http-client.ts) that gives up after REQUEST_TIMEOUT_MS. */
+const post = (port: number, route: string, body: unknown, isToken: (e: SseEvent) => boolean): Promise<StreamReply> =>
+  postWithin(port, route, body, isToken, REQUEST_TIMEOUT_MS);
 const DEADLINE_S = Number(env['BENCH_RAG_GPU_DEADLINE_S'] ?? (STANDIN ? 1800 : 540));
 /** The stand-in run makes its own stand-ins (scripts/gpu/llama-standin.sh) where LLAMA_BIN is not given. */
 const LLAMA_BIN = env['LLAMA_BIN'] ?? (STANDIN ? standIns() : '');
@@ -139,207 +142,10 @@ const deadline = setTimeout(() => {
 }, DEADLINE_S * 1000);
 deadline.unref();
 
-// ---------------------------------------------------------------- HTTP: streamed POSTs, one connection each
-const agent = new http.Agent({ keepAlive: false, maxSockets: Infinity });
-
-interface SseEvent { event: string; data: string }
-interface StreamReply {
-  status: number;
-  /** Request made -> end of the reply (ms). */
-  ms: number;
-  /** Request made -> first token event (ms); null without one. */
-  ttftMs: number | null;
-  events: SseEvent[];
-  /** The body of a reply that is not an event stream (an error, or a non-streamed answer). */
-  body: string;
-  error?: string;
-}
-
-/** POSTs `body` as JSON; an event-stream reply is parsed as it comes, `isToken` marking the first token. */
-function post(port: number, route: string, body: unknown, isToken: (e: SseEvent) => boolean, timeoutMs = REQUEST_TIMEOUT_MS): Promise<StreamReply> {
-  return new Promise((resolve) => {
-    const data = Buffer.from(JSON.stringify(body));
-    const t0 = performance.now();
-    let ttft: number | null = null;
-    const events: SseEvent[] = [];
-    let raw = '';
-    let status = 0;
-    let done = false;
-    const finish = (error?: string) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      resolve({ status, ms: performance.now() - t0, ttftMs: ttft, events, body: raw, ...(error ? { error } : {}) });
-    };
-    const req = http.request({
-      host: '127.0.0.1', port, method: 'POST', path: route, agent,
-      headers: { 'content-type': 'application/json', 'content-length': data.length },
-    }, (res) => {
-      status = res.statusCode ?? 0;
-      const sse = String(res.headers['content-type'] ?? '').includes('text/event-stream');
-      let buf = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => {
-        if (!sse) {
-          raw += c;
-          return;
-        }
-        buf += c.replace(/\r/g, '');
-        for (let k = buf.indexOf('\n\n'); k >= 0; k = buf.indexOf('\n\n')) {
-          const block = buf.slice(0, k);
-          buf = buf.slice(k + 2);
-          let event = 'message';
-          const lines: string[] = [];
-          for (const line of block.split('\n')) {
-            if (line.startsWith('event:')) event = line.slice(6).trim();
-            else if (line.startsWith('data:')) lines.push(line.slice(5).replace(/^ /, ''));
-          }
-          if (lines.length === 0) continue;
-          const e = { event, data: lines.join('\n') };
-          if (ttft === null && isToken(e)) ttft = performance.now() - t0;
-          events.push(e);
-        }
-      });
-      res.on('end', () => finish());
-      res.on('error', (e) => finish(e.message));
-    });
-    const timer = setTimeout(() => {
-      req.destroy(new Error('timeout'));
-      finish(`timeout after ${timeoutMs} ms`);
-    }, timeoutMs);
-    req.on('error', (e) => finish(e.message));
-    req.end(data);
-  });
-}
-
-async function getJson<T>(port: number, route: string): Promise<T> {
-  const r = await fetch(`http://127.0.0.1:${port}${route}`, { signal: AbortSignal.timeout(10_000) });
-  return (await r.json()) as T;
-}
-
-/** `c` clients in a closed loop over requests 0..n-1. */
-async function closedLoop<T>(n: number, c: number, fn: (i: number) => Promise<T>): Promise<{ results: T[]; seconds: number }> {
-  const results = new Array<T>(n);
-  let next = 0;
-  const t0 = performance.now();
-  await Promise.all(Array.from({ length: Math.min(c, n) }, async () => {
-    while (next < n) {
-      const i = next++;
-      results[i] = await fn(i);
-    }
-  }));
-  return { results, seconds: (performance.now() - t0) / 1000 };
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
-  });
-}
-
 // ---------------------------------------------------------------- NVML (this process reads GPU 0)
-const nvml = nvmlReader();
-let nvmlUnavailable: string | null = null;
-function gpuUsed(): number | null {
-  const r: GpuReading = nvml.read();
-  if (r.source !== 'nvml' || r.gpus.length === 0) {
-    nvmlUnavailable = r.source === 'none' ? r.reason : 'NVML sees no GPU';
-    return null;
-  }
-  return r.gpus[0]!.usedBytes;
-}
-/** Samples NVML every SAMPLE_MS until stopped; the highest reading (null without NVML). */
-function peakSampler(): { stop: () => number | null } {
-  let peak = gpuUsed();
-  const t = setInterval(() => {
-    const u = gpuUsed();
-    if (u !== null && (peak === null || u > peak)) peak = u;
-  }, SAMPLE_MS);
-  return {
-    stop: () => {
-      clearInterval(t);
-      const u = gpuUsed();
-      if (u !== null && (peak === null || u > peak)) peak = u;
-      return peak;
-    },
-  };
-}
-
-// ---------------------------------------------------------------- the server's reports
-interface Sample { name: string; labels: Record<string, string>; value: number }
-function parseMetrics(text: string): Sample[] {
-  const out: Sample[] = [];
-  for (const line of text.split('\n')) {
-    if (!line || line.startsWith('#')) continue;
-    const m = /^([^{\s]+)(?:\{(.*)\})?\s+(\S+)$/.exec(line);
-    if (!m) continue;
-    const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!;
-    out.push({ name: m[1]!, labels, value: Number(m[3]) });
-  }
-  return out;
-}
-async function metrics(port: number): Promise<Sample[]> {
-  const r = await fetch(`http://127.0.0.1:${port}/metrics`, { signal: AbortSignal.timeout(10_000) });
-  return parseMetrics(await r.text());
-}
-function byLabel(samples: Sample[], name: string, label: string): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const s of samples) if (s.name === `ragguard:${name}`) out[s.labels[label] ?? ''] = (out[s.labels[label] ?? ''] ?? 0) + s.value;
-  return out;
-}
-function diff(after: Record<string, number>, before: Record<string, number>): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const k of new Set([...Object.keys(after), ...Object.keys(before)])) {
-    const d = (after[k] ?? 0) - (before[k] ?? 0);
-    if (d !== 0) out[k] = d;
-  }
-  return out;
-}
-const guardCounts = (s: Sample[]) => ({
-  decisions: byLabel(s, 'guard_admissions_total', 'decision'),
-  reshapes: byLabel(s, 'guard_reshapes_total', 'field'),
-  preemptions: byLabel(s, 'num_preemptions_total', '')[''] ?? 0,
-  engine_failed: byLabel(s, 'request_failed_total', '')[''] ?? 0,
-});
-
-interface DebugMemory {
-  budget: { bytes: number; source: string; gpu_total_bytes: number | null; kv_pool_bytes: number; workspace_bytes: number; workspace_reserved_bytes: number; requests_waiting_for_memory: number };
-  components: { name: string; bytes: number; detail?: string }[];
-  kv: { total_blocks: number; used_blocks: number; cached_blocks: number };
-  queue: { running: number; waiting: number; max_concurrent: number; max_waiting: number };
-  gpu: { gpus: { name: string; used_bytes: number; total_bytes: number }[] } | null;
-  gpu_unavailable_reason?: string;
-}
-/** /debug/memory's device figures, compact. */
-async function deviceFigures(port: number): Promise<Record<string, unknown>> {
-  const m = await getJson<DebugMemory>(port, '/debug/memory');
-  return {
-    budget_bytes: m.budget.bytes, budget_source: m.budget.source, gpu_total_bytes: m.budget.gpu_total_bytes,
-    kv_pool_bytes: m.budget.kv_pool_bytes, workspace_bytes: m.budget.workspace_bytes, workspace_reserved_bytes: m.budget.workspace_reserved_bytes,
-    components: Object.fromEntries(m.components.map((c) => [c.name, c.bytes])),
-    kv_blocks: m.kv,
-    queue: m.queue,
-    nvml_used_bytes: m.gpu?.gpus[0]?.used_bytes ?? null,
-    ...(m.gpu_unavailable_reason ? { gpu_unavailable_reason: m.gpu_unavailable_reason } : {}),
-  };
-}
-/** Polls /debug/memory until nothing is running, waiting or reserved (at most `maxMs`). */
-async function waitIdle(port: number, maxMs = 60_000): Promise<{ idle: boolean; waited_ms: number }> {
-  const t0 = performance.now();
-  while (performance.now() - t0 < maxMs) {
-    const m = await getJson<DebugMemory>(port, '/debug/memory').catch(() => undefined);
-    if (m && m.queue.running === 0 && m.queue.waiting === 0 && m.budget.workspace_reserved_bytes === 0 && m.budget.requests_waiting_for_memory === 0) {
-      return { idle: true, waited_ms: Math.round(performance.now() - t0) };
-    }
-    await sleep(100);
-  }
-  return { idle: false, waited_ms: Math.round(performance.now() - t0) };
-}
+const gpu0 = gpuZero(SAMPLE_MS);
+const gpuUsed = gpu0.used;
+const peakSampler = gpu0.peakSampler;
 
 // ---------------------------------------------------------------- the requests
 interface Spec { i: number; q: Question; rerankTopN: number | undefined; maxNewTokens: number | undefined }
@@ -534,7 +340,7 @@ async function main(): Promise<number> {
     const logText = existsSync(logFile) ? readFileSync(logFile, 'utf8') : '';
     const oomLog = logText.split('\n').filter((l) => OOM.test(l));
     summary['memory'] = {
-      card, source: nvmlUnavailable === null ? 'nvml (GPU 0, read by the bench)' : null, ...(nvmlUnavailable !== null ? { nvml_unavailable: nvmlUnavailable } : {}),
+      card, source: gpu0.unavailable() === null ? 'nvml (GPU 0, read by the bench)' : null, ...(gpu0.unavailable() !== null ? { nvml_unavailable: gpu0.unavailable() } : {}),
       nvml_startup_bytes: startup, nvml_final_bytes: final, final_minus_startup_mib: startup !== null && final !== null ? mib(final - startup) : null,
       bursts: memory, debug_memory_startup: startupDevice, debug_memory_final: finalDevice,
     };

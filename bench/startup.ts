@@ -19,9 +19,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import http from 'node:http';
-import net from 'node:net';
 import os, { tmpdir } from 'node:os';
 import path from 'node:path';
+import { freePort } from './http-client.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const POLL_MS = Number(process.env['BENCH_STARTUP_POLL_MS'] ?? 100);
@@ -32,17 +32,6 @@ const QUERY = { query: 'What is the sticky bit used for on /tmp?', max_new_token
 const keptIndex = process.env['BENCH_STARTUP_INDEX_DIR'];
 const work = await mkdtemp(path.join(tmpdir(), 'ragguard-bench-startup-'));
 const indexDir = keptIndex ?? path.join(work, 'index');
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as net.AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 /** One request; its status, or 0 when no reply came (connection refused, reset). */
 function status(port: number, method: string, route: string, body?: unknown): Promise<number> {
