@@ -3,7 +3,7 @@
  * -DGGML_NATIVE=ON), both over HTTP, in one run: the strongest peer a user of a GGUF on a CPU would
  * reach for.
  *
- *   ragguard      `scripts/tuned.sh node src/server/main.ts` (as npm start), the GGUF as its decoder, an
+ *   ragguard      `scripts/tuned.sh node src/cli/serve.ts` (as npm start), the GGUF as its decoder, an
  *                 empty index; POST /v1/chat/completions
  *   llama-server  the same GGUF, `--parallel BENCH_LLAMA_PARALLEL` (8) slots with continuous batching,
  *                 `--threads BENCH_LLAMA_THREADS` (the core count); POST /v1/chat/completions
@@ -298,7 +298,7 @@ try {
   let rg: ChildProcess | undefined;
   if (SIDE_NAMES.includes('ragguard')) {
     rgPort = await freePort();
-    rg = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/server/main.ts'], {
+    rg = spawn('sh', ['scripts/tuned.sh', process.execPath, '--import', 'tsx', 'src/cli/serve.ts'], {
       cwd: ROOT, env: { ...process.env, PORT: String(rgPort), RAGGUARD_DECODER: GGUF, RAGGUARD_INDEX_DIR: indexDir, RAGGUARD_CORPUS_DIR: '' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

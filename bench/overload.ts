@@ -2,7 +2,7 @@
  * Overload on loopback: does the server stay responsive, shed load promptly, and stop work its
  * clients abandoned?
  *
- * The server runs as its own process (`scripts/tuned.sh node --import tsx src/server/main.ts`, as
+ * The server runs as its own process (`scripts/tuned.sh node --import tsx src/cli/serve.ts`, as
  * `npm start` runs it, on a fresh index of the sample corpus), so that the clients here keep their own
  * event loop and clock. Two phases, each bounded in count and time:
  *   burst    BENCH_OVERLOAD_BURST (200) queries sent at once; meanwhile GET /healthz one after the

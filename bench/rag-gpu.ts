@@ -5,7 +5,7 @@
  *
  *   LLAMA_BIN=<dir of llama-server> RAGGUARD_DECODER=<the default GGUF> npm run bench:rag-gpu
  *
- * 1. ragguard: src/server/main.ts as its own process (bench/server-process.ts: scripts/tuned.sh, as npm start),
+ * 1. ragguard: src/cli/serve.ts as its own process (bench/server-process.ts: scripts/tuned.sh, as npm start),
  *    RAGGUARD_DECODER (default: Qwen2.5-Coder-0.5B-Instruct Q4_K_M) with RAGGUARD_DECODER_EP=cuda, embedder
  *    and reranker on the CUDA encoder (RAGGUARD_EMBEDDER_EP / RAGGUARD_RERANKER_EP=cuda, RAGGUARD_RERANK=true:
  *    the reranker runs on every query), a fresh temporary index (data/corpus ingested at start; or

@@ -1,6 +1,6 @@
 /**
  * The server as its own process, as `npm start` runs it (`scripts/tuned.sh node --import tsx
- * src/server/main.ts`, on a free port), for the benches that load it from outside (soak, overload). It
+ * src/cli/serve.ts`, on a free port), for the benches that load it from outside (soak, overload). It
  * resolves once the server logs "ready on http://...:<port>" (the corpus ingested); its stderr's last 20 kB
  * are kept for the error when it exits first.
  */
@@ -25,7 +25,7 @@ export interface ServerProcess {
 
 export async function startServerProcess(env: Record<string, string>, opts: { nodeFlags?: string[]; outFile?: string } = {}): Promise<ServerProcess> {
   const t0 = performance.now();
-  const proc = spawn('sh', ['scripts/tuned.sh', process.execPath, ...(opts.nodeFlags ?? []), '--import', 'tsx', 'src/server/main.ts'], {
+  const proc = spawn('sh', ['scripts/tuned.sh', process.execPath, ...(opts.nodeFlags ?? []), '--import', 'tsx', 'src/cli/serve.ts'], {
     cwd: ROOT,
     // Info level: the server says where it listens in an info line.
     env: { ...process.env, PORT: '0', ...env },

@@ -1,7 +1,7 @@
 /**
  * Soak: does the server's memory stay put under steady mixed load, as an operator runs it for hours?
  *
- * The server runs as its own process (`scripts/tuned.sh node --import tsx src/server/main.ts`, as `npm
+ * The server runs as its own process (`scripts/tuned.sh node --import tsx src/cli/serve.ts`, as `npm
  * start` runs it; default configuration, on a copy of BENCH_SOAK_INDEX_DIR's snapshot or a fresh index of
  * the sample corpus). For BENCH_SOAK_MINUTES (60) minutes, BENCH_SOAK_CLIENTS (4) clients send requests
  * one after another, each drawn in turn from: /query greedy, /query sampled (temperature 0.8, top_p 0.9,

@@ -79,7 +79,7 @@ start_replica() {
   local port; port="$(cat "$rd/port")"
   mkdir -p "$rd/index"
   PORT="$port" HOST=127.0.0.1 RAGGUARD_STORE="$(cat "$DIR/store")" RAGGUARD_INDEX_DIR="$rd/index" \
-    setsid sh scripts/tuned.sh node --import tsx src/server/main.ts >>"$rd/log" 2>&1 </dev/null &
+    setsid sh scripts/tuned.sh node --import tsx src/cli/serve.ts >>"$rd/log" 2>&1 </dev/null &
   echo $! >"$rd/pid"
 }
 

@@ -10,7 +10,7 @@ import type { Server } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { readFolder } from '../src/cli/folder.js';
+import { readFolder } from '../src/library/folder.js';
 import { loadModels, RagService } from '../src/service/rag.js';
 import { createApp } from '../src/server/app.js';
 import { createLogger } from '../src/server/logging.js';

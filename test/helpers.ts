@@ -92,13 +92,13 @@ export interface Server {
 
 /**
  * The server as a process on the test models and a free port, resolved once it reports ready:
- * src/server/main.ts under node, or `npm start` (`npm`: as an operator starts it, signals included).
+ * src/cli/serve.ts under node, or `npm start` (`npm`: as an operator starts it, signals included).
  */
 export async function startServer(env: Record<string, string>, npm = false): Promise<Server> {
   const fullEnv = { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env };
   const proc = npm
     ? spawn('npm', ['start', '--silent'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] })
-    : spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+    : spawn(process.execPath, ['--import', 'tsx', 'src/cli/serve.ts'], { cwd: ROOT, env: fullEnv, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout!.on('data', (c: Buffer) => (out += c.toString()));
   proc.stderr!.on('data', (c: Buffer) => (out += c.toString()));

@@ -3,7 +3,10 @@
  * and no module imports itself through a circle of others. Read from the import statements of the
  * sources (type-only imports included: a circle of types is still a circle to a reader).
  *
- *   config < runtime < generate < backends < retrieval < guards < service < server < cli < index.ts
+ *   config < runtime < generate < backends < retrieval < guards < service < server < library < index.ts < cli
+ *
+ * library/ is the API (the service, serve(), folders, direct ingest, the schema), index.ts its one door,
+ * and cli/ (the `ragguard` command and the server's process, `npm start`) uses that door alone.
  *
  * Within backends, ort and cuda are siblings: neither imports the other. Both implement the interfaces of
  * backends/'s own top-level modules (backend.ts: DecoderBackend, EncoderBackend), which import neither.
@@ -18,7 +21,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 
 const SRC = path.resolve(import.meta.dirname, '..', 'src');
-const LAYERS = ['config', 'runtime', 'generate', 'backends', 'retrieval', 'guards', 'service', 'server', 'cli', 'index.ts'];
+const LAYERS = ['config', 'runtime', 'generate', 'backends', 'retrieval', 'guards', 'service', 'server', 'library', 'index.ts', 'cli'];
 
 function sources(dir: string): string[] {
   return readdirSync(dir).flatMap((n) => {
@@ -58,6 +61,16 @@ test('every import goes to the same layer or one below it', () => {
     }
   }
   assert.deepEqual(upward, []);
+});
+
+test('the CLI and the server process use the library through src/index.ts alone', () => {
+  const INDEX = path.join(SRC, 'index.ts');
+  const reached: string[] = [];
+  for (const [file, deps] of importGraph()) {
+    if (rel(file).split(path.sep)[0] !== 'cli') continue;
+    for (const d of deps) if (d !== INDEX && rel(d).split(path.sep)[0] !== 'cli') reached.push(`${rel(file)} -> ${rel(d)}`);
+  }
+  assert.deepEqual(reached, []);
 });
 
 test('no circle of imports', () => {

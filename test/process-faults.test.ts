@@ -24,7 +24,7 @@ const SMALL = ['task-scheduling-cron-atd', 'quotas', 'syslog'];
 
 /** Starts the server and expects it to fail start-up; resolves with its exit code and output. */
 async function failedStart(env: Record<string, string>): Promise<{ code: number | null; log: string }> {
-  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/server/main.ts'], {
+  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/cli/serve.ts'], {
     cwd: ROOT, env: { ...process.env, ...TEST_ENV, PORT: '0', RAGGUARD_PROFILE_RUN: 'false', ...env }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';

@@ -1,6 +1,6 @@
 /**
  * Ready at once: the server listens before its service exists (real HTTP on loopback, the server
- * started in this process by serve.ts), answers /healthz, says on /readyz which phase it is in and how
+ * started in this process by the library's serve()), answers /healthz, says on /readyz which phase it is in and how
  * far, refuses the rest with 503 `starting` and Retry-After, and serves once ready. The phases are held
  * open by the test: model loading by a loader that waits for it, the ingest by the run gate.
  */
@@ -11,7 +11,7 @@ import request from 'supertest';
 import type { Config } from '../src/config/config.js';
 import { loadModels, type Models } from '../src/service/rag.js';
 import { createLogger } from '../src/server/logging.js';
-import { serve, type Serving } from '../src/server/serve.js';
+import { serve, type Serving } from '../src/index.js';
 import { holdRuns, smallCorpus, tempDir, testConfig, faiss } from './helpers.js';
 
 /**
@@ -62,7 +62,7 @@ describe('a server that is still starting', () => {
 
   test('answers /healthz, says its phase and progress on /readyz, refuses queries with 503 starting and Retry-After, then serves', async () => {
     const loader = heldLoader(models);
-    serving = await serve(cfg, { logger: createLogger('silent'), loadModels: loader.load });
+    serving = await serve({ config: cfg, logger: createLogger('silent'), loadModels: loader.load });
     const base = `http://127.0.0.1:${serving.port}`;
     // Listening before the service's modules are loaded: alive already.
     await request(base).get('/healthz').expect(200);
@@ -110,7 +110,7 @@ describe('a server that is still starting', () => {
     }
     assert.deepEqual(ingesting['progress'], { done: 0, of: 3, unit: 'documents' });
 
-    const service = await serving.ready;
+    const { service } = await serving.ready;
     assert.equal(faiss(service).documentCount, 3);
     assert.deepEqual((await request(base).get('/readyz').expect(200)).body, { status: 'ready' });
     const answered = await request(base).post('/query').send({ query: 'sticky bit', max_new_tokens: 2 }).expect(200);
@@ -148,7 +148,7 @@ describe('a server that is still starting', () => {
 test('while starting: keys are checked as once ready, probes stay open, a stop closes the port, a failed start rejects', async () => {
   const cfg = testConfig({ RAGGUARD_INDEX_DIR: await tempDir(), RAGGUARD_CORPUS_DIR: '', RAGGUARD_PROFILE_RUN: 'false', RAGGUARD_API_KEY: 'key-while-starting' });
   const loader = heldLoader(undefined as unknown as Models);
-  const serving = await serve(cfg, { logger: createLogger('silent'), loadModels: loader.load });
+  const serving = await serve({ config: cfg, logger: createLogger('silent'), loadModels: loader.load });
   const base = `http://127.0.0.1:${serving.port}`;
   await loader.called;
   try {

@@ -47,7 +47,7 @@ has parity && record parity node --import tsx scripts/check-cuda-parity.ts model
 cuda_env=(RAGGUARD_DECODER=models/decoder-hf RAGGUARD_DECODER_EP=cuda RAGGUARD_EMBEDDER=${RAGGUARD_EMBEDDER:-models/embedder})
 if has serve; then
   serve_check() {
-    env "${cuda_env[@]}" PORT=8092 RAGGUARD_INDEX_DIR=/tmp/ragguard-cuda-index node --import tsx src/server/main.ts > "$out/.server" 2>&1 &
+    env "${cuda_env[@]}" PORT=8092 RAGGUARD_INDEX_DIR=/tmp/ragguard-cuda-index node --import tsx src/cli/serve.ts > "$out/.server" 2>&1 &
     local pid=$!
     wait_healthy 8092 "$pid"
     node -e '

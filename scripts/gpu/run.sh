@@ -38,7 +38,7 @@ fi
 
 if has server; then
   server_check() {
-    PORT=8091 RAGGUARD_INDEX_DIR=/tmp/ragguard-gpu-index tsx src/server/main.ts > "$out/.server" 2>&1 &
+    PORT=8091 RAGGUARD_INDEX_DIR=/tmp/ragguard-gpu-index tsx src/cli/serve.ts > "$out/.server" 2>&1 &
     local pid=$!
     wait_healthy 8091 "$pid"
     node -e '

@@ -1,18 +1,20 @@
 /**
  * The `ragguard` command (bin/ragguard.js runs this through tsx):
  *
- *   ragguard serve                     the HTTP server (npm start's src/server/main.ts; configured by RAGGUARD_* variables)
+ *   ragguard serve                     the HTTP server (serve.ts, as npm start; configured by RAGGUARD_* variables)
  *   ragguard ingest <folder> [opts]    a tree of .txt, .md and .html files into a RUNNING server, over
  *                                      HTTP (PUT /documents/:id per file: ingesting the tree again
  *                                      replaces what it ingested before); a progress bar on stderr,
  *                                      then what was created, replaced, failed and skipped, and why
  *   ragguard ingest <folder> --direct  the same straight into the index on disk (RAGGUARD_INDEX_DIR), for
- *                                      when no server runs on it (direct-ingest.ts): one snapshot write
+ *                                      when no server runs on it (the library's ingestDirect): one snapshot write
  *   ragguard query "question" [opts]  asks a running server (POST /query): the answer and its citations
  *   ragguard rerank --query Q doc...   scores documents against Q with a running server's reranker
  *                                      (POST /v1/rerank): most relevant first, with their scores
  *   ragguard migrate [--status]        brings the Postgres store's schema (RAGGUARD_STORE) to this
  *                                      build's version (migrate.ts), with a role that owns the schema
+ *
+ * The commands are users of the library (src/index.ts) and of nothing else in src/: over HTTP, or its calls.
  *
  * Options: --url URL (else RAGGUARD_URL, else http://$HOST:$PORT with the server's defaults),
  * --key KEY (else RAGGUARD_ADMIN_KEY for ingest, RAGGUARD_API_KEY for query), --json (the report or
@@ -22,9 +24,8 @@
 import { parseArgs } from 'node:util';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { ingestDirect } from './direct-ingest.js';
+import { ingestDirect, readFolder, type Skipped } from '../index.js';
 import { migrateCommand, MigrateUsageError } from './migrate.js';
-import { readFolder, type Skipped } from './folder.js';
 import { ProgressBar } from './progress.js';
 
 const USAGE = `usage:
@@ -87,7 +88,7 @@ async function ingest(args: string[]): Promise<number> {
   if (values.direct) {
     const bar = new ProgressBar(documents.length);
     bar.update(0, `${documents.length} documents from ${folder}: embedding`);
-    const r = await ingestDirect(documents, (done, label) => bar.update(done, label));
+    const r = await ingestDirect(documents, (done, label) => bar.update(done, label), { env: process.env });
     bar.end();
     const report = { folder, index_dir: r.indexDir, created: r.created.length, replaced: r.replaced.length, chunks: r.chunks, failed: [], skipped };
     if (values.json) process.stdout.write(`${JSON.stringify(report)}\n`);
@@ -188,7 +189,7 @@ async function main(argv: string[]): Promise<number> {
   switch (cmd) {
     case 'serve':
       if (rest.length > 0) throw new UsageError('serve takes no arguments: configure it with RAGGUARD_* variables (README)');
-      await import('../server/main.js');
+      await import('./serve.js');
       return -1; // the server runs on; its own signals end the process
     case 'ingest':
       return ingest(rest);

@@ -20,14 +20,3 @@ export function openStore(cfg: Pick<Config, StoreSettings>, dimension: number): 
   });
 }
 
-/** The store's URL without its password, for logs. */
-export function storeLabel(store: string): string {
-  if (store === 'faiss') return 'faiss';
-  try {
-    const u = new URL(store);
-    if (u.password) u.password = '***';
-    return u.toString();
-  } catch {
-    return 'postgres';
-  }
-}

@@ -31,7 +31,7 @@ import { jsonBody } from './json-body.js';
 import { StructuredOutputs } from './structured.js';
 
 /**
- * `lifecycle`: readiness, draining and each request's AbortSignal (main.ts drains it on SIGTERM);
+ * `lifecycle`: readiness, draining and each request's AbortSignal (serve() drains it on SIGTERM);
  * `logger`: where request lines go (JSON on stdout by default); `admission`: the queue to share (a new one by default).
  */
 export function createApp(service: RagService, opts: { logger?: Logger; lifecycle?: Lifecycle; admission?: Admission } = {}): express.Express {
@@ -42,7 +42,7 @@ export function createApp(service: RagService, opts: { logger?: Logger; lifecycl
   const { cfg } = service;
   const log = opts.logger ?? createLogger(cfg.logLevel);
   const metrics = metricsFor(service);
-  // One queue per process where the library shares its own (index.ts) with the apps it mounts.
+  // One queue per process where the library shares its own (library/ragguard.ts) with the apps it mounts.
   const admission = opts.admission ?? new Admission({ concurrency: cfg.maxConcurrentQueries, maxQueue: cfg.maxQueueLength, timeoutMs: cfg.queueTimeoutMs });
   metrics.addQueue(admission);
   const outputs = new StructuredOutputs(service.engine.runner);

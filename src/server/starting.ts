@@ -73,7 +73,7 @@ export function startingApp(cfg: Config, startup: Startup, log: Logger): express
 
 /**
  * The process' default metrics and the phase, until the service's own registry (metrics.ts) takes over.
- * prom-client is loaded when first asked for: the port opens before it (see serve.ts).
+ * prom-client is loaded when first asked for: the port opens before it (see library/serve.ts).
  */
 async function startingMetrics(startup: Startup): Promise<Registry> {
   const { Gauge, Registry, collectDefaultMetrics } = await import('prom-client');

@@ -9,7 +9,7 @@
 import { readdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Section } from '../retrieval/chunker.js';
-import { FILE_EXTENSIONS, fileDocument, isReadable, UnreadableFileError, UnsupportedFileError } from '../retrieval/files/registry.js';
+import { UnreadableFileError, UnsupportedFileError } from '../retrieval/files/parsed-file.js';
 
 export interface FolderDocument {
   file: string;
@@ -37,6 +37,8 @@ export function docIdFor(rel: string): string | undefined {
 
 /** Walks `root` (sorted, depth first) and reads what it can ingest; `maxBytes`: the largest text a document may have. */
 export async function readFolder(root: string, maxBytes: number): Promise<{ documents: FolderDocument[]; skipped: Skipped[] }> {
+  // The parsers (PDF, DOCX) load with the first folder read, not with the library.
+  const { FILE_EXTENSIONS, fileDocument, isReadable } = await import('../retrieval/files/registry.js');
   const documents: FolderDocument[] = [];
   const skipped: Skipped[] = [];
   const ids = new Map<string, string>();

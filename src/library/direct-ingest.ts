@@ -1,16 +1,14 @@
 /**
- * `ragguard ingest --direct`: documents straight into the index on disk (RAGGUARD_INDEX_DIR), with no
+ * `ingestDirect` (the CLI's `ragguard ingest --direct`): documents straight into the index on disk (RAGGUARD_INDEX_DIR), with no
  * server: the embedder alone is loaded, each document chunked and embedded as the server would, and
  * the snapshot written once, through the store's own transaction (all of the folder or nothing).
  * With the embedded store, only while no server runs on that index: a running server neither sees the
  * new documents nor keeps them (its next write persists its own copy). With RAGGUARD_STORE=postgres://...
  * the batch is one transaction that running servers see at once.
  */
-import { loadConfig } from '../config/config.js';
-import { documentInfo, embedDocument, type EmbeddedDocument } from '../service/documents.js';
-import { Embedder } from '../retrieval/embedder.js';
-import { openStore } from '../retrieval/open-store.js';
+import type { EmbeddedDocument } from '../service/documents.js';
 import type { FolderDocument } from './folder.js';
+import { resolveConfig, type RagguardOptions } from './ragguard.js';
 
 export interface DirectResult {
   created: string[];
@@ -19,8 +17,13 @@ export interface DirectResult {
   indexDir: string;
 }
 
-export async function ingestDirect(documents: readonly FolderDocument[], progress: (done: number, label: string) => void): Promise<DirectResult> {
-  const cfg = loadConfig();
+/** Configured as createRagguard is (`opts.env`: RAGGUARD_* settings; process.env only when passed in). */
+export async function ingestDirect(documents: readonly FolderDocument[], progress: (done: number, label: string) => void, opts: RagguardOptions = {}): Promise<DirectResult> {
+  const cfg = resolveConfig(opts);
+  // The embedder's runtime and the store load here, not with the library (ragguard.ts says why).
+  const [{ documentInfo, embedDocument }, { Embedder }, { openStore }] = await Promise.all([
+    import('../service/documents.js'), import('../retrieval/embedder.js'), import('../retrieval/open-store.js'),
+  ]);
   const embedder = await Embedder.load(cfg.embedderPath, cfg.providers.embedder, { webgpuBufferCache: cfg.webgpuBufferCache });
   const store = await openStore(cfg, embedder.dimension);
   const embedded: (EmbeddedDocument & { file: string })[] = [];
