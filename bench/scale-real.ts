@@ -408,7 +408,7 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
     // The plan a filtered search gets: the store's own statement, its settings (ef_search by c7's size), a real query vector.
     await client.query(searchTransactionSql({ efSearch: cfg.pgEfSearch, statementTimeoutMs: cfg.pgStatementTimeoutMs, collection: 'c7' }));
     const probe = denseStatement(real.queryVectors.subarray(0, DIM), K, { collection: 'c7' });
-    const plan = (await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${probe.text}`, probe.params)).rows
+    const plan = (await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${probe}`)).rows
       .map((r) => r['QUERY PLAN'].trim()).filter((l) => /Scan|Limit|Sort/.test(l)).map((l) => l.replace(/\(cost=[^)]*\)/, '').replace(/'\[[^\]]*\]'/g, '$q'));
     await client.query('COMMIT');
     // Shared-buffer hits and reads (from the OS, or the disk) in the measured window, queries and ingest together:

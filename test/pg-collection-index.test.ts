@@ -85,8 +85,7 @@ async function plan(url: string, collection: string, query: Float32Array): Promi
   await c.connect();
   try {
     await c.query('BEGIN READ ONLY; SET LOCAL hnsw.iterative_scan = relaxed_order; SET LOCAL hnsw.ef_search = 1000');
-    const { text, params } = denseStatement(query, 10, { collection });
-    const { rows } = await c.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${text}`, params);
+    const { rows } = await c.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${denseStatement(query, 10, { collection })}`);
     await c.query('COMMIT');
     return rows.map((r) => r['QUERY PLAN']).join('\n');
   } finally {

@@ -1,29 +1,26 @@
 /**
- * The Postgres store's searches (postgres-store.ts), each run in a search's read-only transaction: dense
- * (pgvector's HNSW scan, filled by an exact scan where a selective filter leaves it short) and lexical
- * (Okapi BM25 in SQL over the collection's own figures, as lexical.ts scores it).
+ * The Postgres store's searches (postgres-store.ts), each a statement run by the store's one-round-trip
+ * search transaction (pg-one-shot.ts), its values written into its text: dense (pgvector's HNSW scan,
+ * filled by an exact scan where a selective filter leaves it short) and lexical (Okapi BM25 in SQL over the
+ * collection's own figures, as lexical.ts scores it).
  */
 import type pg from 'pg';
-import pgvector from 'pgvector';
 import { lexicalTerms } from './lexical.js';
+import { floatLiteral, intLiteral, jsonbLiteral, textArrayLiteral, textLiteral, vectorLiteral } from './pg-one-shot.js';
 import { CHUNK_COLUMNS, toChunk, type ChunkRow } from './pg-rows.js';
 import type { Bm25Params, Hit, SearchFilter } from './retrieval-store.js';
 
-/** Runs a query in a search's transaction (the store's `searching`). */
-export type Searching = <T>(work: (client: pg.PoolClient) => Promise<T>) => Promise<T>;
+/** Runs a search's statement in a search's transaction, one round trip (the store's `searching`): its rows. */
+export type Searching = <R extends pg.QueryResultRow>(statement: string) => Promise<R[]>;
 
-/** The filter as SQL over the chunk alias `c`, its values appended to `params`. */
-function filterSql(filter: SearchFilter, params: unknown[]): string {
-  params.push(filter.collection);
-  const parts = [`c.collection = $${params.length}`];
+/** The filter as SQL over the chunk alias `c`, its values as literals. */
+function filterSql(filter: SearchFilter): string {
+  const parts = [`c.collection = ${textLiteral(filter.collection)}`];
   for (const [field, cond] of Object.entries(filter.metadata ?? {})) {
     const values = typeof cond === 'object' ? cond.in : [cond];
     if (values.length === 0) return 'false';
     // Containment (@>) is what the GIN index answers; JSON keeps 1 and '1' apart, as the embedded store does.
-    const alternatives = values.map((v) => {
-      params.push(JSON.stringify({ [field]: v }));
-      return `c.metadata @> $${params.length}::jsonb`;
-    });
+    const alternatives = values.map((v) => `c.metadata @> ${jsonbLiteral({ [field]: v })}`);
     parts.push(alternatives.length === 1 ? alternatives[0]! : `(${alternatives.join(' OR ')})`);
   }
   return parts.join(' AND ');
@@ -31,37 +28,32 @@ function filterSql(filter: SearchFilter, params: unknown[]): string {
 
 /**
  * The dense search's statement: `order` is the distance (an index may order by it) or an expression no
- * index orders by (an exact scan). The collection is a parameter: the statement is planned with its value,
+ * index orders by (an exact scan). The collection is a literal: the statement is planned with its value,
  * so the planner takes that collection's own HNSW index where there is one (pg-collection-index.ts), else
  * scans the collection's rows through the btree on collection.
  */
-export function denseStatement(query: Float32Array, k: number, filter: SearchFilter, exact = false): { text: string; params: unknown[] } {
-  const params: unknown[] = [pgvector.toSql(Array.from(query)), k];
-  const where = filterSql(filter, params);
-  const order = exact ? '(c.embedding <=> $1::vector) + 0' : 'c.embedding <=> $1::vector';
-  return {
-    text: `WITH nearest AS MATERIALIZED (
-         SELECT c.id, c.embedding <=> $1::vector AS distance FROM ragguard_chunks c WHERE ${where} ORDER BY ${order} LIMIT $2)
+export function denseStatement(query: Float32Array, k: number, filter: SearchFilter, exact = false): string {
+  const vector = vectorLiteral(query);
+  const where = filterSql(filter);
+  const order = exact ? `(c.embedding <=> ${vector}) + 0` : 'distance';
+  return `WITH nearest AS MATERIALIZED (
+         SELECT c.id, c.embedding <=> ${vector} AS distance FROM ragguard_chunks c WHERE ${where} ORDER BY ${order} LIMIT ${intLiteral(k)})
        SELECT ${CHUNK_COLUMNS}, 1 - n.distance AS score
        FROM nearest n JOIN ragguard_chunks c ON c.id = n.id JOIN ragguard_documents d ON d.collection = c.collection AND d.doc_id = c.doc_id
-       ORDER BY n.distance, c.id`,
-    params,
-  };
+       ORDER BY n.distance, c.id`;
 }
 
-/** The k nearest chunks by cosine similarity that pass the filter, best first. */
+/**
+ * The k nearest chunks by cosine similarity that pass the filter, best first. `searching` runs a statement
+ * in a dense search's transaction (ef_search by the collection's size).
+ */
 export async function searchDense(searching: Searching, query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
   if (k <= 0) return [];
-  const rows = await searching(async (client) => {
-    const run = async (exact: boolean) => {
-      const { text, params } = denseStatement(query, k, filter, exact);
-      return (await client.query<ChunkRow>(text, params)).rows;
-    };
-    // The HNSW scan (relaxed order: re-sorted above); the graph may give up before k rows pass a selective filter.
-    const found = await run(false);
-    // An expression the index cannot order by: an exact scan of the rows that pass (via the btree/GIN indexes).
-    return found.length < k ? run(true) : found;
-  });
+  // The HNSW scan (relaxed order: re-sorted above); the graph may give up before k rows pass a selective filter.
+  let rows = await searching<ChunkRow>(denseStatement(query, k, filter));
+  // Then an expression the index cannot order by: an exact scan of the rows that pass (via the btree/GIN
+  // indexes), in a transaction of its own, as it follows from the first one's count.
+  if (rows.length < k) rows = await searching<ChunkRow>(denseStatement(query, k, filter, true));
   return rows.map((r) => ({ chunk: toChunk(r), score: Number(r.score) }));
 }
 
@@ -69,25 +61,25 @@ export async function searchDense(searching: Searching, query: Float32Array, k: 
 export async function searchLexical(searching: Searching, bm25: Bm25Params, query: string, k: number, filter: SearchFilter): Promise<Hit[]> {
   const terms = [...new Set(lexicalTerms(query))];
   if (k <= 0 || terms.length === 0) return [];
-  const params: unknown[] = [terms, bm25.k1, bm25.b, k, filter.collection];
-  const where = filterSql(filter, params);
+  const [termList, k1, b, limit, collection] = [textArrayLiteral(terms), floatLiteral(bm25.k1), floatLiteral(bm25.b), intLiteral(k), textLiteral(filter.collection)];
+  const where = filterSql(filter);
   // Okapi BM25 with Lucene's idf over the collection's chunks (as the embedded store's index of that
   // collection), lengths in distinct terms: every figure is the collection's own.
-  const rows = await searching(async (client) => (await client.query<ChunkRow>(
+  const rows = await searching<ChunkRow>(
     `WITH st AS (
        SELECT chunks::float8 AS n, CASE WHEN chunks > 0 THEN total_terms::float8 / chunks ELSE 1 END AS avgdl
-       FROM ragguard_collection_stats WHERE collection = $5),
-     df AS (SELECT term, count(*)::float8 AS df FROM ragguard_terms WHERE collection = $5 AND term = ANY($1::text[]) GROUP BY term),
+       FROM ragguard_collection_stats WHERE collection = ${collection}),
+     df AS (SELECT term, count(*)::float8 AS df FROM ragguard_terms WHERE collection = ${collection} AND term = ANY(${termList}) GROUP BY term),
      scored AS (
        SELECT t.chunk_id AS id,
-              sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5)) * t.tf * ($2::float8 + 1)
-                  / (t.tf + $2::float8 * (1 - $3::float8 + $3::float8 * c.nterms / st.avgdl))) AS score
+              sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5)) * t.tf * (${k1} + 1)
+                  / (t.tf + ${k1} * (1 - ${b} + ${b} * c.nterms / st.avgdl))) AS score
        FROM ragguard_terms t JOIN df ON df.term = t.term JOIN ragguard_chunks c ON c.id = t.chunk_id CROSS JOIN st
-       WHERE t.collection = $5 AND t.term = ANY($1::text[]) AND ${where}
+       WHERE t.collection = ${collection} AND t.term = ANY(${termList}) AND ${where}
        GROUP BY t.chunk_id
-       ORDER BY score DESC, t.chunk_id LIMIT $4)
+       ORDER BY score DESC, t.chunk_id LIMIT ${limit})
      SELECT ${CHUNK_COLUMNS}, s.score
      FROM scored s JOIN ragguard_chunks c ON c.id = s.id JOIN ragguard_documents d ON d.collection = c.collection AND d.doc_id = c.doc_id
-     ORDER BY s.score DESC, c.id`, params)).rows);
+     ORDER BY s.score DESC, c.id`);
   return rows.map((r) => ({ chunk: toChunk(r), score: Number(r.score) }));
 }

@@ -14,9 +14,10 @@
  *
  * Nothing depends on a session's state: a search is one read-only transaction that makes its settings with
  * SET LOCAL (ef_search, the iterative scan, the statement timeout), so it runs as configured behind a pooler
- * in transaction mode (PgBouncer). The schema is versioned (pg-schema.ts): an open of a current schema only
- * reads, so the server's role needs DML rights alone. The database not answering is StoreUnavailableError
- * (a 503 store_unavailable), never a bug's 500.
+ * in transaction mode (PgBouncer), and the whole transaction is sent as one query: one round trip
+ * (pg-one-shot.ts). The schema is versioned (pg-schema.ts): an open of a current schema only reads, so the
+ * server's role needs DML rights alone. The database not answering is StoreUnavailableError (a 503
+ * store_unavailable), never a bug's 500.
  *
  * Writes are one transaction each (a whole batch, or nothing). Every search is filtered to one collection,
  * and its cost follows that collection, not the store (pg-collection-index.ts): a collection past
@@ -28,16 +29,19 @@
  * up short (a very selective filter), an exact scan of the matching rows fills top_k.
  *
  * Its parts: the schema and its migrations (pg-schema.ts), rows (pg-rows.ts), searches (pg-search.ts),
- * writes (pg-writes.ts), errors (pg-errors.ts), `ragguard migrate` (pg-admin.ts).
+ * writes (pg-writes.ts), transactions (pg-transaction.ts, pg-one-shot.ts), errors (pg-errors.ts), `ragguard
+ * migrate` (pg-admin.ts).
  */
 import pg from 'pg';
 import { grantServerRole, migrateDatabase, schemaOptions } from './pg-admin.js';
 import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
-import { searchTransactionSql } from './pg-search-settings.js';
+import { oneShotSql } from './pg-one-shot.js';
+import { searchTransactionSql, writeTransactionSql } from './pg-search-settings.js';
 import { INSUFFICIENT_PRIVILEGE, isUnavailable, placeOf, RETRY_AFTER_S } from './pg-errors.js';
 import { toChunk, toDocument, CHUNK_COLUMNS, type ChunkRow, type DocumentRow } from './pg-rows.js';
 import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, type MigrateResult } from './pg-schema.js';
 import { searchDense, searchLexical } from './pg-search.js';
+import { oneShot, transaction } from './pg-transaction.js';
 import { applyDelta, deleteDocument, insertDocument, keyOrder, listPlaces, type Delta } from './pg-writes.js';
 import {
   DEFAULT_COLLECTION, DocumentExistsError, StoreUnavailableError,
@@ -94,7 +98,7 @@ export class PostgresStore implements RetrievalStore {
   private countsRead: Promise<StoreCounts> | undefined;
   /** Writes this instance finished (a counts read from before one is not kept). */
   private writes = 0;
-  /** Sent as one statement ahead of a search: its settings, for its transaction only. */
+  /** What opens a search's (one not of a collection's graph) and a write's transaction: their SET LOCALs. */
   private readonly searchPreamble: string;
   private readonly writePreamble: string;
   /** The per-collection indexes known valid (their names), and those wanted, in order of want. */
@@ -121,7 +125,7 @@ export class PostgresStore implements RetrievalStore {
   ) {
     // SET LOCAL for searches and writes alike, so the settings survive transaction pooling (pg-search-settings.ts).
     this.searchPreamble = searchTransactionSql({ efSearch, statementTimeoutMs });
-    this.writePreamble = `BEGIN; SET LOCAL statement_timeout = ${statementTimeoutMs}`;
+    this.writePreamble = writeTransactionSql({ statementTimeoutMs });
   }
 
   get indexDetail(): string {
@@ -220,12 +224,10 @@ export class PostgresStore implements RetrievalStore {
    * dense search of `collection` where given (its ef_search follows the collection's size), else the rest.
    */
   async settings(collection?: string): Promise<{ iterativeScan: string; efSearch: number }> {
-    const read = async (client: pg.PoolClient) => {
-      const { rows } = await client.query<{ s: string; e: string }>(
-        "SELECT current_setting('hnsw.iterative_scan') AS s, current_setting('hnsw.ef_search') AS e");
-      return { iterativeScan: rows[0]!.s, efSearch: Number(rows[0]!.e) };
-    };
-    return collection === undefined ? this.searching(read) : this.searchingDense(collection, read);
+    const read = "SELECT current_setting('hnsw.iterative_scan') AS s, current_setting('hnsw.ef_search') AS e";
+    const rows = collection === undefined ? await this.searching<{ s: string; e: string }>(read)
+      : await this.searchingDense<{ s: string; e: string }>(collection, read);
+    return { iterativeScan: rows[0]!.s, efSearch: Number(rows[0]!.e) };
   }
 
   /**
@@ -356,11 +358,11 @@ export class PostgresStore implements RetrievalStore {
   }
 
   searchDense(query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
-    return searchDense((work) => this.searchingDense(filter.collection, work), query, k, filter);
+    return searchDense((statement) => this.searchingDense(filter.collection, statement), query, k, filter);
   }
 
   searchLexical(query: string, k: number, filter: SearchFilter): Promise<Hit[]> {
-    return searchLexical((work) => this.searching(work), this.bm25, query, k, filter);
+    return searchLexical((statement) => this.searching(statement), this.bm25, query, k, filter);
   }
 
   /**
@@ -458,41 +460,24 @@ export class PostgresStore implements RetrievalStore {
     }
   }
 
-  /** A read-only transaction with the search settings (SET LOCAL), on one pooled connection. */
-  private searching<T>(work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-    return this.transaction(this.searchPreamble, work);
+  /** `statement` in a read-only transaction with the search settings (SET LOCAL): its rows. */
+  private searching<R extends pg.QueryResultRow>(statement: string): Promise<R[]> {
+    return this.guard(() => oneShot(this.pool, oneShotSql(this.searchPreamble, statement)));
   }
 
   /** The same for a dense search of `collection`: ef_search from its size, set in the same round trip. */
-  private searchingDense<T>(collection: string, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-    return this.transaction(searchTransactionSql({ efSearch: this.efSearch, statementTimeoutMs: this.statementTimeoutMs, collection }), work);
+  private searchingDense<R extends pg.QueryResultRow>(collection: string, statement: string): Promise<R[]> {
+    const open = searchTransactionSql({ efSearch: this.efSearch, statementTimeoutMs: this.statementTimeoutMs, collection });
+    return this.guard(() => oneShot(this.pool, oneShotSql(open, statement)));
   }
 
   /** A write's transaction (the statement timeout set for it); the cached counts go stale with it. */
   private async writing<T>(work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
     try {
-      return await this.transaction(this.writePreamble, work);
+      return await this.guard(() => transaction(this.pool, this.writePreamble, work));
     } finally {
       this.writes++;
       this.cachedCounts = undefined;
     }
-  }
-
-  private transaction<T>(begin: string, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-    return this.guard(async () => {
-      const client = await this.pool.connect();
-      try {
-        await client.query(begin);
-        const out = await work(client);
-        await client.query('COMMIT');
-        client.release();
-        return out;
-      } catch (e) {
-        // A connection that failed (or cannot roll back) is dropped, not handed to the next request.
-        const rolledBack = isUnavailable(e) ? false : await client.query('ROLLBACK').then(() => true, () => false);
-        client.release(rolledBack ? undefined : (e as Error));
-        throw e;
-      }
-    });
   }
 }
