@@ -67,7 +67,8 @@ export function vectorLiteral(v: ArrayLike<number>): string {
 /**
  * A whole transaction as one query string: `open` (BEGIN and its SET LOCALs, from pg-search-settings.ts),
  * then `statement`, then COMMIT. Nothing may follow the statement but COMMIT: oneShotRows takes the rows of
- * the result before the last.
+ * the result before the last. The opening's SET LOCAL statement_timeout times each later statement of the
+ * string on its own (PostgreSQL 13 and later), as it did when each was a query of its own.
  */
 export function oneShotSql(open: string, statement: string): string {
   if (statement.trimEnd().endsWith(';')) throw new Error('a one-shot statement ends without a semicolon');
