@@ -117,3 +117,23 @@ test('on a graph where 40 candidates lose neighbours, searches through PgBouncer
     await Promise.all([writer.close(), at40.close(), pooled.close()]);
   }
 });
+
+test('a search that fails through PgBouncer, inside its one query, leaves neither the server connection nor the pool aborted', async () => {
+  const db = dbName(await server.database());
+  const store = await PostgresStore.open(bouncer.url(db), D, { bm25: BM25, efSearch: 400, poolSize: 1, log: quiet });
+  try {
+    const next = seededRandom(7);
+    await store.addBatch(Array.from({ length: 10 }, (_, i) => ({
+      doc: { docId: `d${i}`, title: `t${i}`, bytes: 1 }, chunks: [{ text: `p${i}`, tokens: 1 }], vectors: unit(next),
+    })));
+    const q = unit(next);
+    const want = (await store.searchDense(q, 3, { collection: 'default' })).map((h) => h.chunk.id);
+    // pgvector refuses a vector of another dimension in the search's statement, after BEGIN and the SET LOCALs.
+    await assert.rejects(store.searchDense(new Float32Array(D + 1).fill(0.5), 3, { collection: 'default' }), /different vector dimensions/);
+    assert.deepEqual((await store.searchDense(q, 3, { collection: 'default' })).map((h) => h.chunk.id), want);
+    const all = await Promise.all(Array.from({ length: 8 }, () => store.settings()));
+    for (const s of all) assert.deepEqual(s, { iterativeScan: 'relaxed_order', efSearch: 400 });
+  } finally {
+    await store.close();
+  }
+});
