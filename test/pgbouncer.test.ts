@@ -4,7 +4,8 @@
  * made with SET LOCAL inside the search's own transaction. A session SET does not survive there (shown
  * first: the hazard is real in this setup), and on a graph where 40 candidates lose neighbours the
  * results through the pooler are those of ef_search 400 on a direct connection, not those of 40, and so is
- * their recall against exact search.
+ * their recall against exact search. A search (one query: BEGIN, SET LOCALs, statement, COMMIT) that fails
+ * there is rolled back before its connection is pooled again: the next searches run as configured.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
