@@ -22,15 +22,15 @@ export function gpuZero(sampleMs: number): {
   /** Samples every `sampleMs` until stopped; the highest reading (null without NVML). */
   const peakSampler = () => {
     let peak = used();
-    const t = setInterval(() => {
+    const sample = () => {
       const u = used();
       if (u !== null && (peak === null || u > peak)) peak = u;
-    }, sampleMs);
+    };
+    const t = setInterval(sample, sampleMs);
     return {
       stop: () => {
         clearInterval(t);
-        const u = used();
-        if (u !== null && (peak === null || u > peak)) peak = u;
+        sample();
         return peak;
       },
     };

@@ -23,8 +23,9 @@
  *   collection's own HNSW index (pg-collection-index.ts) built by the store in the background as the
  *   collection passes the threshold (CREATE INDEX CONCURRENTLY while the load goes on), then maintained
  *   online, row by row, as a live cluster's is; after the load, the wait for the builds still running
- *   (index_wait_s), then ANALYZE (autovacuum's, done at once). faiss: as a server ingests (its log, compactions, the HNSW switch,
- *   each batch's insertion into the graph), waiting after each 10,000 rows for the background work.
+ *   (index_wait_s), then ANALYZE (autovacuum's, done at once). faiss: as a server ingests (its log,
+ *   compactions, the HNSW switch, each batch's insertion into the graph), waiting after each 10,000 rows for
+ *   the background work.
  * - Measured: BENCH_SCALE_REAL_CLIENTS (16) query clients, each sending its next query when the last is
  *   answered, while one ingest client adds a document of 4 new rows (the same generator, in the collections
  *   in turn) per addBatch, back to back, for BENCH_SCALE_REAL_SECONDS (60) after BENCH_SCALE_REAL_WARMUP_S (5)
@@ -40,7 +41,8 @@
  * Postgres: BENCH_SCALE_PG_URL, else a server started by scripts/postgres.sh (bench/pg-bench-server.ts) with
  * BENCH_SCALE_PG_SHARED_BUFFERS (a quarter of the machine's memory, PostgreSQL's usual start for a dedicated
  * server: at 1M the 2.0 GB of HNSW indexes and the rows they lead to stay in it; at 2GB the p99 was 270 ms
- * against 86) and BENCH_SCALE_PG_MAX_WAL_SIZE (4GB: the 1M database takes about 11 GB of disk beside its WAL). Stores: BENCH_SCALE_REAL_STORES (postgres,faiss), one at a time.
+ * against 86) and BENCH_SCALE_PG_MAX_WAL_SIZE (4GB: the 1M database takes about 11 GB of disk beside its
+ * WAL). Stores: BENCH_SCALE_REAL_STORES (postgres,faiss), one at a time.
  * Each store prints one JSON line; the last line of stdout sums them up with the issue's goals: recall@10
  * >= 0.95 in every collection at query p95 <= 50 ms under the 16 clients, ingest p95 <= 200 ms. Run with
  * nice on a shared machine.

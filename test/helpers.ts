@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after } from 'node:test';
 import { loadConfig, type Config } from '../src/config/config.js';
-import type { AddressInfo } from 'node:net';
+import { createServer, type AddressInfo } from 'node:net';
 import type { RagService } from '../src/service/rag.js';
 import { gatedRun } from '../src/runtime/run-gate.js';
 
@@ -168,4 +168,16 @@ export async function serveApp(service: RagService): Promise<{ base: string; clo
       await service.close();
     },
   };
+}
+
+/** A port free on loopback now (the OS's pick), for a process a test starts (a collector, a pooler). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address() as AddressInfo;
+      s.close(() => resolve(port));
+    });
+  });
 }

@@ -10,11 +10,11 @@
  */
 import { execFile, spawn } from 'node:child_process';
 import { chmod, chown, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
+import { freePort } from './helpers.js';
 
 const run = promisify(execFile);
 
@@ -32,17 +32,6 @@ async function binary(): Promise<string> {
     if (await run(b, ['--version']).then(() => true, () => false)) return b;
   }
   throw new Error('pgbouncer is not installed: run npm run setup (it installs Debian\'s pgbouncer), or apt-get install pgbouncer');
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
 }
 
 /** Whether a statement goes through `url` (tried up to 600 times, 100 ms apart: a daemon still starting, on a loaded machine). */

@@ -15,7 +15,7 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { readFile, writeFile } from 'node:fs/promises';
 import http from 'node:http';
-import net from 'node:net';
+import type net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadConfig } from '../src/config/config.js';
@@ -23,7 +23,7 @@ import { activeContext, inSpan, startSpan, startTracing, stopTracing, tracingOn 
 import { createApp } from '../src/server/app.js';
 import { traceRequests } from '../src/server/request-trace.js';
 import { RagService } from '../src/service/rag.js';
-import { ROOT, smallCorpus, sseEvents, startServer, tempDir, testConfig } from './helpers.js';
+import { freePort, ROOT, smallCorpus, sseEvents, startServer, tempDir, testConfig } from './helpers.js';
 
 describe('tracing configuration', () => {
   test('off by default: no endpoint, nothing loaded, every helper runs its work as it is', async () => {
@@ -67,15 +67,6 @@ before(() => {
   }
   assert.equal(r.status, 0, `scripts/fetch-otelcol.sh failed:\n${r.stderr}`);
   otelcol = /^OTELCOL=(.+)$/m.exec(r.stdout)![1]!;
-});
-
-const freePort = () => new Promise<number>((resolve, reject) => {
-  const s = net.createServer();
-  s.once('error', reject);
-  s.listen(0, '127.0.0.1', () => {
-    const { port } = s.address() as net.AddressInfo;
-    s.close(() => resolve(port));
-  });
 });
 
 interface Collector {
