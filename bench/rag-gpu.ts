@@ -73,7 +73,7 @@ import { DEFAULT_TEMPLATE } from '../src/generate/prompt.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { gpuName } from './gpu-common.js';
 import { gpuZero } from './gpu-usage.js';
-import { closedLoop, freePort, getJson, post as postWithin, type SseEvent, type StreamReply } from './http-client.js';
+import { closedLoop, freePort, getJson, post, type SseEvent, type StreamReply } from './http-client.js';
 import { deviceFigures, diff, guardCounts, metrics, waitIdle } from './server-reports.js';
 import { parseQuestions, type Question } from './questions.js';
 import { startServerProcess, type ServerProcess } from './server-process.js';
@@ -91,9 +91,6 @@ const QUESTION_LIMIT = Number(env['BENCH_RAG_GPU_QUESTIONS'] ?? (STANDIN ? 4 : I
 const SETTLE_MS = Number(env['BENCH_RAG_GPU_SETTLE_MS'] ?? 1000);
 const SAMPLE_MS = 50;
 const REQUEST_TIMEOUT_MS = Number(env['BENCH_RAG_GPU_REQUEST_TIMEOUT_MS'] ?? 120_000);
-/** A streamed POST (http-client.ts) that gives up after REQUEST_TIMEOUT_MS. */
-const post = (port: number, route: string, body: unknown, isToken: (e: SseEvent) => boolean): Promise<StreamReply> =>
-  postWithin(port, route, body, isToken, REQUEST_TIMEOUT_MS);
 const DEADLINE_S = Number(env['BENCH_RAG_GPU_DEADLINE_S'] ?? (STANDIN ? 1800 : 540));
 /** The stand-in run makes its own stand-ins (scripts/gpu/llama-standin.sh) where LLAMA_BIN is not given. */
 const LLAMA_BIN = env['LLAMA_BIN'] ?? (STANDIN ? standIns() : '');
@@ -273,7 +270,7 @@ async function main(): Promise<number> {
 
     // The question set, once, at the lowest level: the warm-up.
     const qs = await closedLoop(questions.length, Math.min(...LEVELS), async (i) =>
-      parseOurs(await post(port, '/query', queryBody({ i, q: questions[i]!, rerankTopN: undefined, maxNewTokens: undefined }), ourToken)));
+      parseOurs(await post(port, '/query', queryBody({ i, q: questions[i]!, rerankTopN: undefined, maxNewTokens: undefined }), ourToken, REQUEST_TIMEOUT_MS)));
     summary['question_set'] = { split: SPLIT, card, ...summarise(qs.results, qs.seconds), errors: errorCodes(qs.results) };
     console.error(`bench:rag-gpu: question set ${JSON.stringify(summary['question_set'])}`);
 
@@ -284,7 +281,7 @@ async function main(): Promise<number> {
       const before = gpuUsed();
       const m0 = await metrics(port);
       const sampler = peakSampler();
-      const burst = await closedLoop(REQUESTS, c, async (i) => parseOurs(await post(port, '/query', queryBody(specs[i]!), ourToken)));
+      const burst = await closedLoop(REQUESTS, c, async (i) => parseOurs(await post(port, '/query', queryBody(specs[i]!), ourToken, REQUEST_TIMEOUT_MS)));
       const peak = sampler.stop();
       const idle = await waitIdle(port);
       await sleep(SETTLE_MS);
@@ -328,7 +325,7 @@ async function main(): Promise<number> {
     const refusedSamples: unknown[] = [];
     for (const [i, rs] of refused.slice(0, 16)) {
       await waitIdle(port);
-      const alone = parseOurs(await post(port, '/query', queryBody(specs[i]!, false), () => false));
+      const alone = parseOurs(await post(port, '/query', queryBody(specs[i]!, false), () => false, REQUEST_TIMEOUT_MS));
       const n = rs.filter((r) => REFUSALS.has(r.status)).length;
       if (alone.status === 200) wouldFit += n;
       if (refusedSamples.length < 4) refusedSamples.push({ request: i, under_load: rs.filter((r) => REFUSALS.has(r.status)).map((r) => ({ status: r.status, code: r.code, ...r.errorDetails })), alone: alone.status });
@@ -443,7 +440,7 @@ async function peer(specs: Spec[], ours: Map<number, OurReply[]>, levels: Record
         } catch {
           return false;
         }
-      });
+      }, REQUEST_TIMEOUT_MS);
       let usage: { prompt_tokens?: number; completion_tokens?: number } | undefined;
       let pieces = 0;
       for (const e of r.events) {
