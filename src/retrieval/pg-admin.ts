@@ -1,4 +1,4 @@
-/** `ragguard migrate` against the Postgres store's database (cli/migrate.ts; postgres-store.ts re-exports these). */
+/** `ragguard migrate` against the Postgres store's database (library/migrate.ts; postgres-store.ts re-exports these). */
 import pg from 'pg';
 import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionsWanting } from './pg-collection-index.js';
 import { migrate, type MigrateResult } from './pg-schema.js';
