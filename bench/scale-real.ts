@@ -59,7 +59,7 @@ import { FaissStore } from '../src/retrieval/faiss-store.js';
 import { CHUNKS_PER_CANDIDATE, COLLECTION_INDEX_ROWS, EF_SEARCH_MIN } from '../src/retrieval/pg-collection-index.js';
 import { denseStatement } from '../src/retrieval/pg-search.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
-import { searchTransactionSql } from '../src/retrieval/pg-search-settings.js';
+import { searchSettingsSql } from '../src/retrieval/pg-search-settings.js';
 import type { Hit, NewDocument, RetrievalStore } from '../src/retrieval/retrieval-store.js';
 import { seededRandom } from '../src/generate/sampler.js';
 import { embedDocument } from '../src/service/documents.js';
@@ -408,7 +408,7 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
     await client.query('ANALYZE');
     const analyzeS = (now() - t1) / 1000;
     // The plan a filtered search gets: the store's own statement, its settings (ef_search by c7's size), a real query vector.
-    await client.query(searchTransactionSql({ efSearch: cfg.pgEfSearch, statementTimeoutMs: cfg.pgStatementTimeoutMs, collection: 'c7' }));
+    await client.query(`BEGIN; ${searchSettingsSql({ efSearch: cfg.pgEfSearch, statementTimeoutMs: cfg.pgStatementTimeoutMs, collection: 'c7' })}`);
     const probe = denseStatement(real.queryVectors.subarray(0, DIM), K, { collection: 'c7' });
     const plan = (await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${probe}`)).rows
       .map((r) => r['QUERY PLAN'].trim()).filter((l) => /Scan|Limit|Sort/.test(l)).map((l) => l.replace(/\(cost=[^)]*\)/, '').replace(/'\[[^\]]*\]'/g, '$q'));

@@ -131,6 +131,8 @@ test('a collection past the threshold gets its own HNSW index, which its searche
     const q = topical(next);
     const big = await plan(url, 'big', q);
     assert.match(big, new RegExp(`Index Scan using ${collectionIndexName('big')}`), big);
+    // One scan of the chunks: the planner weighs every partial index once per reference to the table.
+    assert.equal(big.match(/ on ragguard_chunks\b/g)?.length, 1, big);
     const small = await plan(url, 'small', q);
     assert.doesNotMatch(small, /ragguard_chunks_hnsw_/, small);
     assert.match(small, /ragguard_chunks_document/, `the small collection is read through the btree on collection:\n${small}`);

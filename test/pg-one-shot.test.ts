@@ -12,7 +12,7 @@ import { seededRandom } from '../src/generate/sampler.js';
 import {
   float32Text, floatLiteral, intLiteral, jsonbLiteral, oneShotRows, oneShotSql, textArrayLiteral, textLiteral, vectorLiteral,
 } from '../src/retrieval/pg-one-shot.js';
-import { searchTransactionSql, writeTransactionSql } from '../src/retrieval/pg-search-settings.js';
+import { searchSettingsSql, writeTransactionSql } from '../src/retrieval/pg-search-settings.js';
 
 /** A float32 from its 32 bits. */
 function fromBits(bits: number): number {
@@ -85,21 +85,27 @@ test('strings go through escapeLiteral: a quote and a backslash cannot end the l
   assert.throws(() => textLiteral(5 as unknown as string), TypeError);
 });
 
-test('the transactions\' openings: SET LOCALs with checked integers, the collection escaped', () => {
+test('the settings: local set_configs with checked integers, the collection escaped; a write\'s opening', () => {
   assert.equal(writeTransactionSql({ statementTimeoutMs: 30_000 }), 'BEGIN; SET LOCAL statement_timeout = 30000');
   assert.throws(() => writeTransactionSql({ statementTimeoutMs: NaN }), RangeError);
-  assert.throws(() => searchTransactionSql({ efSearch: 1.5, statementTimeoutMs: 0 }), RangeError);
-  const open = searchTransactionSql({ efSearch: 400, statementTimeoutMs: 100, collection: "a'b" });
-  assert.match(open, /^BEGIN READ ONLY; SET LOCAL hnsw.iterative_scan = relaxed_order; SET LOCAL hnsw.ef_search = 400; SET LOCAL statement_timeout = 100; SELECT set_config/);
-  assert.match(open, /WHERE collection = 'a''b'$/);
+  assert.throws(() => searchSettingsSql({ efSearch: 1.5, statementTimeoutMs: 0 }), RangeError);
+  assert.throws(() => searchSettingsSql({ efSearch: 400, statementTimeoutMs: -1.5 }), RangeError);
+  const plain = searchSettingsSql({ efSearch: 400, statementTimeoutMs: 100 });
+  assert.match(plain, /^SELECT set_config\('transaction_read_only', 'on', true\), set_config\('hnsw.iterative_scan', 'relaxed_order', true\), /);
+  assert.match(plain, /set_config\('hnsw.ef_search', '400', true\), set_config\('statement_timeout', '100', true\)$/);
+  const open = searchSettingsSql({ efSearch: 400, statementTimeoutMs: 100, collection: "a'b" });
+  assert.match(open, /FROM ragguard_collection_stats WHERE collection = 'a''b'\), 400\)::text, true\)/);
+  assert.doesNotMatch(open, /;/);
 });
 
-test('a one-shot transaction is its opening, the statement and COMMIT; its rows are the statement\'s', () => {
-  assert.equal(oneShotSql('BEGIN READ ONLY', 'SELECT 1'), 'BEGIN READ ONLY; SELECT 1; COMMIT');
-  assert.throws(() => oneShotSql('BEGIN', 'SELECT 1;'));
+test('a one-shot search is its settings and the statement; its rows are the statement\'s', () => {
+  assert.equal(oneShotSql('SELECT 0', 'SELECT 1'), 'SELECT 0; SELECT 1');
+  assert.throws(() => oneShotSql('SELECT 0', 'SELECT 1;'));
   const result = (command: string, rows: { n: number }[]) => ({ command, rows, rowCount: rows.length, oid: 0, fields: [] }) as pg.QueryResult<{ n: number }>;
-  const sent = [result('BEGIN', []), result('SET', []), result('SELECT', [{ n: 9 }]), result('SELECT', [{ n: 1 }, { n: 2 }]), result('COMMIT', [])];
+  const sent = [result('SELECT', [{ n: 9 }]), result('SELECT', [{ n: 1 }, { n: 2 }])];
   assert.deepEqual(oneShotRows(sent), [{ n: 1 }, { n: 2 }]);
-  assert.throws(() => oneShotRows(sent.slice(0, -1)), /did not end as sent/);
-  assert.throws(() => oneShotRows(result('SELECT', [])), /did not end as sent/);
+  assert.throws(() => oneShotRows(sent.slice(0, 1)), /did not run as sent/);
+  assert.throws(() => oneShotRows(result('SELECT', [])), /did not run as sent/);
+  assert.throws(() => oneShotRows([result('SELECT', []), result('SELECT', [{ n: 1 }])]), /did not run as sent/);
+  assert.throws(() => oneShotRows([...sent, result('SELECT', [])]), /did not run as sent/);
 });

@@ -1,7 +1,8 @@
 /**
  * The Postgres store's searches as one round trip each, on a real PostgreSQL: a dense search, a lexical one
- * and a settings read are each one query sent on one connection (BEGIN, SET LOCALs, the statement and
- * COMMIT in one string), an exact fill after a short HNSW scan one more; the values written into that
+ * and a settings read are each one query sent on one connection (a SELECT of local set_configs and the
+ * statement in one string: one implicit transaction), an exact fill after a short HNSW scan one more; the
+ * settings hold for that transaction alone, read only included; the values written into that
  * string (the query vector, a collection's name, a metadata value, with quotes and backslashes) arrive as
  * sent, select the right rows and inject nothing; and a search that fails (an error in the middle of the
  * string, a statement timeout) leaves nothing behind: the next search on a pool of one connection works.
@@ -12,7 +13,8 @@ import pg from 'pg';
 import pgvector from 'pgvector';
 import { seededRandom } from '../src/generate/sampler.js';
 import { normalize } from '../src/retrieval/embedder.js';
-import { vectorLiteral } from '../src/retrieval/pg-one-shot.js';
+import { oneShotSql, vectorLiteral } from '../src/retrieval/pg-one-shot.js';
+import { searchSettingsSql } from '../src/retrieval/pg-search-settings.js';
 import { PostgresStore } from '../src/retrieval/postgres-store.js';
 import type { NewDocument } from '../src/retrieval/retrieval-store.js';
 import { startTestPostgres, type TestPostgres } from './postgres.js';
@@ -85,7 +87,7 @@ test('a dense search, a lexical search and a settings read are one query each; a
     });
     assert.equal(hits.length, 5);
     assert.equal(dense.length, 1, `one query, not ${dense.length}: ${dense.map((s) => s.slice(0, 40)).join(' | ')}`);
-    assert.match(dense[0]!, /^BEGIN READ ONLY; SET LOCAL .*set_config\('hnsw\.ef_search'.*; WITH nearest AS MATERIALIZED .*; COMMIT$/s);
+    assert.match(dense[0]!, /^SELECT set_config\('transaction_read_only', 'on', true\), .*set_config\('hnsw\.ef_search'.*; WITH nearest AS MATERIALIZED .*ORDER BY c\.distance, c\.id$/s);
     const lexical = await queriesDuring(async () => {
       hits = await store.searchLexical('zorblax', 5, { collection: 'a' });
     });
@@ -161,11 +163,11 @@ test('after a search fails inside its one query, the next on the same connection
     const want = (await store.searchDense(q, 3, { collection: 'a' })).map((h) => h.chunk.id);
     const before = await backends();
     assert.equal(before.length, 1);
-    // A vector of another dimension: pgvector refuses it in the search's statement, after BEGIN and the SET LOCALs ran.
+    // A vector of another dimension: pgvector refuses it in the search's statement, after its settings ran.
     await assert.rejects(store.searchDense(new Float32Array(3).fill(0.5), 3, { collection: 'a' }), /different vector dimensions/);
     assert.deepEqual((await store.searchDense(q, 3, { collection: 'a' })).map((h) => h.chunk.id), want);
     assert.deepEqual((await store.searchLexical('zorblax', 3, { collection: 'a' })).length, 3);
-    assert.deepEqual(await backends(), before, 'the same connection, rolled back and pooled again');
+    assert.deepEqual(await backends(), before, 'the same connection, pooled again');
   } finally {
     await store.close();
   }
@@ -190,4 +192,25 @@ test('after a search\'s statement timeout, the next search on the same pool work
   } finally {
     await store.close();
   }
+});
+
+test('a search\'s settings hold for its one query alone: read only there, the session\'s own after it', async () => {
+  const url = await server.database();
+  const store = await PostgresStore.open(url, D, { bm25: BM25, poolSize: 1, log: quiet });
+  await store.close(); // the schema, made
+  await withAdmin(url, async (c) => {
+    const show = async () => (await c.query<{ ro: string; ef: string; it: string; st: string }>(
+      "SELECT current_setting('transaction_read_only') AS ro, current_setting('hnsw.ef_search') AS ef, " +
+      "current_setting('hnsw.iterative_scan') AS it, current_setting('statement_timeout') AS st")).rows[0]!;
+    await c.query('LOAD \'vector\'');
+    const session = await show();
+    const settings = searchSettingsSql({ efSearch: 321, statementTimeoutMs: 4_321, collection: 'nowhere' });
+    const inside = await c.query(oneShotSql(settings, "SELECT current_setting('transaction_read_only') AS ro, " +
+      "current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS it, current_setting('statement_timeout') AS st")) as unknown as pg.QueryResult[];
+    assert.deepEqual(inside[1]!.rows[0], { ro: 'on', ef: '321', it: 'relaxed_order', st: '4321ms' });
+    await assert.rejects(c.query(oneShotSql(settings, "INSERT INTO ragguard_collection_stats (collection) VALUES ('x')")), /read-only transaction/);
+    assert.deepEqual(await show(), session);
+    assert.equal(session.ro, 'off');
+    assert.notEqual(session.ef, '321');
+  });
 });

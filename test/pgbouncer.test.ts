@@ -1,11 +1,11 @@
 /**
  * The Postgres store behind a real PgBouncer in transaction pooling mode (test/pgbouncer.ts): a search
  * runs at the configured hnsw.ef_search (400), not at pgvector's default 40, because its settings are
- * made with SET LOCAL inside the search's own transaction. A session SET does not survive there (shown
+ * made local to the search's own transaction (set_config(..., true), as SET LOCAL). A session SET does not survive there (shown
  * first: the hazard is real in this setup), and on a graph where 40 candidates lose neighbours the
  * results through the pooler are those of ef_search 400 on a direct connection, not those of 40, and so is
- * their recall against exact search. A search (one query: BEGIN, SET LOCALs, statement, COMMIT) that fails
- * there is rolled back before its connection is pooled again: the next searches run as configured.
+ * their recall against exact search. A search (one query, one implicit transaction: its settings, its
+ * statement) that fails there leaves nothing open: the next searches run as configured.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -129,7 +129,7 @@ test('a search that fails through PgBouncer, inside its one query, leaves neithe
     })));
     const q = unit(next);
     const want = (await store.searchDense(q, 3, { collection: 'default' })).map((h) => h.chunk.id);
-    // pgvector refuses a vector of another dimension in the search's statement, after BEGIN and the SET LOCALs.
+    // pgvector refuses a vector of another dimension in the search's statement, after its settings.
     await assert.rejects(store.searchDense(new Float32Array(D + 1).fill(0.5), 3, { collection: 'default' }), /different vector dimensions/);
     assert.deepEqual((await store.searchDense(q, 3, { collection: 'default' })).map((h) => h.chunk.id), want);
     const all = await Promise.all(Array.from({ length: 8 }, () => store.settings()));

@@ -62,13 +62,12 @@ export function collectionEfSearchExpr(chunks: string, most: number): string {
 }
 
 /**
- * The statement (for a search's transaction, after hnsw.ef_search is set to `most`) that sets the rule's
- * ef_search for the collection from its row of ragguard_collection_stats, read in the same round trip; a
- * collection without one keeps `most`. `literal`: the collection's name as an escaped SQL literal.
+ * The rule's ef_search for a collection (`literal`: its name as an escaped SQL literal) as an SQL integer
+ * expression, read from its row of ragguard_collection_stats in the search's own round trip; a collection
+ * without one keeps `most`.
  */
-export function collectionEfSearchSql(literal: string, most: number): string {
-  return `SELECT set_config('hnsw.ef_search', ${collectionEfSearchExpr('chunks', most)}::text, true) ` +
-    `FROM ragguard_collection_stats WHERE collection = ${literal}`;
+export function collectionEfSearchValue(literal: string, most: number): string {
+  return `coalesce((SELECT ${collectionEfSearchExpr('chunks', most)} FROM ragguard_collection_stats WHERE collection = ${literal}), ${Number(most)})`;
 }
 
 export interface HnswBuild {

@@ -1,8 +1,8 @@
 /**
- * A Postgres search as one round trip (postgres-store.ts): its whole transaction, BEGIN READ ONLY, the
- * SET LOCALs, the search's statement and COMMIT, is one simple-protocol query string. A transaction of
- * several round trips keeps its connection "idle in transaction" while Node turns between them, and
- * under load that wait, not the search, held the connections (bench:scale-real at 20k chunks: 1.1
+ * A Postgres search as one round trip (postgres-store.ts): its settings and its statement are one
+ * simple-protocol query string, run as one transaction. A transaction of several round trips keeps its
+ * connection "idle in transaction" while Node turns between them, and under load that wait, not the
+ * search, held the connections (bench:scale-real at 20k chunks: 1.1
  * connections executing a search on average, 5.5 idle in transaction). The simple protocol takes no bind
  * parameters, so a search's values are written into its text here, each by one writer: strings through
  * pg's escapeLiteral only, numbers checked finite (integers where an integer is meant) before they are
@@ -65,23 +65,22 @@ export function vectorLiteral(v: ArrayLike<number>): string {
 }
 
 /**
- * A whole transaction as one query string: `open` (BEGIN and its SET LOCALs, from pg-search-settings.ts),
- * then `statement`, then COMMIT. Nothing may follow the statement but COMMIT: oneShotRows takes the rows of
- * the result before the last. The opening's SET LOCAL statement_timeout times each later statement of the
- * string on its own (PostgreSQL 13 and later), as it did when each was a query of its own.
+ * A search as one query string: `settings` (one SELECT of local set_configs, pg-search-settings.ts), then
+ * `statement`. PostgreSQL runs the statements of a multi-statement query as one implicit transaction: it
+ * commits after the last, or ends at a failed one (the rest skipped, nothing left open on the connection).
+ * Nothing may follow the statement: oneShotRows takes the last result's rows. The settings' statement_timeout
+ * times the statement on its own (PostgreSQL 13 and later time each statement of a query).
  */
-export function oneShotSql(open: string, statement: string): string {
+export function oneShotSql(settings: string, statement: string): string {
   if (statement.trimEnd().endsWith(';')) throw new Error('a one-shot statement ends without a semicolon');
-  return `${open}; ${statement}; COMMIT`;
+  return `${settings}; ${statement}`;
 }
 
-/** The rows of a one-shot transaction's statement, from what pg returns for a multi-statement query. */
+/** The rows of a one-shot search's statement, from what pg returns for the two-statement query. */
 export function oneShotRows<R extends pg.QueryResultRow>(results: pg.QueryResult<R> | pg.QueryResult<R>[]): R[] {
   const all = Array.isArray(results) ? results : [results];
-  const last = all[all.length - 1];
-  const statement = all[all.length - 2];
-  if (last?.command !== 'COMMIT' || statement === undefined) {
-    throw new Error(`a one-shot transaction did not end as sent (its last commands: ${all.slice(-2).map((r) => r.command).join(', ')})`);
+  if (all.length !== 2 || all[0]!.command !== 'SELECT' || all[0]!.rowCount !== 1) {
+    throw new Error(`a one-shot search did not run as sent (its results: ${all.map((r) => `${r.command} ${r.rowCount}`).join(', ')})`);
   }
-  return statement.rows;
+  return all[1]!.rows;
 }

@@ -22,7 +22,10 @@ export interface DocumentRow {
   chunk_ids: (string | number)[];
 }
 
+/** A ChunkRow's columns (but score) over chunks (or a set of their columns) `c` and documents `d`. */
 export const CHUNK_COLUMNS = 'c.id, c.collection, c.doc_id, d.title, c.ord, c.text, c.tokens, c.locator';
+/** The columns of CHUNK_COLUMNS that ragguard_chunks `c` holds. */
+export const CHUNK_TABLE_COLUMNS = 'c.id, c.collection, c.doc_id, c.ord, c.text, c.tokens, c.locator';
 
 export function toChunk(r: ChunkRow): StoredChunk {
   return {

@@ -12,8 +12,8 @@
  * retrieval quality does not depend on the store, and one tenant's writes never move another's scores;
  * ts_rank is not BM25 (no idf, no length normalisation of that form) and would rank differently.
  *
- * Nothing depends on a session's state: a search is one read-only transaction that makes its settings with
- * SET LOCAL (ef_search, the iterative scan, the statement timeout), so it runs as configured behind a pooler
+ * Nothing depends on a session's state: a search is one read-only transaction that makes its settings local
+ * to it (ef_search, the iterative scan, the statement timeout), so it runs as configured behind a pooler
  * in transaction mode (PgBouncer), and the whole transaction is sent as one query: one round trip
  * (pg-one-shot.ts). The schema is versioned (pg-schema.ts): an open of a current schema only reads, so the
  * server's role needs DML rights alone. The database not answering is StoreUnavailableError (a 503
@@ -36,7 +36,7 @@ import pg from 'pg';
 import { grantServerRole, migrateDatabase, schemaOptions } from './pg-admin.js';
 import { buildCollectionIndex, COLLECTION_INDEX_ROWS, collectionIndexName, validCollectionIndexes } from './pg-collection-index.js';
 import { oneShotSql } from './pg-one-shot.js';
-import { searchTransactionSql, writeTransactionSql } from './pg-search-settings.js';
+import { searchSettingsSql, writeTransactionSql } from './pg-search-settings.js';
 import { INSUFFICIENT_PRIVILEGE, isUnavailable, placeOf, RETRY_AFTER_S } from './pg-errors.js';
 import { toChunk, toDocument, CHUNK_COLUMNS, type ChunkRow, type DocumentRow } from './pg-rows.js';
 import { SchemaBehindError, SCHEMA_VERSION, migrate, schemaVersion, type MigrateResult } from './pg-schema.js';
@@ -98,8 +98,8 @@ export class PostgresStore implements RetrievalStore {
   private countsRead: Promise<StoreCounts> | undefined;
   /** Writes this instance finished (a counts read from before one is not kept). */
   private writes = 0;
-  /** What opens a search's (one not of a collection's graph) and a write's transaction: their SET LOCALs. */
-  private readonly searchPreamble: string;
+  /** A search's settings (one not of a collection's graph) and what opens a write's transaction. */
+  private readonly searchSettings: string;
   private readonly writePreamble: string;
   /** The per-collection indexes known valid (their names), and those wanted, in order of want. */
   private indexed = new Set<string>();
@@ -123,8 +123,8 @@ export class PostgresStore implements RetrievalStore {
     private readonly url: string,
     private readonly indexOpts: { rows: number; hnswM: number; hnswEfConstruction: number; log: (message: string) => void },
   ) {
-    // SET LOCAL for searches and writes alike, so the settings survive transaction pooling (pg-search-settings.ts).
-    this.searchPreamble = searchTransactionSql({ efSearch, statementTimeoutMs });
+    // Local to the transaction for searches and writes alike, so they survive transaction pooling (pg-search-settings.ts).
+    this.searchSettings = searchSettingsSql({ efSearch, statementTimeoutMs });
     this.writePreamble = writeTransactionSql({ statementTimeoutMs });
   }
 
@@ -460,15 +460,15 @@ export class PostgresStore implements RetrievalStore {
     }
   }
 
-  /** `statement` in a read-only transaction with the search settings (SET LOCAL): its rows. */
+  /** `statement` in a read-only transaction with the search settings (local to it): its rows. */
   private searching<R extends pg.QueryResultRow>(statement: string): Promise<R[]> {
-    return this.guard(() => oneShot(this.pool, oneShotSql(this.searchPreamble, statement)));
+    return this.guard(() => oneShot(this.pool, oneShotSql(this.searchSettings, statement)));
   }
 
   /** The same for a dense search of `collection`: ef_search from its size, set in the same round trip. */
   private searchingDense<R extends pg.QueryResultRow>(collection: string, statement: string): Promise<R[]> {
-    const open = searchTransactionSql({ efSearch: this.efSearch, statementTimeoutMs: this.statementTimeoutMs, collection });
-    return this.guard(() => oneShot(this.pool, oneShotSql(open, statement)));
+    const settings = searchSettingsSql({ efSearch: this.efSearch, statementTimeoutMs: this.statementTimeoutMs, collection });
+    return this.guard(() => oneShot(this.pool, oneShotSql(settings, statement)));
   }
 
   /** A write's transaction (the statement timeout set for it); the cached counts go stale with it. */
