@@ -31,6 +31,16 @@ test('every float32 is written in at most 9 significant digits that read back to
   for (let i = 0; i < 200_000; i++) samples.push(fromBits(Math.floor(next() * 2 ** 32)));
   // Unit-sphere components, as an embedder writes them.
   for (let i = 0; i < 100_000; i++) samples.push(Math.fround((next() * 2 - 1) / 8));
+  // The float32s next to each power of ten and each edge of the integer path's range (1e-6, 1e8), both signs.
+  const bits = new Uint32Array(1);
+  const asFloat = new Float32Array(bits.buffer);
+  for (let k = -8; k <= 9; k++) {
+    for (const sign of [1, -1]) {
+      asFloat[0] = sign * 10 ** k;
+      const at = bits[0]!;
+      for (let j = -40; j <= 40; j++) samples.push(fromBits(at + j));
+    }
+  }
   for (const x of samples) {
     const f = Math.fround(x);
     if (!Number.isFinite(f)) continue;
