@@ -101,6 +101,17 @@ test('ragguard migrate as the owner; the server role with DML rights only opens,
   assert.deepEqual([report.from, report.to, report.applied.length, report.granted], [0, SCHEMA_VERSION, MIGRATIONS.length, APP]);
   const again = await ragguard(['migrate', '--store', ownerUrl, '--json']);
   assert.deepEqual(JSON.parse(again.stdout).applied, [], 'a second run has nothing to do');
+  // A dimension the database's vectors do not have is refused (a migration does not change it), as is one out of range.
+  const other = await ragguard(['migrate', '--store', ownerUrl, '--dimension', String(D + 1)]);
+  assert.equal(other.code, 2, other.stderr);
+  assert.match(other.stderr, new RegExp(`vectors have ${D} dimensions, not ${D + 1}`));
+  const same = await ragguard(['migrate', '--store', ownerUrl, '--dimension', String(D), '--json']);
+  assert.equal(same.code, 0, same.stderr);
+  for (const bad of ['abc', '0', '16001', '2.5']) {
+    const r = await ragguard(['migrate', '--store', ownerUrl, '--dimension', bad]);
+    assert.equal(r.code, 2, `${bad}: ${r.stderr}`);
+    assert.match(r.stderr, new RegExp(`integer in 1\\.\\.16000, got "${bad.replace('.', '\\.')}"`));
+  }
 
   const app = new pg.Client({ connectionString: appUrl });
   await app.connect();

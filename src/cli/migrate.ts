@@ -15,12 +15,7 @@ export async function migrateCommand(args: string[]): Promise<number> {
     options: { store: { type: 'string' }, dimension: { type: 'string' }, json: { type: 'boolean' }, status: { type: 'boolean' }, grant: { type: 'string' } },
   });
   if (positionals.length > 0) throw new MigrateUsageError('migrate takes no arguments besides its options');
-  let dimension: number | undefined;
-  if (values.dimension !== undefined) {
-    dimension = Number(values.dimension);
-    if (!Number.isInteger(dimension) || dimension < 1 || dimension > 16000) throw new MigrateUsageError(`--dimension must be an integer in 1..16000, got '${values.dimension}'`);
-  }
-  const opts = { env: process.env, ...(values.store === undefined ? {} : { store: values.store }), ...(dimension === undefined ? {} : { dimension }) };
+  const opts = { env: process.env, ...(values.store === undefined ? {} : { store: values.store }), ...(values.dimension === undefined ? {} : { dimension: values.dimension }) };
   try {
     if (values.status) {
       const { store, version, latest } = await storeSchema(opts);
@@ -42,7 +37,7 @@ export async function migrateCommand(args: string[]): Promise<number> {
     }
     return 0;
   } catch (e) {
-    // A store that is not Postgres is a usage error (exit 2), as a bad option is.
+    // A store that is not Postgres, or a --dimension out of range or not the database's, is a usage error (exit 2), as a bad option is.
     if (e instanceof InvalidRequestError) throw new MigrateUsageError(e.message);
     throw e;
   }

@@ -5,8 +5,9 @@
  * with a role that owns the schema; the servers then need only select, insert, update and delete
  * (RAGGUARD_PG_MIGRATE=never makes them refuse a schema that is behind rather than try).
  *
- * The vector column's dimension is the embedder's: read from the database when the schema exists, else
- * `dimension`, else the configured embedder's (RAGGUARD_EMBEDDER, loaded once to ask it). HNSW m and
+ * The vector column's dimension is the embedder's: read from the database when the schema exists (a
+ * `dimension` that differs is refused: a migration does not change it), else `dimension`, else the
+ * configured embedder's (RAGGUARD_EMBEDDER, loaded once to ask it). HNSW m and
  * ef_construction come from RAGGUARD_PG_HNSW_M and RAGGUARD_PG_HNSW_EF_CONSTRUCTION. `grant` then gives
  * that role what a server needs and no more: select, insert, update and delete on the tables, and the
  * sequences' use.
@@ -19,7 +20,7 @@ export interface MigrateOptions extends RagguardOptions {
   /** The database (postgres://...); RAGGUARD_STORE's when left out. */
   store?: string;
   /** The vector column's dimension for a new schema (1..16000); else the configured embedder's. */
-  dimension?: number;
+  dimension?: number | string;
   /** A role to give what a server needs, once migrated. */
   grant?: string;
 }
@@ -69,11 +70,13 @@ export async function storeSchema(opts: MigrateOptions = {}): Promise<SchemaStat
 /** Brings the schema to this build's version (nothing to do when it is there), then grants `opts.grant`. */
 export async function migrateStore(opts: MigrateOptions = {}): Promise<MigrateResult> {
   const { url, cfg } = target(opts);
-  if (opts.dimension !== undefined && (!Number.isInteger(opts.dimension) || opts.dimension < 1 || opts.dimension > 16000)) {
-    throw new InvalidRequestError('invalid_dimension', `the dimension must be an integer in 1..16000, got ${opts.dimension}`);
-  }
+  const asked = opts.dimension === undefined ? undefined : vectorDimension(opts.dimension);
   const status = await storeSchema(opts);
-  let dimension = status.dimension ?? opts.dimension;
+  if (asked !== undefined && status.dimension !== undefined && asked !== status.dimension) {
+    throw new InvalidRequestError('dimension_mismatch',
+      `the database's vectors have ${status.dimension} dimensions, not ${asked}: a migration does not change them (a new database, or the embedder of ${status.dimension})`);
+  }
+  let dimension = status.dimension ?? asked;
   if (dimension === undefined && status.version < status.latest) {
     const { Embedder } = await import('../retrieval/embedder.js');
     dimension = (await Embedder.load(cfg.embedderPath, cfg.providers.embedder, { webgpuBufferCache: cfg.webgpuBufferCache })).dimension;
@@ -82,6 +85,15 @@ export async function migrateStore(opts: MigrateOptions = {}): Promise<MigrateRe
   const r = await migrateDatabase(url, { dimension: dimension ?? 0, hnswM: cfg.pgHnswM, hnswEfConstruction: cfg.pgHnswEfConstruction, connectTimeoutMs: cfg.pgConnectTimeoutMs });
   if (opts.grant !== undefined) await grantServerRole(url, opts.grant);
   return { store: status.store, from: r.from, to: r.to, applied: r.applied, indexed: r.indexed, ...(opts.grant !== undefined ? { granted: opts.grant } : {}) };
+}
+
+/** A vector column's dimension, an integer in pgvector's 1..16000, given as a number or as text (a CLI option). */
+function vectorDimension(value: number | string): number {
+  const n = typeof value === 'string' && value.trim() !== '' ? Number(value) : value;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 16000) {
+    throw new InvalidRequestError('invalid_dimension', `the dimension must be an integer in 1..16000, got ${JSON.stringify(value)}`);
+  }
+  return n;
 }
 
 function target(opts: MigrateOptions) {

@@ -23,7 +23,7 @@ export const STORE_VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_PG_POOL_SIZE', default: '10',
-    doc: 'Connections the Postgres store keeps open at most (per replica). Behind PgBouncer in transaction mode every search and write is one transaction carrying its own settings (SET LOCAL), so any pool size there is safe.',
+    doc: 'Connections the Postgres store keeps open at most (per replica). Behind PgBouncer in transaction mode every search and write is one transaction carrying its own settings (local to it, as SET LOCAL), so any pool size there is safe.',
     apply: int(1, 1000, (c, v) => (c.pgPoolSize = v)),
   },
   {
@@ -33,7 +33,7 @@ export const STORE_VARIABLES: readonly Variable[] = [
   },
   {
     name: 'RAGGUARD_PG_STATEMENT_TIMEOUT_MS', default: '30000',
-    doc: "Milliseconds a statement of the Postgres store may run (SET LOCAL statement_timeout in each of its transactions; 0: no limit); a connection silent for 5 s longer is dropped. Past it the request gets 503 store_unavailable.",
+    doc: "Milliseconds a statement of the Postgres store may run (statement_timeout set local to each of its transactions; 0: no limit); a connection silent for 5 s longer is dropped. Past it the request gets 503 store_unavailable.",
     apply: int(0, 3_600_000, (c, v) => (c.pgStatementTimeoutMs = v)),
   },
   {
