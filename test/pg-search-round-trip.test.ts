@@ -199,14 +199,13 @@ test('a search\'s settings hold for its one query alone: read only there, the se
   const store = await PostgresStore.open(url, D, { bm25: BM25, poolSize: 1, log: quiet });
   await store.close(); // the schema, made
   await withAdmin(url, async (c) => {
-    const show = async () => (await c.query<{ ro: string; ef: string; it: string; st: string }>(
-      "SELECT current_setting('transaction_read_only') AS ro, current_setting('hnsw.ef_search') AS ef, " +
-      "current_setting('hnsw.iterative_scan') AS it, current_setting('statement_timeout') AS st")).rows[0]!;
+    const read = "SELECT current_setting('transaction_read_only') AS ro, current_setting('hnsw.ef_search') AS ef, " +
+      "current_setting('hnsw.iterative_scan') AS it, current_setting('statement_timeout') AS st";
+    const show = async () => (await c.query<{ ro: string; ef: string; it: string; st: string }>(read)).rows[0]!;
     await c.query('LOAD \'vector\'');
     const session = await show();
     const settings = searchSettingsSql({ efSearch: 321, statementTimeoutMs: 4_321, collection: 'nowhere' });
-    const inside = await c.query(oneShotSql(settings, "SELECT current_setting('transaction_read_only') AS ro, " +
-      "current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS it, current_setting('statement_timeout') AS st")) as unknown as pg.QueryResult[];
+    const inside = await c.query(oneShotSql(settings, read)) as unknown as pg.QueryResult[];
     assert.deepEqual(inside[1]!.rows[0], { ro: 'on', ef: '321', it: 'relaxed_order', st: '4321ms' });
     await assert.rejects(c.query(oneShotSql(settings, "INSERT INTO ragguard_collection_stats (collection) VALUES ('x')")), /read-only transaction/);
     assert.deepEqual(await show(), session);
