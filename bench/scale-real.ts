@@ -23,7 +23,9 @@
  *   collection's own HNSW index (pg-collection-index.ts) built by the store in the background as the
  *   collection passes the threshold (CREATE INDEX CONCURRENTLY while the load goes on), then maintained
  *   online, row by row, as a live cluster's is; after the load, the wait for the builds still running
- *   (index_wait_s), then ANALYZE (autovacuum's, done at once). faiss: as a server ingests (its log,
+ *   (index_wait_s), then BENCH_SCALE_REAL_PG_STEPS (analyze: ANALYZE, autovacuum's, done at once), each step
+ *   followed by a measured window, with the work Postgres did beside the searches in it (checkpoints, WAL and its
+ *   full-page images, autovacuum runs and the seconds a worker was seen, buffer hits and reads). faiss: as a server ingests (its log,
  *   compactions, the HNSW switch, each batch's insertion into the graph), waiting after each 10,000 rows for
  *   the background work.
  * - Measured: BENCH_SCALE_REAL_CLIENTS (16) query clients, each sending its next query when the last is
@@ -83,6 +85,13 @@ const PG_MAX_WAL_SIZE = env('BENCH_SCALE_PG_MAX_WAL_SIZE', '4GB');
 // Postgres: chunks past which a collection gets its own HNSW index (the store's COLLECTION_INDEX_ROWS;
 // Infinity: every collection searched exactly, to compare).
 const PG_INDEX_ROWS = Number(env('BENCH_SCALE_REAL_PG_INDEX_ROWS', String(COLLECTION_INDEX_ROWS)));
+// Postgres: what is done after the load, each followed by a measured window (the figures are the last
+// window's; with more than one, each window's too): analyze (ANALYZE), vacuum (VACUUM (ANALYZE), then
+// CHECKPOINT), none (nothing: the same state measured again).
+const PG_STEPS = env('BENCH_SCALE_REAL_PG_STEPS', 'analyze').split(',').map((x) => {
+  if (x !== 'analyze' && x !== 'vacuum' && x !== 'none') throw new Error(`BENCH_SCALE_REAL_PG_STEPS: unknown step "${x}" (analyze, vacuum, none)`);
+  return x;
+});
 const CHUNKS_PER_DOC = 10;
 const INGEST_CHUNKS = 4;
 const HOLD_OUT_EVERY = 10;
@@ -303,16 +312,15 @@ async function load(store: RetrievalStore, tag: string, after?: () => Promise<vo
 interface QueryRecord { pair: number; acked: number; keys: number[] }
 
 /** 16 query clients and one ingest client at once: latencies, and each query's hits for recall. */
-async function measure(store: RetrievalStore): Promise<Record<string, unknown>> {
+async function measure(store: RetrievalStore, ingested: Float32Array[] = []): Promise<Record<string, unknown>> {
   const t0 = now();
   const recordFrom = t0 + WARMUP_S * 1000;
   const end = recordFrom + SECONDS * 1000;
-  let acked = 0;
+  let acked = ingested.length;
   let nextPair = 0;
   const queryMs: number[] = [];
   const records: QueryRecord[] = [];
   const ingestMs: number[] = [];
-  const ingested: Float32Array[] = [];
   let warmQueries = 0;
   const client = async () => {
     while (now() < end) {
@@ -329,7 +337,7 @@ async function measure(store: RetrievalStore): Promise<Record<string, unknown>> 
     }
   };
   const ingester = async () => {
-    for (let i = 0; now() < end; i++) {
+    for (let i = ingested.length; now() < end; i++) {
       const doc = ingestDocument(i);
       const t = now();
       await yieldLoop();
@@ -391,6 +399,56 @@ async function measure(store: RetrievalStore): Promise<Record<string, unknown>> 
   };
 }
 
+/** Postgres' counters of the work beside the searches: buffer hits and reads, checkpoints, WAL, autovacuum runs. */
+async function background(client: pg.Client): Promise<Record<string, number>> {
+  const r = (await client.query<Record<string, string>>(
+    `SELECT (SELECT blks_hit FROM pg_stat_database WHERE datname = current_database()) AS hits,
+            (SELECT blks_read FROM pg_stat_database WHERE datname = current_database()) AS reads,
+            (SELECT num_done FROM pg_stat_checkpointer) AS checkpoints,
+            (SELECT buffers_written FROM pg_stat_checkpointer) AS checkpoint_buffers,
+            (SELECT wal_bytes FROM pg_stat_wal) AS wal_bytes, (SELECT wal_fpi FROM pg_stat_wal) AS wal_fpi,
+            (SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_user_tables) AS autovacuums,
+            (SELECT coalesce(sum(autoanalyze_count), 0) FROM pg_stat_user_tables) AS autoanalyzes`)).rows[0]!;
+  return Object.fromEntries(Object.entries(r).map(([k, v]) => [k, Number(v)]));
+}
+
+function backgroundDelta(a: Record<string, number>, b: Record<string, number>): Record<string, number> {
+  const d = (k: string) => b[k]! - a[k]!;
+  return {
+    buffer_hits: d('hits'), buffer_reads: d('reads'), buffer_hit_ratio: round(d('hits') / Math.max(1, d('hits') + d('reads')), 4),
+    checkpoints_done: d('checkpoints'), checkpoint_buffers_written: d('checkpoint_buffers'), wal_mb: round(d('wal_bytes') / 2 ** 20, 1),
+    wal_full_page_images: d('wal_fpi'), autovacuums_done: d('autovacuums'), autoanalyzes_done: d('autoanalyzes'),
+  };
+}
+
+/** Once a second until stopped: what autovacuum workers run, and whether the checkpointer is writing. */
+function watchBackground(client: pg.Client): { stop(): Promise<Record<string, unknown>> } {
+  let stopped = false;
+  let samples = 0;
+  let autovacuum = 0;
+  let checkpointing = 0;
+  const work = new Set<string>();
+  const done = (async () => {
+    while (!stopped) {
+      const rows = (await client.query<{ backend_type: string; query: string | null; wait_event: string | null }>(
+        `SELECT backend_type, query, wait_event FROM pg_stat_activity WHERE backend_type IN ('autovacuum worker', 'checkpointer')`)).rows;
+      samples++;
+      const workers = rows.filter((r) => r.backend_type === 'autovacuum worker' && r.query);
+      if (workers.length > 0) autovacuum++;
+      for (const w of workers) work.add(w.query!.replace(/^autovacuum: /, ''));
+      if (rows.some((r) => r.backend_type === 'checkpointer' && r.wait_event !== 'CheckpointerMain')) checkpointing++;
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  })();
+  return {
+    async stop() {
+      stopped = true;
+      await done;
+      return { samples, autovacuum_samples: autovacuum, autovacuum_work: [...work].join('; '), checkpointer_busy_samples: checkpointing };
+    },
+  };
+}
+
 async function postgresCase(server: PgServer): Promise<Record<string, unknown>> {
   const url = await server.database();
   const store = await PostgresStore.open(url, DIM, {
@@ -404,25 +462,37 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
     const t = now();
     await store.indexesBuilt();
     const indexWaitS = (now() - t) / 1000;
-    const t1 = now();
-    await client.query('ANALYZE');
-    const analyzeS = (now() - t1) / 1000;
     // The plan a filtered search gets: the store's own statement, its settings (ef_search by c7's size), a real query vector.
-    await client.query(`BEGIN; ${searchSettingsSql({ efSearch: cfg.pgEfSearch, statementTimeoutMs: cfg.pgStatementTimeoutMs, collection: 'c7' })}`);
-    const probe = denseStatement(real.queryVectors.subarray(0, DIM), K, { collection: 'c7' });
-    const plan = (await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${probe}`)).rows
-      .map((r) => r['QUERY PLAN'].trim()).filter((l) => /Scan|Limit|Sort/.test(l)).map((l) => l.replace(/\(cost=[^)]*\)/, '').replace(/'\[[^\]]*\]'/g, '$q'));
-    await client.query('COMMIT');
-    // Shared-buffer hits and reads (from the OS, or the disk) in the measured window, queries and ingest together:
-    // whether the indexes and rows a search touches stay in shared_buffers at this size.
-    const blocks = async () => (await client.query<{ hit: string; read: string }>(
-      'SELECT blks_hit AS hit, blks_read AS read FROM pg_stat_database WHERE datname = current_database()')).rows[0]!;
-    const b0 = await blocks();
-    const m = await measure(store);
-    await new Promise((r) => setTimeout(r, 1500)); // backends flush their counts within a second of going idle
-    const b1 = await blocks();
-    const hits = Number(b1.hit) - Number(b0.hit);
-    const reads = Number(b1.read) - Number(b0.read);
+    const planOf = async () => {
+      await client.query(`BEGIN; ${searchSettingsSql({ efSearch: cfg.pgEfSearch, statementTimeoutMs: cfg.pgStatementTimeoutMs, collection: 'c7' })}`);
+      const probe = denseStatement(real.queryVectors.subarray(0, DIM), K, { collection: 'c7' });
+      const rows = (await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${probe}`)).rows;
+      await client.query('COMMIT');
+      return rows.map((r) => r['QUERY PLAN'].trim()).filter((l) => /Scan|Limit|Sort/.test(l))
+        .map((l) => l.replace(/\(cost=[^)]*\)/, '').replace(/'\[[^\]]*\]'/g, '$q')).join(' | ');
+    };
+    const ingested: Float32Array[] = [];
+    const windows: Record<string, unknown>[] = [];
+    for (const step of PG_STEPS) {
+      const t1 = now();
+      if (step === 'analyze') await client.query('ANALYZE');
+      else if (step === 'vacuum') {
+        await client.query('VACUUM (ANALYZE)');
+        await client.query('CHECKPOINT');
+      }
+      const settleS = (now() - t1) / 1000;
+      const plan = await planOf();
+      const before = await background(client);
+      const seen = watchBackground(client);
+      const m = await measure(store, ingested);
+      const samples = await seen.stop();
+      await new Promise((r) => setTimeout(r, 1500)); // backends flush their counts within a second of going idle
+      const after = await background(client);
+      windows.push({ step, settle_s: round(settleS, 1), ...m, ...backgroundDelta(before, after), ...samples, plan });
+      log(`postgres: after ${step} (${round(settleS, 1)} s): p50 ${m['query_p50_ms']} ms, p95 ${m['query_p95_ms']} ms, ${m['queries_per_s']} queries/s; `
+        + `autovacuum seen in ${samples['autovacuum_samples']} of ${samples['samples']} s (${samples['autovacuum_work']}), ${JSON.stringify(backgroundDelta(before, after))}`);
+    }
+    const last = windows[windows.length - 1]!;
     const sizes = (await client.query<Record<string, string>>(
       `SELECT (SELECT coalesce(sum(pg_relation_size(i.indexrelid)), 0) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
                WHERE i.indrelid = 'ragguard_chunks'::regclass AND c.relname LIKE 'ragguard_chunks_hnsw_%') AS index_bytes,
@@ -431,10 +501,10 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
               pg_total_relation_size('ragguard_chunks') AS chunks_bytes,
               pg_total_relation_size('ragguard_terms') AS terms_bytes, pg_database_size(current_database()) AS database_bytes`)).rows[0]!;
     return {
-      store: 'postgres', rows: SIZE, collections: COLLECTIONS, ...loaded, index_wait_s: round(indexWaitS, 1), analyze_s: round(analyzeS, 1), ...m,
+      store: 'postgres', rows: SIZE, collections: COLLECTIONS, ...loaded, index_wait_s: round(indexWaitS, 1), ...last,
+      ...(windows.length > 1 ? { windows: windows.map(({ plan: _plan, ...w }) => w) } : {}),
       collection_indexes: Number(sizes['indexes']), index_bytes: Number(sizes['index_bytes']), chunks_table_bytes: Number(sizes['chunks_bytes']),
       terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']),
-      buffer_hits: hits, buffer_reads: reads, buffer_hit_ratio: round(hits / Math.max(1, hits + reads), 4), plan: plan.join(' | '),
       settings: {
         ef_search: cfg.pgEfSearch, collection_ef_search: `chunks / ${CHUNKS_PER_CANDIDATE} within [${EF_SEARCH_MIN}, ${cfg.pgEfSearch}]`, index_rows: PG_INDEX_ROWS, pool_size: cfg.pgPoolSize, hnsw_m: cfg.pgHnswM, ef_construction: cfg.pgHnswEfConstruction, shared_buffers: PG_SHARED_BUFFERS,
         max_wal_size: PG_MAX_WAL_SIZE, index: 'an HNSW index per collection past COLLECTION_INDEX_ROWS (partial, WHERE collection = ...)',
