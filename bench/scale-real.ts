@@ -23,9 +23,14 @@
  *   collection's own HNSW index (pg-collection-index.ts) built by the store in the background as the
  *   collection passes the threshold (CREATE INDEX CONCURRENTLY while the load goes on), then maintained
  *   online, row by row, as a live cluster's is; after the load, the wait for the builds still running
- *   (index_wait_s), then BENCH_SCALE_REAL_PG_STEPS (analyze: ANALYZE, autovacuum's, done at once), each step
- *   followed by a measured window, with the work Postgres did beside the searches in it (checkpoints, WAL and its
- *   full-page images, autovacuum runs and the seconds a worker was seen, buffer hits and reads). faiss: as a server ingests (its log,
+ *   (index_wait_s), then BENCH_SCALE_REAL_PG_STEPS (vacuum,none), each step followed by a measured window
+ *   whose work beside the searches is recorded (checkpoints, WAL and its full-page images, autovacuum runs
+ *   and the seconds a worker was seen, buffer hits and reads). vacuum: VACUUM (ANALYZE) then CHECKPOINT, as a
+ *   bulk load calls for: otherwise the load's tail lands in the window (at 1M an insert-triggered autovacuum
+ *   of ragguard_chunks and a checkpoint of the load's pages ran in it: p95 51.3 ms against 48.8 and 46.9 in
+ *   the two windows after). none: the same state measured again; the figures are the last window's, the
+ *   first one warming what a fresh server warms in its first minute (each connection's relation cache of a
+ *   hundred partial indexes, V8's compiled code). analyze: ANALYZE only. faiss: as a server ingests (its log,
  *   compactions, the HNSW switch, each batch's insertion into the graph), waiting after each 10,000 rows for
  *   the background work.
  * - Measured: BENCH_SCALE_REAL_CLIENTS (16) query clients, each sending its next query when the last is
@@ -88,7 +93,7 @@ const PG_INDEX_ROWS = Number(env('BENCH_SCALE_REAL_PG_INDEX_ROWS', String(COLLEC
 // Postgres: what is done after the load, each followed by a measured window (the figures are the last
 // window's; with more than one, each window's too): analyze (ANALYZE), vacuum (VACUUM (ANALYZE), then
 // CHECKPOINT), none (nothing: the same state measured again).
-const PG_STEPS = env('BENCH_SCALE_REAL_PG_STEPS', 'analyze').split(',').map((x) => {
+const PG_STEPS = env('BENCH_SCALE_REAL_PG_STEPS', 'vacuum,none').split(',').map((x) => {
   if (x !== 'analyze' && x !== 'vacuum' && x !== 'none') throw new Error(`BENCH_SCALE_REAL_PG_STEPS: unknown step "${x}" (analyze, vacuum, none)`);
   return x;
 });
@@ -493,6 +498,9 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
         + `autovacuum seen in ${samples['autovacuum_samples']} of ${samples['samples']} s (${samples['autovacuum_work']}), ${JSON.stringify(backgroundDelta(before, after))}`);
     }
     const last = windows[windows.length - 1]!;
+    // Whether the shared memory is on huge pages (PostgreSQL takes them where the kernel has enough reserved:
+    // huge_pages=try), and the page size under the buffer mapping table and the HNSW pages a search reads.
+    const hugePages = (await client.query<{ huge_pages_status: string }>('SHOW huge_pages_status')).rows[0]!.huge_pages_status;
     const sizes = (await client.query<Record<string, string>>(
       `SELECT (SELECT coalesce(sum(pg_relation_size(i.indexrelid)), 0) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
                WHERE i.indrelid = 'ragguard_chunks'::regclass AND c.relname LIKE 'ragguard_chunks_hnsw_%') AS index_bytes,
@@ -506,7 +514,7 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
       collection_indexes: Number(sizes['indexes']), index_bytes: Number(sizes['index_bytes']), chunks_table_bytes: Number(sizes['chunks_bytes']),
       terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']),
       settings: {
-        ef_search: cfg.pgEfSearch, collection_ef_search: `chunks / ${CHUNKS_PER_CANDIDATE} within [${EF_SEARCH_MIN}, ${cfg.pgEfSearch}]`, index_rows: PG_INDEX_ROWS, pool_size: cfg.pgPoolSize, hnsw_m: cfg.pgHnswM, ef_construction: cfg.pgHnswEfConstruction, shared_buffers: PG_SHARED_BUFFERS,
+        ef_search: cfg.pgEfSearch, collection_ef_search: `chunks / ${CHUNKS_PER_CANDIDATE} within [${EF_SEARCH_MIN}, ${cfg.pgEfSearch}]`, index_rows: PG_INDEX_ROWS, pool_size: cfg.pgPoolSize, hnsw_m: cfg.pgHnswM, ef_construction: cfg.pgHnswEfConstruction, shared_buffers: PG_SHARED_BUFFERS, huge_pages: hugePages,
         max_wal_size: PG_MAX_WAL_SIZE, index: 'an HNSW index per collection past COLLECTION_INDEX_ROWS (partial, WHERE collection = ...)',
       },
     };
