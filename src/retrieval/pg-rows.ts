@@ -22,10 +22,10 @@ export interface DocumentRow {
   chunk_ids: (string | number)[];
 }
 
-/** A ChunkRow's columns (but score) over chunks (or a set of their columns) `c` and documents `d`. */
-export const CHUNK_COLUMNS = 'c.id, c.collection, c.doc_id, d.title, c.ord, c.text, c.tokens, c.locator';
-/** The columns of CHUNK_COLUMNS that ragguard_chunks `c` holds. */
+/** The columns of a ChunkRow that ragguard_chunks `c` holds. */
 export const CHUNK_TABLE_COLUMNS = 'c.id, c.collection, c.doc_id, c.ord, c.text, c.tokens, c.locator';
+/** A ChunkRow's columns (but score) over chunks (or a set of their columns) `c` and documents `d`. */
+export const CHUNK_COLUMNS = `${CHUNK_TABLE_COLUMNS}, d.title`;
 
 export function toChunk(r: ChunkRow): StoredChunk {
   return {

@@ -37,7 +37,11 @@ function filterSql(filter: SearchFilter): string {
  * the k rows it returns only; the documents join outside, after the limit, so it cannot change the plan.
  */
 export function denseStatement(query: Float32Array, k: number, filter: SearchFilter, exact = false): string {
-  const vector = vectorLiteral(query);
+  return denseSql(vectorLiteral(query), k, filter, exact);
+}
+
+/** denseStatement with the query's vector literal already written (the exact fill reuses the first statement's). */
+function denseSql(vector: string, k: number, filter: SearchFilter, exact: boolean): string {
   const where = filterSql(filter);
   const order = exact ? `(c.embedding <=> ${vector}) + 0` : 'distance';
   return `WITH nearest AS MATERIALIZED (
@@ -54,10 +58,11 @@ export function denseStatement(query: Float32Array, k: number, filter: SearchFil
 export async function searchDense(searching: Searching, query: Float32Array, k: number, filter: SearchFilter): Promise<Hit[]> {
   if (k <= 0) return [];
   // The HNSW scan (relaxed order: re-sorted above); the graph may give up before k rows pass a selective filter.
-  let rows = await searching<ChunkRow>(denseStatement(query, k, filter));
+  const vector = vectorLiteral(query);
+  let rows = await searching<ChunkRow>(denseSql(vector, k, filter, false));
   // Then an expression the index cannot order by: an exact scan of the rows that pass (via the btree/GIN
   // indexes), in a transaction of its own, as it follows from the first one's count.
-  if (rows.length < k) rows = await searching<ChunkRow>(denseStatement(query, k, filter, true));
+  if (rows.length < k) rows = await searching<ChunkRow>(denseSql(vector, k, filter, true));
   return rows.map((r) => ({ chunk: toChunk(r), score: Number(r.score) }));
 }
 
