@@ -486,18 +486,20 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
         await client.query('CHECKPOINT');
       }
       const settleS = (now() - t1) / 1000;
-      const plan = await planOf();
       const before = await background(client);
       const seen = watchBackground(client);
       const m = await measure(store, ingested);
       const samples = await seen.stop();
       await new Promise((r) => setTimeout(r, 1500)); // backends flush their counts within a second of going idle
       const after = await background(client);
-      windows.push({ step, settle_s: round(settleS, 1), ...m, ...backgroundDelta(before, after), ...samples, plan });
+      const delta = backgroundDelta(before, after);
+      windows.push({ step, settle_s: round(settleS, 1), ...m, ...delta, ...samples });
       log(`postgres: after ${step} (${round(settleS, 1)} s): p50 ${m['query_p50_ms']} ms, p95 ${m['query_p95_ms']} ms, ${m['queries_per_s']} queries/s; `
-        + `autovacuum seen in ${samples['autovacuum_samples']} of ${samples['samples']} s (${samples['autovacuum_work']}), ${JSON.stringify(backgroundDelta(before, after))}`);
+        + `autovacuum seen in ${samples['autovacuum_samples']} of ${samples['samples']} s (${samples['autovacuum_work']}), ${JSON.stringify(delta)}`);
     }
     const last = windows[windows.length - 1]!;
+    // Probed once, after the windows: the plan the measured searches ended on.
+    const plan = await planOf();
     // Whether the shared memory is on huge pages (PostgreSQL takes them where the kernel has enough reserved:
     // huge_pages=try), and the page size under the buffer mapping table and the HNSW pages a search reads.
     const hugePages = (await client.query<{ huge_pages_status: string }>('SHOW huge_pages_status')).rows[0]!.huge_pages_status;
@@ -509,8 +511,8 @@ async function postgresCase(server: PgServer): Promise<Record<string, unknown>> 
               pg_total_relation_size('ragguard_chunks') AS chunks_bytes,
               pg_total_relation_size('ragguard_terms') AS terms_bytes, pg_database_size(current_database()) AS database_bytes`)).rows[0]!;
     return {
-      store: 'postgres', rows: SIZE, collections: COLLECTIONS, ...loaded, index_wait_s: round(indexWaitS, 1), ...last,
-      ...(windows.length > 1 ? { windows: windows.map(({ plan: _plan, ...w }) => w) } : {}),
+      store: 'postgres', rows: SIZE, collections: COLLECTIONS, ...loaded, index_wait_s: round(indexWaitS, 1), ...last, plan,
+      ...(windows.length > 1 ? { windows } : {}),
       collection_indexes: Number(sizes['indexes']), index_bytes: Number(sizes['index_bytes']), chunks_table_bytes: Number(sizes['chunks_bytes']),
       terms_table_bytes: Number(sizes['terms_bytes']), database_bytes: Number(sizes['database_bytes']),
       settings: {
