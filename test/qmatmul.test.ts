@@ -126,9 +126,9 @@ for (const path_ of ['the CPU\'s kernel', 'the plain C path'] as const) test(`QM
   ];
   let seed = 1;
   for (const c of cases) {
-    // 33: two 16-row AMX tiles where AMX runs, and a row past them; 150: a prefill's rows in chunks of their
-    // own (48 rows at k 4,864: three and a last of 6), one chunk at k 896
-    for (const rows of [1, 3, 8, 13, 33, 150]) {
+    // 33: two 16-row AMX tiles where AMX runs, and a row past them; 520: a prefill's rows in chunks of their
+    // own (a third of the core's L2 each, 512 rows at most: two chunks or more at any L2, the last partial)
+    for (const rows of [1, 3, 8, 13, 33, 520]) {
       const { y, yOrt, exact } = await both(c, rows, seed++);
       const scale = rms(exact);
       const vsOrt = maxDiff(y, yOrt) / scale;
@@ -178,9 +178,10 @@ test("the ops' working memory (x quantized) comes from the session's allocator: 
 
 test("a prefill's LoRA term lands on its own rows when the product runs in chunks of rows (one B for all, and a B a batch entry)", async () => {
   assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
-  // Zero weights: y is the LoRA term alone, x A times B, exactly. k 4,864: the rows run in chunks of 48,
-  // and a chunk (96..143) spans the two batch entries' boundary at row 100.
-  const k = 4864, n = 40, rank = 4, batch = 2, seq = 100, groups = Math.ceil(n / 16);
+  // Zero weights: y is the LoRA term alone, x A times B, exactly. k 4,864: the 600 rows run in chunks (a
+  // third of the core's L2, whole 16-row tiles, 512 at most), and as 300 is no multiple of 16 a chunk spans
+  // the two batch entries' boundary at row 300 whatever the chunk's size.
+  const k = 4864, n = 40, rank = 4, batch = 2, seq = 300, groups = Math.ceil(n / 16);
   const model = writeModel({
     name: 'qmatmul-lora',
     nodes: [{ op: 'QMatMul8', inputs: ['x', 'q', 'd', '', 'xa', 'lb'], outputs: ['y'], domain: 'ragguard', attrs: { K: { int: k }, N: { int: n }, block_size: { int: 32 } } }],
