@@ -1,7 +1,8 @@
 /**
  * A quantized decoder's prefill ceiling on this CPU: the machine's int8 multiply-add peak (measured on
- * every core at once: src/backends/ort/int8-peak.ts; the nominal cores x VPDPBUSD a cycle x 64 x
- * /proc/cpuinfo's clock beside it, and in its place where it cannot be measured) over the GGUF's
+ * every core at once: src/backends/ort/int8-peak.ts; AMX's where the prefill's products run on it; the
+ * nominal cores x VPDPBUSD a cycle x 64 x /proc/cpuinfo's clock beside it, and in its place where it
+ * cannot be measured) over the GGUF's
  * multiply-adds a prompt token (every 2-D weight but token_embd and output: the logits are computed for
  * the last prompt token only; attention's products, which grow with the context, not counted). Shared by
  * bench:llama-server and bench:prefill-cpu.
@@ -22,8 +23,12 @@ export interface PrefillCeiling {
   int8_multiply_adds_per_s_nominal: number;
   int8_multiply_adds_per_s_measured: number | null;
   int8_multiply_adds_per_s_measured_one_core: number | null;
+  /** Whether ragguard's products of 16 rows or more (prefills) run on AMX here (qmatmul.c's qm_amx). */
+  amx: boolean;
+  int8_multiply_adds_per_s_amx_measured: number | null;
+  int8_multiply_adds_per_s_amx_measured_one_core: number | null;
   peak_source: string;
-  /** The measured peak where there is one, else the nominal. */
+  /** AMX's measured peak where the products run on it, else AVX512-VNNI's measured, else the nominal. */
   int8_multiply_adds_per_s: number;
   model_multiply_adds_per_token: number;
   prefill_tokens_per_s_ceiling: number;
@@ -54,7 +59,9 @@ export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
   // The nominal figure assumes the instruction rate and takes the hypervisor's clock, which the cores may
   // outrun (2026-12-06, 2 EPYC cores: 469 measured against 333 nominal at 2.6 GHz).
   const measured = measureInt8Peak(cores);
-  const perS = measured?.multiplyAddsPerS ?? nominal;
+  // Where the prefill's products run on AMX, its TDPBSUD is the limit (about 10x VPDPBUSD's on one core).
+  const amx = measured?.amx ?? null;
+  const perS = amx?.multiplyAddsPerS ?? measured?.multiplyAddsPerS ?? nominal;
   const field = (name: string) => new RegExp(`^${name}\\s*:\\s*(.*)$`, 'm').exec(cpuinfo)?.[1]?.trim() ?? '?';
   return {
     cpu: `${field('model name')} (family ${field('cpu family')}, model ${field('model')})`, cores, clock_ghz: Math.round(clockHz / 1e7) / 100, clock_source: '/proc/cpuinfo cpu MHz', avx512_vnni: cpuinfo.includes(' avx512_vnni'),
@@ -62,7 +69,11 @@ export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
     int8_multiply_adds_per_s_nominal: nominal,
     int8_multiply_adds_per_s_measured: measured?.multiplyAddsPerS ?? null,
     int8_multiply_adds_per_s_measured_one_core: measured?.perCoreMultiplyAddsPerS ?? null,
-    peak_source: measured ? measured.how : 'nominal (the ops library is not built, or the CPU has no AVX512-VNNI)',
+    amx: amx !== null, int8_multiply_adds_per_s_amx_measured: amx?.multiplyAddsPerS ?? null,
+    int8_multiply_adds_per_s_amx_measured_one_core: amx?.perCoreMultiplyAddsPerS ?? null,
+    peak_source: amx
+      ? `${amx.how}: the prefill's products run on AMX here (a block of 32 takes a TDPBSUD of half depth at full cost: half this at most)`
+      : measured ? measured.how : 'nominal (the ops library is not built, or the CPU has no AVX512-VNNI)',
     int8_multiply_adds_per_s: perS, model_multiply_adds_per_token: macs, prefill_tokens_per_s_ceiling: Math.round(perS / macs),
   };
 }

@@ -50,24 +50,48 @@ __attribute__((target("avx512f,avx512vnni"))) static void* vnni_loop(void* arg) 
   return NULL;
 }
 
-/*
- * Int8 multiply-adds a second summed over `threads` threads running at once, each `iters` rounds of
- * CHAINS VPDPBUSD (each thread's count over its own time); 0 where AVX512-VNNI is missing or a thread
- * could not start. At most 256 threads.
- */
-double ragguard_int8_peak(int32_t threads, int64_t iters) {
-  if (!qm_cpu_vnni() || threads < 1 || threads > 256 || iters < 1) return 0;
+static void* amx_loop(void* arg) {
+  run_t* r = (run_t*)arg;
+  const double t0 = now_s();
+  r->sink = qm_amx_peak_loop(r->iters);
+  r->seconds = now_s() - t0;
+  return NULL;
+}
+
+/* `threads` threads running `loop` at once, `iters` rounds each of `per_round` multiply-adds: their rates
+ * (each thread's count over its own time) summed; 0 where a thread could not start. At most 256 threads. */
+static double run_threads(void* (*loop)(void*), int32_t threads, int64_t iters, double per_round) {
+  if (threads < 1 || threads > 256 || iters < 1) return 0;
   pthread_t ids[256];
   run_t runs[256];
   int started = 0;
   for (; started < threads; started++) {
     runs[started] = (run_t){.iters = iters};
-    if (pthread_create(&ids[started], NULL, vnni_loop, &runs[started]) != 0) break;
+    if (pthread_create(&ids[started], NULL, loop, &runs[started]) != 0) break;
   }
   double per_s = 0;
   for (int i = 0; i < started; i++) {
     pthread_join(ids[i], NULL);
-    per_s += (double)iters * CHAINS * 64 / runs[i].seconds;
+    per_s += (double)iters * per_round / runs[i].seconds;
   }
   return started == threads ? per_s : 0;
+}
+
+/*
+ * Int8 multiply-adds a second summed over `threads` threads running at once, each `iters` rounds of
+ * CHAINS VPDPBUSD; 0 where AVX512-VNNI is missing or a thread could not start. At most 256 threads.
+ */
+double ragguard_int8_peak(int32_t threads, int64_t iters) {
+  if (!qm_cpu_vnni()) return 0;
+  return run_threads(vnni_loop, threads, iters, CHAINS * 64.0);
+}
+
+/*
+ * The same on AMX (where qm_amx: the CPU has it and Linux grants the tile state), each round 4 TDPBSUD of
+ * 16 x 16 x 64 multiply-adds: the peak of products of 16 rows or more there. A TDPBSUD costs the same at
+ * any depth, so a product in blocks of 32 reaches half of it at most. 0 where AMX does not run.
+ */
+double ragguard_amx_int8_peak(int32_t threads, int64_t iters) {
+  if (!qm_amx()) return 0;
+  return run_threads(amx_loop, threads, iters, 4 * 16 * 16 * 64.0);
 }

@@ -1,6 +1,7 @@
 /**
  * The machine's int8 multiply-add peak, measured by the ops library (int8-peak.c, through koffi): every
- * core running AVX512-VNNI's VPDPBUSD on independent accumulators at once. The physical limit of a
+ * core running AVX512-VNNI's VPDPBUSD on independent accumulators at once, and where the products run on
+ * AMX (qmatmul.c's qm_amx: prefills of 16 rows or more) its TDPBSUD the same way. The physical limit of a
  * quantized decoder's prefill on this CPU (benchmarks put prompt tokens/s beside it); a figure from the
  * nominal clock and an assumed instruction rate can be off by half (2026-12-06 on a 2-core EPYC: 461-469
  * measured against 333 nominal: the cores ran above /proc/cpuinfo's 2.6 GHz).
@@ -17,15 +18,21 @@ export interface Int8Peak {
   perCoreMultiplyAddsPerS: number;
   threads: number;
   how: string;
+  /** AMX's (full-depth TDPBSUD), every thread together and one alone; null where the products do not run on AMX. */
+  amx: { multiplyAddsPerS: number; perCoreMultiplyAddsPerS: number; how: string } | null;
 }
 
 type Measure = (threads: number, iters: number) => number;
-let measure: Measure | null | undefined;
+let measure: { vnni: Measure; amx: Measure } | null | undefined;
 
-function bound(): Measure | null {
+function bound(): { vnni: Measure; amx: Measure } | null {
   if (measure === undefined) {
-    measure = existsSync(RAGGUARD_OPS_LIBRARY)
-      ? (koffi.load(RAGGUARD_OPS_LIBRARY).func('double ragguard_int8_peak(int32_t threads, int64_t iters)') as Measure)
+    const lib = existsSync(RAGGUARD_OPS_LIBRARY) ? koffi.load(RAGGUARD_OPS_LIBRARY) : null;
+    measure = lib
+      ? {
+        vnni: lib.func('double ragguard_int8_peak(int32_t threads, int64_t iters)') as Measure,
+        amx: lib.func('double ragguard_amx_int8_peak(int32_t threads, int64_t iters)') as Measure,
+      }
       : null;
   }
   return measure;
@@ -40,11 +47,19 @@ export function measureInt8Peak(threads = os.availableParallelism(), repeats = 3
   const run = bound();
   if (!run) return undefined;
   const ITERS = 20_000_000; // x 16 instructions x 64 multiply-adds: about 0.1 s a run at one instruction a cycle
-  const best = (t: number) => Math.max(...Array.from({ length: repeats }, () => run(t, ITERS)));
-  const all = best(threads);
+  const AMX_ITERS = 2_000_000; // x 4 TDPBSUD x 16 x 16 x 64: about 0.1 s a run at one TDPBSUD in 16 cycles
+  const best = (f: Measure, t: number, iters: number) => Math.max(...Array.from({ length: repeats }, () => f(t, iters)));
+  const all = best(run.vnni, threads, ITERS);
   if (!(all > 0)) return undefined;
+  const amx = best(run.amx, threads, AMX_ITERS);
   return {
-    multiplyAddsPerS: all, perCoreMultiplyAddsPerS: best(1), threads,
+    multiplyAddsPerS: all, perCoreMultiplyAddsPerS: best(run.vnni, 1, ITERS), threads,
     how: `AVX512-VNNI VPDPBUSD on 16 independent accumulators, ${threads} threads at once, best of ${repeats} (src/backends/ort/int8-peak.c)`,
+    amx: amx > 0
+      ? {
+        multiplyAddsPerS: amx, perCoreMultiplyAddsPerS: best(run.amx, 1, AMX_ITERS),
+        how: `AMX TDPBSUD (16 x 16 x 64) on 4 independent tiles, ${threads} threads at once, best of ${repeats} (src/backends/ort/int8-peak.c)`,
+      }
+      : null,
   };
 }

@@ -607,6 +607,40 @@ AMX static void groups4_amx(const qm4_weight* w, const qm_rows* r, float* y, int
   free(unpacked);
 }
 
+/*
+ * The AMX int8 peak's loop (int8-peak.c runs it on every core): `iters` rounds of 4 TDPBSUD at full depth
+ * (16 x 16 x 64 multiply-adds each) into 4 independent sum tiles, from 2 x and 2 weight tiles that stay
+ * put, so neither the instruction's latency nor memory limits it. Returns the sums' total (so the loop's
+ * results are used), in the configuration amx_begin takes at a step of 64 bytes.
+ */
+AMX int32_t qm_amx_peak_loop(int64_t iters) {
+  _Alignas(64) static const int8_t ones[16 * 64] = {1};
+  _Alignas(64) int32_t out[16 * 16];
+  amx_config saved __attribute__((aligned(64)));
+  amx_begin(64, &saved);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t n = 0; n < iters; n++) {
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    _tile_dpbsud(2, 5, 6);
+    _tile_dpbsud(3, 5, 7);
+  }
+  int32_t total = 0;
+  _tile_stored(0, out, 64);
+  for (int i = 0; i < 256; i++) total += out[i];
+  _tile_stored(3, out, 64);
+  for (int i = 0; i < 256; i++) total += out[i];
+  amx_end(&saved);
+  return total;
+}
+
 /* --- dispatch ------------------------------------------------------------------------------------ */
 
 void qm8_groups(const qm8_weight* w, const qm_rows* r, float* y, int64_t g0, int64_t g1) {

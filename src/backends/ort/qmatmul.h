@@ -77,6 +77,9 @@ void qm_set_portable(int on);
 /* 1 where products of 16 rows or more run on AMX (TDPBSUD): the CPU has AMX-INT8, Linux grants the tile
  * state, RAGGUARD_OPS_AMX is not 0, qm_set_amx(0) and qm_set_portable(1) were not called. */
 int qm_amx(void);
+/* The AMX peak's loop (int8-peak.c): `iters` rounds of 4 full-depth TDPBSUD on independent tiles; only
+ * where qm_amx() is 1. Returns a sum of the results. */
+int32_t qm_amx_peak_loop(int64_t iters);
 /* 0: the AVX512-VNNI kernels at every row count from now on (for tests); 1: AMX again where it can run. */
 void qm_set_amx(int on);
 #endif
