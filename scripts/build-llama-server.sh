@@ -25,15 +25,31 @@ for pair in avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C avx_vnni:AVX_VNNI avx5
 done
 # AMX where the CPU has it and Linux grants this process the tile state (the same request ggml makes before
 # its first tile instruction, made here by a probe compiled on the spot): where ragguard's products run on
-# AMX (src/backends/ort/qmatmul.c, qm_amx), the peer's do too. Off otherwise, as above.
+# AMX (src/backends/ort/qmatmul.c, qm_amx), the peer's do too. Built by clang then, where the C compiler is
+# GCC before 13: GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the 64-byte
+# configuration, so the stores of the tile shapes before it are dropped, and ggml's first TILEZERO raised
+# SIGILL at the server's warm-up (seen 2026-12-07 on a Xeon that grants the tile state; qmatmul.c loads its
+# configuration by an asm that names all 64 bytes). Off otherwise, as above.
+compilers=()
 if [[ $flags == *" amx_int8 "* && $flags == *" amx_tile "* ]] && command -v cc >/dev/null; then
   probe=$(mktemp -d)
   printf '#include <sys/syscall.h>\n#include <unistd.h>\nint main(void){return syscall(SYS_arch_prctl,0x1023,18)!=0;}\n' > "$probe/amx.c"
-  if cc -o "$probe/amx" "$probe/amx.c" 2>/dev/null && "$probe/amx"; then isa+=(-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON); fi
+  if cc -o "$probe/amx" "$probe/amx.c" 2>/dev/null && "$probe/amx"; then
+    macros=$(cc -dM -E -x c /dev/null)
+    gcc_major=$(sed -n 's/^#define __GNUC__ //p' <<< "$macros")
+    if [[ $macros == *__clang__* ]] || (( ${gcc_major:-0} >= 13 )); then
+      isa+=(-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON)
+    elif command -v clang >/dev/null && command -v clang++ >/dev/null; then
+      isa+=(-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON)
+      compilers=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+    else
+      echo "build-llama-server: AMX left out: GCC $gcc_major drops _tile_loadconfig's tile shapes (apt-get install -y clang, and build again)" >&2
+    fi
+  fi
   rm -rf "$probe"
 fi
 [[ $flags == *" avx512f "* ]] || isa=(-DGGML_NATIVE=ON)
-want="${isa[*]}"
+want="${isa[*]}${compilers[*]:+ ${compilers[*]}}"
 if [[ -x $bin && -f $out/isa && "$(cat "$out/isa")" == "$want" ]]; then
   [[ ${1:-} == --check ]] && exit 0
   echo "$bin"; exit 0
@@ -49,7 +65,7 @@ mkdir -p "$out"
 src=$out/src
 rm -rf "$src"
 tree=$(llama_tree "$src")
-cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DLLAMA_CURL=OFF \
+cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" "${compilers[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
 cmake --build "$out/build" --target llama-server -j "$(nproc)"
 mkdir -p "$out/bin"
