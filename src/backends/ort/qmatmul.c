@@ -104,6 +104,7 @@ VNNI static void quantize_vnni(qm_rows* r, const float* x, int64_t i0, int64_t i
       }
       r->sx[i * nb + b] = s;
       r->xsum[i * nb + b] = _mm512_reduce_add_epi32(sum);
+      r->xsumf[i * nb + b] = (float)r->xsum[i * nb + b];
     }
   }
 }
@@ -125,15 +126,16 @@ static void quantize_c(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
       }
       r->sx[i * nb + b] = s;
       r->xsum[i * nb + b] = sum;
+      r->xsumf[i * nb + b] = (float)sum;
     }
   }
 }
 
-/* Where the rows' parts lie in their memory: xq, then sx, then xsum, each from a 64-byte boundary. */
+/* Where the rows' parts lie in their memory: xq, then sx, xsum and xsumf, each from a 64-byte boundary. */
 static size_t xq_bytes(int64_t m, int64_t k) { return up64((size_t)(m * k)); }
 static size_t block_bytes(int64_t m, int64_t k, int64_t blk) { return up64((size_t)(m * (k / blk)) * sizeof(float)); }
 
-size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk) { return xq_bytes(m, k) + 2 * block_bytes(m, k, blk); }
+size_t qm_rows_bytes(int64_t m, int64_t k, int64_t blk) { return xq_bytes(m, k) + 3 * block_bytes(m, k, blk); }
 
 void qm_rows_layout(qm_rows* r, void* mem, int64_t m, int64_t k, int64_t blk) {
   r->m = m;
@@ -142,6 +144,7 @@ void qm_rows_layout(qm_rows* r, void* mem, int64_t m, int64_t k, int64_t blk) {
   r->xq = (int8_t*)mem;
   r->sx = (float*)((char*)mem + xq_bytes(m, k));
   r->xsum = (int32_t*)((char*)mem + xq_bytes(m, k) + block_bytes(m, k, blk));
+  r->xsumf = (float*)((char*)mem + xq_bytes(m, k) + 2 * block_bytes(m, k, blk));
 }
 
 void qm_rows_quantize(qm_rows* r, const float* x, int64_t i0, int64_t i1) {
@@ -366,7 +369,7 @@ static void groups4_c(const qm4_weight* w, const qm_rows* r, float* y, int64_t g
               const uint8_t v = qg[p * 64 + c * 4 + e];
               dot[c] += (int32_t)(v & 15) * (int32_t)xi[8 * p + e] + (int32_t)(v >> 4) * (int32_t)xi[8 * p + 4 + e];
             }
-        const float sx = r->sx[i * nb + b], sum = (float)r->xsum[i * nb + b];
+        const float sx = r->sx[i * nb + b], sum = r->xsumf[i * nb + b];
         for (int c = 0; c < 16; c++) acc[c] += ((float)dot[c] * dg[b * 16 + c] + og[b * 16 + c] * sum) * sx;
       }
       for (int c = 0; c < 16 && 16 * g + c < w->n; c++) y[i * w->n + 16 * g + c] = acc[c] + (w->bias ? w->bias[16 * g + c] : 0.0f);
@@ -410,7 +413,7 @@ VNNI static INLINE void tile4(const qm4_weight* w, const qm_rows* r, float* y, i
     }
     const __m512 d = _mm512_loadu_ps(dg + b * 16), o = _mm512_loadu_ps(og + b * 16);
     _Pragma("GCC unroll 16") for (int i = 0; i < MT; i++) {
-      const __m512 u = _mm512_fmadd_ps(o, _mm512_set1_ps((float)r->xsum[(m0 + i) * nb + b]), _mm512_mul_ps(_mm512_cvtepi32_ps(s[i]), d));
+      const __m512 u = _mm512_fmadd_ps(o, _mm512_set1_ps(r->xsumf[(m0 + i) * nb + b]), _mm512_mul_ps(_mm512_cvtepi32_ps(s[i]), d));
       acc[i] = _mm512_fmadd_ps(u, _mm512_set1_ps(r->sx[(m0 + i) * nb + b]), acc[i]);
     }
   }
@@ -502,7 +505,7 @@ AMX static INLINE void amx_scale(const int BITS, int64_t nb, const qm_rows* r, c
     const __m512 o = _mm512_loadu_ps(og + e * 16);
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
       const int64_t row = m0 + i;
-      const __m512 u = _mm512_fmadd_ps(o, _mm512_set1_ps((float)r->xsum[row * nb + e]), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void*)sum[i])), d));
+      const __m512 u = _mm512_fmadd_ps(o, _mm512_set1_ps(r->xsumf[row * nb + e]), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void*)sum[i])), d));
       acc[i] = _mm512_fmadd_ps(u, _mm512_set1_ps(r->sx[row * nb + e]), acc[i]);
     }
   }

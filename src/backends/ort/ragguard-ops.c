@@ -266,12 +266,13 @@ static void task(void* data, size_t i) {
   const int64_t g1 = g0 + work->perTask < work->groups ? g0 + work->perTask : work->groups;
   const int64_t m = work->rows->m, n = work->kernel->n, k = work->rows->k, nb = k / work->rows->blk;
   const int64_t i0 = chunk * work->rowsPerTask, i1 = i0 + work->rowsPerTask < m ? i0 + work->rowsPerTask : m;
-  /* the chunk's rows as rows of their own: every kernel indexes rows from the start of xq, sx, xsum and y */
+  /* the chunk's rows as rows of their own: every kernel indexes rows from the start of xq, sx, xsum, xsumf and y */
   qm_rows part = *work->rows;
   part.m = i1 - i0;
   part.xq += i0 * k;
   part.sx += i0 * nb;
   part.xsum += i0 * nb;
+  part.xsumf += i0 * nb;
   float* y = work->y + i0 * n;
   if (work->kernel->bits == 8) qm8_groups(work->w8, &part, y, g0, g1);
   else qm4_groups(work->w4, &part, y, g0, g1);
