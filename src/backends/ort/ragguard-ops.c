@@ -377,7 +377,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   hugeOutput(y, (size_t)(m * q->n) * sizeof(float));
   const qm8_weight w8 = {q->k, q->n, q->blk, wq, ws, wb};
   const qm4_weight w4 = {q->k, q->n, q->blk, wq, ws, wo, wb};
-  /* x quantized (a byte a value and two numbers a block) in memory from the session's allocator: the
+  /* x quantized (a byte a value and three numbers a block) in memory from the session's allocator: the
    * one the counting allocator accounts (session.use_env_allocators), so the guards see it as they see
    * MatMulNBits' own. */
   /* (the OrtAllocator handed out is a wrapper made for the call: released after it) */
