@@ -12,9 +12,9 @@ cd "$(dirname "$0")/.."
 version=$LLAMA_SDIST_VERSION
 out=.cache/llama-server/$version
 bin=$out/bin/llama-server
-# Each instruction set ggml can compile in, turned on where /proc/cpuinfo lists it; AMX apart: -march=native
-# compiles ggml's AMX kernels in, and a VM whose hypervisor does not grant the tile state raises SIGILL on
-# the first tile instruction (the server died at its warm-up). Each from the CPU's own flags, not a list
+# Each instruction set ggml can compile in, turned on where /proc/cpuinfo lists it; AMX apart (below):
+# -march=native compiles ggml's AMX kernels in wherever the CPU lists AMX, whether or not Linux grants the
+# tile state, and with GCC 12 they died of SIGILL at warm-up either way. Each from the CPU's own flags, not a list
 # assumed: a build with AVX-VNNI (the VEX form, Intel's since Alder Lake) on an AMD EPYC (Zen 4: AVX512-VNNI
 # only) died of SIGILL as soon as a model's products took that path (Qwen2.5-Coder-0.5B's, not 1.5B's).
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "

@@ -48,7 +48,8 @@ typedef struct {
   int32_t* xsum;   /* [m][k / blk]: sum(xq) of the block (for the zero points' term) */
   float* xsumf;    /* [m][k / blk]: the same sums as floats (exact, below 2^24), which the 4-bit offsets
                       multiply: converted once here, not by a scalar conversion in every column group's
-                      epilogue, where it took the vector ports the scaling needs (5-13 % of the AMX products) */
+                      epilogue, where it took the vector ports the scaling needs (the kernels alone 3-12 % faster on AMX;
+                      end to end within the run-to-run spread: bench/results, e969a05) */
 } qm_rows;
 
 /* Whether blk is a block size handled here for k (a power of two from 16 that divides k). */
