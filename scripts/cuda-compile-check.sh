@@ -2,26 +2,38 @@
 # Compiles every CUDA source of the native backend (src/backends/cuda/*.cu) for Hopper (sm_90) without a
 # GPU: a change that breaks the native build fails here (npm test: test/cuda-compile.test.ts) instead of
 # on the next GPU run. nvcc, the CUDA headers and cuBLAS's headers come from PyPI wheels pinned by
-# version and sha256 (scripts/cuda/toolkit-requirements.txt), unpacked once into .cache/cuda-toolkit
-# (ignored; keyed by the requirements file's hash, so a new pin unpacks anew). Compile only (-c): ptxas
-# runs (register and shared-memory limits are checked), nothing is linked.
+# version and sha256 (scripts/cuda/toolkit-requirements.txt), unpacked once a machine into
+# ${XDG_CACHE_HOME:-~/.cache}/ragguard/cuda-toolkit, as Go's build cache is kept, so that every clone (CI's
+# fresh ones included) finds it and the test fetches nothing from the network after the first time (keyed by
+# the requirements file's hash, so a new pin unpacks anew; .cache/cuda-toolkit in the clone where the home
+# directory is not writable). Compile only (-c): ptxas runs (register and shared-memory limits are checked),
+# nothing is linked.
 #
-# Exit codes: 0 compiled; 1 a source failed to compile; 3 the toolkit could not be fetched (no PyPI).
+# Exit codes: 0 compiled; 1 a source failed to compile; 3 the toolkit could not be fetched (no PyPI, or a
+# download that stalled: pip gives up after its timeouts, the whole fetch after 7 minutes, so that the
+# test's own 10-minute limit is never what ends it).
 # RAGGUARD_NVCC=<nvcc> uses an installed toolkit instead of the wheels (the GPU host's /usr/local/cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 req=scripts/cuda/toolkit-requirements.txt
 key=$(sha256sum "$req" | cut -c1-16)
-root=.cache/cuda-toolkit/$key
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/ragguard
+mkdir -p "$cache/cuda-toolkit" 2>/dev/null && [[ -w $cache/cuda-toolkit ]] || cache=.cache
+root=$cache/cuda-toolkit/$key
 nvcc=${RAGGUARD_NVCC:-}
 if [[ -z $nvcc ]]; then
   nvcc=$root/nvidia/cu13/bin/nvcc
+  mkdir -p "$cache/cuda-toolkit"
+  # One fetch at a time a machine: two clones' checks at once wait for the first's unpacking.
+  exec 9>"$cache/cuda-toolkit/.lock"
+  flock 9
   if [[ ! -f $root/.complete ]]; then
-    echo "[cuda-check] fetching the pinned CUDA 13.0 compiler wheels (once; cached in $root)"
+    echo "[cuda-check] fetching the pinned CUDA 13.0 compiler wheels (once a machine; cached in $root)"
     rm -rf "$root" && mkdir -p "$root/wheels"
-    if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --require-hashes -r "$req" -d "$root/wheels" 2>"$root/pip.err"; then
+    if ! timeout 420 python3 -m pip download --quiet --no-deps --only-binary=:all: --require-hashes --timeout 30 --retries 3 \
+        -r "$req" -d "$root/wheels" 2>"$root/pip.err"; then
       cat "$root/pip.err" >&2
-      echo "[cuda-check] cannot fetch the CUDA toolkit wheels from PyPI (see above)" >&2
+      echo "[cuda-check] cannot fetch the CUDA toolkit wheels from PyPI (see above; a download still unfinished after 7 minutes is stopped)" >&2
       rm -rf "$root"
       exit 3
     fi
@@ -43,6 +55,7 @@ PY
     rm -rf "$root/wheels" "$root/pip.err"
     touch "$root/.complete"
   fi
+  exec 9>&-
 fi
 inc=()
 [[ -z ${RAGGUARD_NVCC:-} ]] && inc=(-I"$root/nvidia/cu13/include")
