@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes tools the chart's check needs (test/deploy.test.ts, docs/deploy.md) from the Go
-# module proxy into .cache/k8s-tools, each in a folder named by its version so that a pin change builds anew
-# and an unchanged pin costs nothing:
+# module proxy into ${XDG_CACHE_HOME:-~/.cache}/ragguard/k8s-tools (.cache/k8s-tools in the clone where the home
+# directory is not writable), each in a folder named by its version so that a pin change builds anew and an
+# unchanged pin costs nothing. Kept once a machine, not once a clone: `go install pkg@version` asks the proxy
+# about the module's deprecation on every build, so a fresh clone would need the network in its tests.
 #
 #   helm         helm.sh/helm/v3/cmd/helm                  (renders the chart: helm template, helm lint)
 #   kubeconform  github.com/yannh/kubeconform/cmd/kubeconform (validates what helm renders against schemas)
@@ -26,7 +28,8 @@ KUBECONFORM_VERSION=v0.7.0
 KUBERNETES_VERSION=v1.34.2
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TOOLS="$ROOT/.cache/k8s-tools"
+TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/ragguard/k8s-tools"
+mkdir -p "$TOOLS" 2>/dev/null && [[ -w $TOOLS ]] || TOOLS="$ROOT/.cache/k8s-tools"
 HELM="$TOOLS/helm-$HELM_VERSION/helm"
 KUBECONFORM="$TOOLS/kubeconform-$KUBECONFORM_VERSION/kubeconform"
 SCHEMAS="$TOOLS/schemas-$KUBERNETES_VERSION"
@@ -36,6 +39,12 @@ die() { printf '[k8s-tools] ERROR: %s\n' "$*" >&2; exit 1; }
 have_all() { [[ -x "$HELM" && -x "$KUBECONFORM" && -f "$SCHEMAS/.complete" ]]; }
 if [[ "${1:-}" == --check ]]; then have_all && exit 0; exit 1; fi
 
+if ! have_all; then
+  # One build at a time a machine: a second clone's check waits for the first, then finds the tools.
+  mkdir -p "$TOOLS"
+  exec 9>"$TOOLS/.lock"
+  flock 9
+fi
 if ! have_all; then
   GO="$(command -v go || true)"
   [[ -z "$GO" && -x /usr/local/go/bin/go ]] && GO=/usr/local/go/bin/go
