@@ -17,15 +17,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 req=scripts/cuda/toolkit-requirements.txt
 key=$(sha256sum "$req" | cut -c1-16)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/ragguard
-mkdir -p "$cache/cuda-toolkit" 2>/dev/null && [[ -w $cache/cuda-toolkit ]] || cache=.cache
-root=$cache/cuda-toolkit/$key
+. scripts/lib/machine-cache.sh
+cache=$(machine_cache cuda-toolkit .cache/cuda-toolkit)
+root=$cache/$key
 nvcc=${RAGGUARD_NVCC:-}
 if [[ -z $nvcc ]]; then
   nvcc=$root/nvidia/cu13/bin/nvcc
-  mkdir -p "$cache/cuda-toolkit"
   # One fetch at a time a machine: two clones' checks at once wait for the first's unpacking.
-  exec 9>"$cache/cuda-toolkit/.lock"
+  exec 9>"$cache/.lock"
   flock 9
   if [[ ! -f $root/.complete ]]; then
     echo "[cuda-check] fetching the pinned CUDA 13.0 compiler wheels (once a machine; cached in $root)"

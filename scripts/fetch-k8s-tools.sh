@@ -28,8 +28,8 @@ KUBECONFORM_VERSION=v0.7.0
 KUBERNETES_VERSION=v1.34.2
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/ragguard/k8s-tools"
-mkdir -p "$TOOLS" 2>/dev/null && [[ -w $TOOLS ]] || TOOLS="$ROOT/.cache/k8s-tools"
+. "$ROOT/scripts/lib/machine-cache.sh"
+TOOLS=$(machine_cache k8s-tools "$ROOT/.cache/k8s-tools")
 HELM="$TOOLS/helm-$HELM_VERSION/helm"
 KUBECONFORM="$TOOLS/kubeconform-$KUBECONFORM_VERSION/kubeconform"
 SCHEMAS="$TOOLS/schemas-$KUBERNETES_VERSION"
@@ -40,8 +40,7 @@ have_all() { [[ -x "$HELM" && -x "$KUBECONFORM" && -f "$SCHEMAS/.complete" ]]; }
 if [[ "${1:-}" == --check ]]; then have_all && exit 0; exit 1; fi
 
 if ! have_all; then
-  # One build at a time a machine: a second clone's check waits for the first, then finds the tools.
-  mkdir -p "$TOOLS"
+  # One build at a time a machine: a second clone's check waits for the first, then finds the tools (below).
   exec 9>"$TOOLS/.lock"
   flock 9
 fi
@@ -53,7 +52,6 @@ if ! have_all; then
   # the tools once relinks them in seconds instead of compiling helm again. The machine's toolchain as it is
   # (no toolchain download).
   export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
-  mkdir -p "$TOOLS"
   # Whether the Go module proxy answers (a module the builds need anyway): exit 3 when it cannot be reached, so
   # that a caller can tell "no network" from "does not build".
   if ! out="$("$GO" mod download -json "github.com/yannh/kubeconform@$KUBECONFORM_VERSION" 2>&1)"; then

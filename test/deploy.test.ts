@@ -1,8 +1,8 @@
 /**
  * The deployment files (deploy/): the Helm chart rendered by a real `helm template` and every object checked by a
  * real kubeconform -strict against Kubernetes' own schemas (scripts/fetch-k8s-tools.sh builds both tools, pinned,
- * from the Go module proxy into ~/.cache/ragguard/k8s-tools, once a machine, and makes the schemas from the Kubernetes OpenAPI document; the
- * first build takes minutes). The chart's variants (router on or off, HPA on or off, a chart-made Secret, the CUDA
+ * from the Go module proxy into ~/.cache/ragguard/k8s-tools, once a machine, and makes the schemas from the
+ * Kubernetes OpenAPI document; the first build takes minutes). The chart's variants (router on or off, HPA on or off, a chart-made Secret, the CUDA
  * settings) are each validated; the router's haproxy.cfg is checked by the HAProxy that setup installs; the
  * chart is tied to the code (its env names are settings of src/config/config.ts, its HPA metric a gauge of
  * src/server/metrics.ts, its probes the open health routes). The Dockerfiles cannot be built here (no container
