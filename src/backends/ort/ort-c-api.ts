@@ -67,6 +67,13 @@ let api: Api | null | undefined;
 let unavailable = '';
 /** Whether this libonnxruntime's API table is the one the ops library was written against (bind checks). */
 let opsUsable = false;
+/**
+ * The loaded libonnxruntime, held for the process's life: koffi unloads a library whose handle is
+ * collected, and the API table's functions (decoded pointers) do not hold it. A process that imports
+ * onnxruntime-node keeps it mapped anyway; one that uses only this binding (a script timing one op)
+ * crashed (SIGSEGV, a call into the unmapped library) at the first collection after bind().
+ */
+let ortLibrary: unknown;
 
 /** What a direct session may set beyond the options every CPU session here gets. */
 export interface DirectSessionOptions {
@@ -87,6 +94,7 @@ export function bind(): Api | null {
     const require = createRequire(import.meta.url);
     const dir = path.join(path.dirname(require.resolve('onnxruntime-node/package.json')), 'bin', 'napi-v6', process.platform, process.arch);
     const lib = koffi.load(path.join(dir, process.platform === 'darwin' ? 'libonnxruntime.dylib' : 'libonnxruntime.so.1'));
+    ortLibrary = lib;
     const ApiBase = koffi.struct('OrtApiBase', { GetApi: 'void *', GetVersionString: 'void *' });
     const base = koffi.decode(lib.func('void *OrtGetApiBase()')(), ApiBase) as { GetApi: unknown };
     const getApi = koffi.decode(base.GetApi, koffi.proto('void *OrtGetApi(uint32_t version)')) as (v: number) => unknown;
