@@ -15,7 +15,7 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { ONNX_FLOAT, ONNX_UINT8, writeModel, type Initializer } from '../src/runtime/onnx-proto.js';
 import { qmatmul4Layout, qmatmul8Layout, type Qmatmul8Layout } from '../src/backends/ort/qmatmul-layout.js';
-import { DirectSession, ragguardOpsAmx, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsAmx } from '../src/backends/ort/ort-direct.js';
+import { DirectSession, ragguardOpsAmx, ragguardOpsAmxBf16, ragguardOpsUnavailable, ragguardOpsVnni, setRagguardOpsAmx, setRagguardOpsAmxBf16 } from '../src/backends/ort/ort-direct.js';
 import { tempDir, xorshift } from './helpers.js';
 
 
@@ -24,7 +24,7 @@ const floats = (name: string, dims: number[], v: Float32Array): Initializer => (
 interface Case { bits: 4 | 8; k: number; n: number; blk: number; bias: boolean }
 
 /** A session holding one QMatMul of random weights (every byte value, every zero point) and x of `rows` rows. */
-async function opModel(c: Case, seed: number): Promise<{ session: DirectSession; x: (rows: number) => Float32Array }> {
+async function opModel(c: Case, seed: number): Promise<{ session: DirectSession; x: (rows: number) => Float32Array; reference: (x: Float32Array, rows: number) => { y: Float64Array; magnitude: Float64Array } }> {
   const r = xorshift(seed);
   const blocks = c.k / c.blk;
   const values = Uint8Array.from({ length: c.n * c.k }, () => Math.floor(r() * (c.bits === 8 ? 256 : 16)));
@@ -56,7 +56,31 @@ async function opModel(c: Case, seed: number): Promise<{ session: DirectSession;
   const session = DirectSession.create(file, { intraOpThreads: 2 })!;
   // Activations with a few large entries, as a normed hidden state has.
   const x = (rows: number) => Float32Array.from({ length: rows * c.k }, (_, i) => (r() - 0.5) * 4 * (i % 97 === 0 ? 20 : 1));
-  return { session, x };
+  // The product in float64 from the weights as MatMulNBits defines them (scale (q - zero point)), and each
+  // output's sum of |x w| (the scale its rounding errors take).
+  const weight = (n: number, k: number) => {
+    const b = Math.floor(k / c.blk);
+    const z = c.bits === 8 ? 128 : (zp[n * zpRow + (b >> 1)]! >> ((b & 1) * 4)) & 15;
+    return d[n * blocks + b]! * (values[n * c.k + k]! - z);
+  };
+  const reference = (xs: Float32Array, rows: number) => {
+    const y = new Float64Array(rows * c.n), magnitude = new Float64Array(rows * c.n);
+    for (let n = 0; n < c.n; n++) {
+      const w = Float64Array.from({ length: c.k }, (_, k) => weight(n, k));
+      for (let i = 0; i < rows; i++) {
+        let sum = c.bias ? bias[n]! : 0, mag = 0;
+        for (let k = 0; k < c.k; k++) {
+          const p = xs[i * c.k + k]! * w[k]!;
+          sum += p;
+          mag += Math.abs(p);
+        }
+        y[i * c.n + n] = sum;
+        magnitude[i * c.n + n] = mag;
+      }
+    }
+    return { y, magnitude };
+  };
+  return { session, x, reference };
 }
 
 async function run(s: DirectSession, x: Float32Array, rows: number, k: number): Promise<Float32Array> {
@@ -75,7 +99,12 @@ test('QMatMul8 and QMatMul4 on AMX give the AVX512-VNNI kernels\' outputs bit fo
     t.skip(`no AMX here (AVX512-VNNI ${ragguardOpsVnni() ? 'yes' : 'no'}; the CPU or the kernel does not grant the tile state, or RAGGUARD_OPS_AMX=0)`);
     return;
   }
-  t.after(() => setRagguardOpsAmx(true));
+  // the int8 tiles at every row count (from 128 rows prefills take AMX-BF16 where it runs: the next test)
+  setRagguardOpsAmxBf16(false);
+  t.after(() => {
+    setRagguardOpsAmx(true);
+    setRagguardOpsAmxBf16(true);
+  });
   const cases: Case[] = [
     { bits: 8, k: 896, n: 200, blk: 32, bias: true }, // Q5_0 / Q8_0 q/k/v with a bias, columns not a multiple of 16
     { bits: 8, k: 4864, n: 40, blk: 16, bias: false }, // Q6_K down projection, a last group of 8 columns
@@ -109,6 +138,55 @@ test('QMatMul8 and QMatMul4 on AMX give the AVX512-VNNI kernels\' outputs bit fo
   }
 });
 
+test('from 128 rows, QMatMul8 and QMatMul4 on AMX-BF16 are the product within bfloat16\'s rounding of x and the weights, and below it the int8 kernels\' own', async (t) => {
+  assert.equal(ragguardOpsUnavailable(), '', "ragguard's ops can run");
+  if (!ragguardOpsAmxBf16()) {
+    t.skip(`no AMX-BF16 here (AMX ${ragguardOpsAmx() ? 'yes' : 'no'}; the CPU lacks AMX-BF16 or AVX512-BF16, or RAGGUARD_OPS_AMX_BF16=0)`);
+    return;
+  }
+  t.after(() => setRagguardOpsAmxBf16(true));
+  const cases: (Case & { rows: number[] })[] = [
+    { bits: 8, k: 896, n: 200, blk: 32, bias: true, rows: [127, 128, 161] }, // columns not a multiple of 16, rows not of 32
+    { bits: 4, k: 896, n: 200, blk: 32, bias: true, rows: [127, 128, 150] },
+    { bits: 4, k: 160, n: 21, blk: 16, bias: false, rows: [128, 150] }, // blocks of 16, an odd group count
+    { bits: 8, k: 256, n: 9, blk: 128, bias: true, rows: [140] }, // blocks longer than a tile's 32 values, one group
+    { bits: 4, k: 512, n: 9, blk: 128, bias: false, rows: [140] },
+    { bits: 4, k: 8960, n: 1000, blk: 32, bias: false, rows: [128] }, // the dequantized weights in 3 slabs
+    { bits: 8, k: 48, n: 37, blk: 16, bias: false, rows: [150] }, // K not a multiple of 32: the int8 tiles
+  ];
+  let seed = 31;
+  for (const c of cases) {
+    const { session, x, reference } = await opModel(c, seed++);
+    try {
+      for (const rows of c.rows) {
+        const xs = x(rows);
+        setRagguardOpsAmxBf16(true);
+        const bf16 = await run(session, xs, rows, c.k);
+        setRagguardOpsAmxBf16(false);
+        const int8 = await run(session, xs, rows, c.k);
+        const what = `QMatMul${c.bits} k ${c.k} n ${c.n} blk ${c.blk} rows ${rows}`;
+        let differ = 0;
+        for (let i = 0; i < bf16.length; i++) if (!Object.is(bf16[i], int8[i])) differ++;
+        if (rows < 128 || c.k % 32 !== 0) {
+          assert.equal(differ, 0, `${what}: the int8 kernels' outputs (${differ} differ)`);
+          continue;
+        }
+        assert.ok(differ > bf16.length / 2, `${what}: ran on AMX-BF16 (only ${differ} of ${bf16.length} outputs differ from the int8 kernels')`);
+        // x and each weight rounded to bfloat16 (8 significant bits: a relative error of 2^-9 each at most),
+        // their products summed in floats: each output within 2^-8 of its sum of |x w| (the int8 kernels'
+        // error is some 2^-8.5 of it, so this bound tells a product gone wrong from bfloat16's rounding).
+        const ref = reference(xs, rows);
+        let worst = 0;
+        for (let i = 0; i < bf16.length; i++) worst = Math.max(worst, Math.abs(bf16[i]! - ref.y[i]!) / (ref.magnitude[i]! + 1e-30));
+        assert.ok(worst <= 2 ** -8, `${what}: an output ${worst.toExponential(2)} of its sum of |x w| off the float64 product`);
+        t.diagnostic(`${what}: within ${worst.toExponential(2)} of the sum of |x w|`);
+      }
+    } finally {
+      session.dispose();
+    }
+  }
+});
+
 test('a product on AMX puts back the tile configuration its thread held (llama.cpp\'s next tile load works) and releases the tiles where none was held', async (t) => {
   const ROOT = path.resolve(import.meta.dirname, '..');
   const dir = await tempDir('qmatmul-tile-state-');
@@ -116,7 +194,7 @@ test('a product on AMX puts back the tile configuration its thread held (llama.c
   for (const opt of ['-O3', '-O2']) {
     const exe = path.join(dir, `tile-state${opt}`);
     const cc = spawnSync('cc', [opt, '-Wall', '-Wextra', '-Werror', '-I', path.join(ROOT, 'src/backends/ort'), '-o', exe,
-      path.join(ROOT, 'test/fixtures/qmatmul-tile-state.c'), path.join(ROOT, 'src/backends/ort/qmatmul.c'), '-lm'], { encoding: 'utf8' });
+      path.join(ROOT, 'test/fixtures/qmatmul-tile-state.c'), path.join(ROOT, 'src/backends/ort/qmatmul.c'), path.join(ROOT, 'src/backends/ort/qmatmul-bf16.c'), '-lm'], { encoding: 'utf8' });
     if (cc.error) {
       t.skip(`no C compiler (cc: ${cc.error.message})`);
       return;
@@ -129,8 +207,10 @@ test('a product on AMX puts back the tile configuration its thread held (llama.c
     }
     assert.equal(r.signal, null, `${opt}: died with ${r.signal} after:\n${r.stdout}`);
     assert.equal(r.status, 0, `${opt}:\n${r.stdout}${r.stderr}`);
-    assert.equal((r.stdout.match(/as before/g) ?? []).length, 4, r.stdout);
-    assert.equal((r.stdout.match(/a tile load after our product works/g) ?? []).length, 2, r.stdout);
+    // 4 products (8 and 4 bits, a configuration before or none) on the int8 tiles, and 4 more on AMX-BF16 where it runs
+    const paths = ragguardOpsAmxBf16() ? 2 : 1;
+    assert.equal((r.stdout.match(/as before/g) ?? []).length, 4 * paths, r.stdout);
+    assert.equal((r.stdout.match(/a tile load after our product works/g) ?? []).length, 2 * paths, r.stdout);
     t.diagnostic(`${opt}: ${r.stdout.trim().split('\n').join('; ')}`);
   }
 });

@@ -20,7 +20,7 @@ export { applySessionSettings, setIntraOpSpin, setIntraOpThreads, type IntraOpSp
 export {
   directUnavailable, RAGGUARD_OPS_LIBRARY, ragguardOpsUnavailable, registerCpuAllocator, type DirectSessionOptions, type SessionValueInfo,
 } from './ort-c-api.js';
-export { ragguardOpsAmx, ragguardOpsVnni, setRagguardOpsAmx, setRagguardOpsPortable } from './ragguard-ops.js';
+export { ragguardOpsAmx, ragguardOpsAmxBf16, ragguardOpsVnni, setRagguardOpsAmx, setRagguardOpsAmxBf16, setRagguardOpsPortable } from './ragguard-ops.js';
 
 /** A tensor in host memory that ONNX Runtime owns; `data` views it without a copy until dispose(). */
 export class HostTensor {

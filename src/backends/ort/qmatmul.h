@@ -86,4 +86,32 @@ int qm_amx(void);
 int32_t qm_amx_peak_loop(int64_t iters);
 /* 0: the AVX512-VNNI kernels at every row count from now on (for tests); 1: AMX again where it can run. */
 void qm_set_amx(int on);
+/*
+ * Prefills on AMX in bfloat16 (qmatmul-bf16.c): products of QM_BF16_MIN_ROWS rows or more where the CPU
+ * has AMX-BF16 and AVX512-BF16 besides qm_amx's, and k is a multiple of 32. x is rounded to bfloat16 rows
+ * (up to a multiple of 32 rows, those past m zero), the weights dequantized to bfloat16 a group at a time
+ * ([k / 2][16][2]: k-pair j's two values of column c at [j][c]), and the sums kept in floats over all of k.
+ */
+#define QM_BF16_MIN_ROWS 128
+/* 1 where AMX-BF16 runs here (qm_amx, the CPU's AMX-BF16 and AVX512-BF16, RAGGUARD_OPS_AMX_BF16 not 0, qm_set_bf16(0) not called). */
+int qm_bf16(void);
+/* 1 where a product of m rows and inner width k runs on AMX-BF16. */
+int qm_bf16_runs(int64_t m, int64_t k);
+/* 0: the int8 paths at every row count from now on (for tests); 1: AMX-BF16 again where it runs. */
+void qm_set_bf16(int on);
+/* The bfloat16 rows' memory (m rounded up to 32 rows of k). */
+size_t qm_bf16_rows_bytes(int64_t m, int64_t k);
+/* Rows [i0, i1) of the padded rows written into xb from x (m rows of k floats); rows from m zero. */
+void qm_bf16_rows_convert(uint16_t* xb, const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1);
+/* A group's dequantized weights' memory (16 columns of k). */
+size_t qm_bf16_group_bytes(int64_t k);
+/* Groups [g0, g1) dequantized into out (group g at (g - g0) x qm_bf16_group_bytes). */
+void qm8_bf16_weights(const qm8_weight* w, uint16_t* out, int64_t g0, int64_t g1);
+void qm4_bf16_weights(const qm4_weight* w, uint16_t* out, int64_t g0, int64_t g1);
+/*
+ * y [m][n] at rows [i0, i1) (i0 a multiple of 32, i1 too or the padded end; rows from m not written) and
+ * columns of groups [g0, g1), whose dequantized weights start at wb (group g0's), plus the bias where given.
+ */
+void qm_bf16_groups(const uint16_t* xb, int64_t m, int64_t k, int64_t i0, int64_t i1, const uint16_t* wb, int64_t n, const float* bias,
+                    float* y, int64_t g0, int64_t g1);
 #endif

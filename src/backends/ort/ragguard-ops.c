@@ -322,6 +322,86 @@ static void quantTask(void* data, size_t i) {
   qm_rows_quantize(q->rows, q->x, i0, i1);
 }
 
+/*
+ * A product on AMX-BF16 (qmatmul-bf16.c: prefills of QM_BF16_MIN_ROWS rows or more where it runs), in
+ * passes over the threads: x's rows converted to bfloat16; then, a slab of column groups at a time, the
+ * slab's weights dequantized (a pair of groups a task) and its products (a chunk of rows by a pair of
+ * groups a task, chunks of x of a third of L2, whole 32-row steps). The slab (BF16_SLAB_BYTES) keeps the
+ * dequantized weights few MB whatever N, near the cache for the products that read them next.
+ */
+#define BF16_SLAB_BYTES ((size_t)8 << 20)
+
+typedef struct {
+  const Kernel* kernel;
+  const qm8_weight* w8;
+  const qm4_weight* w4;
+  const float* x;
+  float* y;
+  int64_t m;
+  uint16_t *xb, *wb;
+  /* rows a conversion task takes; the slab's groups; rows a product task takes, and its pairs of groups */
+  int64_t convertRows, slab0, slab1, rowsPerTask, pairTasks;
+  const float *xa, *loraB;
+  int64_t loraRank, perBatch;
+  int bShared;
+} Bf16Work;
+
+static void bf16ConvertTask(void* data, size_t i) {
+  const Bf16Work* b = data;
+  const int64_t m32 = (b->m + 31) & ~(int64_t)31, i0 = (int64_t)i * b->convertRows;
+  qm_bf16_rows_convert(b->xb, b->x, b->m, b->kernel->k, i0, i0 + b->convertRows < m32 ? i0 + b->convertRows : m32);
+}
+
+static void bf16WeightsTask(void* data, size_t i) {
+  const Bf16Work* b = data;
+  const int64_t g0 = b->slab0 + 2 * (int64_t)i, g1 = g0 + 2 < b->slab1 ? g0 + 2 : b->slab1;
+  uint16_t* out = b->wb + (g0 - b->slab0) * b->kernel->k * 16;
+  if (b->kernel->bits == 8) qm8_bf16_weights(b->w8, out, g0, g1);
+  else qm4_bf16_weights(b->w4, out, g0, g1);
+}
+
+static void bf16ProductTask(void* data, size_t i) {
+  const Bf16Work* b = data;
+  const int64_t k = b->kernel->k, n = b->kernel->n, m32 = (b->m + 31) & ~(int64_t)31;
+  const int64_t i0 = ((int64_t)i / b->pairTasks) * b->rowsPerTask, i1 = i0 + b->rowsPerTask < m32 ? i0 + b->rowsPerTask : m32;
+  const int64_t g0 = b->slab0 + 2 * ((int64_t)i % b->pairTasks), g1 = g0 + 2 < b->slab1 ? g0 + 2 : b->slab1;
+  const float* bias = b->kernel->bits == 8 ? b->w8->bias : b->w4->bias;
+  qm_bf16_groups(b->xb, b->m, k, i0, i1, b->wb + (g0 - b->slab0) * k * 16, n, bias, b->y, g0, g1);
+  /* the LoRA term on the columns just written (rows of the chunk below m), as task() adds it */
+  const int64_t rows = (i1 < b->m ? i1 : b->m) - i0;
+  if (b->loraRank > 0 && rows > 0)
+    qm_add_product(b->y + i0 * n, rows, n, b->xa + i0 * b->loraRank, b->loraRank, b->loraB, b->perBatch, b->bShared, g0, g1);
+}
+
+static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Work* b) {
+  const int64_t k = b->kernel->k, groups = (b->kernel->n + 15) / 16, m32 = (b->m + 31) & ~(int64_t)31;
+  int64_t slabGroups = (int64_t)(BF16_SLAB_BYTES / qm_bf16_group_bytes(k)) & ~(int64_t)1;
+  if (slabGroups < 2) slabGroups = 2;
+  if (slabGroups > groups) slabGroups = groups;
+  const size_t xBytes = (qm_bf16_rows_bytes(b->m, k) + 63) & ~(size_t)63;
+  /* x's bfloat16 rows and the slab's weights from the session's allocator: the one the guards account */
+  char* mem = alloc->Alloc(alloc, xBytes + (size_t)slabGroups * qm_bf16_group_bytes(k));
+  if (!mem) return fail(ORT_FAIL, "QMatMul: out of memory");
+  b->xb = (uint16_t*)mem;
+  b->wb = (uint16_t*)(mem + xBytes);
+  b->convertRows = (65536 + k - 1) / k;
+  /* a row's B follows its batch entry where the LoRA term has one B a batch row: whole rows then (task()) */
+  int64_t rows = (l2Bytes() / 3 / (2 * k)) & ~(int64_t)31;
+  rows = rows < 32 ? 32 : rows > 512 ? 512 : rows;
+  b->rowsPerTask = (b->loraRank > 0 && !b->bShared) || rows > m32 ? m32 : rows;
+  const int64_t chunks = (m32 + b->rowsPerTask - 1) / b->rowsPerTask;
+  OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16ConvertTask, (size_t)((m32 + b->convertRows - 1) / b->convertRows), 0, b);
+  for (int64_t g = 0; !s && g < groups; g += slabGroups) {
+    b->slab0 = g;
+    b->slab1 = g + slabGroups < groups ? g + slabGroups : groups;
+    b->pairTasks = (b->slab1 - b->slab0 + 1) / 2;
+    s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16WeightsTask, (size_t)b->pairTasks, 0, b);
+    if (!s) s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16ProductTask, (size_t)(chunks * b->pairTasks), 0, b);
+  }
+  alloc->Free(alloc, mem);
+  return s;
+}
+
 static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* q = kernel;
   /* inputs: A, B, scales, then (4 bits) the offsets, then the optional bias and the LoRA term's x A and B
@@ -383,6 +463,12 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   /* (the OrtAllocator handed out is a wrapper made for the call: released after it) */
   OrtAllocator* alloc = NULL;
   TRY(API(S_KernelContext_GetAllocator, GetAllocatorFn)(ctx, cpuMemory, &alloc));
+  if (qm_bf16_runs(m, q->k)) {
+    Bf16Work bw = {.kernel = q, .w8 = &w8, .w4 = &w4, .x = x, .y = y, .m = m, .xa = pa, .loraB = pb, .loraRank = loraRank, .perBatch = perBatch, .bShared = bShared};
+    OrtStatus* s = computeBf16(ctx, alloc, &bw);
+    API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
+    return s;
+  }
   void* mem = alloc->Alloc(alloc, qm_rows_bytes(m, q->k, q->blk));
   if (!mem) {
     API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
@@ -693,3 +779,9 @@ int ragguard_ops_amx(void) { return qm_amx(); }
 
 /* 0: the AVX512-VNNI kernels at every row count from now on (a test compares the two); 1: AMX again where it can run. */
 void ragguard_ops_set_amx(int on) { qm_set_amx(on); }
+
+/* Whether prefills of QM_BF16_MIN_ROWS rows or more run on AMX-BF16 here (qm_bf16). */
+int ragguard_ops_amx_bf16(void) { return qm_bf16(); }
+
+/* 0: the int8 paths at every row count from now on (a test compares the two); 1: AMX-BF16 again where it runs. */
+void ragguard_ops_set_amx_bf16(int on) { qm_set_bf16(on); }

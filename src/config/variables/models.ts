@@ -54,6 +54,11 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     apply: oneOf(['0', '1'] as const, () => undefined),
   },
   {
+    name: 'RAGGUARD_OPS_AMX_BF16', default: '1',
+    doc: "Where AMX runs (RAGGUARD_OPS_AMX) and the CPU has AMX-BF16 and AVX512-BF16: ragguard's CPU block products of 128 rows or more (prefills; K a multiple of 32) on TDPBF16PS (1), x and the weights dequantized once a product rounded to bfloat16 and the sums kept in floats over all of K (src/backends/ort/qmatmul-bf16.c), or on the int8 tiles (0: MatMulNBits' accuracy-level-4 numbers, x quantized to int8 a block). The bfloat16 products are nearer the exact product than the int8 ones (a fifth to a third of their error on random weights: test/qmatmul-amx.test.ts), but not their numbers bit for bit. Read by the ops library itself at its first product. Qwen2.5-Coder-1.5B prefill on 2 Xeon cores with AMX, 2026-12-07: 209 / 199 prompt tokens/s at 1,280 / 2,048 tokens against 148 / 143 on the int8 tiles (bench/results/cpu-2026-12-07-prefill-amx-bf16-15b-*.jsonl).",
+    apply: oneOf(['0', '1'] as const, () => undefined),
+  },
+  {
     name: 'RAGGUARD_OPS_HUGE_OUTPUTS', default: '0',
     doc: "1: ragguard's CPU ops advise their outputs of 8 MiB or more onto transparent huge pages (madvise), so that a long prefill's fresh activations fault in 2 MiB at a time instead of 4 KiB (on one core a 2,048-row gate-and-up output took 143-146 ms into fresh memory against 112-116 with the advice). Off until measured end to end. Read by the ops library itself.",
     apply: oneOf(['0', '1'] as const, () => undefined),
