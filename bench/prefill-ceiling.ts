@@ -10,6 +10,7 @@
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
 import { measureInt8Peak } from '../src/backends/ort/int8-peak.js';
+import { ragguardOpsAmxBf16 } from '../src/backends/ort/ragguard-ops.js';
 import { GgufFile } from '../src/runtime/gguf.js';
 
 export interface PrefillCeiling {
@@ -25,6 +26,8 @@ export interface PrefillCeiling {
   int8_multiply_adds_per_s_measured_one_core: number | null;
   /** Whether ragguard's products of 16 rows or more (prefills) run on AMX here (qmatmul.c's qm_amx). */
   amx: boolean;
+  /** Whether its products of 128 rows or more run on AMX-BF16 (qmatmul-bf16.c): TDPBF16PS, half TDPBSUD's multiply-adds an instruction. */
+  amx_bf16: boolean;
   int8_multiply_adds_per_s_amx_measured: number | null;
   int8_multiply_adds_per_s_amx_measured_one_core: number | null;
   peak_source: string;
@@ -69,10 +72,12 @@ export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
     int8_multiply_adds_per_s_nominal: nominal,
     int8_multiply_adds_per_s_measured: measured?.multiplyAddsPerS ?? null,
     int8_multiply_adds_per_s_measured_one_core: measured?.perCoreMultiplyAddsPerS ?? null,
-    amx: amx !== null, int8_multiply_adds_per_s_amx_measured: amx?.multiplyAddsPerS ?? null,
+    amx: amx !== null, amx_bf16: amx !== null && ragguardOpsAmxBf16(), int8_multiply_adds_per_s_amx_measured: amx?.multiplyAddsPerS ?? null,
     int8_multiply_adds_per_s_amx_measured_one_core: amx?.perCoreMultiplyAddsPerS ?? null,
     peak_source: amx
-      ? `${amx.how}: the prefill's products run on AMX here (a block of 32 takes a TDPBSUD of half depth at full cost: half this at most)`
+      ? ragguardOpsAmxBf16()
+        ? `${amx.how}: the prefill's products of 128 rows or more run on AMX-BF16 here (TDPBF16PS: half this an instruction at most)`
+        : `${amx.how}: the prefill's products run on AMX here (a block of 32 takes a TDPBSUD of half depth at full cost: half this at most)`
       : measured ? measured.how : 'nominal (the ops library is not built, or the CPU has no AVX512-VNNI)',
     int8_multiply_adds_per_s: perS, model_multiply_adds_per_token: macs, prefill_tokens_per_s_ceiling: Math.round(perS / macs),
   };
