@@ -96,7 +96,8 @@ BF16 static inline __m512 byte_of(__m512i v, const int e) {
 
 BF16 void qm8_bf16_weights(const qm8_weight* w, uint16_t* out, int64_t g0, int64_t g1) {
   const int64_t k = w->k, nb = k / w->blk, quads = k / 4;
-  const __m512i interleave = interleave_index(), zero_point = _mm512_set1_epi32(128);
+  const __m512i interleave = interleave_index();
+  const __m512 zero_point = _mm512_set1_ps(128.0f);
   for (int64_t g = g0; g < g1; g++) {
     const uint8_t* q = w->q + g * quads * 64;
     const float* dg = w->scales + g * nb * 16;
@@ -104,11 +105,9 @@ BF16 void qm8_bf16_weights(const qm8_weight* w, uint16_t* out, int64_t g0, int64
     for (int64_t j = 0; j < quads; j++) {
       const __m512 d = _mm512_loadu_ps(dg + (4 * j / w->blk) * 16);
       const __m512i v = _mm512_loadu_si512((const void*)(q + j * 64));
-      /* (q - 128) exactly in the integers, then one rounding each: the scale's product, then bfloat16's */
-#define W8(e) _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * (e)), _mm512_set1_epi32(0xFF)), zero_point)), d)
-      store_pair(o + (2 * j) * 32, W8(0), W8(1), interleave);
-      store_pair(o + (2 * j + 1) * 32, W8(2), W8(3), interleave);
-#undef W8
+      /* q - 128 exact in floats (small integers), then one rounding each: the scale's product, then bfloat16's */
+      store_pair(o + (2 * j) * 32, _mm512_mul_ps(_mm512_sub_ps(byte_of(v, 0), zero_point), d), _mm512_mul_ps(_mm512_sub_ps(byte_of(v, 1), zero_point), d), interleave);
+      store_pair(o + (2 * j + 1) * 32, _mm512_mul_ps(_mm512_sub_ps(byte_of(v, 2), zero_point), d), _mm512_mul_ps(_mm512_sub_ps(byte_of(v, 3), zero_point), d), interleave);
     }
   }
 }

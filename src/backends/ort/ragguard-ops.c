@@ -18,7 +18,9 @@
  * QMatMul8 and QMatMul4 are the products MatMulNBits (com.microsoft) computes at accuracy level 4 for
  * bits 8 without zero points (128) and for bits 4 with them (as offsets, with a block's min where it has
  * one), by the kernels in qmatmul.c, with the weights 16 columns side by side
- * (qmatmul.h says how; the converter writes them so: qmatmul-layout.ts). Column groups are shared out
+ * (qmatmul.h says how; the converter writes them so: qmatmul-layout.ts); prefills of 128 rows or more
+ * by qmatmul-bf16.c's on AMX-BF16 where it runs (x and the weights in bfloat16: computeBf16 below,
+ * nearer the exact product than MatMulNBits' int8 activations, not its numbers). Column groups are shared out
  * over the session's intra-op threads (KernelContext_ParallelFor): the ops add no thread of their own.
  *
  * Only what this file uses of onnxruntime_c_api.h is declared here: the OrtApi function table is read
