@@ -223,20 +223,21 @@ static OrtStatus* loraShape(const OrtValue* xa, const OrtValue* b, const int64_t
 }
 
 /*
- * RAGGUARD_OPS_HUGE_OUTPUTS (on unless 0): an output of 8 MiB or more (a
+ * RAGGUARD_OPS_HUGE_OUTPUTS=1 (opt-in): an output of 8 MiB or more (a
  * prefill's products: 80 MB for gate and up at 2,048 tokens) advised onto 2 MiB pages where the kernel
  * gives them (transparent huge pages on `madvise`, as here). ONNX Runtime hands each run fresh memory,
  * which the product then faults in 4 KiB at a time: on one core, 2,048 rows of the 896 x 9,728 product
  * took 111-114 ms into memory already touched, 143-146 into fresh memory, 112-116 with the advice (thread
  * CPU time). Only the 2 MiB-aligned inside of the block (every byte of it is written next); the advice
- * goes with the mapping when ONNX Runtime frees it. End to end (the 1.5B's prefill, 2 Xeon cores) 22-25 %
- * more prompt tokens a second at 256-2,048 tokens, the process's largest resident set unchanged.
+ * goes with the mapping when ONNX Runtime frees it. bench:prefill-cpu (the 1.5B, 2 Xeon cores): 22-25 %
+ * more prompt tokens a second at 256-2,048 tokens, the largest resident set unchanged; but the server's
+ * RAG-shaped requests no faster, so off by default (a fault in an advised region may wait for compaction).
  */
 static void hugeOutput(void* y, size_t bytes) {
   static int off = -1;
   if (off < 0) {
     const char* env = getenv("RAGGUARD_OPS_HUGE_OUTPUTS");
-    off = env && strcmp(env, "0") == 0;
+    off = !(env && strcmp(env, "1") == 0);
   }
   const uintptr_t huge = (uintptr_t)2 << 20;
   if (off || bytes < 4 * huge) return;

@@ -59,8 +59,8 @@ export const MODEL_VARIABLES: readonly Variable[] = [
     apply: oneOf(['0', '1'] as const, () => undefined),
   },
   {
-    name: 'RAGGUARD_OPS_HUGE_OUTPUTS', default: '1',
-    doc: "1: ragguard's CPU ops advise their outputs of 8 MiB or more onto transparent huge pages (madvise, where the kernel's THP setting is madvise or always), so that a long prefill's fresh activations fault in 2 MiB at a time instead of 4 KiB; 0: 4 KiB pages. The default 1.5B's prefill on 2 Xeon cores, 2026-12-07, back to back: 227 / 266 / 242 prompt tokens/s at 256 / 1,280 / 2,048 tokens against 181 / 217 / 199 with 0, the process's largest resident set the same (2.63 GB at 2,048) and a fifth of the page faults (2.4 M against 11.7 M; bench/results/cpu-2026-12-07-prefill-huge-outputs-15b-*.jsonl). Where compaction is slow (THP defrag set to madvise on a fragmented host) a fault may wait for it: 0 then. Read by the ops library itself.",
+    name: 'RAGGUARD_OPS_HUGE_OUTPUTS', default: '0',
+    doc: "1: ragguard's CPU ops advise their outputs of 8 MiB or more onto transparent huge pages (madvise, where the kernel's THP setting is madvise or always), so that a long prefill's fresh activations fault in 2 MiB at a time instead of 4 KiB; 0: 4 KiB pages. The default 1.5B's prefill on 2 Xeon cores, 2026-12-07, back to back: 227 / 266 / 242 prompt tokens/s at 256 / 1,280 / 2,048 tokens against 181 / 217 / 199 with 0, the process's largest resident set the same (2.63 GB at 2,048) and a fifth of the page faults (2.4 M against 11.7 M; bench/results/cpu-2026-12-07-prefill-huge-outputs-15b-a95efac.jsonl). But the server's RAG-shaped requests ran no faster with it (275 against 269 prompt tokens/s at 1 concurrent, requests/s within the runs' spread: cpu-2026-12-07-llama-server-rag-15b-huge-outputs-9b8bf12.jsonl), and where compaction is slow (THP defrag on madvise, a fragmented host) a fault waits for it: off by default. Read by the ops library itself.",
     apply: oneOf(['0', '1'] as const, () => undefined),
   },
   {
