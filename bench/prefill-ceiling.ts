@@ -64,6 +64,7 @@ export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
   const measured = measureInt8Peak(cores);
   // Where the prefill's products run on AMX, its TDPBSUD is the limit (about 10x VPDPBUSD's on one core).
   const amx = measured?.amx ?? null;
+  const amxBf16 = amx !== null && ragguardOpsAmxBf16();
   const perS = amx?.multiplyAddsPerS ?? measured?.multiplyAddsPerS ?? nominal;
   const field = (name: string) => new RegExp(`^${name}\\s*:\\s*(.*)$`, 'm').exec(cpuinfo)?.[1]?.trim() ?? '?';
   return {
@@ -72,10 +73,10 @@ export function prefillCeiling(gguf: string, vnniPerCycle = 1): PrefillCeiling {
     int8_multiply_adds_per_s_nominal: nominal,
     int8_multiply_adds_per_s_measured: measured?.multiplyAddsPerS ?? null,
     int8_multiply_adds_per_s_measured_one_core: measured?.perCoreMultiplyAddsPerS ?? null,
-    amx: amx !== null, amx_bf16: amx !== null && ragguardOpsAmxBf16(), int8_multiply_adds_per_s_amx_measured: amx?.multiplyAddsPerS ?? null,
+    amx: amx !== null, amx_bf16: amxBf16, int8_multiply_adds_per_s_amx_measured: amx?.multiplyAddsPerS ?? null,
     int8_multiply_adds_per_s_amx_measured_one_core: amx?.perCoreMultiplyAddsPerS ?? null,
     peak_source: amx
-      ? ragguardOpsAmxBf16()
+      ? amxBf16
         ? `${amx.how}: the prefill's products of 128 rows or more run on AMX-BF16 here (TDPBF16PS: half this an instruction at most)`
         : `${amx.how}: the prefill's products run on AMX here (a block of 32 takes a TDPBSUD of half depth at full cost: half this at most)`
       : measured ? measured.how : 'nominal (the ops library is not built, or the CPU has no AVX512-VNNI)',

@@ -305,10 +305,11 @@ static int64_t l2Bytes(void) {
   return bytes;
 }
 
-static int64_t rowChunk(int64_t m, int64_t k, int loraByBatch) {
+/* Rows of rowBytes each (x as a kernel reads it), whole tiles of `tile` rows (a power of two). */
+static int64_t rowChunk(int64_t m, int64_t rowBytes, int64_t tile, int loraByBatch) {
   if (m < 64 || loraByBatch) return m;
-  int64_t rows = (l2Bytes() / 3 / k) & ~(int64_t)15;
-  rows = rows < 16 ? 16 : rows > 512 ? 512 : rows;
+  int64_t rows = (l2Bytes() / 3 / rowBytes) & ~(tile - 1);
+  rows = rows < tile ? tile : rows > 512 ? 512 : rows;
   return rows >= m ? m : rows;
 }
 
@@ -340,7 +341,8 @@ typedef struct {
   const qm4_weight* w4;
   const float* x;
   float* y;
-  int64_t m;
+  /* m: x's rows; m32: the bfloat16 rows, whole 32-row steps (those from m zero) */
+  int64_t m, m32;
   uint16_t *xb, *wb;
   /* rows a conversion task takes; the slab's groups; rows a product task takes, and its pairs of groups */
   int64_t convertRows, slab0, slab1, rowsPerTask, pairTasks;
@@ -351,8 +353,8 @@ typedef struct {
 
 static void bf16ConvertTask(void* data, size_t i) {
   const Bf16Work* b = data;
-  const int64_t m32 = (b->m + 31) & ~(int64_t)31, i0 = (int64_t)i * b->convertRows;
-  qm_bf16_rows_convert(b->xb, b->x, b->m, b->kernel->k, i0, i0 + b->convertRows < m32 ? i0 + b->convertRows : m32);
+  const int64_t i0 = (int64_t)i * b->convertRows;
+  qm_bf16_rows_convert(b->xb, b->x, b->m, b->kernel->k, i0, i0 + b->convertRows < b->m32 ? i0 + b->convertRows : b->m32);
 }
 
 static void bf16WeightsTask(void* data, size_t i) {
@@ -365,8 +367,8 @@ static void bf16WeightsTask(void* data, size_t i) {
 
 static void bf16ProductTask(void* data, size_t i) {
   const Bf16Work* b = data;
-  const int64_t k = b->kernel->k, n = b->kernel->n, m32 = (b->m + 31) & ~(int64_t)31;
-  const int64_t i0 = ((int64_t)i / b->pairTasks) * b->rowsPerTask, i1 = i0 + b->rowsPerTask < m32 ? i0 + b->rowsPerTask : m32;
+  const int64_t k = b->kernel->k, n = b->kernel->n;
+  const int64_t i0 = ((int64_t)i / b->pairTasks) * b->rowsPerTask, i1 = i0 + b->rowsPerTask < b->m32 ? i0 + b->rowsPerTask : b->m32;
   const int64_t g0 = b->slab0 + 2 * ((int64_t)i % b->pairTasks), g1 = g0 + 2 < b->slab1 ? g0 + 2 : b->slab1;
   const float* bias = b->kernel->bits == 8 ? b->w8->bias : b->w4->bias;
   qm_bf16_groups(b->xb, b->m, k, i0, i1, b->wb + (g0 - b->slab0) * k * 16, n, bias, b->y, g0, g1);
@@ -377,7 +379,7 @@ static void bf16ProductTask(void* data, size_t i) {
 }
 
 static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Work* b) {
-  const int64_t k = b->kernel->k, groups = (b->kernel->n + 15) / 16, m32 = (b->m + 31) & ~(int64_t)31;
+  const int64_t k = b->kernel->k, groups = (b->kernel->n + 15) / 16, m32 = b->m32 = (b->m + 31) & ~(int64_t)31;
   int64_t slabGroups = (int64_t)(BF16_SLAB_BYTES / qm_bf16_group_bytes(k)) & ~(int64_t)1;
   if (slabGroups < 2) slabGroups = 2;
   if (slabGroups > groups) slabGroups = groups;
@@ -388,10 +390,8 @@ static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Wo
   b->xb = (uint16_t*)mem;
   b->wb = (uint16_t*)(mem + xBytes);
   b->convertRows = (65536 + k - 1) / k;
-  /* a row's B follows its batch entry where the LoRA term has one B a batch row: whole rows then (task()) */
-  int64_t rows = (l2Bytes() / 3 / (2 * k)) & ~(int64_t)31;
-  rows = rows < 32 ? 32 : rows > 512 ? 512 : rows;
-  b->rowsPerTask = (b->loraRank > 0 && !b->bShared) || rows > m32 ? m32 : rows;
+  /* chunks of bfloat16 rows as task() takes int8 ones (whole rows where the LoRA term has a B a batch row) */
+  b->rowsPerTask = rowChunk(m32, 2 * k, 32, b->loraRank > 0 && !b->bShared);
   const int64_t chunks = (m32 + b->rowsPerTask - 1) / b->rowsPerTask;
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16ConvertTask, (size_t)((m32 + b->convertRows - 1) / b->convertRows), 0, b);
   for (int64_t g = 0; !s && g < groups; g += slabGroups) {
@@ -490,7 +490,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   }
   /* Tasks of 2 groups (32 columns) of a chunk of rows: hundreds for the large products, so that the
    * threads end together. */
-  const int64_t rowsPerTask = rowChunk(m, q->k, loraRank > 0 && !bShared), perTask = 2, groupTasks = (groups + perTask - 1) / perTask;
+  const int64_t rowsPerTask = rowChunk(m, q->k, 16, loraRank > 0 && !bShared), perTask = 2, groupTasks = (groups + perTask - 1) / perTask;
   Work work = {q, &w8, &w4, &rows, y, groups, perTask, pa, pb, loraRank, perBatch, bShared, rowsPerTask, groupTasks};
   const size_t tasks = (size_t)(groupTasks * ((m + rowsPerTask - 1) / rowsPerTask));
   OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
