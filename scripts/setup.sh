@@ -187,8 +187,8 @@ fi
 # ragguard's ONNX Runtime ops (QMatMul8: a GGUF decoder's 8-bit products; RAGGUARD_CPU_KERNELS). Built
 # before the GGUF conversions below: they are made for the kernels this machine can run.
 ops=build/native/libragguard-ops.so
-ops_c=(src/backends/ort/ragguard-ops.c src/backends/ort/qmatmul.c src/backends/ort/qmatmul-bf16.c src/backends/ort/dense-scan.c src/backends/ort/int8-peak.c)
-if [[ ! -f $ops || -n $(find "${ops_c[@]}" src/backends/ort/qmatmul.h src/backends/ort/amx-tiles.h -newer "$ops") ]]; then
+ops_c=(src/backends/ort/ragguard-ops.c src/backends/ort/qmatmul.c src/backends/ort/qmatmul-bf16.c src/backends/ort/attention.c src/backends/ort/dense-scan.c src/backends/ort/int8-peak.c)
+if [[ ! -f $ops || -n $(find "${ops_c[@]}" src/backends/ort/qmatmul.h src/backends/ort/attention.h src/backends/ort/amx-tiles.h -newer "$ops") ]]; then
   log "ragguard's ONNX Runtime ops (src/backends/ort/ragguard-ops.c -> $ops)"
   mkdir -p build/native
   cc -O3 -shared -fPIC -Wall -Wextra -Werror -pthread -o "$ops" "${ops_c[@]}" -lm

@@ -235,13 +235,18 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
     // each term added by nodes after it; QMatMul4 has the min in its offsets, takes the LoRA term inside,
     // and writes `out` itself.
     const target = n.outputs[0]!.replace(/_q$/, '');
-    const m = (byOutput(ours, target) ?? byOutput(ours, target.replace(/_base$/, '')))!;
+    // (the gate-and-up product takes the MLP's activation: activation 1, writing `act`, SwiGlu's terms after the LoRA term's places)
+    const glu = target.endsWith('.gate_up');
+    const m = (byOutput(ours, target) ?? byOutput(ours, target.replace(/_base$/, '')) ?? (glu ? byOutput(ours, target.replace(/gate_up$/, 'act')) : undefined))!;
     assert.equal(m.op, `QMatMul${bits}`);
     assert.equal(m.domain, 'ragguard');
+    assert.deepEqual(m.attrs?.['activation'], glu ? { int: 1 } : undefined);
     // x, the blocks, the scales, (4 bits) the offsets; then the bias where MatMulNBits had one (its sixth
     // input), and x A and B where it had a LoRA path ('' where absent)
     const lora = target.endsWith('_base') ? [`${name}.lora_xa`, `${name}.lora_b_rows`] : [];
-    const tail = [n.inputs[5] ?? '', ...lora];
+    const layer = name.replace(/\.mlp\.gate_up_proj$/, '');
+    const terms = glu ? [`${layer}.mlp.gate_proj.lora_xa`, `${layer}.mlp.gate_proj.lora_b_rows`, `${layer}.mlp.up_proj.lora_xa`, `${layer}.mlp.up_proj.lora_b_rows`] : [];
+    const tail = [n.inputs[5] ?? '', ...(lora.length ? lora : terms.length ? ['', ''] : []), ...terms];
     while (tail.at(-1) === '') tail.pop();
     assert.deepEqual(m.inputs, [...n.inputs.slice(0, 3), ...(bits === 4 ? [`${name}.offsets`] : []), ...tail]);
     if (n.outputs[0]!.endsWith('_q')) withMins++;
@@ -267,6 +272,10 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
   // no node left of the terms the products take
   assert.equal(ours.nodes.filter((n) => n.outputs[0]!.endsWith('.x_block_sums')).length, 0, 'no min-term nodes');
   assert.equal(ours.nodes.filter((n) => n.outputs[0]!.endsWith('.lora_xab')).length, 0, 'no LoRA second products');
+  // the attention is ragguard's (attention.c), on the same inputs and attributes as com.microsoft's
+  const attention = (g: GqaGraph) => g.nodes.filter((n) => n.op === 'GroupQueryAttention');
+  assert.deepEqual(attention(ours).map((n) => n.domain), attention(ort8).map(() => 'ragguard'));
+  assert.deepEqual(attention(ours).map((n) => [n.inputs, n.outputs, n.attrs]), attention(ort8).map((n) => [n.inputs, n.outputs, n.attrs]));
   assert.deepEqual(gqaOpsets('ragguard'), { '': 17, 'com.microsoft': 1, ragguard: 1 });
   assert.deepEqual(gqaOpsets('onnxruntime'), { '': 17, 'com.microsoft': 1 });
 
@@ -303,14 +312,15 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
     }
   };
   // An adapter on layer 0's gate and up (rank 2, each its own): with ragguard's kernels their terms' second
-  // products are taken inside SwiGlu, which the graph has in place of the split product's nodes.
+  // products are taken inside the gate-and-up QMatMul's activation, which the graph has in place of the
+  // split product's nodes.
   const r = seededRandom(6);
   const adapter = new Map<string, { dims: number[]; data: Float32Array }>();
   for (const [m, scale] of [['gate', 0.6], ['up', 1.0]] as const) {
     adapter.set(`model.layers.0.mlp.${m}_proj.lora_A`, { dims: [1, H, 2], data: Float32Array.from({ length: H * 2 }, () => (r() - 0.5) * scale) });
     adapter.set(`model.layers.0.mlp.${m}_proj.lora_B`, { dims: [1, 2, I], data: Float32Array.from({ length: 2 * I }, () => (r() - 0.5) * scale) });
   }
-  assert.equal(ours.nodes.filter((n) => n.op === 'SwiGlu').length, 2, 'a SwiGlu a layer');
+  assert.equal(ours.nodes.filter((n) => n.op.startsWith('QMatMul') && n.attrs?.['activation']).length, 2, 'a gate-and-up product with its activation a layer');
   assert.equal(ours.nodes.filter((n) => n.op === 'Split' || n.op === 'Sigmoid').length, 0, 'no Split or Sigmoid left');
   // And on the projections whose QMatMul takes the term inside: layer 0's o_proj and down_proj (Q4_K: the
   // min term and the LoRA term in one product), layer 1's q/k/v (the fused slot, with the bias).

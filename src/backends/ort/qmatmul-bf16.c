@@ -25,6 +25,7 @@
 
 #include "amx-tiles.h"
 #include "qmatmul.h"
+#include "vexp.h"
 
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16")))
 
@@ -143,55 +144,59 @@ BF16 static void store_sums(float* y, int64_t m, int64_t n, const float* bias, i
 }
 
 /*
- * Rows [i0, i1) (multiples of 32 apart, or i1 the padded end) by groups [g0, g1): 32 rows by 2 groups at a
- * time, the 4 sum tiles kept over all of k (tiles 0-3), 2 tiles of x (4, 5: 16 rows by 32 values) and 2 of
- * weights (6, 7: 16 k-pairs by 16 columns), the configuration of amx_begin at a step of 64 bytes.
+ * The 32 x 32 sums of rows a0's 16 and a1's 16 (x's bfloat16 rows, `stride` bytes apart) by groups b0 and
+ * b1 (b1 only where `two`) over all of k, into sums[0] (a0 b0), [1] (a0 b1), [2] (a1 b0), [3] (a1 b1): the 4
+ * sum tiles kept over all of k (tiles 0-3), 2 tiles of x (4, 5: 16 rows by 32 values) and 2 of weights
+ * (6, 7: 16 k-pairs by 16 columns), the configuration of amx_begin at a step of 64 bytes.
  */
+BF16 static inline void tile_sums(const uint16_t* a0, const uint16_t* a1, int64_t stride, const uint16_t* b0, const uint16_t* b1, int two, int64_t k,
+                                  float (*sums)[16][16]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  if (two) {
+    for (int64_t kk = 0; kk < k; kk += 32) {
+      _tile_loadd(4, a0 + kk, stride);
+      _tile_loadd(6, b0 + kk * 16, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b1 + kk * 16, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, a1 + kk, stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  } else {
+    for (int64_t kk = 0; kk < k; kk += 32) {
+      _tile_loadd(4, a0 + kk, stride);
+      _tile_loadd(6, b0 + kk * 16, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, a1 + kk, stride);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+  }
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+  _tile_stored(3, sums[3], 64);
+  /* GCC's tile stores name no memory (their asm takes addresses only): the loads of `sums` after them */
+  __asm__ volatile("" : : : "memory");
+}
+
+/* Rows [i0, i1) (multiples of 32 apart, or i1 the padded end) by groups [g0, g1): 32 rows by 2 groups at a time (tile_sums). */
 BF16 void qm_bf16_groups(const uint16_t* xb, int64_t m, int64_t k, int64_t i0, int64_t i1, const uint16_t* wb, int64_t n, const float* bias,
                          float* y, int64_t g0, int64_t g1) {
   float sums[4][16][16] __attribute__((aligned(64)));
   amx_config saved __attribute__((aligned(64)));
   const int64_t stride = k * (int64_t)sizeof(uint16_t);
-  /* GCC's tile loads and stores name no memory (their asm takes addresses only): keep the conversions'
-     stores before the loads, and the loads of `sums` after the stores, by compiler barriers */
+  /* keep the conversions' stores before the tile loads (see tile_sums) */
   __asm__ volatile("" : : : "memory");
   amx_begin(64, &saved);
   for (int64_t g = g0; g < g1; g += 2) {
     const int two = g + 1 < g1;
     const uint16_t* b0 = wb + (g - g0) * k * 16;
-    const uint16_t* b1 = b0 + k * 16;
     for (int64_t i = i0; i < i1; i += 32) {
-      const uint16_t* a0 = xb + i * k;
-      const uint16_t* a1 = a0 + 16 * k;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      if (two) {
-        for (int64_t kk = 0; kk < k; kk += 32) {
-          _tile_loadd(4, a0 + kk, stride);
-          _tile_loadd(6, b0 + kk * 16, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_loadd(7, b1 + kk * 16, 64);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, a1 + kk, stride);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-      } else {
-        for (int64_t kk = 0; kk < k; kk += 32) {
-          _tile_loadd(4, a0 + kk, stride);
-          _tile_loadd(6, b0 + kk * 16, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_loadd(5, a1 + kk, stride);
-          _tile_dpbf16ps(2, 5, 6);
-        }
-      }
-      _tile_stored(0, sums[0], 64);
-      _tile_stored(1, sums[1], 64);
-      _tile_stored(2, sums[2], 64);
-      _tile_stored(3, sums[3], 64);
-      __asm__ volatile("" : : : "memory");
+      tile_sums(xb + i * k, xb + (i + 16) * k, stride, b0, b0 + k * 16, two, k, sums);
       store_sums(y, m, n, bias, g, i, (const float(*)[16])sums[0]);
       store_sums(y, m, n, bias, g, i + 16, (const float(*)[16])sums[2]);
       if (two) {
@@ -199,6 +204,30 @@ BF16 void qm_bf16_groups(const uint16_t* xb, int64_t m, int64_t k, int64_t i0, i
         store_sums(y, m, n, bias, g + 1, i + 16, (const float(*)[16])sums[3]);
       }
     }
+  }
+  amx_end(&saved);
+}
+
+/* 16 rows' activations silu(gate + gate bias) (up + up bias) of sums gate and up into y's columns 16 j (rows below m). */
+BF16 static void store_glu(float* y, int64_t m, int64_t inter, const float* biasGate, const float* biasUp, int64_t j, int64_t i0,
+                           const float (*gate)[16], const float (*up)[16]) {
+  const __m512 bg = biasGate ? _mm512_loadu_ps(biasGate + 16 * j) : _mm512_setzero_ps();
+  const __m512 bu = biasUp ? _mm512_loadu_ps(biasUp + 16 * j) : _mm512_setzero_ps();
+  for (int64_t i = 0; i < 16 && i0 + i < m; i++)
+    _mm512_storeu_ps(y + (i0 + i) * inter + 16 * j, silu_mul512(_mm512_add_ps(_mm512_load_ps(gate[i]), bg), _mm512_add_ps(_mm512_load_ps(up[i]), bu)));
+}
+
+BF16 void qm_bf16_glu(const uint16_t* xb, int64_t m, int64_t k, int64_t i0, int64_t i1, const uint16_t* gate, const uint16_t* up, int64_t inter,
+                      const float* biasGate, const float* biasUp, float* y, int64_t j) {
+  float sums[4][16][16] __attribute__((aligned(64)));
+  amx_config saved __attribute__((aligned(64)));
+  const int64_t stride = k * (int64_t)sizeof(uint16_t);
+  __asm__ volatile("" : : : "memory");
+  amx_begin(64, &saved);
+  for (int64_t i = i0; i < i1; i += 32) {
+    tile_sums(xb + i * k, xb + (i + 16) * k, stride, gate, up, 1, k, sums);
+    store_glu(y, m, inter, biasGate, biasUp, j, i, (const float(*)[16])sums[0], (const float(*)[16])sums[1]);
+    store_glu(y, m, inter, biasGate, biasUp, j, i + 16, (const float(*)[16])sums[2], (const float(*)[16])sums[3]);
   }
   amx_end(&saved);
 }

@@ -1,6 +1,6 @@
 /*
  * ragguard's ONNX Runtime custom-op library (domain "ragguard"), loaded into a session by
- * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Three ops:
+ * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Four ops:
  *
  *   QMatMul8(A float [.., K], B uint8 [G, K / 4, 64], scales float [G, K / block_size, 16],
  *            bias float [N], XA float [B, S, R], LB float [B or 1, R, N] (the last three optional))
@@ -14,6 +14,10 @@
  *
  *   SwiGlu(GU float [B, S, 2I], GA [B, S, R], GB [B or 1, R, I], UA [B, S, R], UB [B or 1, R, I] (the four optional))
  *            -> Y float [B, S, I]: the MLP's activation silu(gate + GA GB) (up + UA UB) (below)
+ *
+ *   GroupQueryAttention(query [B, S, (N + 2 Nkv) D], '', '', past_key, past_value, seqlens_k, total_sequence_length,
+ *            cos_cache, sin_cache) -> output, present_key, present_value: com.microsoft's for a packed query,
+ *            the causal half only, by attention.c (below)
  *
  * QMatMul8 and QMatMul4 are the products MatMulNBits (com.microsoft) computes at accuracy level 4 for
  * bits 8 without zero points (128) and for bits 4 with them (as offsets, with a block's min where it has
@@ -36,7 +40,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "attention.h"
 #include "qmatmul.h"
+#include "vexp.h"
 
 typedef struct OrtStatus OrtStatus;
 typedef struct OrtValue OrtValue;
@@ -60,6 +66,7 @@ enum {
   ORT_INVALID_ARGUMENT = 2,
   ELEMENT_FLOAT = 1,
   ELEMENT_UINT8 = 2,
+  ELEMENT_INT32 = 6,
   CHARACTERISTIC_REQUIRED = 0,
   CHARACTERISTIC_OPTIONAL = 1,
 };
@@ -75,10 +82,12 @@ enum {
   S_GetDimensions = 62,
   S_GetTensorTypeAndShape = 65,
   S_CreateCpuMemoryInfo = 69,
+  S_KernelInfoGetAttribute_float = 85,
   S_KernelInfoGetAttribute_int64 = 86,
   S_KernelContext_GetInputCount = 88,
   S_KernelContext_GetInput = 90,
   S_KernelContext_GetOutput = 91,
+  S_ReleaseStatus = 93,
   S_ReleaseTensorTypeAndShapeInfo = 99,
   S_ReleaseAllocator = 132,
   S_KernelContext_GetAllocator = 253,
@@ -99,6 +108,8 @@ typedef OrtStatus* (*DimsCountFn)(const OrtTensorTypeAndShapeInfo* info, size_t*
 typedef OrtStatus* (*DimsFn)(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t n);
 typedef OrtStatus* (*TypeAndShapeFn)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out);
 typedef OrtStatus* (*AttrInt64Fn)(const OrtKernelInfo* info, const char* name, int64_t* out);
+typedef OrtStatus* (*AttrFloatFn)(const OrtKernelInfo* info, const char* name, float* out);
+typedef void (*ReleaseStatusFn)(OrtStatus* status);
 typedef OrtStatus* (*InputCountFn)(const OrtKernelContext* ctx, size_t* out);
 typedef OrtStatus* (*GetInputFn)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
 typedef OrtStatus* (*GetOutputFn)(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t n, OrtValue** out);
@@ -145,18 +156,32 @@ typedef struct OrtCustomOp {
   OrtStatus* (*KernelComputeV2)(void* kernel, OrtKernelContext* ctx);
 } OrtCustomOp;
 
-/* A QMatMul8 or QMatMul4 node: its attributes. */
+/* A QMatMul8 or QMatMul4 node: its attributes (glu: activation 1, the MLP's silu(gate) up over its two halves). */
 typedef struct {
-  int bits;
+  int bits, glu;
   int64_t k, n, blk;
 } Kernel;
 
+/* An optional int attribute: `fallback` where the node has none. */
+static void attrOr(const OrtKernelInfo* info, const char* name, int64_t fallback, int64_t* out) {
+  OrtStatus* s = API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, name, out);
+  if (s) {
+    API(S_ReleaseStatus, ReleaseStatusFn)(s);
+    *out = fallback;
+  }
+}
+
 static OrtStatus* create(int bits, const OrtKernelInfo* info, void** out) {
   Kernel q = {.bits = bits};
+  int64_t activation;
   TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "K", &q.k));
   TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "N", &q.n));
   TRY(API(S_KernelInfoGetAttribute_int64, AttrInt64Fn)(info, "block_size", &q.blk));
+  attrOr(info, "activation", 0, &activation);
   if (q.n <= 0 || !qm_supported(q.k, q.blk)) return fail(ORT_INVALID_ARGUMENT, "QMatMul: block_size must be a power of two from 16 that divides K, N > 0");
+  if (activation != 0 && (activation != 1 || q.n % 32 != 0))
+    return fail(ORT_INVALID_ARGUMENT, "QMatMul: activation is 0 (none) or 1 (silu(gate) up over the two halves of N, each a multiple of 16)");
+  q.glu = activation == 1;
   Kernel* kernel = malloc(sizeof *kernel);
   if (!kernel) return fail(ORT_FAIL, "QMatMul: out of memory");
   *kernel = q;
@@ -349,7 +374,17 @@ typedef struct {
   const float *xa, *loraB;
   int64_t loraRank, perBatch;
   int bShared;
+  /* glu: y is the activation (qm_bf16_glu), the slab holds gate's groups [slab0, slab1) then up's (half groups on) */
+  int glu;
+  int64_t half;
 } Bf16Work;
+
+/* The group at position j of the slab. */
+static int64_t slabGroup(const Bf16Work* b, int64_t j) {
+  if (!b->glu) return b->slab0 + j;
+  const int64_t c = b->slab1 - b->slab0;
+  return j < c ? b->slab0 + j : b->half + b->slab0 + j - c;
+}
 
 static void bf16ConvertTask(void* data, size_t i) {
   const Bf16Work* b = data;
@@ -357,12 +392,26 @@ static void bf16ConvertTask(void* data, size_t i) {
   qm_bf16_rows_convert(b->xb, b->x, b->m, b->kernel->k, i0, i0 + b->convertRows < b->m32 ? i0 + b->convertRows : b->m32);
 }
 
+/* Positions 2 i and 2 i + 1 of the slab (of `positions`). */
 static void bf16WeightsTask(void* data, size_t i) {
   const Bf16Work* b = data;
-  const int64_t g0 = b->slab0 + 2 * (int64_t)i, g1 = g0 + 2 < b->slab1 ? g0 + 2 : b->slab1;
-  uint16_t* out = b->wb + (g0 - b->slab0) * b->kernel->k * 16;
-  if (b->kernel->bits == 8) qm8_bf16_weights(b->w8, out, g0, g1);
-  else qm4_bf16_weights(b->w4, out, g0, g1);
+  const int64_t positions = (b->slab1 - b->slab0) * (b->glu ? 2 : 1);
+  for (int64_t j = 2 * (int64_t)i; j < 2 * (int64_t)i + 2 && j < positions; j++) {
+    const int64_t g = slabGroup(b, j);
+    uint16_t* out = b->wb + j * b->kernel->k * 16;
+    if (b->kernel->bits == 8) qm8_bf16_weights(b->w8, out, g, g + 1);
+    else qm4_bf16_weights(b->w4, out, g, g + 1);
+  }
+}
+
+/* glu: a chunk of rows by one of the slab's gate groups and its up group. */
+static void bf16GluTask(void* data, size_t i) {
+  const Bf16Work* b = data;
+  const int64_t k = b->kernel->k, c = b->slab1 - b->slab0, inter = b->half * 16;
+  const int64_t i0 = ((int64_t)i / c) * b->rowsPerTask, i1 = i0 + b->rowsPerTask < b->m32 ? i0 + b->rowsPerTask : b->m32;
+  const int64_t j = (int64_t)i % c;
+  const float* bias = b->kernel->bits == 8 ? b->w8->bias : b->w4->bias;
+  qm_bf16_glu(b->xb, b->m, k, i0, i1, b->wb + j * k * 16, b->wb + (c + j) * k * 16, inter, bias, bias ? bias + inter : NULL, b->y, b->slab0 + j);
 }
 
 static void bf16ProductTask(void* data, size_t i) {
@@ -379,13 +428,15 @@ static void bf16ProductTask(void* data, size_t i) {
 }
 
 static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Work* b) {
-  const int64_t k = b->kernel->k, groups = (b->kernel->n + 15) / 16, m32 = b->m32 = (b->m + 31) & ~(int64_t)31;
-  int64_t slabGroups = (int64_t)(BF16_SLAB_BYTES / qm_bf16_group_bytes(k)) & ~(int64_t)1;
+  const int64_t k = b->kernel->k, m32 = b->m32 = (b->m + 31) & ~(int64_t)31;
+  /* glu: the slab's groups are gate's and as many of up's, so it steps over gate's (half) groups */
+  const int64_t groups = b->glu ? b->half : (b->kernel->n + 15) / 16;
+  int64_t slabGroups = (int64_t)(BF16_SLAB_BYTES / qm_bf16_group_bytes(k) / (b->glu ? 2 : 1)) & ~(int64_t)1;
   if (slabGroups < 2) slabGroups = 2;
   if (slabGroups > groups) slabGroups = groups;
   const size_t xBytes = (qm_bf16_rows_bytes(b->m, k) + 63) & ~(size_t)63;
   /* x's bfloat16 rows and the slab's weights from the session's allocator: the one the guards account */
-  char* mem = alloc->Alloc(alloc, xBytes + (size_t)slabGroups * qm_bf16_group_bytes(k));
+  char* mem = alloc->Alloc(alloc, xBytes + (size_t)(slabGroups * (b->glu ? 2 : 1)) * qm_bf16_group_bytes(k));
   if (!mem) return fail(ORT_FAIL, "QMatMul: out of memory");
   b->xb = (uint16_t*)mem;
   b->wb = (uint16_t*)(mem + xBytes);
@@ -398,8 +449,39 @@ static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Wo
     b->slab0 = g;
     b->slab1 = g + slabGroups < groups ? g + slabGroups : groups;
     b->pairTasks = (b->slab1 - b->slab0 + 1) / 2;
-    s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16WeightsTask, (size_t)b->pairTasks, 0, b);
-    if (!s) s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16ProductTask, (size_t)(chunks * b->pairTasks), 0, b);
+    const int64_t c = b->slab1 - b->slab0;
+    s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16WeightsTask, (size_t)(b->glu ? c : b->pairTasks), 0, b);
+    if (!s && b->glu) s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16GluTask, (size_t)(chunks * c), 0, b);
+    else if (!s) s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, bf16ProductTask, (size_t)(chunks * b->pairTasks), 0, b);
+  }
+  alloc->Free(alloc, mem);
+  return s;
+}
+
+/* The glu pass over a gate-and-up product `gu` [rows, 2 inter] into y (ragguard-ops' SwiGlu; its terms optional: rank 0). */
+static OrtStatus* gluRows(OrtKernelContext* ctx, const float* gu, const float* const terms[4], float* y, int64_t inter, int64_t rows, int64_t rank,
+                          int64_t perBatch, int bShared);
+
+/* The product y = x W (+ bias) (+ the LoRA term) on the int8 kernels or AMX-BF16, or with glu its activation on AMX-BF16 (b->glu). */
+static OrtStatus* product(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Work* b) {
+  const Kernel* q = b->kernel;
+  const int64_t m = b->m, groups = (q->n + 15) / 16;
+  if (qm_bf16_runs(m, q->k)) return computeBf16(ctx, alloc, b);
+  void* mem = alloc->Alloc(alloc, qm_rows_bytes(m, q->k, q->blk));
+  if (!mem) return fail(ORT_FAIL, "QMatMul: out of memory");
+  qm_rows rows;
+  qm_rows_layout(&rows, mem, m, q->k, q->blk);
+  /* x quantized over the threads too, rows shared out (a prefill's 2,048 x 4,864 floats took one core
+   * 5-6 ms a product while the other waited) */
+  Quant quant = {&rows, b->x, (65536 + q->k - 1) / q->k};
+  OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, quantTask, (size_t)((m + quant.perTask - 1) / quant.perTask), 0, &quant);
+  if (!s) {
+    /* Tasks of 2 groups (32 columns) of a chunk of rows: hundreds for the large products, so that the
+     * threads end together. */
+    const int64_t rowsPerTask = rowChunk(m, q->k, 16, b->loraRank > 0 && !b->bShared), perTask = 2, groupTasks = (groups + perTask - 1) / perTask;
+    Work work = {q, b->w8, b->w4, &rows, b->y, groups, perTask, b->xa, b->loraB, b->loraRank, b->perBatch, b->bShared, rowsPerTask, groupTasks};
+    const size_t tasks = (size_t)(groupTasks * ((m + rowsPerTask - 1) / rowsPerTask));
+    s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
   }
   alloc->Free(alloc, mem);
   return s;
@@ -407,12 +489,13 @@ static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Wo
 
 static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* q = kernel;
-  /* inputs: A, B, scales, then (4 bits) the offsets, then the optional bias and the LoRA term's x A and B
-   * (see inputCount8/inputCount4) */
-  const size_t biasAt = q->bits == 8 ? 3 : 4, xaAt = biasAt + 1;
+  /* inputs: A, B, scales, then (4 bits) the offsets, then the optional bias and the LoRA term's x A and B,
+   * then (activation 1) the activation's LoRA terms GA, GB, UA, UB as SwiGlu takes them (see inputCount8/inputCount4) */
+  const size_t biasAt = q->bits == 8 ? 3 : 4, xaAt = biasAt + 1, gaAt = xaAt + 2;
   size_t inputs = 0;
   TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
   const OrtValue *a = NULL, *b = NULL, *scales = NULL, *offsets = NULL, *bias = NULL, *xa = NULL, *loraB = NULL;
+  const OrtValue* glu[4] = {NULL, NULL, NULL, NULL};
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 0, &a));
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 1, &b));
   TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, 2, &scales));
@@ -420,12 +503,17 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (inputs > biasAt) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, biasAt, &bias));
   if (inputs > xaAt) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, xaAt, &xa));
   if (inputs > xaAt + 1) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, xaAt + 1, &loraB));
+  for (size_t i = 0; i < 4; i++)
+    if (inputs > gaAt + i) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, gaAt + i, &glu[i]));
   if ((xa == NULL) != (loraB == NULL)) return fail(ORT_INVALID_ARGUMENT, "QMatMul: the LoRA inputs come two together (x A, B)");
+  const int terms = glu[0] != NULL;
+  if (terms && !q->glu) return fail(ORT_INVALID_ARGUMENT, "QMatMul: GA, GB, UA and UB are the activation's (activation 1)");
+  if (terms && (!glu[1] || !glu[2] || !glu[3])) return fail(ORT_INVALID_ARGUMENT, "QMatMul: the activation's LoRA inputs come four together (GA, GB, UA, UB)");
   int64_t dims[8];
   size_t rank = 0;
   TRY(shapeOf(a, dims, &rank));
   if (rank < 1 || dims[rank - 1] != q->k) return fail(ORT_INVALID_ARGUMENT, "QMatMul: A's last dimension is not K");
-  const int64_t groups = (q->n + 15) / 16, blocks = q->k / q->blk;
+  const int64_t groups = (q->n + 15) / 16, blocks = q->k / q->blk, inter = q->n / 2;
   const int64_t bShape[3] = {groups, q->k / (q->bits == 8 ? 4 : 8), 64}, sShape[3] = {groups, blocks, 16}, nShape[1] = {q->n};
   TRY(expect(b, 3, bShape, q->bits == 8 ? "QMatMul8: B is not [ceil(N / 16), K / 4, 64]" : "QMatMul4: B is not [ceil(N / 16), K / 8, 64]"));
   TRY(expect(scales, 3, sShape, "QMatMul: scales are not [ceil(N / 16), K / block_size, 16]"));
@@ -433,8 +521,8 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (bias) TRY(expect(bias, 1, nShape, "QMatMul: bias is not [N]"));
   int64_t m = 1;
   for (size_t i = 0; i + 1 < rank; i++) m *= dims[i];
-  int64_t loraRank = 0, perBatch = m > 0 ? m : 1;
-  int bShared = 1;
+  int64_t loraRank = 0, perBatch = m > 0 ? m : 1, gluRank = 0, gluPerBatch = perBatch;
+  int bShared = 1, gluShared = 1;
   if (xa) {
     LoraShape ls;
     TRY(loraShape(xa, loraB, dims, rank, q->n, "QMatMul: A [B, S, K], x A [B, S, R] and B [B or 1, R, N] do not fit", &ls));
@@ -442,7 +530,17 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     perBatch = ls.perBatch;
     bShared = ls.shared;
   }
+  if (terms) {
+    LoraShape ls;
+    TRY(loraShape(glu[0], glu[1], dims, rank, inter, "QMatMul: A [B, S, K], GA [B, S, R] and GB [B or 1, R, N / 2] do not fit", &ls));
+    TRY(expect(glu[2], 3, ls.a, "QMatMul: UA is not GA's shape"));
+    TRY(expect(glu[3], 3, ls.b, "QMatMul: UB is not GB's shape"));
+    gluRank = ls.rank;
+    gluPerBatch = ls.perBatch;
+    gluShared = ls.shared;
+  }
   void *x = NULL, *wq = NULL, *ws = NULL, *wo = NULL, *wb = NULL, *pa = NULL, *pb = NULL, *y = NULL;
+  void* pt[4] = {NULL, NULL, NULL, NULL};
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)a, &x));
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)b, &wq));
   TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)scales, &ws));
@@ -452,49 +550,39 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
     TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)xa, &pa));
     TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)loraB, &pb));
   }
-  dims[rank - 1] = q->n;
+  if (gluRank > 0)
+    for (int i = 0; i < 4; i++) TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)glu[i], &pt[i]));
+  const int64_t width = q->glu ? inter : q->n;
+  dims[rank - 1] = width;
   OrtValue* out = NULL;
   TRY(API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, dims, rank, &out));
   TRY(API(S_GetTensorMutableData, MutableDataFn)(out, &y));
   if (m == 0) return NULL;
-  hugeOutput(y, (size_t)(m * q->n) * sizeof(float));
+  hugeOutput(y, (size_t)(m * width) * sizeof(float));
   const qm8_weight w8 = {q->k, q->n, q->blk, wq, ws, wb};
   const qm4_weight w4 = {q->k, q->n, q->blk, wq, ws, wo, wb};
-  /* x quantized (a byte a value and three numbers a block) in memory from the session's allocator: the
-   * one the counting allocator accounts (session.use_env_allocators), so the guards see it as they see
-   * MatMulNBits' own. */
+  /* x quantized (a byte a value and three numbers a block), or in bfloat16, in memory from the session's
+   * allocator: the one the counting allocator accounts (session.use_env_allocators), so the guards see it
+   * as they see MatMulNBits' own. */
   /* (the OrtAllocator handed out is a wrapper made for the call: released after it) */
   OrtAllocator* alloc = NULL;
   TRY(API(S_KernelContext_GetAllocator, GetAllocatorFn)(ctx, cpuMemory, &alloc));
-  if (qm_bf16_runs(m, q->k)) {
-    Bf16Work bw = {.kernel = q, .w8 = &w8, .w4 = &w4, .x = x, .y = y, .m = m, .xa = pa, .loraB = pb, .loraRank = loraRank, .perBatch = perBatch, .bShared = bShared};
-    OrtStatus* s = computeBf16(ctx, alloc, &bw);
-    API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
-    return s;
+  /* With the activation: on AMX-BF16 without LoRA terms the product's sums go straight into it
+   * (qm_bf16_glu); otherwise the product is written to memory of its own and the activation read from it,
+   * as the graph's QMatMul and SwiGlu nodes did. */
+  const int fused = q->glu && gluRank == 0 && loraRank == 0 && qm_bf16_runs(m, q->k);
+  float* gu = q->glu && !fused ? alloc->Alloc(alloc, (size_t)(m * q->n) * sizeof(float)) : NULL;
+  OrtStatus* s = q->glu && !fused && !gu ? fail(ORT_FAIL, "QMatMul: out of memory") : NULL;
+  if (!s) {
+    Bf16Work bw = {.kernel = q, .w8 = &w8, .w4 = &w4, .x = x, .y = gu ? gu : y, .m = m, .xa = pa, .loraB = pb, .loraRank = loraRank,
+                   .perBatch = perBatch, .bShared = bShared, .glu = fused, .half = q->n / 32};
+    s = product(ctx, alloc, &bw);
   }
-  void* mem = alloc->Alloc(alloc, qm_rows_bytes(m, q->k, q->blk));
-  if (!mem) {
-    API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
-    return fail(ORT_FAIL, "QMatMul: out of memory");
+  if (!s && gu) {
+    const float* const t[4] = {pt[0], pt[1], pt[2], pt[3]};
+    s = gluRows(ctx, gu, t, y, inter, m, gluRank, gluPerBatch, gluShared);
   }
-  qm_rows rows;
-  qm_rows_layout(&rows, mem, m, q->k, q->blk);
-  /* x quantized over the threads too, rows shared out (a prefill's 2,048 x 4,864 floats took one core
-   * 5-6 ms a product while the other waited) */
-  Quant quant = {&rows, x, (65536 + q->k - 1) / q->k};
-  OrtStatus* qs = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, quantTask, (size_t)((m + quant.perTask - 1) / quant.perTask), 0, &quant);
-  if (qs) {
-    alloc->Free(alloc, mem);
-    API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
-    return qs;
-  }
-  /* Tasks of 2 groups (32 columns) of a chunk of rows: hundreds for the large products, so that the
-   * threads end together. */
-  const int64_t rowsPerTask = rowChunk(m, q->k, 16, loraRank > 0 && !bShared), perTask = 2, groupTasks = (groups + perTask - 1) / perTask;
-  Work work = {q, &w8, &w4, &rows, y, groups, perTask, pa, pb, loraRank, perBatch, bShared, rowsPerTask, groupTasks};
-  const size_t tasks = (size_t)(groupTasks * ((m + rowsPerTask - 1) / rowsPerTask));
-  OrtStatus* s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, task, tasks, 0, &work);
-  alloc->Free(alloc, mem);
+  if (gu) alloc->Free(alloc, gu);
   API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
   return s;
 }
@@ -523,11 +611,11 @@ static int inputType4(const OrtCustomOp* op, size_t i) {
 }
 static size_t inputCount8(const OrtCustomOp* op) {
   (void)op;
-  return 6;
+  return 10;
 }
 static size_t inputCount4(const OrtCustomOp* op) {
   (void)op;
-  return 7;
+  return 11;
 }
 static int characteristic8(const OrtCustomOp* op, size_t i) {
   (void)op;
@@ -585,22 +673,6 @@ typedef struct {
 
 #define AVX512 __attribute__((target("avx512f")))
 
-/* e^x for x in [-88, 88] (clamped outside): 2^n e^r, |r| <= ln2 / 2, Cephes' expf polynomial (~1 ulp). */
-AVX512 static inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
   const int64_t I = w->inter, R = w->rank;
   for (int64_t i = r0; i < r1; i++) {
@@ -621,9 +693,8 @@ AVX512 static void glu_rows_avx512(const GluWork* w, int64_t r0, int64_t r1) {
         gv = _mm512_add_ps(gv, gt);
         uv = _mm512_add_ps(uv, ut);
       }
-      /* g sigmoid(g) = g / (1 + e^-g) */
-      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-      _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(silu, uv));
+      /* g sigmoid(g) u = g / (1 + e^-g) u */
+      _mm512_mask_storeu_ps(y + j, m, silu_mul512(gv, uv));
     }
   }
 }
@@ -700,9 +771,15 @@ static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
   TRY(API(S_GetTensorMutableData, MutableDataFn)(out, &y));
   if (rows == 0 || inter == 0) return NULL;
   hugeOutput(y, (size_t)(rows * inter) * sizeof(float));
+  const float* const t[4] = {p[1], p[2], p[3], p[4]};
+  return gluRows(ctx, p[0], t, y, inter, rows, loraRank, perBatch, bShared);
+}
+
+static OrtStatus* gluRows(OrtKernelContext* ctx, const float* gu, const float* const terms[4], float* y, int64_t inter, int64_t rows, int64_t rank,
+                          int64_t perBatch, int bShared) {
   /* tasks of about 64 K values: enough of them for the threads to end together, few enough to cost nothing */
   const int64_t per = (65536 + inter - 1) / inter;
-  GluWork work = {p[0], p[1], p[2], p[3], p[4], y, inter, loraRank, rows, perBatch, per, bShared};
+  GluWork work = {gu, terms[0], terms[1], terms[2], terms[3], y, inter, rank, rows, perBatch, per, bShared};
   return API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, gluTask, (size_t)((rows + per - 1) / per), 0, &work);
 }
 
@@ -724,7 +801,220 @@ static int characteristicGlu(const OrtCustomOp* op, size_t i) {
   return i == 0 ? CHARACTERISTIC_REQUIRED : CHARACTERISTIC_OPTIONAL;
 }
 
-#define OP_WITH(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, COMPUTE, DESTROY) \
+/* --- GroupQueryAttention ---------------------------------------------------------------------------- */
+
+/*
+ * GroupQueryAttention(query float [B, S, (N + 2 Nkv) D], key '', value '', past_key float [B, Nkv, P, D],
+ *   past_value float [B, Nkv, P, D], seqlens_k int32 [B], total_sequence_length int32 [1],
+ *   cos_cache float [positions, R / 2], sin_cache float [positions, R / 2])
+ *   -> output float [B, S, N D], present_key, present_value float [B, Nkv, max(total, P), D]
+ *   attributes num_heads, kv_num_heads, do_rotary, rotary_interleaved, scale (0: 1 / sqrt(D))
+ * com.microsoft's GroupQueryAttention as ONNX Runtime's CPU kernel computes it, for a packed QKV input
+ * (the converter's graphs: gqa-builder.ts), by attention.c: the causal half only, a block of rows at a
+ * time, where ONNX Runtime's kernel fills a [B, N, S, P] score matrix (207 MB a layer at a 2,048-token
+ * prefill of the 1.5B, 1.3 of its 5.9 s). Its rules are kept: a first prompt when S is
+ * total_sequence_length (rows right-padded, their pasts 0), else row b's past is seqlens_k[b] + 1 - S
+ * (S > 1 then only for one row); the new keys and values go to positions past .. past + S - 1 of the
+ * present, which may be the past buffer itself (given as the output: the decoder's in-place KV). What
+ * it does not compute (separate K and V, a local window, softcap, smooth softmax) it refuses.
+ */
+typedef struct {
+  int64_t heads, kvHeads, rotary, interleaved;
+  float scale;
+} AttnKernel;
+
+static float attrFloatOr(const OrtKernelInfo* info, const char* name, float fallback) {
+  float v = fallback;
+  OrtStatus* s = API(S_KernelInfoGetAttribute_float, AttrFloatFn)(info, name, &v);
+  if (s) {
+    API(S_ReleaseStatus, ReleaseStatusFn)(s);
+    v = fallback;
+  }
+  return v;
+}
+
+static OrtStatus* createAttn(const OrtCustomOp* op, OrtApiTable a, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)a;
+  AttnKernel k;
+  int64_t window, smooth;
+  attrOr(info, "num_heads", 0, &k.heads);
+  attrOr(info, "kv_num_heads", 0, &k.kvHeads);
+  attrOr(info, "do_rotary", 0, &k.rotary);
+  attrOr(info, "rotary_interleaved", 0, &k.interleaved);
+  attrOr(info, "local_window_size", -1, &window);
+  attrOr(info, "smooth_softmax", 0, &smooth);
+  k.scale = attrFloatOr(info, "scale", 0.0f);
+  if (k.heads <= 0 || k.kvHeads <= 0 || k.heads % k.kvHeads != 0)
+    return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): num_heads must be a positive multiple of kv_num_heads");
+  if (window != -1 || smooth != 0 || attrFloatOr(info, "softcap", 0.0f) != 0.0f)
+    return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): local_window_size, softcap and smooth_softmax are not implemented");
+  AttnKernel* kernel = malloc(sizeof *kernel);
+  if (!kernel) return fail(ORT_FAIL, "GroupQueryAttention: out of memory");
+  *kernel = k;
+  *out = kernel;
+  return NULL;
+}
+
+typedef struct {
+  const attn_problem* p;
+  int64_t chunk, chunks; /* positions a task of attnStoreTask, and such chunks a row */
+  char* scratch;
+  size_t scratchBytes;
+  int64_t tasks;
+  int64_t next; /* the next attention task to take (atomic) */
+} AttnWork;
+
+static void attnStoreTask(void* data, size_t i) {
+  const AttnWork* w = data;
+  const int64_t b = (int64_t)i / w->chunks, s0 = ((int64_t)i % w->chunks) * w->chunk;
+  attn_store_kv(w->p, b, s0, s0 + w->chunk < w->p->seq ? s0 + w->chunk : w->p->seq);
+}
+
+/* A worker with its own scratch takes tasks until none is left: rows near a prefill's end see more keys
+ * than rows near its start, so tasks of fixed rows take unequal times, and whichever thread is free
+ * takes the next. */
+static void attnWorker(void* data, size_t i) {
+  AttnWork* w = data;
+  void* scratch = w->scratch + i * w->scratchBytes;
+  for (int64_t t; (t = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED)) < w->tasks;) attn_task(w->p, t, scratch);
+}
+
+#define ATTN_WORKERS 16
+
+static OrtStatus* computeAttn(void* kernel, OrtKernelContext* ctx) {
+  const AttnKernel* k = kernel;
+  size_t inputs = 0;
+  TRY(API(S_KernelContext_GetInputCount, InputCountFn)(ctx, &inputs));
+  const OrtValue* in[9] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  for (size_t i = 0; i < inputs && i < 9; i++) TRY(API(S_KernelContext_GetInput, GetInputFn)(ctx, i, &in[i]));
+  if (in[1] || in[2]) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): separate key and value inputs are not taken (pack them into the query)");
+  if (!in[0] || !in[5] || !in[6]) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): query, seqlens_k and total_sequence_length are required");
+  if (!in[3] != !in[4]) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): past_key and past_value come together");
+  if (!in[7] != !in[8] || (k->rotary && !in[7])) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): do_rotary takes cos_cache and sin_cache, together");
+  int64_t q[8], pk[8], sl[8], tl[8], cs[8];
+  size_t qr = 0, pr = 0, slr = 0, tlr = 0, csr = 0;
+  TRY(shapeOf(in[0], q, &qr));
+  const int64_t N = k->heads, Nkv = k->kvHeads;
+  if (qr != 3 || q[2] % (N + 2 * Nkv) != 0 || (q[2] / (N + 2 * Nkv)) % 16 != 0)
+    return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): query is not [B, S, (num_heads + 2 kv_num_heads) D], D a multiple of 16");
+  const int64_t B = q[0], S = q[1], D = q[2] / (N + 2 * Nkv);
+  int64_t P = 0;
+  if (in[3]) {
+    TRY(shapeOf(in[3], pk, &pr));
+    if (pr != 4 || pk[0] != B || pk[1] != Nkv || pk[3] != D) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): past_key is not [B, kv_num_heads, P, D]");
+    TRY(expect(in[4], 4, pk, "GroupQueryAttention (ragguard): past_value is not past_key's shape"));
+    P = pk[2];
+  }
+  TRY(shapeOf(in[5], sl, &slr));
+  TRY(shapeOf(in[6], tl, &tlr));
+  if (slr != 1 || sl[0] != B) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): seqlens_k is not [B]");
+  if (tlr > 1 || (tlr == 1 && tl[0] != 1)) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): total_sequence_length is not one value");
+  int64_t half = 0, positions = 0;
+  if (k->rotary) {
+    TRY(shapeOf(in[7], cs, &csr));
+    if (csr != 2 || cs[1] < 1 || 2 * cs[1] > D) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): cos_cache is not [positions, R / 2], R <= D");
+    TRY(expect(in[8], 2, cs, "GroupQueryAttention (ragguard): sin_cache is not cos_cache's shape"));
+    half = cs[1];
+    positions = cs[0];
+  }
+  void *qkv = NULL, *pastK = NULL, *pastV = NULL, *lens = NULL, *total = NULL, *cosv = NULL, *sinv = NULL;
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[0], &qkv));
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[5], &lens));
+  TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[6], &total));
+  if (in[3]) {
+    TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[3], &pastK));
+    TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[4], &pastV));
+  }
+  if (k->rotary) {
+    TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[7], &cosv));
+    TRY(API(S_GetTensorMutableData, MutableDataFn)((OrtValue*)in[8], &sinv));
+  }
+  const int64_t totalLen = *(const int32_t*)total, cap = totalLen > P ? totalLen : P;
+  const int first = S == totalLen;
+  if (!first && S > 1 && B != 1) return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): several new tokens after a past only for one row (batch 1)");
+  /* each row's past, checked against the buffers before anything is written */
+  int64_t* past = malloc((size_t)(B > 0 ? B : 1) * sizeof(int64_t));
+  if (!past) return fail(ORT_FAIL, "GroupQueryAttention: out of memory");
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t len = (int64_t)((const int32_t*)lens)[b] + 1;
+    past[b] = first ? 0 : len - S;
+    if ((first && (len < 1 || len > S)) || (!first && past[b] < 0) || past[b] + S > cap || past[b] > P || (k->rotary && past[b] + S > positions)) {
+      free(past);
+      return fail(ORT_INVALID_ARGUMENT, "GroupQueryAttention (ragguard): seqlens_k does not fit the new tokens, the past buffer or the rotary caches");
+    }
+  }
+  const int64_t outDims[3] = {B, S, N * D}, kvDims[4] = {B, Nkv, cap, D};
+  OrtValue *out = NULL, *presentK = NULL, *presentV = NULL;
+  void *y = NULL, *keys = NULL, *values = NULL;
+  OrtStatus* s = API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 0, outDims, 3, &out);
+  if (!s) s = API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 1, kvDims, 4, &presentK);
+  if (!s) s = API(S_KernelContext_GetOutput, GetOutputFn)(ctx, 2, kvDims, 4, &presentV);
+  if (!s) s = API(S_GetTensorMutableData, MutableDataFn)(out, &y);
+  if (!s) s = API(S_GetTensorMutableData, MutableDataFn)(presentK, &keys);
+  if (!s) s = API(S_GetTensorMutableData, MutableDataFn)(presentV, &values);
+  if (s || B == 0 || S == 0) {
+    free(past);
+    return s;
+  }
+  if (!(pastK && keys == pastK && values == pastV)) {
+    /* a present of its own: the past's positions copied in, the rest zero (as ONNX Runtime's kernel leaves it) */
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t g = 0; g < Nkv; g++) {
+        const size_t at = (size_t)((b * Nkv + g) * cap * D), from = (size_t)((b * Nkv + g) * P * D), n = (size_t)(past[b] * D);
+        if (n > 0) {
+          memcpy((float*)keys + at, (const float*)pastK + from, n * sizeof(float));
+          memcpy((float*)values + at, (const float*)pastV + from, n * sizeof(float));
+        }
+        memset((float*)keys + at + n, 0, (size_t)(cap * D - (int64_t)n) * sizeof(float));
+        memset((float*)values + at + n, 0, (size_t)(cap * D - (int64_t)n) * sizeof(float));
+      }
+  }
+  const attn_problem p = {
+      .batch = B, .seq = S, .heads = N, .kvHeads = Nkv, .dim = D, .cap = cap, .rotaryHalf = half, .interleaved = (int)k->interleaved,
+      .scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)D), .qkv = qkv, .past = past, .cos = cosv, .sin = sinv,
+      .keys = keys, .values = values, .out = y};
+  AttnWork w = {.p = &p, .chunk = 64, .chunks = (S + 63) / 64, .tasks = attn_tasks(&p), .next = 0};
+  const int64_t workers = w.tasks < ATTN_WORKERS ? w.tasks : ATTN_WORKERS;
+  w.scratchBytes = attn_scratch_bytes(&p);
+  /* the workers' scratch from the session's allocator (the one the guards account): 16 x 80 KB at D = 128 */
+  OrtAllocator* alloc = NULL;
+  s = API(S_KernelContext_GetAllocator, GetAllocatorFn)(ctx, cpuMemory, &alloc);
+  void* mem = s ? NULL : alloc->Alloc(alloc, (size_t)workers * w.scratchBytes + 64);
+  if (!s && !mem) s = fail(ORT_FAIL, "GroupQueryAttention: out of memory");
+  if (!s) {
+    w.scratch = (char*)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+    s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, attnStoreTask, (size_t)(B * w.chunks), 0, &w);
+    if (!s) s = API(S_KernelContext_ParallelFor, ParallelForFn)(ctx, attnWorker, (size_t)workers, 0, &w);
+  }
+  if (mem) alloc->Free(alloc, mem);
+  if (alloc) API(S_ReleaseAllocator, ReleaseAllocatorFn)(alloc);
+  free(past);
+  return s;
+}
+
+static const char* nameAttn(const OrtCustomOp* op) {
+  (void)op;
+  return "GroupQueryAttention";
+}
+static int inputTypeAttn(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 5 || i == 6 ? ELEMENT_INT32 : ELEMENT_FLOAT;
+}
+static size_t inputCountAttn(const OrtCustomOp* op) {
+  (void)op;
+  return 9;
+}
+static int characteristicAttn(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 0 || i == 5 || i == 6 ? CHARACTERISTIC_REQUIRED : CHARACTERISTIC_OPTIONAL;
+}
+static size_t outputCountAttn(const OrtCustomOp* op) {
+  (void)op;
+  return 3;
+}
+
+#define OP_OUT(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, COMPUTE, DESTROY, OUTPUT_COUNT) \
   {                                                               \
       .version = 16,                                              \
       .GetName = NAME,                                            \
@@ -732,7 +1022,7 @@ static int characteristicGlu(const OrtCustomOp* op, size_t i) {
       .GetInputType = INPUT_TYPE,                                 \
       .GetInputTypeCount = INPUT_COUNT,                           \
       .GetOutputType = outputType,                                \
-      .GetOutputTypeCount = outputCount,                          \
+      .GetOutputTypeCount = OUTPUT_COUNT,                         \
       .KernelDestroy = DESTROY,                                   \
       .GetInputCharacteristic = CHARACTERISTIC,                   \
       .GetOutputCharacteristic = outputCharacteristic,            \
@@ -745,11 +1035,14 @@ static int characteristicGlu(const OrtCustomOp* op, size_t i) {
       .KernelComputeV2 = COMPUTE,                                 \
   }
 
+#define OP_WITH(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, COMPUTE, DESTROY) \
+  OP_OUT(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, COMPUTE, DESTROY, outputCount)
 #define OP(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE) OP_WITH(NAME, INPUT_TYPE, INPUT_COUNT, CHARACTERISTIC, CREATE, compute, destroy)
 
 static const OrtCustomOp qmatmul8 = OP(name8, inputType8, inputCount8, characteristic8, create8);
 static const OrtCustomOp qmatmul4 = OP(name4, inputType4, inputCount4, characteristic4, create4);
 static const OrtCustomOp swiglu = OP_WITH(nameGlu, inputTypeGlu, inputCountGlu, characteristicGlu, createGlu, computeGlu, destroyGlu);
+static const OrtCustomOp attention = OP_OUT(nameAttn, inputTypeAttn, inputCountAttn, characteristicAttn, createAttn, computeAttn, destroy, outputCountAttn);
 
 /*
  * The library's entry point (RegisterCustomOpsLibrary_V2 calls it with each session's options). The
@@ -767,6 +1060,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul8));
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &qmatmul4));
     TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &swiglu));
+    TRY(API(S_CustomOpDomain_Add, DomainAddFn)(domain, &attention));
   }
   return API(S_AddCustomOpDomain, AddDomainFn)(options, domain);
 }

@@ -149,13 +149,15 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
    * `bias` (an initializer's name) added inside the product where given: MatMulNBits, or with
    * `ops: 'ragguard'` QMatMul8 (8 bits) and QMatMul4 (4 bits), which also take the min term. With
    * `withLora`, projection `name`'s LoRA term too: inside the product where the op takes it, else added
-   * after it (loraPath).
+   * after it (loraPath). With `glu` (ragguard's kernels only: gluTakes), `out` is the MLP's activation
+   * silu(gate) up of the product's two halves, `glu` the activation's LoRA terms (GA, GB, UA, UB) or none.
    */
-  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, withLora = false): void => {
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, withLora = false, glu?: string[]): void => {
     const blocks = b.k / b.blockSize;
     // ragguard's kernels: the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts says why).
     const ours = opts.ops === 'ragguard' && qmatmulTakes(b);
-    const attrs = { K: { int: b.k }, N: { int: b.n }, block_size: { int: b.blockSize } };
+    if (glu && !(ours && gluTakes(b))) throw new Error(`${name}: the activation inside the product needs ragguard's kernels`);
+    const attrs = { K: { int: b.k }, N: { int: b.n }, block_size: { int: b.blockSize }, ...(glu ? { activation: { int: 1 } } : {}) };
     if (ours) {
       // The optional inputs after the required ones, '' where absent, none after the last given. The
       // LoRA term is added inside the product to its columns while they are in cache, and at 4 bits a
@@ -163,7 +165,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       // read it back (at a 1,280-token prefill of Qwen2.5-Coder-1.5B, about a fifth of the prefill's
       // time, most of it the min term of the MLP's 17,920 columns).
       const [xa, bRows] = withLora ? loraFactors(name, x) : ['', ''];
-      const optional = [bias ?? '', xa, bRows];
+      const optional = [bias ?? '', xa, bRows, ...(glu ?? [])];
       while (optional.at(-1) === '') optional.pop();
       if (b.bits === 8) {
         // (no 8-bit block form read here has a min; one would keep the min term's nodes)
@@ -188,6 +190,11 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     if (b.mins) minTerm(name, x, base, product, { ...b, mins: b.mins });
     if (withLora) loraPath(name, x, out);
   };
+  /**
+   * Whether QMatMul can take the MLP's activation over the gate-and-up blocks `b`: halves of whole
+   * 16-column groups, and no min term left outside the product (an 8-bit form with a min; none here).
+   */
+  const gluTakes = (b: BlockWeight): boolean => b.n % 32 === 0 && !(b.bits === 8 && b.mins);
   /** MatMulNBits of `x` by `b` into `out`, with `bias` (an initializer's name) inside where given. */
   const nbitsNode = (name: string, x: string, out: string, b: BlockWeight, bias?: string) => {
     const blocks = b.k / b.blockSize;
@@ -350,10 +357,14 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     }
     norm(`${p}.input_layernorm.weight`, h, `${p}.attn_in`);
     linear(`${p}.self_attn.qkv_proj`, `${p}.attn_in`, `${p}.qkv`, [`${p}.self_attn.q_proj`, `${p}.self_attn.k_proj`, `${p}.self_attn.v_proj`]);
+    // ragguard's GroupQueryAttention (ragguard-ops.c, attention.c): com.microsoft's for these inputs, the
+    // causal half only and no score matrix; ONNX Runtime's CPU kernel multiplies every query by every key
+    // of the buffer into a [heads, new, buffer] matrix (at a 2,048-token prefill of the 1.5B, 207 MB a
+    // layer and 2.5 of its 9.4 s).
     add('GroupQueryAttention',
       [`${p}.qkv`, '', '', `past_key_values.${l}.key`, `past_key_values.${l}.value`, 'seqlens_k', 'total_sequence_length', 'cos_cache', 'sin_cache'],
       [`${p}.attn`, `present.${l}.key`, `present.${l}.value`],
-      { domain: 'com.microsoft', attrs: { num_heads: { int: nh }, kv_num_heads: { int: kvh }, do_rotary: { int: 1 }, rotary_interleaved: { int: 0 } } });
+      { domain: opts.ops === 'ragguard' && dtype === 'float32' ? 'ragguard' : 'com.microsoft', attrs: { num_heads: { int: nh }, kv_num_heads: { int: kvh }, do_rotary: { int: 1 }, rotary_interleaved: { int: 0 } } });
     linear(`${p}.self_attn.o_proj`, `${p}.attn`, `${p}.attn_out`, [`${p}.self_attn.o_proj`]);
     add('Add', [h, `${p}.attn_out`], [`${p}.h_attn`]);
     norm(`${p}.post_attention_layernorm.weight`, `${p}.h_attn`, `${p}.mlp_in`);
@@ -364,7 +375,20 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       // gate and up as one MatMulNBits (same input, same block form), split after: one product of
       // 2 x intermediate columns instead of two, which ONNX Runtime spreads over its threads better.
       const I = cfg.intermediate_size;
-      nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.gate_up`, stackBlocks([gateBlocks, upBlocks]));
+      const stacked = stackBlocks([gateBlocks, upBlocks]);
+      if (opts.ops === 'ragguard' && qmatmulTakes(stacked) && gluTakes(stacked)) {
+        // The activation inside the product (QMatMul's activation 1): on AMX-BF16 a prefill's gate and up
+        // sums go straight into silu(gate) up, and the [rows, 2 I] product is never written (at 2,048
+        // tokens of the 1.5B, 147 MB of fresh memory a layer, then read back by SwiGlu); elsewhere the op
+        // runs the product and SwiGlu's pass itself.
+        const terms = lora ? [...loraFactors(`${p}.mlp.gate_proj`, `${p}.mlp_in`), ...loraFactors(`${p}.mlp.up_proj`, `${p}.mlp_in`)] : [];
+        nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.act`, stacked, undefined, false, terms);
+        linear(`${p}.mlp.down_proj`, `${p}.act`, `${p}.mlp_out`, [`${p}.mlp.down_proj`]);
+        add('Add', [`${p}.h_attn`, `${p}.mlp_out`], [`${p}.h`]);
+        h = `${p}.h`;
+        continue;
+      }
+      nbitsMatMul(`${p}.mlp.gate_up_proj`, `${p}.mlp_in`, `${p}.gate_up`, stacked);
       if (opts.ops === 'ragguard') {
         // ragguard's SwiGlu (ragguard-ops.c): silu(gate + its LoRA term) x (up + its LoRA term) in one pass
         // over the product, the terms' second products (x A times B) taken inside it (none at rank 0), where
