@@ -23,7 +23,7 @@
 #include "vexp.h"
 
 #define ROWS 64 /* query rows a task: 4 vectors of 16 */
-#define KEYS 64 /* keys a step */
+#define KEYS 32 /* keys a step: their keys and values (16 KB each at D = 128) stay in L1 while the rows pass */
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -91,11 +91,11 @@ static void place(const attn_problem* p, int64_t t, int64_t* b, int64_t* g, int6
 
 /* Scores of NK keys (from `k`, D apart) for NV vectors of 16 rows (qt: [NV][D][16]), into sc[key][NV * 16]. */
 AVX512 INLINE void scores(int nv, int nk, const float* qt, const float* k, int64_t D, float* sc, int64_t stride) {
-  __m512 acc[4][4];
+  __m512 acc[8][2];
   for (int j = 0; j < nk; j++)
     for (int v = 0; v < nv; v++) acc[j][v] = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d++) {
-    __m512 q[4];
+    __m512 q[2];
     for (int v = 0; v < nv; v++) q[v] = _mm512_load_ps(qt + (v * D + d) * 16);
     for (int j = 0; j < nk; j++) {
       const __m512 kd = _mm512_set1_ps(k[j * D + d]);
@@ -110,7 +110,7 @@ AVX512 static void scores_any(int nv, int nk, const float* qt, const float* k, i
 #define SC(V, K) \
   case V * 8 + K: scores(V, K, qt, k, D, sc, stride); break;
   switch (nv * 8 + nk) {
-    SC(1, 4) SC(2, 4) SC(3, 4) SC(4, 4) SC(1, 1) SC(2, 1) SC(3, 1) SC(4, 1)
+    SC(1, 8) SC(2, 8) SC(1, 1) SC(2, 1)
     default: break;
   }
 #undef SC
@@ -178,9 +178,13 @@ AVX512 static void task_avx512(const attn_problem* p, int64_t b, int64_t g, int6
   const float *keys = p->keys + (b * Nkv + g) * p->cap * D, *values = p->values + (b * Nkv + g) * p->cap * D;
   for (int64_t t0 = 0; t0 <= last; t0 += KEYS) {
     const int64_t nk = last + 1 - t0 < KEYS ? last + 1 - t0 : KEYS;
+    /* two vectors of rows by 8 keys at a time: 16 sums in registers, the two vectors' queries (16 KB) in L1 */
     int64_t t = 0;
-    for (; t + 4 <= nk; t += 4) scores_any(nv, 4, qt, keys + (t0 + t) * D, D, sc + t * stride, stride);
-    for (; t < nk; t++) scores_any(nv, 1, qt, keys + (t0 + t) * D, D, sc + t * stride, stride);
+    for (int v = 0; v < nv; v += 2) {
+      const int vc = nv - v < 2 ? nv - v : 2;
+      for (t = 0; t + 8 <= nk; t += 8) scores_any(vc, 8, qt + v * D * 16, keys + (t0 + t) * D, D, sc + t * stride + v * 16, stride);
+      for (; t < nk; t++) scores_any(vc, 1, qt + v * D * 16, keys + (t0 + t) * D, D, sc + t * stride + v * 16, stride);
+    }
     /* the running max and sum of each lane over the keys its token sees (key t0 + t <= its position) */
     for (int v = 0; v < nv; v++) {
       const __m512i at = _mm512_loadu_si512(pos + v * 16);
