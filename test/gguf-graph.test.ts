@@ -61,7 +61,8 @@ function stored(type: number, n: number, k: number, r: () => number): Uint8Array
 }
 
 /** A GGUF-like source: each module's stored type, blocks through toBlocks, floats dequantized. */
-function source(seed: number): WeightSource {
+/** `mixedQkv`: layer 0's v in Q4_K beside q and k in Q5_0 (8 bits as stored): q/k/v of two block forms, as Q4_K_M has in some layers. */
+function source(seed: number, mixedQkv = false): WeightSource {
   const r = seededRandom(seed);
   const tensors = new Map<string, { type: number; n: number; k: number; raw: Uint8Array }>();
   const floats = new Map<string, Float32Array>();
@@ -74,7 +75,7 @@ function source(seed: number): WeightSource {
     put(`${p}.self_attn.q_proj.weight`, GGML.Q5_0, H, H);
     put(`${p}.self_attn.k_proj.weight`, GGML.Q5_0, 128, H);
     // Q8_0 in one layer, Q5_0 in the other: Q4_K_M's mix.
-    put(`${p}.self_attn.v_proj.weight`, l === 0 ? GGML.Q8_0 : GGML.Q5_0, 128, H);
+    put(`${p}.self_attn.v_proj.weight`, l === 0 ? (mixedQkv ? GGML.Q4_K : GGML.Q8_0) : GGML.Q5_0, 128, H);
     put(`${p}.self_attn.o_proj.weight`, GGML.Q5_0, H, H);
     put(`${p}.mlp.gate_proj.weight`, GGML.Q5_0, I, H);
     put(`${p}.mlp.up_proj.weight`, GGML.Q5_0, I, H);
@@ -347,6 +348,36 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
     // activation across an int8 rounding step in a later product moves the logits by ~0.002 of their
     // range (measured); a lost bias or a wrong block moves them by the range itself.
     assert.ok(worst < 0.01 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
+  }
+  // q/k/v of two block forms (layer 0's v in Q4_K): with ragguard's kernels each part's QMatMul takes its own
+  // bias and its columns of the slot's LoRA term, only the Concat after them; the same model, with an
+  // adapter on that slot and without.
+  const mixedSrc = source(5, true);
+  const ortMixed = buildGqaDecoder(cfg, mixedSrc, { weights: 'nbits', rotary: {} });
+  const oursMixed = buildGqaDecoder(cfg, mixedSrc, { weights: 'nbits', ops: 'ragguard', rotary: {} });
+  const concat = byOutput(oursMixed, 'model.layers.0.qkv')!;
+  assert.equal(concat.op, 'Concat');
+  for (const [i, n] of [[0, H], [1, 128], [2, 128]] as const) {
+    const part = byOutput(oursMixed, concat.inputs[i]!)!;
+    assert.equal(part.op, i === 2 ? 'QMatMul4' : 'QMatMul8');
+    assert.equal(initializer(oursMixed, part.inputs[i === 2 ? 4 : 3]!)!.dims[0], n, 'its own bias');
+  }
+  assert.equal(oursMixed.nodes.filter((n) => n.inputs.includes('model.layers.0.qkv_base') || n.outputs.includes('model.layers.0.qkv_base')).length, 0, 'no Add after the Concat');
+  const slot = new Map<string, { dims: number[]; data: Float32Array }>();
+  slot.set('model.layers.0.self_attn.qkv_proj.lora_A', { dims: [1, H, 3], data: Float32Array.from({ length: H * 3 }, () => (r() - 0.5) * 2) });
+  slot.set('model.layers.0.self_attn.qkv_proj.lora_B', { dims: [1, 3, H + 256], data: Float32Array.from({ length: 3 * (H + 256) }, () => (r() - 0.5) * 4) });
+  for (const lora of [new Map(), slot]) {
+    const ids = [150, 3, 88, 12, 64, 5, 299];
+    const a = await run(ortMixed, 'onnxruntime', ids, lora);
+    const b = await run(oursMixed, 'ragguard', ids, lora);
+    if (lora.size) {
+      const base = await run(ortMixed, 'onnxruntime', ids);
+      const spread = Math.max(...base) - Math.min(...base);
+      assert.ok(a.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0) > 0.3 * spread, 'the adapter moves the logits');
+    }
+    const spread = Math.max(...a) - Math.min(...a);
+    const worst = a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
+    assert.ok(worst < 0.01 * spread, `q/k/v of two forms${lora.size ? ', an adapter on them' : ''}: logits differ by ${worst} (range ${spread})`);
   }
 });
 

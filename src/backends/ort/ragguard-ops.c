@@ -3,14 +3,18 @@
  * RegisterCustomOpsLibrary_V2 (ort-direct.ts). Four ops:
  *
  *   QMatMul8(A float [.., K], B uint8 [G, K / 4, 64], scales float [G, K / block_size, 16],
- *            bias float [N], XA float [B, S, R], LB float [B or 1, R, N] (the last three optional))
- *            -> Y float [.., N];  attributes K, N, block_size; G = ceil(N / 16)
+ *            bias float [N], XA float [B, S, R], LB float [B or 1, R, N], GA, GB, UA, UB (SwiGlu's, below;
+ *            activation 1 only) (all from bias optional))
+ *            -> Y float [.., N];  attributes K, N, block_size, activation (0, or 1: Y [.., N / 2]);
+ *            G = ceil(N / 16)
  *
  *   QMatMul4(A float [.., K], B uint8 [G, K / 8, 64], scales float [G, K / block_size, 16],
- *            offsets float [G, K / block_size, 16], bias, XA, LB (optional, as QMatMul8's)) -> Y float [.., N]
+ *            offsets float [G, K / block_size, 16], bias, XA, LB, GA, GB, UA, UB (optional, as QMatMul8's))
+ *            -> Y float [.., N]
  *
  *            Y = A W (+ bias) (+ XA LB: the LoRA term, XA = A times each row's A, LB each row's B; none
- *            at rank 0)
+ *            at rank 0); with activation 1, Y = silu(gate + GA GB) (up + UA UB) of that product's halves
+ *            (gate, up), as SwiGlu computes it
  *
  *   SwiGlu(GU float [B, S, 2I], GA [B, S, R], GB [B or 1, R, I], UA [B, S, R], UB [B or 1, R, I] (the four optional))
  *            -> Y float [B, S, I]: the MLP's activation silu(gate + GA GB) (up + UA UB) (below)

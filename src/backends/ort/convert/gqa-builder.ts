@@ -151,8 +151,10 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
    * `withLora`, projection `name`'s LoRA term too: inside the product where the op takes it, else added
    * after it (loraPath). With `glu` (ragguard's kernels only: gluTakes), `out` is the MLP's activation
    * silu(gate) up of the product's two halves, `glu` the activation's LoRA terms (GA, GB, UA, UB) or none.
+   * `factors`: the LoRA term's x A and B to take inside (ragguard's kernels), where they are not
+   * projection `name`'s own (a part of a fused projection takes its slot's, B sliced to its columns).
    */
-  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, withLora = false, glu?: string[]): void => {
+  const nbitsMatMul = (name: string, x: string, out: string, b: BlockWeight, bias?: string, withLora = false, glu?: string[], factors?: [string, string]): void => {
     const blocks = b.k / b.blockSize;
     // ragguard's kernels: the same values, scales and zero points, 16 columns side by side (qmatmul-layout.ts says why).
     const ours = opts.ops === 'ragguard' && qmatmulTakes(b);
@@ -164,7 +166,7 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
       // block's min is in its offset: as nodes of their own each term wrote a [rows, n] tensor and an Add
       // read it back (at a 1,280-token prefill of Qwen2.5-Coder-1.5B, about a fifth of the prefill's
       // time, most of it the min term of the MLP's 17,920 columns).
-      const [xa, bRows] = withLora ? loraFactors(name, x) : ['', ''];
+      const [xa, bRows] = factors ?? (withLora ? loraFactors(name, x) : ['', '']);
       const optional = [bias ?? '', xa, bRows, ...(glu ?? [])];
       while (optional.at(-1) === '') optional.pop();
       if (b.bits === 8) {
@@ -244,6 +246,30 @@ export function buildGqaDecoder(cfg: GqaSourceConfig, all: ReadonlyMap<string, I
     const qs = nbits ? parts.map((p) => w.blocks!(`${p}.weight`)) : [];
     if (nbits && qs.every((q) => q !== undefined) && qs.every((q) => sameBlockForm(q!, qs[0]!))) {
       nbitsMatMul(name, x, out, stackBlocks(qs as BlockWeight[]), bias?.(), withLora);
+      return;
+    }
+    if (opts.ops === 'ragguard' && nbits && qs.every((q) => q !== undefined && qmatmulTakes(q))) {
+      // Parts of other block forms (Q4_K_M's q and k in Q4_K beside v in Q6_K): each part's QMatMul takes its
+      // own bias and its columns of the slot's LoRA term inside, and only the Concat is left. As nodes after
+      // the Concat, the bias's Add, the LoRA term's MatMul (writing zeros at rank 0) and its Add each wrote a
+      // [rows, q + k + v] tensor: 0.13 s of a 1,280-token prefill of the 1.5B.
+      const [xa, bRows] = withLora ? loraFactors(name, x) : ['', ''];
+      let col = 0;
+      parts.forEach((part, i) => {
+        const q = qs[i]!;
+        const partBias = w.floats(`${part}.bias`);
+        if (partBias) inits.push(tensor(`${name}.${i}.bias`, dtype, [q.n], partBias));
+        let partFactors: [string, string] | undefined;
+        if (withLora) {
+          inits.push(int64s(`${name}.${i}.col0`, [BigInt(col)]), int64s(`${name}.${i}.col1`, [BigInt(col + q.n)]));
+          if (!inits.some((t) => t.name === 'axis_2')) inits.push(int64s('axis_2', [2n]));
+          add('Slice', [bRows, `${name}.${i}.col0`, `${name}.${i}.col1`, 'axis_2'], [`${bRows}.${i}`]);
+          partFactors = [xa, `${bRows}.${i}`];
+        }
+        nbitsMatMul(`${name}.${i}`, x, `${out}.${i}`, q, partBias ? `${name}.${i}.bias` : undefined, false, undefined, partFactors);
+        col += q.n;
+      });
+      add('Concat', parts.map((_p, i) => `${out}.${i}`), [out], { attrs: { axis: { int: -1 } } });
       return;
     }
     const base = withLora ? `${out}_base` : out;
