@@ -39,6 +39,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -249,6 +250,17 @@ static OrtStatus* loraShape(const OrtValue* xa, const OrtValue* b, const int64_t
   s->perBatch = dims[1] > 0 ? dims[1] : 1;
   s->shared = bd[0] == 1;
   return NULL;
+}
+
+/* The activation's LoRA terms (t: GA, GB, UA, UB) beside an input of shape `dims`: GA and GB as loraShape
+ * takes x A and B (`inter` columns), UA and UB of their shapes. SwiGlu and QMatMul's activation alike. */
+static OrtStatus* gluTerms(const char* op, const OrtValue* const t[4], const int64_t* dims, size_t rank, int64_t inter, const char* misfit, LoraShape* s) {
+  char msg[64];
+  TRY(loraShape(t[0], t[1], dims, rank, inter, misfit, s));
+  snprintf(msg, sizeof msg, "%s: UA is not GA's shape", op);
+  TRY(expect(t[2], 3, s->a, msg));
+  snprintf(msg, sizeof msg, "%s: UB is not GB's shape", op);
+  return expect(t[3], 3, s->b, msg);
 }
 
 /*
@@ -536,9 +548,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   }
   if (terms) {
     LoraShape ls;
-    TRY(loraShape(glu[0], glu[1], dims, rank, inter, "QMatMul: A [B, S, K], GA [B, S, R] and GB [B or 1, R, N / 2] do not fit", &ls));
-    TRY(expect(glu[2], 3, ls.a, "QMatMul: UA is not GA's shape"));
-    TRY(expect(glu[3], 3, ls.b, "QMatMul: UB is not GB's shape"));
+    TRY(gluTerms("QMatMul", glu, dims, rank, inter, "QMatMul: A [B, S, K], GA [B, S, R] and GB [B or 1, R, N / 2] do not fit", &ls));
     gluRank = ls.rank;
     gluPerBatch = ls.perBatch;
     gluShared = ls.shared;
@@ -759,9 +769,7 @@ static OrtStatus* computeGlu(void* kernel, OrtKernelContext* ctx) {
   int bShared = 1;
   if (terms) {
     LoraShape ls;
-    TRY(loraShape(in[1], in[2], dims, rank, inter, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B or 1, R, I] do not fit", &ls));
-    TRY(expect(in[3], 3, ls.a, "SwiGlu: UA is not GA's shape"));
-    TRY(expect(in[4], 3, ls.b, "SwiGlu: UB is not GB's shape"));
+    TRY(gluTerms("SwiGlu", in + 1, dims, rank, inter, "SwiGlu: GU [B, S, 2I], GA [B, S, R] and GB [B or 1, R, I] do not fit", &ls));
     loraRank = ls.rank;
     perBatch = ls.perBatch;
     bShared = ls.shared;
@@ -981,7 +989,7 @@ static OrtStatus* computeAttn(void* kernel, OrtKernelContext* ctx) {
   AttnWork w = {.p = &p, .chunk = 64, .chunks = (S + 63) / 64, .tasks = attn_tasks(&p), .next = 0};
   const int64_t workers = w.tasks < ATTN_WORKERS ? w.tasks : ATTN_WORKERS;
   w.scratchBytes = attn_scratch_bytes(&p);
-  /* the workers' scratch from the session's allocator (the one the guards account): 16 x 80 KB at D = 128 */
+  /* the workers' scratch from the session's allocator (the one the guards account): 16 x 75 KB at D = 128 */
   OrtAllocator* alloc = NULL;
   s = API(S_KernelContext_GetAllocator, GetAllocatorFn)(ctx, cpuMemory, &alloc);
   void* mem = s ? NULL : alloc->Alloc(alloc, (size_t)workers * w.scratchBytes + 64);
