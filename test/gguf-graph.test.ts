@@ -333,12 +333,13 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
   const cases: [number[], ReadonlyMap<string, { dims: number[]; data: Float32Array }>][] = [
     [[1, 17, 42, 99, 250], new Map()], [[150, 3, 88, 12, 64, 5, 299, 7, 7], new Map()], [[150, 3, 88, 12, 64, 5, 299], adapter],
     [[150, 3, 88, 12, 64, 5, 299], projections]];
-  for (const [ids, lora] of cases) {
-    const a = await run(ort8, 'onnxruntime', ids, lora);
-    const b = await run(ours, 'ragguard', ids, lora);
+  /** MatMulNBits' graph and ragguard's give the same logits for `ids` (with adapter `lora`, which must move them). */
+  const agree = async (theirs: GqaGraph, mine: GqaGraph, ids: number[], lora: ReadonlyMap<string, { dims: number[]; data: Float32Array }>, what: string) => {
+    const a = await run(theirs, 'onnxruntime', ids, lora);
+    const b = await run(mine, 'ragguard', ids, lora);
     if (lora.size) {
       // the adapter moves the logits by far more than the products' error: a term lost or on the wrong half is seen
-      const base = await run(ort8, 'onnxruntime', ids);
+      const base = await run(theirs, 'onnxruntime', ids);
       const spread = Math.max(...base) - Math.min(...base);
       assert.ok(a.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0) > 0.3 * spread, 'the adapter moves the logits');
     }
@@ -347,8 +348,9 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
     // The same int8 arithmetic, the float sums in another order: a last-bit difference that moves an
     // activation across an int8 rounding step in a later product moves the logits by ~0.002 of their
     // range (measured); a lost bias or a wrong block moves them by the range itself.
-    assert.ok(worst < 0.01 * spread, `${ids}: logits differ by ${worst} (range ${spread})`);
-  }
+    assert.ok(worst < 0.01 * spread, `${what}: logits differ by ${worst} (range ${spread})`);
+  };
+  for (const [ids, lora] of cases) await agree(ort8, ours, ids, lora, `${ids}`);
   // q/k/v of two block forms (layer 0's v in Q4_K): with ragguard's kernels each part's QMatMul takes its own
   // bias and its columns of the slot's LoRA term, only the Concat after them; the same model, with an
   // adapter on that slot and without.
@@ -366,19 +368,7 @@ test("with ragguard's kernels every product is a QMatMul8 (8 bits) or QMatMul4 (
   const slot = new Map<string, { dims: number[]; data: Float32Array }>();
   slot.set('model.layers.0.self_attn.qkv_proj.lora_A', { dims: [1, H, 3], data: Float32Array.from({ length: H * 3 }, () => (r() - 0.5) * 2) });
   slot.set('model.layers.0.self_attn.qkv_proj.lora_B', { dims: [1, 3, H + 256], data: Float32Array.from({ length: 3 * (H + 256) }, () => (r() - 0.5) * 4) });
-  for (const lora of [new Map(), slot]) {
-    const ids = [150, 3, 88, 12, 64, 5, 299];
-    const a = await run(ortMixed, 'onnxruntime', ids, lora);
-    const b = await run(oursMixed, 'ragguard', ids, lora);
-    if (lora.size) {
-      const base = await run(ortMixed, 'onnxruntime', ids);
-      const spread = Math.max(...base) - Math.min(...base);
-      assert.ok(a.reduce((m, v, i) => Math.max(m, Math.abs(v - base[i]!)), 0) > 0.3 * spread, 'the adapter moves the logits');
-    }
-    const spread = Math.max(...a) - Math.min(...a);
-    const worst = a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
-    assert.ok(worst < 0.01 * spread, `q/k/v of two forms${lora.size ? ', an adapter on them' : ''}: logits differ by ${worst} (range ${spread})`);
-  }
+  for (const lora of [new Map(), slot]) await agree(ortMixed, oursMixed, [150, 3, 88, 12, 64, 5, 299], lora, `q/k/v of two forms${lora.size ? ', an adapter on them' : ''}`);
 });
 
 test('embedding float16 (what gguf-decoder.ts asks for where float32 would exceed one ONNX file): a half-size table gathered and cast, the same greedy ids and logits within the halves\' rounding', async () => {

@@ -376,6 +376,8 @@ static void quantTask(void* data, size_t i) {
  */
 #define BF16_SLAB_BYTES ((size_t)8 << 20)
 
+/* A product as compute() hands it to product(): its operands (both paths read them), then the AMX-BF16
+ * path's own state (computeBf16 fills it). */
 typedef struct {
   const Kernel* kernel;
   const qm8_weight* w8;
@@ -393,24 +395,24 @@ typedef struct {
   /* glu: y is the activation (qm_bf16_glu), the slab holds gate's groups [slab0, slab1) then up's (half groups on) */
   int glu;
   int64_t half;
-} Bf16Work;
+} ProductWork;
 
 /* The group at position j of the slab. */
-static int64_t slabGroup(const Bf16Work* b, int64_t j) {
+static int64_t slabGroup(const ProductWork* b, int64_t j) {
   if (!b->glu) return b->slab0 + j;
   const int64_t c = b->slab1 - b->slab0;
   return j < c ? b->slab0 + j : b->half + b->slab0 + j - c;
 }
 
 static void bf16ConvertTask(void* data, size_t i) {
-  const Bf16Work* b = data;
+  const ProductWork* b = data;
   const int64_t i0 = (int64_t)i * b->convertRows;
   qm_bf16_rows_convert(b->xb, b->x, b->m, b->kernel->k, i0, i0 + b->convertRows < b->m32 ? i0 + b->convertRows : b->m32);
 }
 
 /* Positions 2 i and 2 i + 1 of the slab (of `positions`). */
 static void bf16WeightsTask(void* data, size_t i) {
-  const Bf16Work* b = data;
+  const ProductWork* b = data;
   const int64_t positions = (b->slab1 - b->slab0) * (b->glu ? 2 : 1);
   for (int64_t j = 2 * (int64_t)i; j < 2 * (int64_t)i + 2 && j < positions; j++) {
     const int64_t g = slabGroup(b, j);
@@ -422,7 +424,7 @@ static void bf16WeightsTask(void* data, size_t i) {
 
 /* glu: a chunk of rows by one of the slab's gate groups and its up group. */
 static void bf16GluTask(void* data, size_t i) {
-  const Bf16Work* b = data;
+  const ProductWork* b = data;
   const int64_t k = b->kernel->k, c = b->slab1 - b->slab0, inter = b->half * 16;
   const int64_t i0 = ((int64_t)i / c) * b->rowsPerTask, i1 = i0 + b->rowsPerTask < b->m32 ? i0 + b->rowsPerTask : b->m32;
   const int64_t j = (int64_t)i % c;
@@ -431,7 +433,7 @@ static void bf16GluTask(void* data, size_t i) {
 }
 
 static void bf16ProductTask(void* data, size_t i) {
-  const Bf16Work* b = data;
+  const ProductWork* b = data;
   const int64_t k = b->kernel->k, n = b->kernel->n;
   const int64_t i0 = ((int64_t)i / b->pairTasks) * b->rowsPerTask, i1 = i0 + b->rowsPerTask < b->m32 ? i0 + b->rowsPerTask : b->m32;
   const int64_t g0 = b->slab0 + 2 * ((int64_t)i % b->pairTasks), g1 = g0 + 2 < b->slab1 ? g0 + 2 : b->slab1;
@@ -443,7 +445,7 @@ static void bf16ProductTask(void* data, size_t i) {
     qm_add_product(b->y + i0 * n, rows, n, b->xa + i0 * b->loraRank, b->loraRank, b->loraB, b->perBatch, b->bShared, g0, g1);
 }
 
-static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Work* b) {
+static OrtStatus* computeBf16(OrtKernelContext* ctx, OrtAllocator* alloc, ProductWork* b) {
   const int64_t k = b->kernel->k, m32 = b->m32 = (b->m + 31) & ~(int64_t)31;
   /* glu: the slab's groups are gate's and as many of up's, so it steps over gate's (half) groups */
   const int64_t groups = b->glu ? b->half : (b->kernel->n + 15) / 16;
@@ -479,7 +481,7 @@ static OrtStatus* gluRows(OrtKernelContext* ctx, const float* gu, const float* c
                           int64_t perBatch, int bShared);
 
 /* The product y = x W (+ bias) (+ the LoRA term) on the int8 kernels or AMX-BF16, or with glu its activation on AMX-BF16 (b->glu). */
-static OrtStatus* product(OrtKernelContext* ctx, OrtAllocator* alloc, Bf16Work* b) {
+static OrtStatus* product(OrtKernelContext* ctx, OrtAllocator* alloc, ProductWork* b) {
   const Kernel* q = b->kernel;
   const int64_t m = b->m, groups = (q->n + 15) / 16;
   if (qm_bf16_runs(m, q->k)) return computeBf16(ctx, alloc, b);
@@ -588,9 +590,9 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   float* gu = q->glu && !fused ? alloc->Alloc(alloc, (size_t)(m * q->n) * sizeof(float)) : NULL;
   OrtStatus* s = q->glu && !fused && !gu ? fail(ORT_FAIL, "QMatMul: out of memory") : NULL;
   if (!s) {
-    Bf16Work bw = {.kernel = q, .w8 = &w8, .w4 = &w4, .x = x, .y = gu ? gu : y, .m = m, .xa = pa, .loraB = pb, .loraRank = loraRank,
+    ProductWork pw = {.kernel = q, .w8 = &w8, .w4 = &w4, .x = x, .y = gu ? gu : y, .m = m, .xa = pa, .loraB = pb, .loraRank = loraRank,
                    .perBatch = perBatch, .bShared = bShared, .glu = fused, .half = q->n / 32};
-    s = product(ctx, alloc, &bw);
+    s = product(ctx, alloc, &pw);
   }
   if (!s && gu) {
     const float* const t[4] = {pt[0], pt[1], pt[2], pt[3]};
